@@ -1,0 +1,233 @@
+//! The store checkpoint: how far the log is known durable and how far the
+//! indexes are built, so recovery starts there instead of at the beginning.
+//!
+//! It is double-buffered: two 64-byte slots at file offsets 0 and 512, written
+//! alternately with a sequence number and a CRC. A torn write damages only the
+//! slot being written; reading takes the valid slot with the higher sequence,
+//! so the previous checkpoint is the fallback. The checkpoint is an index too:
+//! losing it costs a longer replay, never data.
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::format::{get_u32, get_u64, put_u32, put_u64};
+use crate::mmap::{sync_parent_dir, write_all_at};
+
+const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
+const VERSION: u32 = 1;
+/// Byte position of each of the two slots.
+const SLOT_POSITIONS: [u64; 2] = [0, 512];
+pub(crate) const SLOT_LEN: usize = 64;
+const FILE_LEN: u64 = 1024;
+
+const MAGIC_OFFSET: usize = 0;
+const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
+const FLAGS_OFFSET: usize = VERSION_OFFSET + 4;
+const SEQUENCE_OFFSET: usize = FLAGS_OFFSET + 4;
+const LOG_DURABLE_OFFSET: usize = SEQUENCE_OFFSET + 8;
+const DISPATCHED_OFFSET: usize = LOG_DURABLE_OFFSET + 8;
+const WRITTEN_AT_OFFSET: usize = DISPATCHED_OFFSET + 8;
+const RESERVED_OFFSET: usize = WRITTEN_AT_OFFSET + 8;
+const CRC_OFFSET: usize = SLOT_LEN - 4;
+const _: () = assert!(RESERVED_OFFSET <= CRC_OFFSET);
+
+/// Set when the checkpoint was written by a clean close.
+const FLAG_CLEAN: u32 = 1;
+
+/// One checkpoint.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Checkpoint {
+    pub sequence: u64,
+    /// Every commit-log byte below this offset was on disk.
+    pub log_durable: u64,
+    /// Every record below this offset is in the consume queues, and those entries were on disk.
+    pub dispatched: u64,
+    /// Wall-clock time of the write, epoch ms.
+    pub written_at_ms: u64,
+    /// Written by a clean close: the log ends exactly at `log_durable`.
+    pub clean: bool,
+}
+
+impl Checkpoint {
+    pub(crate) fn encode(&self) -> [u8; SLOT_LEN] {
+        let mut out = [0u8; SLOT_LEN];
+        out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&MAGIC);
+        put_u32(&mut out, VERSION_OFFSET, VERSION);
+        put_u32(
+            &mut out,
+            FLAGS_OFFSET,
+            if self.clean { FLAG_CLEAN } else { 0 },
+        );
+        put_u64(&mut out, SEQUENCE_OFFSET, self.sequence);
+        put_u64(&mut out, LOG_DURABLE_OFFSET, self.log_durable);
+        put_u64(&mut out, DISPATCHED_OFFSET, self.dispatched);
+        put_u64(&mut out, WRITTEN_AT_OFFSET, self.written_at_ms);
+        let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
+        put_u32(&mut out, CRC_OFFSET, crc);
+        out
+    }
+
+    /// A slot's checkpoint, or `None` if the slot is empty, torn or of another version.
+    pub(crate) fn decode(slot: &[u8]) -> Option<Self> {
+        let slot = slot.get(..SLOT_LEN)?;
+        let valid = slot[..8] == MAGIC
+            && get_u32(slot, VERSION_OFFSET) == VERSION
+            && crc32c::crc32c(&slot[..CRC_OFFSET]) == get_u32(slot, CRC_OFFSET);
+        valid.then(|| Self {
+            sequence: get_u64(slot, SEQUENCE_OFFSET),
+            log_durable: get_u64(slot, LOG_DURABLE_OFFSET),
+            dispatched: get_u64(slot, DISPATCHED_OFFSET),
+            written_at_ms: get_u64(slot, WRITTEN_AT_OFFSET),
+            clean: get_u32(slot, FLAGS_OFFSET) & FLAG_CLEAN != 0,
+        })
+    }
+}
+
+/// The checkpoint file, open for writing.
+pub(crate) struct CheckpointFile {
+    path: PathBuf,
+    file: File,
+    last: Option<Checkpoint>,
+}
+
+impl CheckpointFile {
+    /// Opens or creates `path` and reads the newest valid checkpoint in it.
+    pub fn open(path: &Path) -> Result<Self> {
+        let existed = path.exists();
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        if !existed {
+            file.set_len(FILE_LEN)
+                .map_err(|e| Error::io("size", path, e))?;
+            file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
+            sync_parent_dir(path)?;
+        }
+        let last = read_newest(&file);
+        if existed && last.is_none() {
+            tracing::warn!(file = %path.display(), "no valid checkpoint slot, recovering from the start of the log");
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            file,
+            last,
+        })
+    }
+
+    pub fn last(&self) -> Option<Checkpoint> {
+        self.last
+    }
+
+    /// Writes `cp` (its sequence is assigned here) into the older slot and syncs it.
+    pub fn write(&mut self, mut cp: Checkpoint) -> Result<Checkpoint> {
+        cp.sequence = self.last.map_or(1, |last| last.sequence + 1);
+        let position = SLOT_POSITIONS[(cp.sequence % 2) as usize];
+        write_all_at(&self.file, &cp.encode(), position)
+            .map_err(|e| Error::io("write", &self.path, e))?;
+        self.file
+            .sync_data()
+            .map_err(|e| Error::io("fsync", &self.path, e))?;
+        self.last = Some(cp);
+        Ok(cp)
+    }
+}
+
+/// Reads both slots of a checkpoint file and returns the newest valid one.
+pub(crate) fn read_newest(file: &File) -> Option<Checkpoint> {
+    SLOT_POSITIONS
+        .iter()
+        .filter_map(|&position| {
+            let mut slot = [0u8; SLOT_LEN];
+            std::os::unix::fs::FileExt::read_exact_at(file, &mut slot, position).ok()?;
+            Checkpoint::decode(&slot)
+        })
+        .max_by_key(|cp| cp.sequence)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::hex;
+
+    #[test]
+    fn golden_bytes_match_wheel_format_md() {
+        let cp = Checkpoint {
+            sequence: 2,
+            log_durable: 4096,
+            dispatched: 1024,
+            written_at_ms: 1,
+            clean: true,
+        };
+        assert_eq!(
+            hex(&cp.encode()),
+            concat!(
+                "4457434b50540000",
+                "01000000",
+                "01000000",
+                "0200000000000000",
+                "0010000000000000",
+                "0004000000000000",
+                "0100000000000000",
+                "0000000000000000",
+                "00000000",
+                "67e22c6b"
+            )
+        );
+    }
+
+    #[test]
+    fn a_torn_slot_falls_back_to_the_previous_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("checkpoint");
+        let mut file = CheckpointFile::open(&path).unwrap();
+        assert_eq!(file.last(), None);
+        file.write(Checkpoint {
+            log_durable: 100,
+            ..Default::default()
+        })
+        .unwrap();
+        let second = file
+            .write(Checkpoint {
+                log_durable: 200,
+                ..Default::default()
+            })
+            .unwrap();
+        assert_eq!(second.sequence, 2);
+        assert_eq!(
+            CheckpointFile::open(&path)
+                .unwrap()
+                .last()
+                .unwrap()
+                .log_durable,
+            200
+        );
+
+        // Tear the newest slot (sequence 2 lives in slot 0).
+        let raw = OpenOptions::new().write(true).open(&path).unwrap();
+        write_all_at(&raw, &[0xFF; 10], SLOT_POSITIONS[0] + 20).unwrap();
+        let reopened = CheckpointFile::open(&path).unwrap().last().unwrap();
+        assert_eq!((reopened.sequence, reopened.log_durable), (1, 100));
+    }
+
+    #[test]
+    fn every_flipped_bit_invalidates_a_slot() {
+        let bytes = Checkpoint {
+            sequence: 9,
+            log_durable: 7,
+            dispatched: 5,
+            written_at_ms: 3,
+            clean: false,
+        }
+        .encode();
+        for bit in 0..SLOT_LEN * 8 {
+            let mut copy = bytes;
+            copy[bit / 8] ^= 1 << (bit % 8);
+            assert_eq!(Checkpoint::decode(&copy), None, "bit {bit}");
+        }
+    }
+}

@@ -1,0 +1,333 @@
+//! The commit log: the store's only truth.
+//!
+//! Records are appended to fixed-size segments named by their start offset.
+//! An offset is global: segment `offset / segment_size`, position
+//! `offset % segment_size` in its file. The first [`FILE_HEADER_LEN`] bytes of
+//! every segment are its header, so the first record of a segment starts there.
+//! Appends write through the map under one mutex; readers see a record once the
+//! append has published it. Everything else on disk is an index rebuilt from here.
+
+pub(crate) mod record;
+mod recovery;
+mod segment;
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::time::Duration;
+
+use bytes::Bytes;
+
+use crate::error::{CorruptionKind, Error, Result};
+use crate::format::FILE_HEADER_LEN;
+use crate::mmap::{MapWriter, Mapped};
+use record::{Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, encode_padding};
+pub(crate) use recovery::RecoveryPlan;
+pub use recovery::RecoveryReport;
+
+/// The append-only, segmented commit log.
+pub(crate) struct CommitLog {
+    dir: PathBuf,
+    segment_size: u64,
+    tail: Mutex<Tail>,
+    segments: RwLock<BTreeMap<u64, Arc<Mapped>>>,
+    /// End of the last published record: readers may read everything below it.
+    write_end: AtomicU64,
+    /// Everything below this offset is on disk.
+    durable: Mutex<u64>,
+    durable_changed: Condvar,
+    poisoned: AtomicBool,
+    poison_reason: Mutex<String>,
+    closed: AtomicBool,
+}
+
+/// The segment being appended to.
+struct Tail {
+    writer: MapWriter,
+    base: u64,
+    end: u64,
+}
+
+/// One record read back: its kind and its bytes (frame included), zero-copy.
+#[derive(Debug, Clone)]
+pub(crate) struct Record {
+    pub offset: u64,
+    pub kind: RecordKind,
+    pub bytes: Bytes,
+}
+
+impl CommitLog {
+    /// Opens (recovering) or creates the log in `dir`.
+    pub fn open(
+        dir: &Path,
+        segment_size: u64,
+        plan: &RecoveryPlan,
+    ) -> Result<(Self, RecoveryReport)> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        let recovered = recovery::recover(dir, segment_size, plan)?;
+        let log = Self {
+            dir: dir.to_path_buf(),
+            segment_size,
+            write_end: AtomicU64::new(recovered.end),
+            // What recovery validated may be only in the page cache; the first flush syncs it.
+            durable: Mutex::new(
+                plan.durable
+                    .clamp(recovered.segments_start(), recovered.end),
+            ),
+            durable_changed: Condvar::new(),
+            tail: Mutex::new(Tail {
+                writer: recovered.tail,
+                base: recovered.tail_base,
+                end: recovered.end,
+            }),
+            segments: RwLock::new(recovered.segments),
+            poisoned: AtomicBool::new(false),
+            poison_reason: Mutex::new(String::new()),
+            closed: AtomicBool::new(false),
+        };
+        Ok((log, recovered.report))
+    }
+
+    /// Offset just past the last published record.
+    pub fn write_end(&self) -> u64 {
+        self.write_end.load(Ordering::Acquire)
+    }
+
+    /// Offset of the first record of the oldest segment.
+    pub fn start(&self) -> u64 {
+        let segments = self.segments.read().unwrap_or_else(|e| e.into_inner());
+        segments
+            .keys()
+            .next()
+            .map_or(FILE_HEADER_LEN as u64, |base| base + FILE_HEADER_LEN as u64)
+    }
+
+    pub fn durable_end(&self) -> u64 {
+        *self.durable.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends one record of `len` bytes; `encode` fills the buffer given the
+    /// record's offset. Returns the offset. A record never spans two segments.
+    pub fn append(&self, len: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<u64> {
+        self.check_poison()?;
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if tail.end + len as u64 > tail.base + self.segment_size {
+            self.roll(&mut tail)?;
+        }
+        let offset = tail.end;
+        let local = (offset - tail.base) as usize;
+        encode(tail.writer.unpublished_mut(local, len), offset);
+        tail.writer.publish(local + len);
+        tail.end += len as u64;
+        self.write_end.store(tail.end, Ordering::Release);
+        Ok(offset)
+    }
+
+    /// Starts the next segment: create it first (the only step that can fail for
+    /// want of space), then pad the old one so readers know to move on.
+    fn roll(&self, tail: &mut Tail) -> Result<()> {
+        let next_base = tail.base + self.segment_size;
+        let next = segment::create(&self.dir, next_base, self.segment_size)?;
+        let local = (tail.end - tail.base) as usize;
+        let rest = self.segment_size as usize - local;
+        if rest >= RECORD_HEADER_LEN {
+            encode_padding(tail.writer.unpublished_mut(local, rest), tail.end);
+            tail.writer.publish(self.segment_size as usize);
+        }
+        self.segments
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(next_base, Arc::clone(next.shared()));
+        tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
+        *tail = Tail {
+            writer: next,
+            base: next_base,
+            end: next_base + FILE_HEADER_LEN as u64,
+        };
+        Ok(())
+    }
+
+    fn segment(&self, base: u64) -> Option<Arc<Mapped>> {
+        self.segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&base)
+            .cloned()
+    }
+
+    /// Where the record at or after `offset` starts: skips the unusable few
+    /// bytes at the end of a segment that cannot hold a record header.
+    fn normalize(&self, offset: u64) -> u64 {
+        let base = offset - offset % self.segment_size;
+        if base + self.segment_size - offset < RECORD_HEADER_LEN as u64 {
+            base + self.segment_size + FILE_HEADER_LEN as u64
+        } else {
+            offset
+        }
+    }
+
+    /// Reads and checks the record at `offset`, which must be below `write_end`.
+    /// Padding is followed transparently: the next record is returned.
+    pub fn read(&self, offset: u64) -> Result<Record> {
+        let (seg, at, local, frame) = self.locate(offset)?;
+        let bytes = seg
+            .bytes(local, frame.len)
+            .expect("a checked frame lies in published bytes");
+        Ok(Record {
+            offset: at,
+            kind: frame.kind,
+            bytes,
+        })
+    }
+
+    /// Like [`read`](Self::read) but lends the bytes to `f` instead of sharing
+    /// them: no allocation, for the dispatcher's hot loop. Returns `f`'s result
+    /// and the offset of the next record.
+    pub fn visit<R>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
+    ) -> Result<(R, u64)> {
+        let (seg, at, local, frame) = self.locate(offset)?;
+        let bytes = seg
+            .read(local, frame.len)
+            .expect("a checked frame lies in published bytes");
+        Ok((
+            f(at, frame.kind, bytes),
+            self.normalize(at + frame.len as u64),
+        ))
+    }
+
+    /// Finds and checks the record at or after `offset`, skipping padding.
+    fn locate(&self, offset: u64) -> Result<(Arc<Mapped>, u64, usize, Frame)> {
+        let mut at = self.normalize(offset);
+        loop {
+            let base = at - at % self.segment_size;
+            let seg = self.segment(base).ok_or_else(|| self.missing(at))?;
+            let local = (at - base) as usize;
+            let visible = seg.published().saturating_sub(local);
+            let bytes = seg.read(local, visible).ok_or_else(|| self.missing(at))?;
+            let frame = check_frame(bytes, at).map_err(|e| self.frame_error(&seg, local, e))?;
+            if frame.kind != RecordKind::Padding {
+                return Ok((seg, at, local, frame));
+            }
+            at = base + self.segment_size + FILE_HEADER_LEN as u64;
+        }
+    }
+
+    /// A corruption error for the record at log `offset`, naming its segment file.
+    pub fn corruption_at(&self, offset: u64, kind: CorruptionKind) -> Error {
+        let base = offset - offset % self.segment_size;
+        Error::corruption(segment::segment_path(&self.dir, base), offset - base, kind)
+    }
+
+    fn missing(&self, offset: u64) -> Error {
+        let base = offset - offset % self.segment_size;
+        let why = format!("no published record at log offset {offset}");
+        Error::corruption(
+            segment::segment_path(&self.dir, base),
+            offset - base,
+            CorruptionKind::BadReference(why),
+        )
+    }
+
+    fn frame_error(&self, seg: &Mapped, local: usize, e: FrameError) -> Error {
+        let kind = match e {
+            FrameError::Empty => {
+                CorruptionKind::BadFrame("zero bytes where a record should be".into())
+            }
+            FrameError::Invalid(kind) => kind,
+        };
+        Error::corruption(seg.path(), local as u64, kind)
+    }
+
+    /// Syncs everything published so far; returns the new durable end.
+    /// A failure poisons the log: the page cache's state is then unknowable.
+    pub fn flush(&self) -> Result<u64> {
+        self.check_poison()?;
+        let end = self.write_end();
+        let from = self.durable_end();
+        if end > from {
+            if let Err(e) = self.sync_range(from, end) {
+                self.poison(&e.to_string());
+                return Err(e);
+            }
+            *self.durable.lock().unwrap_or_else(|e| e.into_inner()) = end;
+        }
+        self.durable_changed.notify_all();
+        Ok(end)
+    }
+
+    fn sync_range(&self, from: u64, to: u64) -> Result<()> {
+        let mut at = from;
+        while at < to {
+            let base = at - at % self.segment_size;
+            let until = to.min(base + self.segment_size);
+            let seg = self.segment(base).ok_or_else(|| self.missing(at))?;
+            seg.flush((at - base) as usize, (until - at) as usize)?;
+            at = until;
+        }
+        Ok(())
+    }
+
+    /// Blocks until `offset` is durable (group commit: one flush serves every
+    /// waiter), or the log is poisoned, or `timeout` passes.
+    pub fn wait_durable(&self, offset: u64, timeout: Duration) -> Result<()> {
+        let deadline = std::time::Instant::now() + timeout;
+        let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        while *durable < offset {
+            self.check_poison()?;
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return Err(Error::invalid("flush", "timed out waiting for the disk"));
+            }
+            durable = self
+                .durable_changed
+                .wait_timeout(durable, left)
+                .unwrap_or_else(|e| e.into_inner())
+                .0;
+        }
+        Ok(())
+    }
+
+    /// Refuses further appends; returns once no append is in progress.
+    pub fn close(&self) {
+        let _tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        self.closed.store(true, Ordering::Release);
+    }
+
+    pub fn poison(&self, reason: &str) {
+        tracing::error!(reason, "poisoning the commit log after a failed flush");
+        *self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
+        self.poisoned.store(true, Ordering::Release);
+        self.durable_changed.notify_all();
+    }
+
+    pub fn check_poison(&self) -> Result<()> {
+        if self.poisoned.load(Ordering::Acquire) {
+            let reason = self
+                .poison_reason
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .clone();
+            return Err(Error::Poisoned { reason });
+        }
+        Ok(())
+    }
+
+    /// Total bytes of the segment files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.segments
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .len() as u64
+            * self.segment_size
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,413 @@
+//! Record framing: every record in the commit log is
+//! `crc32c | len | kind | version | flags | body`, little-endian.
+//!
+//! The CRC covers the record's absolute offset followed by bytes `[4, len)`,
+//! so it also guards the length and binds the record to its place.
+//! `wheel-format.md` ("Commit log records") is the byte ruler.
+
+use crate::error::CorruptionKind;
+use crate::format::{crc_at, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use crate::message::Message;
+
+/// Bytes in every record's frame header.
+pub(crate) const RECORD_HEADER_LEN: usize = 12;
+/// The record format version written by this build.
+pub(crate) const RECORD_VERSION: u8 = 1;
+
+const CRC_OFFSET: usize = 0;
+const LEN_OFFSET: usize = CRC_OFFSET + 4;
+const KIND_OFFSET: usize = LEN_OFFSET + 4;
+const VERSION_OFFSET: usize = KIND_OFFSET + 1;
+const FLAGS_OFFSET: usize = VERSION_OFFSET + 1;
+const _: () = assert!(FLAGS_OFFSET + 2 == RECORD_HEADER_LEN);
+
+// Message body layout, after the frame header.
+const M_STORE_TIME: usize = RECORD_HEADER_LEN;
+const M_DELIVER_AT: usize = M_STORE_TIME + 8;
+const M_QUEUE_ID: usize = M_DELIVER_AT + 8;
+const M_DELAY_LEVEL: usize = M_QUEUE_ID + 4;
+const M_TOPIC_LEN: usize = M_DELAY_LEVEL + 2;
+const M_RESERVED: usize = M_TOPIC_LEN + 1;
+const M_KEY_LEN: usize = M_RESERVED + 1;
+const M_TAGS_LEN: usize = M_KEY_LEN + 2;
+const M_PROPS_LEN: usize = M_TAGS_LEN + 2;
+const M_BODY_LEN: usize = M_PROPS_LEN + 4;
+/// Where the variable part of a message record begins.
+pub(crate) const MESSAGE_FIXED_LEN: usize = M_BODY_LEN + 4;
+
+/// Bytes of a message record other than its body, at the largest topic, key, tags and properties.
+pub(crate) const MAX_FIXED_MESSAGE_LEN: usize = MESSAGE_FIXED_LEN
+    + crate::config::MAX_TOPIC_LEN
+    + crate::message::MAX_KEY_LEN
+    + crate::message::MAX_TAGS_LEN
+    + crate::message::MAX_PROPERTIES_LEN;
+
+/// What a record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub(crate) enum RecordKind {
+    /// A message with its body: the only record that carries a payload.
+    Message = 1,
+    /// A timer's delivery: names the message record it makes visible.
+    Delivery = 2,
+    /// A timer's cancellation: names the message record it cancels.
+    Cancel = 3,
+    /// Filler from here to the end of the segment; the next record starts the next segment.
+    Padding = 0xFF,
+}
+
+impl RecordKind {
+    fn from_byte(b: u8) -> Option<Self> {
+        match b {
+            1 => Some(Self::Message),
+            2 => Some(Self::Delivery),
+            3 => Some(Self::Cancel),
+            0xFF => Some(Self::Padding),
+            _ => None,
+        }
+    }
+}
+
+/// A checked frame: the record's kind and total length.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Frame {
+    pub kind: RecordKind,
+    pub len: usize,
+}
+
+/// Why bytes at an offset are not a record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum FrameError {
+    /// Nothing has been written here (an all-zero header): the normal end of the log.
+    Empty,
+    /// Something is here but it is not a valid record.
+    Invalid(CorruptionKind),
+}
+
+/// Checks the frame header at the start of `bytes`: `bytes` runs from the
+/// record's offset to the end of its segment, and the record must fit in it.
+/// The CRC is checked over the whole record.
+pub(crate) fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError> {
+    let invalid = |why: String| FrameError::Invalid(CorruptionKind::BadFrame(why));
+    let Some(header) = bytes.get(..RECORD_HEADER_LEN) else {
+        return Err(invalid("header runs past the end of the segment".into()));
+    };
+    if header.iter().all(|&b| b == 0) {
+        return Err(FrameError::Empty);
+    }
+    let len = get_u32(header, LEN_OFFSET) as usize;
+    let kind = RecordKind::from_byte(header[KIND_OFFSET])
+        .ok_or_else(|| invalid(format!("unknown kind {}", header[KIND_OFFSET])))?;
+    if header[VERSION_OFFSET] != RECORD_VERSION {
+        return Err(invalid(format!(
+            "unknown record version {}",
+            header[VERSION_OFFSET]
+        )));
+    }
+    if len < RECORD_HEADER_LEN || len > bytes.len() {
+        return Err(invalid(format!("length {len} does not fit the segment")));
+    }
+    // Padding covers unwritten space, so its CRC covers only its own header.
+    let covered = if kind == RecordKind::Padding {
+        RECORD_HEADER_LEN
+    } else {
+        len
+    };
+    let stored = get_u32(header, CRC_OFFSET);
+    let computed = crc_at(offset, &bytes[LEN_OFFSET..covered]);
+    if stored != computed {
+        return Err(FrameError::Invalid(CorruptionKind::ChecksumMismatch {
+            stored,
+            computed,
+        }));
+    }
+    Ok(Frame { kind, len })
+}
+
+fn write_header(buf: &mut [u8], kind: RecordKind, len: usize) {
+    put_u32(buf, LEN_OFFSET, len as u32);
+    buf[KIND_OFFSET] = kind as u8;
+    buf[VERSION_OFFSET] = RECORD_VERSION;
+    put_u16(buf, FLAGS_OFFSET, 0);
+}
+
+fn seal(buf: &mut [u8], offset: u64, covered: usize) {
+    let crc = crc_at(offset, &buf[LEN_OFFSET..covered]);
+    put_u32(buf, CRC_OFFSET, crc);
+}
+
+/// Writes a padding record filling `buf` (the rest of a segment, at least a header long).
+pub(crate) fn encode_padding(buf: &mut [u8], offset: u64) {
+    let len = buf.len();
+    write_header(buf, RecordKind::Padding, len);
+    seal(buf, offset, RECORD_HEADER_LEN);
+}
+
+/// The timing fields a message record carries (zero for an ordinary message).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Timing {
+    pub deliver_at_ms: u64,
+    pub delay_level: u16,
+}
+
+/// Encoded size of a property list: `u16 name_len | name | u16 value_len | value` per pair.
+pub(crate) fn properties_len(props: &[(String, String)]) -> usize {
+    props.iter().map(|(k, v)| 4 + k.len() + v.len()).sum()
+}
+
+/// Size of the message record for `msg`.
+pub(crate) fn message_len(msg: &Message) -> usize {
+    MESSAGE_FIXED_LEN
+        + msg.topic.len()
+        + msg.key.as_ref().map_or(0, String::len)
+        + msg.tags.as_ref().map_or(0, String::len)
+        + properties_len(&msg.properties)
+        + msg.body.len()
+}
+
+/// Encodes a validated message into `buf`, which is exactly [`message_len`] long.
+pub(crate) fn encode_message(
+    buf: &mut [u8],
+    offset: u64,
+    msg: &Message,
+    queue_id: u32,
+    store_time_ms: u64,
+    timing: Timing,
+) {
+    let len = buf.len();
+    write_header(buf, RecordKind::Message, len);
+    let key = msg.key.as_deref().unwrap_or("").as_bytes();
+    let tags = msg.tags.as_deref().unwrap_or("").as_bytes();
+    put_u64(buf, M_STORE_TIME, store_time_ms);
+    put_u64(buf, M_DELIVER_AT, timing.deliver_at_ms);
+    put_u32(buf, M_QUEUE_ID, queue_id);
+    put_u16(buf, M_DELAY_LEVEL, timing.delay_level);
+    buf[M_TOPIC_LEN] = msg.topic.len() as u8;
+    buf[M_RESERVED] = 0;
+    put_u16(buf, M_KEY_LEN, key.len() as u16);
+    put_u16(buf, M_TAGS_LEN, tags.len() as u16);
+    put_u32(buf, M_PROPS_LEN, properties_len(&msg.properties) as u32);
+    put_u32(buf, M_BODY_LEN, msg.body.len() as u32);
+    let mut at = MESSAGE_FIXED_LEN;
+    let mut push = |bytes: &[u8]| {
+        buf[at..at + bytes.len()].copy_from_slice(bytes);
+        at += bytes.len();
+    };
+    push(msg.topic.as_bytes());
+    push(key);
+    push(tags);
+    for (name, value) in &msg.properties {
+        push(&(name.len() as u16).to_le_bytes());
+        push(name.as_bytes());
+        push(&(value.len() as u16).to_le_bytes());
+        push(value.as_bytes());
+    }
+    push(&msg.body);
+    debug_assert_eq!(at, len);
+    seal(buf, offset, len);
+}
+
+/// A decoded view of a message record whose frame was already checked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct MessageView<'a> {
+    pub store_time_ms: u64,
+    pub timing: Timing,
+    pub queue_id: u32,
+    pub topic: &'a str,
+    pub key: &'a str,
+    pub tags: &'a str,
+    props: &'a [u8],
+    /// Byte range of the body within the record.
+    pub body: std::ops::Range<usize>,
+}
+
+impl<'a> MessageView<'a> {
+    /// Parses a whole message record; every length is checked against the record.
+    pub fn parse(record: &'a [u8]) -> Result<Self, CorruptionKind> {
+        let bad = |why: &str| CorruptionKind::BadFrame(format!("message record: {why}"));
+        if record.len() < MESSAGE_FIXED_LEN {
+            return Err(bad("shorter than its fixed part"));
+        }
+        let lens = [
+            record[M_TOPIC_LEN] as usize,
+            get_u16(record, M_KEY_LEN) as usize,
+            get_u16(record, M_TAGS_LEN) as usize,
+            get_u32(record, M_PROPS_LEN) as usize,
+            get_u32(record, M_BODY_LEN) as usize,
+        ];
+        let total = lens
+            .iter()
+            .try_fold(MESSAGE_FIXED_LEN, |acc, &n| acc.checked_add(n));
+        if total != Some(record.len()) {
+            return Err(bad("field lengths do not add up to the record length"));
+        }
+        let mut at = MESSAGE_FIXED_LEN;
+        let mut ranges = lens.map(|n| {
+            let r = at..at + n;
+            at += n;
+            r
+        });
+        let text = |r: std::ops::Range<usize>, what: &str| {
+            std::str::from_utf8(&record[r]).map_err(|_| bad(&format!("{what} is not UTF-8")))
+        };
+        let body = std::mem::replace(&mut ranges[4], 0..0);
+        Ok(Self {
+            store_time_ms: get_u64(record, M_STORE_TIME),
+            timing: Timing {
+                deliver_at_ms: get_u64(record, M_DELIVER_AT),
+                delay_level: get_u16(record, M_DELAY_LEVEL),
+            },
+            queue_id: get_u32(record, M_QUEUE_ID),
+            topic: text(ranges[0].clone(), "topic")?,
+            key: text(ranges[1].clone(), "key")?,
+            tags: text(ranges[2].clone(), "tags")?,
+            props: &record[ranges[3].clone()],
+            body,
+        })
+    }
+
+    /// The properties, decoded; malformed blocks are corruption.
+    pub fn properties(&self) -> Result<Vec<(String, String)>, CorruptionKind> {
+        let bad = || CorruptionKind::BadFrame("message record: malformed properties".into());
+        let mut out = Vec::new();
+        let mut rest = self.props;
+        let take = |rest: &mut &'a [u8]| -> Result<String, CorruptionKind> {
+            let (len, tail) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+            let n = u16::from_le_bytes(*len) as usize;
+            let s = tail.get(..n).ok_or_else(bad)?;
+            *rest = &tail[n..];
+            String::from_utf8(s.to_vec()).map_err(|_| bad())
+        };
+        while !rest.is_empty() {
+            let name = take(&mut rest)?;
+            let value = take(&mut rest)?;
+            out.push((name, value));
+        }
+        Ok(out)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::hex;
+    use proptest::prelude::*;
+
+    fn encode(msg: &Message, offset: u64, queue: u32, store: u64, timing: Timing) -> Vec<u8> {
+        let mut buf = vec![0u8; message_len(msg)];
+        encode_message(&mut buf, offset, msg, queue, store, timing);
+        buf
+    }
+
+    #[test]
+    fn message_golden_bytes_match_wheel_format_md() {
+        let msg = Message::new("T", "hi").key("k").property("p", "v");
+        let bytes = encode(&msg, 32, 1, 1_700_000_000_000, Timing::default());
+        // The same hex stands in wheel-format.md, "Message record".
+        assert_eq!(
+            hex(&bytes),
+            concat!(
+                "a39bd822",
+                "3a000000",
+                "01",
+                "01",
+                "0000",
+                "0068e5cf8b010000",
+                "0000000000000000",
+                "01000000",
+                "0000",
+                "01",
+                "00",
+                "0100",
+                "0000",
+                "06000000",
+                "02000000",
+                "54",
+                "6b",
+                "0100700100 76",
+                "6869"
+            )
+            .replace(' ', "")
+        );
+    }
+
+    #[test]
+    fn padding_frames_check() {
+        let mut seg = [0u8; 100];
+        encode_padding(&mut seg[40..], 1040);
+        assert_eq!(
+            check_frame(&seg[40..], 1040),
+            Ok(Frame {
+                kind: RecordKind::Padding,
+                len: 60
+            })
+        );
+        assert!(matches!(
+            check_frame(&seg[40..], 1041),
+            Err(FrameError::Invalid(_))
+        ));
+    }
+
+    #[test]
+    fn zeros_are_the_end_not_corruption() {
+        assert_eq!(check_frame(&[0u8; 64], 0), Err(FrameError::Empty));
+    }
+
+    #[test]
+    fn every_flipped_bit_is_caught() {
+        let msg = Message::new("Topic", "body").tags("a||b");
+        let bytes = encode(
+            &msg,
+            4096,
+            0,
+            7,
+            Timing {
+                deliver_at_ms: 9,
+                delay_level: 3,
+            },
+        );
+        for bit in 0..bytes.len() * 8 {
+            let mut copy = bytes.clone();
+            copy[bit / 8] ^= 1 << (bit % 8);
+            assert!(
+                check_frame(&copy, 4096).is_err(),
+                "flipped bit {bit} passed"
+            );
+        }
+    }
+
+    fn arb_message() -> impl Strategy<Value = Message> {
+        (
+            "[A-Za-z0-9_]{1,20}",
+            proptest::option::of("[a-z]{0,12}"),
+            proptest::option::of("[a-z|]{0,12}"),
+            proptest::collection::vec(("[a-z]{0,6}", "\\PC{0,6}"), 0..4),
+            proptest::collection::vec(any::<u8>(), 0..300),
+        )
+            .prop_map(|(topic, key, tags, props, body)| {
+                let mut m = Message::new(topic, body);
+                m.key = key;
+                m.tags = tags;
+                m.properties = props;
+                m
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn messages_round_trip(msg in arb_message(), offset in 0u64..1 << 40, queue in 0u32..1024,
+                               store in any::<u64>(), deliver in any::<u64>(), level in any::<u16>()) {
+            let timing = Timing { deliver_at_ms: deliver, delay_level: level };
+            let bytes = encode(&msg, offset, queue, store, timing);
+            let frame = check_frame(&bytes, offset).unwrap();
+            prop_assert_eq!(frame, Frame { kind: RecordKind::Message, len: bytes.len() });
+            let view = MessageView::parse(&bytes).unwrap();
+            prop_assert_eq!(view.topic, msg.topic.as_str());
+            prop_assert_eq!(view.key, msg.key.as_deref().unwrap_or(""));
+            prop_assert_eq!(view.tags, msg.tags.as_deref().unwrap_or(""));
+            prop_assert_eq!(view.properties().unwrap(), msg.properties.clone());
+            prop_assert_eq!(&bytes[view.body.clone()], &msg.body[..]);
+            prop_assert_eq!((view.queue_id, view.store_time_ms, view.timing), (queue, store, timing));
+        }
+    }
+}

@@ -1,0 +1,153 @@
+use super::*;
+use crate::config::RecoveryMode;
+use crate::format::get_u32;
+
+const SEG: u64 = 64 * 1024;
+
+fn plan(start: Option<u64>, durable: u64) -> RecoveryPlan {
+    RecoveryPlan {
+        start,
+        durable,
+        clean_end: None,
+        mode: RecoveryMode::Strict,
+    }
+}
+
+fn append_bytes(log: &CommitLog, payload: &[u8]) -> u64 {
+    // A Delivery-kind frame is the simplest record to build by hand.
+    let len = record::RECORD_HEADER_LEN + payload.len();
+    log.append(len, |buf, offset| {
+        crate::format::put_u32(buf, 4, len as u32);
+        buf[8] = RecordKind::Delivery as u8;
+        buf[9] = record::RECORD_VERSION;
+        buf[12..].copy_from_slice(payload);
+        let crc = crate::format::crc_at(offset, &buf[4..]);
+        crate::format::put_u32(buf, 0, crc);
+    })
+    .unwrap()
+}
+
+#[test]
+fn appends_roll_over_segments_and_read_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, report) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    assert_eq!(report.end, FILE_HEADER_LEN as u64);
+    let payload = vec![7u8; 1000];
+    let offsets: Vec<u64> = (0..200).map(|_| append_bytes(&log, &payload)).collect();
+    assert!(
+        log.write_end() > 2 * SEG,
+        "200 KB of records span several 64 KiB segments"
+    );
+    for &offset in &offsets {
+        let record = log.read(offset).unwrap();
+        assert_eq!((record.offset, record.kind), (offset, RecordKind::Delivery));
+        assert_eq!(&record.bytes[record::RECORD_HEADER_LEN..], &payload[..]);
+        assert!(
+            offset % SEG + record.bytes.len() as u64 <= SEG,
+            "no record spans segments"
+        );
+    }
+    // A record that would cross a boundary starts the next segment after its header.
+    assert!(
+        offsets
+            .iter()
+            .any(|o| o % SEG == FILE_HEADER_LEN as u64 && *o > 0)
+    );
+}
+
+#[test]
+fn reopen_finds_the_same_end_and_a_torn_tail_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let first = append_bytes(&log, b"first");
+    let second = append_bytes(&log, b"second");
+    let end = log.write_end();
+    log.flush().unwrap();
+    drop(log);
+
+    let (log, report) = CommitLog::open(dir.path(), SEG, &plan(Some(first), first)).unwrap();
+    assert_eq!((report.end, report.torn_at), (end, None));
+    drop(log);
+
+    // Damage the second record's body: it was never vouched durable (durable = its offset).
+    let path = segment::segment_path(dir.path(), 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[second as usize + 14] ^= 0xFF;
+    std::fs::write(&path, &bytes).unwrap();
+    let (log, report) = CommitLog::open(dir.path(), SEG, &plan(Some(first), second)).unwrap();
+    assert_eq!((report.end, report.torn_at), (second, Some(second)));
+    assert_eq!(report.truncated_bytes, end - second);
+    assert_eq!(log.read(first).unwrap().bytes.len(), 17);
+    let again = append_bytes(&log, b"again");
+    assert_eq!(again, second, "appends resume at the cut");
+    drop(log);
+    let on_disk = std::fs::read(&path).unwrap();
+    assert_eq!(
+        get_u32(&on_disk, again as usize + 4),
+        17,
+        "the new record replaced the torn one"
+    );
+    assert!(
+        on_disk[again as usize + 17..].iter().all(|&b| b == 0),
+        "nothing stale past the end"
+    );
+}
+
+#[test]
+fn damage_below_the_durable_mark_is_corruption_unless_lenient() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let first = append_bytes(&log, b"first");
+    let second = append_bytes(&log, b"second");
+    let end = log.write_end();
+    log.flush().unwrap();
+    drop(log);
+    let path = segment::segment_path(dir.path(), 0);
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[first as usize + 13] ^= 0x01;
+    std::fs::write(&path, &bytes).unwrap();
+
+    let err = CommitLog::open(dir.path(), SEG, &plan(Some(first), end))
+        .err()
+        .unwrap();
+    match err {
+        Error::Corruption {
+            file,
+            offset,
+            kind: CorruptionKind::ChecksumMismatch { .. },
+        } => {
+            assert_eq!((file, offset), (path.clone(), first));
+        }
+        other => panic!("expected a checksum corruption, got {other}"),
+    }
+    let lenient = RecoveryPlan {
+        mode: RecoveryMode::Lenient,
+        ..plan(Some(first), end)
+    };
+    let (_log, report) = CommitLog::open(dir.path(), SEG, &lenient).unwrap();
+    assert_eq!(
+        report.end, first,
+        "lenient recovery keeps the prefix before the damage"
+    );
+    assert!(second > first);
+}
+
+#[test]
+fn a_missing_middle_segment_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let payload = vec![1u8; 4000];
+    while log.write_end() < 3 * SEG {
+        append_bytes(&log, &payload);
+    }
+    drop(log);
+    std::fs::remove_file(segment::segment_path(dir.path(), SEG)).unwrap();
+    let err = CommitLog::open(dir.path(), SEG, &plan(None, 0))
+        .err()
+        .unwrap();
+    assert!(
+        matches!(&err, Error::Corruption { file, kind: CorruptionKind::MissingFile, .. }
+            if *file == segment::segment_path(dir.path(), SEG)),
+        "{err}"
+    );
+}

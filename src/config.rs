@@ -1,0 +1,167 @@
+//! Store configuration, validated once at open.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::{Clock, SystemClock};
+use crate::commitlog::record::MAX_FIXED_MESSAGE_LEN;
+use crate::error::{Error, Result};
+use crate::format::FILE_HEADER_LEN;
+
+/// When a `put` may return relative to its bytes reaching the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum FlushMode {
+    /// `put` returns once the record is in the page cache; a background flusher
+    /// syncs every [`Config::flush_interval`]. A power loss can lose that window;
+    /// a killed process loses nothing (the page cache survives it).
+    #[default]
+    Async,
+    /// `put` returns once the record is on disk. Concurrent puts share one sync.
+    Sync,
+}
+
+/// What recovery does with a damaged record that is not at the tail.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum RecoveryMode {
+    /// Refuse to open: a record that was once known durable is damaged.
+    #[default]
+    Strict,
+    /// Treat the damaged record as the end of the log and drop everything after it.
+    Lenient,
+}
+
+/// Everything `Store::open` needs. Build with [`Config::new`] and the `with_*` setters.
+#[derive(Clone)]
+pub struct Config {
+    pub(crate) dir: PathBuf,
+    pub(crate) segment_size: u64,
+    pub(crate) queue_file_entries: u64,
+    pub(crate) queues_per_topic: u32,
+    pub(crate) max_body_bytes: usize,
+    pub(crate) flush_mode: FlushMode,
+    pub(crate) flush_interval: Duration,
+    pub(crate) recovery_mode: RecoveryMode,
+    pub(crate) clock: Arc<dyn Clock>,
+}
+
+/// The smallest segment size accepted (tests use it to roll segments quickly).
+pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
+/// The largest topic name in bytes.
+pub const MAX_TOPIC_LEN: usize = 127;
+
+impl Config {
+    /// Defaults: 1 GiB segments, 300,000 entries per consume-queue file, 4 queues
+    /// per topic, 4 MiB bodies, async flush every 200 ms, strict recovery, system clock.
+    pub fn new(dir: impl Into<PathBuf>) -> Self {
+        Self {
+            dir: dir.into(),
+            segment_size: 1 << 30,
+            queue_file_entries: 300_000,
+            queues_per_topic: 4,
+            max_body_bytes: 4 << 20,
+            flush_mode: FlushMode::Async,
+            flush_interval: Duration::from_millis(200),
+            recovery_mode: RecoveryMode::Strict,
+            clock: Arc::new(SystemClock),
+        }
+    }
+
+    pub fn with_segment_size(mut self, bytes: u64) -> Self {
+        self.segment_size = bytes;
+        self
+    }
+
+    pub fn with_queue_file_entries(mut self, entries: u64) -> Self {
+        self.queue_file_entries = entries;
+        self
+    }
+
+    pub fn with_queues_per_topic(mut self, queues: u32) -> Self {
+        self.queues_per_topic = queues;
+        self
+    }
+
+    pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
+        self.max_body_bytes = bytes;
+        self
+    }
+
+    pub fn with_flush_mode(mut self, mode: FlushMode) -> Self {
+        self.flush_mode = mode;
+        self
+    }
+
+    pub fn with_flush_interval(mut self, interval: Duration) -> Self {
+        self.flush_interval = interval;
+        self
+    }
+
+    pub fn with_recovery_mode(mut self, mode: RecoveryMode) -> Self {
+        self.recovery_mode = mode;
+        self
+    }
+
+    pub fn with_clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    pub fn dir(&self) -> &std::path::Path {
+        &self.dir
+    }
+
+    pub(crate) fn validate(&self) -> Result<()> {
+        if self.segment_size < MIN_SEGMENT_SIZE || !self.segment_size.is_power_of_two() {
+            return Err(Error::invalid(
+                "segment size",
+                format!(
+                    "{} is not a power of two of at least {MIN_SEGMENT_SIZE}",
+                    self.segment_size
+                ),
+            ));
+        }
+        let room = self.segment_size as usize - FILE_HEADER_LEN;
+        // A message of the largest body and maximal metadata must fit in one segment.
+        if self.max_body_bytes.saturating_add(MAX_FIXED_MESSAGE_LEN) > room {
+            return Err(Error::invalid(
+                "max body bytes",
+                format!(
+                    "{} does not fit in a {}-byte segment",
+                    self.max_body_bytes, self.segment_size
+                ),
+            ));
+        }
+        if self.queue_file_entries == 0 || self.queue_file_entries > 1 << 24 {
+            return Err(Error::invalid(
+                "queue file entries",
+                "must be between 1 and 16,777,216",
+            ));
+        }
+        if self.queues_per_topic == 0 || self.queues_per_topic > 1024 {
+            return Err(Error::invalid(
+                "queues per topic",
+                "must be between 1 and 1024",
+            ));
+        }
+        if self.flush_interval.is_zero() {
+            return Err(Error::invalid("flush interval", "must be positive"));
+        }
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Config")
+            .field("dir", &self.dir)
+            .field("segment_size", &self.segment_size)
+            .field("queue_file_entries", &self.queue_file_entries)
+            .field("queues_per_topic", &self.queues_per_topic)
+            .field("max_body_bytes", &self.max_body_bytes)
+            .field("flush_mode", &self.flush_mode)
+            .field("flush_interval", &self.flush_interval)
+            .field("recovery_mode", &self.recovery_mode)
+            .finish_non_exhaustive()
+    }
+}

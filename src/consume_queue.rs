@@ -1,0 +1,527 @@
+//! Consume queues: one index per (topic, queue id), read by consumers.
+//!
+//! A queue is a sequence of fixed-size 32-byte entries, each pointing at a
+//! message record in the commit log. Entries live in files of
+//! `entries_per_file` entries after a 32-byte header, named by the 20-digit
+//! index of their first entry, under `consumequeue/<topic>/<queue id>/`.
+//! The dispatcher is the only writer. A consume queue is an index: recovery
+//! cuts it back to what the checkpoint vouches for and replays the commit log.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock};
+
+use crossbeam_channel::{Receiver, Sender, TrySendError};
+
+use crate::error::{CorruptionKind, Error, Result};
+use crate::format::{
+    CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN, FileHeader, check_file_header, crc_at, get_u32, get_u64,
+    numbered_file_name, parse_numbered_file_name, put_u32, put_u64,
+};
+use crate::mmap::{MapWriter, Mapped, sync_dir};
+
+/// Bytes per consume-queue entry.
+pub(crate) const ENTRY_LEN: usize = 32;
+
+const LOG_OFFSET: usize = 0;
+const RECORD_LEN: usize = LOG_OFFSET + 8;
+const TAG_HASH: usize = RECORD_LEN + 4;
+const TIME: usize = TAG_HASH + 4;
+const FLAGS: usize = TIME + 8;
+const CRC: usize = FLAGS + 4;
+const _: () = assert!(CRC + 4 == ENTRY_LEN);
+
+/// One consume-queue entry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Entry {
+    /// Offset of the message record in the commit log (never 0: offset 0 is a file header).
+    pub log_offset: u64,
+    /// Length of that record.
+    pub record_len: u32,
+    /// CRC32C of the message's tags, 0 if it has none: lets a consumer filter without reading the log.
+    pub tag_hash: u32,
+    /// When the message became visible: its store time, or its delivery time for a timer.
+    pub time_ms: u64,
+    /// Reserved, 0.
+    pub flags: u32,
+}
+
+impl Entry {
+    /// Encodes the entry that sits at queue position `index`; the CRC binds it there.
+    pub fn encode(&self, index: u64) -> [u8; ENTRY_LEN] {
+        let mut out = [0u8; ENTRY_LEN];
+        put_u64(&mut out, LOG_OFFSET, self.log_offset);
+        put_u32(&mut out, RECORD_LEN, self.record_len);
+        put_u32(&mut out, TAG_HASH, self.tag_hash);
+        put_u64(&mut out, TIME, self.time_ms);
+        put_u32(&mut out, FLAGS, self.flags);
+        let crc = crc_at(index, &out[..CRC]);
+        put_u32(&mut out, CRC, crc);
+        out
+    }
+
+    /// Decodes the entry at `index`; `None` if it is empty or fails its CRC.
+    pub fn decode(bytes: &[u8], index: u64) -> std::result::Result<Self, EntryProblem> {
+        let bytes = bytes.get(..ENTRY_LEN).ok_or(EntryProblem::Empty)?;
+        if bytes.iter().all(|&b| b == 0) {
+            return Err(EntryProblem::Empty);
+        }
+        let stored = get_u32(bytes, CRC);
+        let computed = crc_at(index, &bytes[..CRC]);
+        if stored != computed {
+            return Err(EntryProblem::Checksum { stored, computed });
+        }
+        Ok(Self {
+            log_offset: get_u64(bytes, LOG_OFFSET),
+            record_len: get_u32(bytes, RECORD_LEN),
+            tag_hash: get_u32(bytes, TAG_HASH),
+            time_ms: get_u64(bytes, TIME),
+            flags: get_u32(bytes, FLAGS),
+        })
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum EntryProblem {
+    Empty,
+    Checksum { stored: u32, computed: u32 },
+}
+
+/// The tag hash stored in entries.
+pub(crate) fn tag_hash(tags: &str) -> u32 {
+    if tags.is_empty() {
+        0
+    } else {
+        crc32c::crc32c(tags.as_bytes())
+    }
+}
+
+/// One consume queue.
+pub(crate) struct ConsumeQueue {
+    dir: PathBuf,
+    topic: String,
+    queue_id: u32,
+    per_file: u64,
+    files: RwLock<BTreeMap<u64, Arc<Mapped>>>,
+    writer: Mutex<Option<(u64, MapWriter)>>,
+    len: AtomicU64,
+    flushed: Mutex<u64>,
+    waiters: Mutex<Vec<Sender<()>>>,
+}
+
+impl ConsumeQueue {
+    fn new(dir: PathBuf, topic: &str, queue_id: u32, per_file: u64) -> Self {
+        Self {
+            dir,
+            topic: topic.to_string(),
+            queue_id,
+            per_file,
+            files: RwLock::new(BTreeMap::new()),
+            writer: Mutex::new(None),
+            len: AtomicU64::new(0),
+            flushed: Mutex::new(0),
+            waiters: Mutex::new(Vec::new()),
+        }
+    }
+
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    pub fn queue_id(&self) -> u32 {
+        self.queue_id
+    }
+
+    /// Number of entries readers may read.
+    pub fn len(&self) -> u64 {
+        self.len.load(Ordering::Acquire)
+    }
+
+    fn file_size(&self) -> u64 {
+        FILE_HEADER_LEN as u64 + self.per_file * ENTRY_LEN as u64
+    }
+
+    fn file_path(&self, file_no: u64) -> PathBuf {
+        self.dir.join(numbered_file_name(file_no * self.per_file))
+    }
+
+    fn position(&self, index: u64) -> (u64, usize) {
+        let file_no = index / self.per_file;
+        (
+            file_no,
+            FILE_HEADER_LEN + (index % self.per_file) as usize * ENTRY_LEN,
+        )
+    }
+
+    /// Appends an entry (dispatcher only). Readers see it at once; call
+    /// [`notify`](Self::notify) after a batch to wake waiting consumers.
+    pub fn append(&self, entry: &Entry) -> Result<()> {
+        let index = self.len();
+        let (file_no, at) = self.position(index);
+        let mut slot = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        if slot.as_ref().is_none_or(|(no, _)| *no != file_no) {
+            *slot = Some((file_no, self.create_file(file_no)?));
+        }
+        let (_, writer) = slot.as_mut().expect("just ensured");
+        writer
+            .unpublished_mut(at, ENTRY_LEN)
+            .copy_from_slice(&entry.encode(index));
+        writer.publish(at + ENTRY_LEN);
+        self.len.store(index + 1, Ordering::Release);
+        Ok(())
+    }
+
+    fn create_file(&self, file_no: u64) -> Result<MapWriter> {
+        if file_no == 0 || !self.dir.exists() {
+            std::fs::create_dir_all(&self.dir)
+                .map_err(|e| Error::io("create directory", &self.dir, e))?;
+            if let Some(parent) = self.dir.parent() {
+                sync_dir(parent)?;
+            }
+        }
+        let header =
+            FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
+        let writer = Mapped::create(&self.file_path(file_no), self.file_size(), &header)?;
+        self.files
+            .write()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(file_no, Arc::clone(writer.shared()));
+        Ok(writer)
+    }
+
+    /// Reads entry `index`, which must be below [`len`](Self::len).
+    pub fn read(&self, index: u64) -> Result<Entry> {
+        let (file_no, at) = self.position(index);
+        let file = self
+            .files
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&file_no)
+            .cloned();
+        let path = || self.file_path(file_no);
+        let file = file.ok_or_else(|| Error::corruption(path(), 0, CorruptionKind::MissingFile))?;
+        let bytes = file.read(at, ENTRY_LEN).ok_or_else(|| {
+            let why = format!("entry {index} is not written");
+            Error::corruption(path(), at as u64, CorruptionKind::BadReference(why))
+        })?;
+        Entry::decode(bytes, index).map_err(|problem| {
+            let kind = match problem {
+                EntryProblem::Empty => CorruptionKind::BadFrame("empty consume-queue entry".into()),
+                EntryProblem::Checksum { stored, computed } => {
+                    CorruptionKind::ChecksumMismatch { stored, computed }
+                }
+            };
+            Error::corruption(path(), at as u64, kind)
+        })
+    }
+
+    /// Wakes every consumer waiting on this queue.
+    pub fn notify(&self) {
+        let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        waiters.retain(|w| !matches!(w.try_send(()), Err(TrySendError::Disconnected(()))));
+    }
+
+    /// A receiver that gets a token whenever entries are appended.
+    pub fn subscribe(&self) -> Receiver<()> {
+        let (tx, rx) = crossbeam_channel::bounded(1);
+        self.waiters
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(tx);
+        rx
+    }
+
+    /// Syncs entries appended since the last flush.
+    pub fn flush(&self) -> Result<()> {
+        let mut flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
+        let len = self.len();
+        let files = self.files.read().unwrap_or_else(|e| e.into_inner());
+        let mut index = *flushed;
+        while index < len {
+            let (file_no, at) = self.position(index);
+            let in_file = (self.per_file - index % self.per_file).min(len - index);
+            if let Some(file) = files.get(&file_no) {
+                file.flush(at, in_file as usize * ENTRY_LEN)?;
+            }
+            index += in_file;
+        }
+        *flushed = len;
+        Ok(())
+    }
+
+    /// Opens an existing queue directory, keeping only entries for records below
+    /// `trusted_end` (the checkpoint's dispatched offset); the rest is zeroed and
+    /// replayed from the commit log.
+    fn recover(
+        dir: PathBuf,
+        topic: &str,
+        queue_id: u32,
+        per_file: u64,
+        trusted_end: u64,
+    ) -> Result<Self> {
+        let queue = Self::new(dir, topic, queue_id, per_file);
+        let mut writers = queue.open_files()?;
+        let len = trusted_len(&writers, per_file, trusted_end);
+        let keep_file = if len == 0 { 0 } else { (len - 1) / per_file };
+        let tail_file = len / per_file;
+        let mut files = BTreeMap::new();
+        let mut tail = None;
+        for (file_no, mut writer) in std::mem::take(&mut writers) {
+            if file_no < tail_file {
+                writer.publish(writer.shared().len());
+                files.insert(file_no, Arc::clone(writer.shared()));
+            } else if file_no == tail_file {
+                let at = queue.position(len).1;
+                writer.zero_tail(at)?;
+                writer.publish(at);
+                files.insert(file_no, Arc::clone(writer.shared()));
+                tail = Some((file_no, writer));
+            } else if file_no > keep_file {
+                let path = queue.file_path(file_no);
+                std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            }
+        }
+        *queue.files.write().unwrap_or_else(|e| e.into_inner()) = files;
+        *queue.writer.lock().unwrap_or_else(|e| e.into_inner()) = tail;
+        queue.len.store(len, Ordering::Release);
+        *queue.flushed.lock().unwrap_or_else(|e| e.into_inner()) = len;
+        Ok(queue)
+    }
+
+    fn open_files(&self) -> Result<BTreeMap<u64, MapWriter>> {
+        let mut writers = BTreeMap::new();
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("list", &self.dir, e))?;
+            let name = entry.file_name();
+            let Some(first) = parse_numbered_file_name(&name.to_string_lossy()) else {
+                continue;
+            };
+            let path = entry.path();
+            if first % self.per_file != 0 {
+                let why = format!("first entry {first} is not a multiple of {}", self.per_file);
+                return Err(Error::corruption(
+                    &path,
+                    0,
+                    CorruptionKind::BadReference(why),
+                ));
+            }
+            let writer = Mapped::open(&path, self.file_size())?;
+            check_file_header(
+                &path,
+                writer.view(0, FILE_HEADER_LEN),
+                CONSUME_QUEUE_MAGIC,
+                self.per_file,
+                first,
+            )?;
+            writers.insert(first / self.per_file, writer);
+        }
+        for (i, &file_no) in writers.keys().enumerate() {
+            if file_no != i as u64 {
+                return Err(Error::corruption(
+                    self.file_path(i as u64),
+                    0,
+                    CorruptionKind::MissingFile,
+                ));
+            }
+        }
+        Ok(writers)
+    }
+}
+
+/// The number of leading entries that point below `trusted_end`. Entries for
+/// records below it were on disk when the checkpoint was written, so the
+/// predicate "invalid or at/after `trusted_end`" is false then true: binary search.
+fn trusted_len(writers: &BTreeMap<u64, MapWriter>, per_file: u64, trusted_end: u64) -> u64 {
+    let capacity = writers.len() as u64 * per_file;
+    let trusted = |index: u64| {
+        let file = &writers[&(index / per_file)];
+        let at = FILE_HEADER_LEN + (index % per_file) as usize * ENTRY_LEN;
+        Entry::decode(file.view(at, ENTRY_LEN), index).is_ok_and(|e| e.log_offset < trusted_end)
+    };
+    let (mut lo, mut hi) = (0, capacity);
+    while lo < hi {
+        let mid = lo + (hi - lo) / 2;
+        if trusted(mid) { lo = mid + 1 } else { hi = mid }
+    }
+    lo
+}
+
+/// Every consume queue of the store, by topic then queue id, created on first use.
+pub(crate) struct QueueRegistry {
+    root: PathBuf,
+    per_file: u64,
+    queues: RwLock<HashMap<String, BTreeMap<u32, Arc<ConsumeQueue>>>>,
+}
+
+impl QueueRegistry {
+    /// Opens every queue under `root`, cut back to `trusted_end`.
+    pub fn open(root: &Path, per_file: u64, trusted_end: u64) -> Result<Self> {
+        let _span = tracing::info_span!("consume_queue_recovery", root = %root.display()).entered();
+        std::fs::create_dir_all(root).map_err(|e| Error::io("create directory", root, e))?;
+        let mut queues: HashMap<String, BTreeMap<u32, Arc<ConsumeQueue>>> = HashMap::new();
+        for (topic, queue_id, dir) in list_queue_dirs(root)? {
+            let queue = ConsumeQueue::recover(dir, &topic, queue_id, per_file, trusted_end)?;
+            queues
+                .entry(topic)
+                .or_default()
+                .insert(queue_id, Arc::new(queue));
+        }
+        Ok(Self {
+            root: root.to_path_buf(),
+            per_file,
+            queues: RwLock::new(queues),
+        })
+    }
+
+    pub fn get_or_create(&self, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
+        let found = self
+            .queues
+            .read()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(topic)
+            .and_then(|q| q.get(&queue_id).cloned());
+        if let Some(queue) = found {
+            return queue;
+        }
+        let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
+        let dir = self.root.join(topic).join(queue_id.to_string());
+        let per_file = self.per_file;
+        let by_id = queues.entry(topic.to_string()).or_default();
+        Arc::clone(
+            by_id
+                .entry(queue_id)
+                .or_insert_with(|| Arc::new(ConsumeQueue::new(dir, topic, queue_id, per_file))),
+        )
+    }
+
+    pub fn all(&self) -> Vec<Arc<ConsumeQueue>> {
+        let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
+        queues
+            .values()
+            .flat_map(|by_id| by_id.values().cloned())
+            .collect()
+    }
+
+    pub fn flush_all(&self) -> Result<()> {
+        self.all().iter().try_for_each(|q| q.flush())
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        let file = FILE_HEADER_LEN as u64 + self.per_file * ENTRY_LEN as u64;
+        self.all()
+            .iter()
+            .map(|q| q.files.read().unwrap_or_else(|e| e.into_inner()).len() as u64 * file)
+            .sum()
+    }
+}
+
+/// `root/<topic>/<queue id>` directories.
+fn list_queue_dirs(root: &Path) -> Result<Vec<(String, u32, PathBuf)>> {
+    let list = |dir: &Path| -> Result<Vec<(String, PathBuf)>> {
+        let mut out = Vec::new();
+        for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
+            let entry = entry.map_err(|e| Error::io("list", dir, e))?;
+            if entry
+                .file_type()
+                .map_err(|e| Error::io("stat", entry.path(), e))?
+                .is_dir()
+            {
+                out.push((
+                    entry.file_name().to_string_lossy().into_owned(),
+                    entry.path(),
+                ));
+            }
+        }
+        Ok(out)
+    };
+    let mut out = Vec::new();
+    for (topic, topic_dir) in list(root)? {
+        for (queue, dir) in list(&topic_dir)? {
+            if let Ok(queue_id) = queue.parse() {
+                out.push((topic.clone(), queue_id, dir));
+            }
+        }
+    }
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::hex;
+
+    fn entry(log_offset: u64) -> Entry {
+        Entry {
+            log_offset,
+            record_len: 100,
+            tag_hash: 0,
+            time_ms: 5,
+            flags: 0,
+        }
+    }
+
+    #[test]
+    fn golden_bytes_match_wheel_format_md() {
+        let e = Entry {
+            log_offset: 32,
+            record_len: 58,
+            tag_hash: 0,
+            time_ms: 1_700_000_000_000,
+            flags: 0,
+        };
+        assert_eq!(
+            hex(&e.encode(0)),
+            concat!(
+                "2000000000000000",
+                "3a000000",
+                "00000000",
+                "0068e5cf8b010000",
+                "00000000",
+                "425e50b6"
+            )
+        );
+    }
+
+    #[test]
+    fn entries_are_bound_to_their_index() {
+        let bytes = entry(64).encode(7);
+        assert_eq!(Entry::decode(&bytes, 7), Ok(entry(64)));
+        assert!(matches!(
+            Entry::decode(&bytes, 8),
+            Err(EntryProblem::Checksum { .. })
+        ));
+        assert_eq!(
+            Entry::decode(&[0u8; ENTRY_LEN], 7),
+            Err(EntryProblem::Empty)
+        );
+    }
+
+    #[test]
+    fn append_read_and_recover_cuts_back_to_the_trusted_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let qdir = dir.path().join("T").join("0");
+        let queue = ConsumeQueue::new(qdir.clone(), "T", 0, 4);
+        for i in 1..=10u64 {
+            queue.append(&entry(i * 100)).unwrap();
+        }
+        assert_eq!(queue.len(), 10);
+        assert_eq!(queue.read(9).unwrap().log_offset, 1000);
+        queue.flush().unwrap();
+        drop(queue);
+
+        // The checkpoint vouches for records below 650: entries 0..6 survive.
+        let queue = ConsumeQueue::recover(qdir.clone(), "T", 0, 4, 650).unwrap();
+        assert_eq!(queue.len(), 6);
+        queue.append(&entry(7777)).unwrap();
+        assert_eq!(queue.read(6).unwrap().log_offset, 7777);
+        drop(queue);
+        assert!(
+            !qdir.join(numbered_file_name(8)).exists(),
+            "the third file only held untrusted entries"
+        );
+        let queue = ConsumeQueue::recover(qdir, "T", 0, 4, 10_000).unwrap();
+        assert_eq!(queue.len(), 7, "zeroed entries are not resurrected");
+    }
+}

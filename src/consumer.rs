@@ -1,0 +1,270 @@
+//! Consumers: read a consume queue from an offset, wait without spinning, and
+//! commit how far they got. Committed offsets survive restarts.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::Receiver;
+use serde::{Deserialize, Serialize};
+
+use crate::commitlog::CommitLog;
+use crate::commitlog::record::{MessageView, RecordKind};
+use crate::consume_queue::ConsumeQueue;
+use crate::error::{CorruptionKind, Error, Result};
+use crate::message::ConsumedMessage;
+use crate::mmap::sync_parent_dir;
+
+/// A reader of one consume queue on behalf of a consumer group.
+pub struct Consumer {
+    log: Arc<CommitLog>,
+    queue: Arc<ConsumeQueue>,
+    offsets: Arc<OffsetStore>,
+    group: String,
+    next: u64,
+    wake: Receiver<()>,
+}
+
+impl Consumer {
+    pub(crate) fn new(
+        log: Arc<CommitLog>,
+        queue: Arc<ConsumeQueue>,
+        offsets: Arc<OffsetStore>,
+        group: &str,
+    ) -> Self {
+        // Subscribe before reading the committed offset, so no append is missed.
+        let wake = queue.subscribe();
+        let next = offsets
+            .get(group, queue.topic(), queue.queue_id())
+            .unwrap_or(0);
+        Self {
+            log,
+            queue,
+            offsets,
+            group: group.to_string(),
+            next,
+            wake,
+        }
+    }
+
+    /// Up to `max` messages from the current position, waiting at most `timeout`
+    /// for the first one. Returns as soon as anything is available.
+    pub fn poll(&mut self, max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let available = self.queue.len();
+            if self.next < available {
+                let upto = available.min(self.next.saturating_add(max as u64));
+                let messages = (self.next..upto)
+                    .map(|i| self.read(i))
+                    .collect::<Result<Vec<_>>>()?;
+                self.next = upto;
+                return Ok(messages);
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() || max == 0 {
+                return Ok(Vec::new());
+            }
+            // A token means entries were appended after we looked; a timeout means none were.
+            if self.wake.recv_timeout(left).is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    fn read(&self, index: u64) -> Result<ConsumedMessage> {
+        let entry = self.queue.read(index)?;
+        let record = self.log.read(entry.log_offset)?;
+        if record.kind != RecordKind::Message || record.bytes.len() != entry.record_len as usize {
+            let why = format!("consume-queue entry {index} does not point at a message record");
+            return Err(self
+                .log
+                .corruption_at(entry.log_offset, CorruptionKind::BadReference(why)));
+        }
+        let view = MessageView::parse(&record.bytes)
+            .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+        let properties = view
+            .properties()
+            .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        Ok(ConsumedMessage {
+            topic: view.topic.to_string(),
+            queue_id: view.queue_id,
+            queue_offset: index,
+            log_offset: record.offset,
+            store_time_ms: view.store_time_ms,
+            visible_at_ms: entry.time_ms,
+            key: non_empty(view.key),
+            tags: non_empty(view.tags),
+            properties,
+            body: record.bytes.slice(view.body.clone()),
+        })
+    }
+
+    /// The queue offset the next `poll` starts at.
+    pub fn position(&self) -> u64 {
+        self.next
+    }
+
+    /// Moves the read position (clamped to the queue's end).
+    pub fn seek(&mut self, offset: u64) {
+        self.next = offset.min(self.queue.len());
+    }
+
+    /// Commits the current position for this consumer's group. Committed
+    /// offsets reach the disk with the next flush and at close.
+    pub fn commit(&self) {
+        self.offsets.set(
+            &self.group,
+            self.queue.topic(),
+            self.queue.queue_id(),
+            self.next,
+        );
+    }
+
+    /// The number of entries in the queue.
+    pub fn queue_len(&self) -> u64 {
+        self.queue.len()
+    }
+}
+
+/// Committed consumer offsets, kept in `consumer_offsets.json` (written whole:
+/// temp file, fsync, rename, directory fsync).
+pub(crate) struct OffsetStore {
+    path: PathBuf,
+    offsets: Mutex<BTreeMap<(String, String, u32), u64>>,
+    dirty: AtomicBool,
+}
+
+#[derive(Serialize, Deserialize)]
+struct OffsetsFile {
+    version: u32,
+    offsets: Vec<CommittedOffset>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CommittedOffset {
+    group: String,
+    topic: String,
+    queue_id: u32,
+    offset: u64,
+}
+
+impl OffsetStore {
+    pub fn open(path: &Path) -> Result<Self> {
+        let mut offsets = BTreeMap::new();
+        match std::fs::read(path) {
+            Ok(bytes) => {
+                let file: OffsetsFile = serde_json::from_slice(&bytes).map_err(|e| {
+                    let why = format!("not a consumer-offsets file: {e}");
+                    Error::corruption(path, e.column() as u64, CorruptionKind::BadFrame(why))
+                })?;
+                if file.version != 1 {
+                    return Err(Error::UnsupportedVersion {
+                        file: path.to_path_buf(),
+                        found: file.version,
+                        supported: 1,
+                    });
+                }
+                for o in file.offsets {
+                    offsets.insert((o.group, o.topic, o.queue_id), o.offset);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => return Err(Error::io("read", path, e)),
+        }
+        Ok(Self {
+            path: path.to_path_buf(),
+            offsets: Mutex::new(offsets),
+            dirty: AtomicBool::new(false),
+        })
+    }
+
+    pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
+        let key = (group.to_string(), topic.to_string(), queue_id);
+        self.offsets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(&key)
+            .copied()
+    }
+
+    pub fn set(&self, group: &str, topic: &str, queue_id: u32, offset: u64) {
+        let key = (group.to_string(), topic.to_string(), queue_id);
+        self.offsets
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .insert(key, offset);
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    /// Writes the offsets if anything changed since the last write.
+    pub fn persist(&self) -> Result<()> {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return Ok(());
+        }
+        let file = {
+            let offsets = self.offsets.lock().unwrap_or_else(|e| e.into_inner());
+            let offsets = offsets
+                .iter()
+                .map(|((group, topic, queue_id), &offset)| CommittedOffset {
+                    group: group.clone(),
+                    topic: topic.clone(),
+                    queue_id: *queue_id,
+                    offset,
+                })
+                .collect();
+            OffsetsFile {
+                version: 1,
+                offsets,
+            }
+        };
+        let bytes = serde_json::to_vec_pretty(&file).expect("offsets always serialise");
+        let result = write_atomically(&self.path, &bytes);
+        if result.is_err() {
+            self.dirty.store(true, Ordering::Release);
+        }
+        result
+    }
+}
+
+/// Temp file, fsync, rename, directory fsync: the file is either old or new, never torn.
+pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
+    let tmp = path.with_extension("tmp");
+    let write = || -> std::io::Result<()> {
+        let mut file = std::fs::File::create(&tmp)?;
+        std::io::Write::write_all(&mut file, bytes)?;
+        file.sync_all()
+    };
+    write().map_err(|e| Error::io("write", &tmp, e))?;
+    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))?;
+    sync_parent_dir(path)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn offsets_round_trip_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        let store = OffsetStore::open(&path).unwrap();
+        store.set("g", "T", 1, 42);
+        store.persist().unwrap();
+        let again = OffsetStore::open(&path).unwrap();
+        assert_eq!(again.get("g", "T", 1), Some(42));
+        assert_eq!(again.get("g", "T", 0), None);
+    }
+
+    #[test]
+    fn a_damaged_offsets_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        std::fs::write(&path, b"{not json").unwrap();
+        let err = OffsetStore::open(&path).err().unwrap();
+        assert!(err.to_string().contains("consumer_offsets.json"), "{err}");
+    }
+}

@@ -1,0 +1,120 @@
+//! The crate's one error type.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// Everything that can go wrong in the store.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// An I/O call failed; `path` names the file or directory it was about.
+    #[error("{op} {}: {source}", path.display())]
+    Io {
+        op: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+
+    /// Bytes on disk are not what a writer of this format could have left.
+    #[error("corrupt data in {} at offset {offset}: {kind}", file.display())]
+    Corruption {
+        file: PathBuf,
+        offset: u64,
+        kind: CorruptionKind,
+    },
+
+    /// A file was written by a format version this build does not know.
+    #[error("{} has format version {found}, this build reads version {supported}", file.display())]
+    UnsupportedVersion {
+        file: PathBuf,
+        found: u32,
+        supported: u32,
+    },
+
+    /// Another process (or another `Store` in this one) holds the directory.
+    #[error("store directory {} is locked by another process", dir.display())]
+    Locked { dir: PathBuf },
+
+    /// A flush to disk failed earlier; what the page cache holds is unknowable,
+    /// so writes are refused until the store is reopened.
+    #[error("store is poisoned by an earlier failed flush, reopen it: {reason}")]
+    Poisoned { reason: String },
+
+    /// The message or a configuration value is not acceptable.
+    #[error("invalid {what}: {reason}")]
+    Invalid { what: &'static str, reason: String },
+
+    /// The store is closed or closing.
+    #[error("store is closed")]
+    Closed,
+}
+
+/// What exactly is wrong with corrupt bytes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum CorruptionKind {
+    /// A stored CRC32C does not match the bytes it covers.
+    ChecksumMismatch { stored: u32, computed: u32 },
+    /// The file does not start with the magic of its kind.
+    BadMagic,
+    /// A file header whose own CRC does not match.
+    BadHeader,
+    /// A file is not the size its header and configuration require.
+    WrongSize { expected: u64, found: u64 },
+    /// A record frame that cannot be valid (length, kind or version).
+    BadFrame(String),
+    /// A file that must exist between two others is missing.
+    MissingFile,
+    /// A record or entry points somewhere it cannot.
+    BadReference(String),
+}
+
+impl fmt::Display for CorruptionKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::ChecksumMismatch { stored, computed } => {
+                write!(
+                    f,
+                    "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
+                )
+            }
+            Self::BadMagic => f.write_str("bad magic"),
+            Self::BadHeader => f.write_str("file header fails its checksum"),
+            Self::WrongSize { expected, found } => {
+                write!(f, "file is {found} bytes, expected {expected}")
+            }
+            Self::BadFrame(why) => write!(f, "bad record frame: {why}"),
+            Self::MissingFile => f.write_str("a file is missing from the sequence"),
+            Self::BadReference(why) => write!(f, "bad reference: {why}"),
+        }
+    }
+}
+
+/// The crate's result type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Self::Io {
+            op,
+            path: path.into(),
+            source,
+        }
+    }
+
+    pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
+        Self::Invalid {
+            what,
+            reason: reason.into(),
+        }
+    }
+
+    pub(crate) fn corruption(file: impl Into<PathBuf>, offset: u64, kind: CorruptionKind) -> Self {
+        Self::Corruption {
+            file: file.into(),
+            offset,
+            kind,
+        }
+    }
+}

@@ -1,0 +1,49 @@
+//! # delaywheel
+//!
+//! An embedded, persistent delayed-message engine in the manner of Apache
+//! RocketMQ: messages are appended to a segmented, memory-mapped **commit log**
+//! (the only truth), and per-topic **consume queues** (indexes rebuilt from the
+//! log) point consumers at them.
+//!
+//! ```
+//! use std::time::Duration;
+//! use delaywheel::{Config, Message, Store};
+//!
+//! let dir = tempfile::tempdir()?;
+//! let store = Store::open(Config::new(dir.path()).with_segment_size(1 << 20))?;
+//! let receipt = store.put(Message::new("OrderTopic", "order-1 created").key("order-1"))?;
+//! let mut consumer = store.consumer("OrderTopic", receipt.queue_id())?;
+//! let got = consumer.poll(10, Duration::from_secs(1))?;
+//! assert_eq!(&got[0].body()[..], b"order-1 created");
+//! consumer.commit();
+//! store.close()?;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! Which file is truth and which is an index, and every byte of each, is in
+//! `wheel-format.md` at the repository root.
+
+mod checkpoint;
+mod clock;
+mod commitlog;
+mod config;
+mod consume_queue;
+mod consumer;
+mod dispatcher;
+mod error;
+mod flusher;
+mod format;
+mod message;
+mod mmap;
+mod store;
+
+pub use checkpoint::Checkpoint;
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use commitlog::RecoveryReport;
+pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode};
+pub use consumer::Consumer;
+pub use error::{CorruptionKind, Error, Result};
+pub use message::{
+    ConsumedMessage, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt,
+};
+pub use store::{DEFAULT_GROUP, Store};

@@ -1,0 +1,338 @@
+//! Memory-mapped data files: the only module allowed to use `unsafe`.
+//!
+//! # Soundness contract
+//! A [`Mapped`] file is shared (`Arc`) by readers and owned for writing by one
+//! [`MapWriter`]. The bytes are split by a `published` watermark:
+//!
+//! * below it, bytes are immutable: readers get `&[u8]` and zero-copy
+//!   [`Bytes`] only there, and the writer refuses to touch them;
+//! * at or above it, only the writer reads or writes, through `&mut self`, so
+//!   no reference to those bytes exists in any other thread.
+//!
+//! The watermark only grows (`publish` is `Release`, readers load `Acquire`), so
+//! a slice handed out below it never overlaps a later write. Outside this
+//! process the contract holds because the store takes an exclusive `LOCK` file
+//! (one writer process), readers such as `wheel-dump` use plain `pread`, and a
+//! mapped file is never truncated (deleting a mapped file is fine on Linux; the
+//! pages live until the last map goes). Space is reserved with `fallocate`
+//! before a file is mapped, so a full disk is an error at creation, never a
+//! `SIGBUS` on a later write.
+#![allow(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use bytes::Bytes;
+use memmap2::{MmapOptions, MmapRaw};
+use rustix::fs::FallocateFlags;
+
+use crate::error::{CorruptionKind, Error, Result};
+
+/// A mapped, fixed-size data file, shared by its readers.
+pub(crate) struct Mapped {
+    path: PathBuf,
+    file: File,
+    map: MmapRaw,
+    published: AtomicUsize,
+}
+
+/// The one writer of a [`Mapped`] file.
+pub(crate) struct MapWriter {
+    shared: Arc<Mapped>,
+}
+
+impl Mapped {
+    /// Creates `path` with `len` bytes reserved on disk, written first under a
+    /// temporary name and renamed into place so a crash never leaves a short file.
+    pub fn create(path: &Path, len: u64, header: &[u8]) -> Result<MapWriter> {
+        let tmp = path.with_extension("tmp");
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .open(&tmp)
+            .map_err(|e| Error::io("create", &tmp, e))?;
+        if let Err(e) = reserve(&file, len) {
+            // A half-made file would only confuse the next open.
+            let _ = std::fs::remove_file(&tmp);
+            return Err(Error::io("reserve space for", &tmp, e));
+        }
+        write_all_at(&file, header, 0).map_err(|e| Error::io("write header of", &tmp, e))?;
+        file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
+        std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))?;
+        sync_parent_dir(path)?;
+        let writer = Self::map(path.to_path_buf(), file)?;
+        writer
+            .shared
+            .published
+            .store(header.len(), Ordering::Release);
+        Ok(writer)
+    }
+
+    /// Opens an existing file that must be exactly `len` bytes long.
+    pub fn open(path: &Path, len: u64) -> Result<MapWriter> {
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        let found = file
+            .metadata()
+            .map_err(|e| Error::io("stat", path, e))?
+            .len();
+        if found != len {
+            return Err(Error::corruption(
+                path,
+                0,
+                CorruptionKind::WrongSize {
+                    expected: len,
+                    found,
+                },
+            ));
+        }
+        Self::map(path.to_path_buf(), file)
+    }
+
+    fn map(path: PathBuf, file: File) -> Result<MapWriter> {
+        let map = MmapOptions::new()
+            .map_raw(&file)
+            .map_err(|e| Error::io("mmap", &path, e))?;
+        let shared = Arc::new(Mapped {
+            path,
+            file,
+            map,
+            published: AtomicUsize::new(0),
+        });
+        Ok(MapWriter { shared })
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn len(&self) -> usize {
+        self.map.len()
+    }
+
+    pub fn published(&self) -> usize {
+        self.published.load(Ordering::Acquire)
+    }
+
+    /// The published bytes `[offset, offset + len)`, or `None` if any of them is not published.
+    pub fn read(&self, offset: usize, len: usize) -> Option<&[u8]> {
+        let end = offset.checked_add(len)?;
+        if end > self.published() {
+            return None;
+        }
+        // SAFETY: `[offset, end)` lies below the published watermark, which only
+        // grows; the writer never writes below it (see the module contract), and
+        // the map lives as long as `self`.
+        Some(unsafe { std::slice::from_raw_parts(self.map.as_mut_ptr().add(offset), len) })
+    }
+
+    /// A zero-copy `Bytes` over published bytes; keeps the map alive.
+    pub fn bytes(self: &Arc<Self>, offset: usize, len: usize) -> Option<Bytes> {
+        self.read(offset, len)?;
+        Some(Bytes::from_owner(PublishedSlice {
+            map: Arc::clone(self),
+            offset,
+            len,
+        }))
+    }
+
+    /// `msync` of a range: returns once those bytes are on disk.
+    pub fn flush(&self, offset: usize, len: usize) -> Result<()> {
+        if len == 0 {
+            return Ok(());
+        }
+        self.map
+            .flush_range(offset, len)
+            .map_err(|e| Error::io("msync", &self.path, e))
+    }
+}
+
+/// The owner behind a zero-copy [`Bytes`]: a published range of a map.
+struct PublishedSlice {
+    map: Arc<Mapped>,
+    offset: usize,
+    len: usize,
+}
+
+impl AsRef<[u8]> for PublishedSlice {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: `Mapped::bytes` checked the range was published before building
+        // this owner; published bytes never change and `self.map` keeps the map alive.
+        unsafe { std::slice::from_raw_parts(self.map.map.as_mut_ptr().add(self.offset), self.len) }
+    }
+}
+
+impl MapWriter {
+    pub fn shared(&self) -> &Arc<Mapped> {
+        &self.shared
+    }
+
+    /// Mutable access to unpublished bytes `[offset, offset + len)`.
+    ///
+    /// Panics if the range reaches below the published watermark or past the
+    /// end of the map: both are bugs in the caller, never a property of data on disk.
+    pub fn unpublished_mut(&mut self, offset: usize, len: usize) -> &mut [u8] {
+        let end = offset.checked_add(len).expect("range overflows usize");
+        assert!(
+            offset >= self.shared.published(),
+            "write below the published watermark"
+        );
+        assert!(
+            end <= self.shared.map.len(),
+            "write past the end of the map"
+        );
+        // SAFETY: the range is at or above the watermark, so no reader holds a
+        // reference into it; `&mut self` makes this the only live reference the
+        // writer hands out; the range is inside the map, which `self` keeps alive.
+        unsafe { std::slice::from_raw_parts_mut(self.shared.map.as_mut_ptr().add(offset), len) }
+    }
+
+    /// Reads any bytes, published or not; `&self` excludes a concurrent write.
+    pub fn view(&self, offset: usize, len: usize) -> &[u8] {
+        let end = offset.checked_add(len).expect("range overflows usize");
+        assert!(end <= self.shared.map.len(), "read past the end of the map");
+        // SAFETY: readers only ever hold shared references; the writer's mutable
+        // references borrow `&mut self`, which cannot coexist with this `&self`.
+        unsafe { std::slice::from_raw_parts(self.shared.map.as_mut_ptr().add(offset), len) }
+    }
+
+    /// Makes `[.., end)` visible to readers. The watermark never moves back.
+    pub fn publish(&mut self, end: usize) {
+        assert!(
+            end <= self.shared.map.len(),
+            "publish past the end of the map"
+        );
+        assert!(
+            end >= self.shared.published(),
+            "the published watermark never moves back"
+        );
+        self.shared.published.store(end, Ordering::Release);
+    }
+
+    /// Zeroes the unpublished bytes from `offset` to the end of the file, so stale
+    /// bytes past a recovered end can never be read as data, and syncs them.
+    pub fn zero_tail(&mut self, offset: usize) -> Result<()> {
+        let len = self.shared.map.len().saturating_sub(offset);
+        if len == 0 {
+            return Ok(());
+        }
+        assert!(
+            offset >= self.shared.published(),
+            "zeroing below the published watermark"
+        );
+        let punched = rustix::fs::fallocate(
+            &self.shared.file,
+            FallocateFlags::ZERO_RANGE,
+            offset as u64,
+            len as u64,
+        );
+        if punched.is_err() {
+            // Not every file system can zero a range in place; write the zeros.
+            self.unpublished_mut(offset, len).fill(0);
+        }
+        self.shared.flush(offset, len)
+    }
+}
+
+/// Reserves `len` bytes of real disk space (not a sparse hole).
+fn reserve(file: &File, len: u64) -> std::io::Result<()> {
+    match rustix::fs::fallocate(file, FallocateFlags::empty(), 0, len) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP) => write_zeros(file, len),
+        Err(e) => Err(e.into()),
+    }
+}
+
+fn write_zeros(file: &File, len: u64) -> std::io::Result<()> {
+    let chunk = vec![0u8; 1 << 20];
+    let mut at = 0;
+    while at < len {
+        let n = chunk.len().min((len - at) as usize);
+        write_all_at(file, &chunk[..n], at)?;
+        at += n as u64;
+    }
+    Ok(())
+}
+
+pub(crate) fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> std::io::Result<()> {
+    std::os::unix::fs::FileExt::write_all_at(file, bytes, offset)
+}
+
+/// `fsync` of the directory holding `path`, so a create, rename or delete is durable.
+pub(crate) fn sync_parent_dir(path: &Path) -> Result<()> {
+    let dir = path.parent().unwrap_or_else(|| Path::new("."));
+    sync_dir(dir)
+}
+
+pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| Error::io("fsync directory", dir, e))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn published_bytes_are_readable_and_unpublished_are_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut w = Mapped::create(&path, 4096, b"HEAD").unwrap();
+        assert_eq!(w.shared().read(0, 4), Some(&b"HEAD"[..]));
+        w.unpublished_mut(4, 3).copy_from_slice(b"abc");
+        assert_eq!(w.shared().read(4, 3), None);
+        w.publish(7);
+        assert_eq!(w.shared().read(4, 3), Some(&b"abc"[..]));
+        let b = w.shared().bytes(4, 3).unwrap();
+        drop(w);
+        assert_eq!(&b[..], b"abc", "a Bytes keeps the map alive");
+    }
+
+    #[test]
+    #[should_panic(expected = "below the published watermark")]
+    fn writing_published_bytes_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Mapped::create(&dir.path().join("f"), 4096, b"HEAD").unwrap();
+        w.unpublished_mut(2, 1);
+    }
+
+    #[test]
+    fn zero_tail_clears_stale_bytes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let mut w = Mapped::create(&path, 8192, b"HEAD").unwrap();
+        w.unpublished_mut(4, 8188).fill(0xAB);
+        w.zero_tail(100).unwrap();
+        assert!(w.view(100, 8092).iter().all(|&b| b == 0));
+        assert!(w.view(4, 96).iter().all(|&b| b == 0xAB));
+        drop(w);
+        let on_disk = std::fs::read(&path).unwrap();
+        assert!(on_disk[100..].iter().all(|&b| b == 0));
+    }
+
+    #[test]
+    fn open_refuses_a_file_of_the_wrong_size() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        drop(Mapped::create(&path, 4096, b"HEAD").unwrap());
+        let err = Mapped::open(&path, 8192).err().unwrap();
+        assert!(matches!(
+            err,
+            Error::Corruption {
+                kind: CorruptionKind::WrongSize {
+                    expected: 8192,
+                    found: 4096
+                },
+                ..
+            }
+        ));
+    }
+}
