@@ -1,0 +1,118 @@
+//! Reopening: after a clean close, after a simulated crash, with indexes gone.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use delaywheel::Store;
+
+#[test]
+fn segments_roll_over_and_everything_survives_a_clean_close() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    put_numbered(&store, "T", 0..3000);
+    store.close().unwrap();
+    let segments = std::fs::read_dir(dir.path().join("commitlog"))
+        .unwrap()
+        .count();
+    assert!(
+        segments >= 3,
+        "3000 records should fill several 64 KiB segments, got {segments}"
+    );
+
+    let store = Store::open(small_config(dir.path())).unwrap();
+    assert_eq!(
+        store.recovery_report().scanned_bytes,
+        0,
+        "a clean close leaves nothing to validate"
+    );
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&drain(&mut consumer, 3000)), numbered(0..3000));
+    put_numbered(&store, "T", 3000..3010);
+    assert_eq!(bodies(&drain(&mut consumer, 10)), numbered(3000..3010));
+}
+
+#[test]
+fn committed_consumer_offsets_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    put_numbered(&store, "T", 0..10);
+    let mut consumer = store.consumer_in_group("billing", "T", 0).unwrap();
+    assert_eq!(drain(&mut consumer, 4).len(), 4);
+    consumer.commit();
+    drop(consumer);
+    store.close().unwrap();
+
+    let store = Store::open(small_config(dir.path())).unwrap();
+    let mut billing = store.consumer_in_group("billing", "T", 0).unwrap();
+    assert_eq!(billing.position(), 4);
+    assert_eq!(bodies(&drain(&mut billing, 6)), numbered(4..10));
+    let mut other = store.consumer_in_group("audit", "T", 0).unwrap();
+    assert_eq!(other.position(), 0, "groups keep their own offsets");
+}
+
+#[test]
+fn a_crash_loses_nothing_that_was_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let store = Store::open(no_periodic_flush(dir.path())).unwrap();
+    put_numbered(&store, "T", 0..1500);
+    // Let the dispatcher index part of it, so both the log and the queues need replay.
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(drain(&mut consumer, 700).len(), 700);
+    put_numbered(&store, "T", 1500..2000);
+    crash_copy(dir.path(), crashed.path());
+    drop(consumer);
+    drop(store);
+
+    let store = Store::open(small_config(crashed.path())).unwrap();
+    let report = store.recovery_report().clone();
+    assert!(
+        report.scanned_bytes > 0,
+        "the records after the checkpoint were validated"
+    );
+    assert_eq!(report.torn_at, None);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(
+        bodies(&drain(&mut consumer, 2000)),
+        numbered(0..2000),
+        "each message exactly once"
+    );
+    assert!(
+        consumer
+            .poll(1, Duration::from_millis(100))
+            .unwrap()
+            .is_empty()
+    );
+}
+
+#[test]
+fn consume_queues_are_rebuilt_when_missing() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    put_numbered(&store, "T", 0..500);
+    put_numbered(&store, "U", 0..20);
+    store.close().unwrap();
+    std::fs::remove_dir_all(dir.path().join("consumequeue")).unwrap();
+
+    let store = Store::open(small_config(dir.path())).unwrap();
+    let mut t = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&drain(&mut t, 500)), numbered(0..500));
+    let mut u = store.consumer("U", 0).unwrap();
+    assert_eq!(bodies(&drain(&mut u, 20)), numbered(0..20));
+}
+
+#[test]
+fn a_second_open_of_the_same_directory_is_locked() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    let err = Store::open(small_config(dir.path())).err().unwrap();
+    assert!(matches!(err, delaywheel::Error::Locked { .. }), "{err}");
+    assert!(err.to_string().contains("is locked by another process"));
+    store.close().unwrap();
+    Store::open(small_config(dir.path()))
+        .unwrap()
+        .close()
+        .unwrap();
+}
