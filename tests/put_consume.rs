@@ -166,8 +166,9 @@ fn sync_flush_puts_return_and_round_trip() {
         .map(|p| {
             let store = std::sync::Arc::clone(&store);
             std::thread::spawn(move || {
-                (0..50)
-                    .for_each(|i| drop(store.put(Message::new("T", format!("{p}.{i}"))).unwrap()))
+                (0..50).for_each(|i| {
+                    store.put(Message::new("T", format!("{p}.{i}"))).unwrap();
+                })
             })
         })
         .collect();

@@ -48,7 +48,7 @@ fn committed_consumer_offsets_survive_a_restart() {
     let mut billing = store.consumer_in_group("billing", "T", 0).unwrap();
     assert_eq!(billing.position(), 4);
     assert_eq!(bodies(&drain(&mut billing, 6)), numbered(4..10));
-    let mut other = store.consumer_in_group("audit", "T", 0).unwrap();
+    let other = store.consumer_in_group("audit", "T", 0).unwrap();
     assert_eq!(other.position(), 0, "groups keep their own offsets");
 }
 
