@@ -54,11 +54,7 @@ impl Checkpoint {
         let mut out = [0u8; SLOT_LEN];
         out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&MAGIC);
         put_u32(&mut out, VERSION_OFFSET, VERSION);
-        put_u32(
-            &mut out,
-            FLAGS_OFFSET,
-            if self.clean { FLAG_CLEAN } else { 0 },
-        );
+        put_u32(&mut out, FLAGS_OFFSET, if self.clean { FLAG_CLEAN } else { 0 });
         put_u64(&mut out, SEQUENCE_OFFSET, self.sequence);
         put_u64(&mut out, LOG_DURABLE_OFFSET, self.log_durable);
         put_u64(&mut out, DISPATCHED_OFFSET, self.dispatched);
@@ -103,8 +99,7 @@ impl CheckpointFile {
             .open(path)
             .map_err(|e| Error::io("open", path, e))?;
         if !existed {
-            file.set_len(FILE_LEN)
-                .map_err(|e| Error::io("size", path, e))?;
+            file.set_len(FILE_LEN).map_err(|e| Error::io("size", path, e))?;
             file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
             sync_parent_dir(path)?;
         }
@@ -112,11 +107,7 @@ impl CheckpointFile {
         if existed && last.is_none() {
             tracing::warn!(file = %path.display(), "no valid checkpoint slot, recovering from the start of the log");
         }
-        Ok(Self {
-            path: path.to_path_buf(),
-            file,
-            last,
-        })
+        Ok(Self { path: path.to_path_buf(), file, last })
     }
 
     pub fn last(&self) -> Option<Checkpoint> {
@@ -127,11 +118,8 @@ impl CheckpointFile {
     pub fn write(&mut self, mut cp: Checkpoint) -> Result<Checkpoint> {
         cp.sequence = self.last.map_or(1, |last| last.sequence + 1);
         let position = SLOT_POSITIONS[(cp.sequence % 2) as usize];
-        write_all_at(&self.file, &cp.encode(), position)
-            .map_err(|e| Error::io("write", &self.path, e))?;
-        self.file
-            .sync_data()
-            .map_err(|e| Error::io("fsync", &self.path, e))?;
+        write_all_at(&self.file, &cp.encode(), position).map_err(|e| Error::io("write", &self.path, e))?;
+        self.file.sync_data().map_err(|e| Error::io("fsync", &self.path, e))?;
         self.last = Some(cp);
         Ok(cp)
     }
@@ -156,13 +144,8 @@ mod tests {
 
     #[test]
     fn golden_bytes_match_wheel_format_md() {
-        let cp = Checkpoint {
-            sequence: 2,
-            log_durable: 4096,
-            dispatched: 1024,
-            written_at_ms: 1,
-            clean: true,
-        };
+        let cp =
+            Checkpoint { sequence: 2, log_durable: 4096, dispatched: 1024, written_at_ms: 1, clean: true };
         assert_eq!(
             hex(&cp.encode()),
             concat!(
@@ -186,26 +169,10 @@ mod tests {
         let path = dir.path().join("checkpoint");
         let mut file = CheckpointFile::open(&path).unwrap();
         assert_eq!(file.last(), None);
-        file.write(Checkpoint {
-            log_durable: 100,
-            ..Default::default()
-        })
-        .unwrap();
-        let second = file
-            .write(Checkpoint {
-                log_durable: 200,
-                ..Default::default()
-            })
-            .unwrap();
+        file.write(Checkpoint { log_durable: 100, ..Default::default() }).unwrap();
+        let second = file.write(Checkpoint { log_durable: 200, ..Default::default() }).unwrap();
         assert_eq!(second.sequence, 2);
-        assert_eq!(
-            CheckpointFile::open(&path)
-                .unwrap()
-                .last()
-                .unwrap()
-                .log_durable,
-            200
-        );
+        assert_eq!(CheckpointFile::open(&path).unwrap().last().unwrap().log_durable, 200);
 
         // Tear the newest slot (sequence 2 lives in slot 0).
         let raw = OpenOptions::new().write(true).open(&path).unwrap();
@@ -216,14 +183,8 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_invalidates_a_slot() {
-        let bytes = Checkpoint {
-            sequence: 9,
-            log_durable: 7,
-            dispatched: 5,
-            written_at_ms: 3,
-            clean: false,
-        }
-        .encode();
+        let bytes = Checkpoint { sequence: 9, log_durable: 7, dispatched: 5, written_at_ms: 3, clean: false }
+            .encode();
         for bit in 0..SLOT_LEN * 8 {
             let mut copy = bytes;
             copy[bit / 8] ^= 1 << (bit % 8);

@@ -17,9 +17,7 @@ pub struct SystemClock;
 impl Clock for SystemClock {
     fn now_ms(&self) -> u64 {
         // A clock before 1970 is treated as 1970: nothing is due earlier than that.
-        SystemTime::now()
-            .duration_since(UNIX_EPOCH)
-            .map_or(0, |d| d.as_millis() as u64)
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
     }
 }
 
@@ -31,9 +29,7 @@ pub struct ManualClock {
 
 impl ManualClock {
     pub fn new(start_ms: u64) -> Self {
-        Self {
-            now_ms: Arc::new(AtomicU64::new(start_ms)),
-        }
+        Self { now_ms: Arc::new(AtomicU64::new(start_ms)) }
     }
 
     pub fn set_ms(&self, now_ms: u64) {

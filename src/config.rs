@@ -115,10 +115,7 @@ impl Config {
         if self.segment_size < MIN_SEGMENT_SIZE || !self.segment_size.is_power_of_two() {
             return Err(Error::invalid(
                 "segment size",
-                format!(
-                    "{} is not a power of two of at least {MIN_SEGMENT_SIZE}",
-                    self.segment_size
-                ),
+                format!("{} is not a power of two of at least {MIN_SEGMENT_SIZE}", self.segment_size),
             ));
         }
         let room = self.segment_size as usize - FILE_HEADER_LEN;
@@ -126,23 +123,14 @@ impl Config {
         if self.max_body_bytes.saturating_add(MAX_FIXED_MESSAGE_LEN) > room {
             return Err(Error::invalid(
                 "max body bytes",
-                format!(
-                    "{} does not fit in a {}-byte segment",
-                    self.max_body_bytes, self.segment_size
-                ),
+                format!("{} does not fit in a {}-byte segment", self.max_body_bytes, self.segment_size),
             ));
         }
         if self.queue_file_entries == 0 || self.queue_file_entries > 1 << 24 {
-            return Err(Error::invalid(
-                "queue file entries",
-                "must be between 1 and 16,777,216",
-            ));
+            return Err(Error::invalid("queue file entries", "must be between 1 and 16,777,216"));
         }
         if self.queues_per_topic == 0 || self.queues_per_topic > 1024 {
-            return Err(Error::invalid(
-                "queues per topic",
-                "must be between 1 and 1024",
-            ));
+            return Err(Error::invalid("queues per topic", "must be between 1 and 1024"));
         }
         if self.flush_interval.is_zero() {
             return Err(Error::invalid("flush interval", "must be positive"));

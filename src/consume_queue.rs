@@ -90,11 +90,7 @@ pub(crate) enum EntryProblem {
 
 /// The tag hash stored in entries.
 pub(crate) fn tag_hash(tags: &str) -> u32 {
-    if tags.is_empty() {
-        0
-    } else {
-        crc32c::crc32c(tags.as_bytes())
-    }
+    if tags.is_empty() { 0 } else { crc32c::crc32c(tags.as_bytes()) }
 }
 
 /// One consume queue.
@@ -148,10 +144,7 @@ impl ConsumeQueue {
 
     fn position(&self, index: u64) -> (u64, usize) {
         let file_no = index / self.per_file;
-        (
-            file_no,
-            FILE_HEADER_LEN + (index % self.per_file) as usize * ENTRY_LEN,
-        )
+        (file_no, FILE_HEADER_LEN + (index % self.per_file) as usize * ENTRY_LEN)
     }
 
     /// Appends an entry (dispatcher only). Readers see it at once; call
@@ -164,9 +157,7 @@ impl ConsumeQueue {
             *slot = Some((file_no, self.create_file(file_no)?));
         }
         let (_, writer) = slot.as_mut().expect("just ensured");
-        writer
-            .unpublished_mut(at, ENTRY_LEN)
-            .copy_from_slice(&entry.encode(index));
+        writer.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(index));
         writer.publish(at + ENTRY_LEN);
         self.len.store(index + 1, Ordering::Release);
         Ok(())
@@ -174,31 +165,21 @@ impl ConsumeQueue {
 
     fn create_file(&self, file_no: u64) -> Result<MapWriter> {
         if file_no == 0 || !self.dir.exists() {
-            std::fs::create_dir_all(&self.dir)
-                .map_err(|e| Error::io("create directory", &self.dir, e))?;
+            std::fs::create_dir_all(&self.dir).map_err(|e| Error::io("create directory", &self.dir, e))?;
             if let Some(parent) = self.dir.parent() {
                 sync_dir(parent)?;
             }
         }
-        let header =
-            FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
+        let header = FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
         let writer = Mapped::create(&self.file_path(file_no), self.file_size(), &header)?;
-        self.files
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(file_no, Arc::clone(writer.shared()));
+        self.files.write().unwrap_or_else(|e| e.into_inner()).insert(file_no, Arc::clone(writer.shared()));
         Ok(writer)
     }
 
     /// Reads entry `index`, which must be below [`len`](Self::len).
     pub fn read(&self, index: u64) -> Result<Entry> {
         let (file_no, at) = self.position(index);
-        let file = self
-            .files
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&file_no)
-            .cloned();
+        let file = self.files.read().unwrap_or_else(|e| e.into_inner()).get(&file_no).cloned();
         let path = || self.file_path(file_no);
         let file = file.ok_or_else(|| Error::corruption(path(), 0, CorruptionKind::MissingFile))?;
         let bytes = file.read(at, ENTRY_LEN).ok_or_else(|| {
@@ -225,10 +206,7 @@ impl ConsumeQueue {
     /// A receiver that gets a token whenever entries are appended.
     pub fn subscribe(&self) -> Receiver<()> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.waiters
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(tx);
+        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
         rx
     }
 
@@ -253,13 +231,7 @@ impl ConsumeQueue {
     /// Opens an existing queue directory, keeping only entries for records below
     /// `trusted_end` (the checkpoint's dispatched offset); the rest is zeroed and
     /// replayed from the commit log.
-    fn recover(
-        dir: PathBuf,
-        topic: &str,
-        queue_id: u32,
-        per_file: u64,
-        trusted_end: u64,
-    ) -> Result<Self> {
+    fn recover(dir: PathBuf, topic: &str, queue_id: u32, per_file: u64, trusted_end: u64) -> Result<Self> {
         let queue = Self::new(dir, topic, queue_id, per_file);
         let mut writers = queue.open_files()?;
         let len = trusted_len(&writers, per_file, trusted_end);
@@ -301,11 +273,7 @@ impl ConsumeQueue {
             let path = entry.path();
             if first % self.per_file != 0 {
                 let why = format!("first entry {first} is not a multiple of {}", self.per_file);
-                return Err(Error::corruption(
-                    &path,
-                    0,
-                    CorruptionKind::BadReference(why),
-                ));
+                return Err(Error::corruption(&path, 0, CorruptionKind::BadReference(why)));
             }
             let writer = Mapped::open(&path, self.file_size())?;
             check_file_header(
@@ -319,11 +287,7 @@ impl ConsumeQueue {
         }
         for (i, &file_no) in writers.keys().enumerate() {
             if file_no != i as u64 {
-                return Err(Error::corruption(
-                    self.file_path(i as u64),
-                    0,
-                    CorruptionKind::MissingFile,
-                ));
+                return Err(Error::corruption(self.file_path(i as u64), 0, CorruptionKind::MissingFile));
             }
         }
         Ok(writers)
@@ -363,16 +327,9 @@ impl QueueRegistry {
         let mut queues: HashMap<String, BTreeMap<u32, Arc<ConsumeQueue>>> = HashMap::new();
         for (topic, queue_id, dir) in list_queue_dirs(root)? {
             let queue = ConsumeQueue::recover(dir, &topic, queue_id, per_file, trusted_end)?;
-            queues
-                .entry(topic)
-                .or_default()
-                .insert(queue_id, Arc::new(queue));
+            queues.entry(topic).or_default().insert(queue_id, Arc::new(queue));
         }
-        Ok(Self {
-            root: root.to_path_buf(),
-            per_file,
-            queues: RwLock::new(queues),
-        })
+        Ok(Self { root: root.to_path_buf(), per_file, queues: RwLock::new(queues) })
     }
 
     pub fn get_or_create(&self, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
@@ -398,10 +355,7 @@ impl QueueRegistry {
 
     pub fn all(&self) -> Vec<Arc<ConsumeQueue>> {
         let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
-        queues
-            .values()
-            .flat_map(|by_id| by_id.values().cloned())
-            .collect()
+        queues.values().flat_map(|by_id| by_id.values().cloned()).collect()
     }
 
     pub fn flush_all(&self) -> Result<()> {
@@ -410,10 +364,7 @@ impl QueueRegistry {
 
     pub fn disk_bytes(&self) -> u64 {
         let file = FILE_HEADER_LEN as u64 + self.per_file * ENTRY_LEN as u64;
-        self.all()
-            .iter()
-            .map(|q| q.files.read().unwrap_or_else(|e| e.into_inner()).len() as u64 * file)
-            .sum()
+        self.all().iter().map(|q| q.files.read().unwrap_or_else(|e| e.into_inner()).len() as u64 * file).sum()
     }
 }
 
@@ -423,15 +374,8 @@ fn list_queue_dirs(root: &Path) -> Result<Vec<(String, u32, PathBuf)>> {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
-            if entry
-                .file_type()
-                .map_err(|e| Error::io("stat", entry.path(), e))?
-                .is_dir()
-            {
-                out.push((
-                    entry.file_name().to_string_lossy().into_owned(),
-                    entry.path(),
-                ));
+            if entry.file_type().map_err(|e| Error::io("stat", entry.path(), e))?.is_dir() {
+                out.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
             }
         }
         Ok(out)
@@ -453,34 +397,15 @@ mod tests {
     use crate::format::hex;
 
     fn entry(log_offset: u64) -> Entry {
-        Entry {
-            log_offset,
-            record_len: 100,
-            tag_hash: 0,
-            time_ms: 5,
-            flags: 0,
-        }
+        Entry { log_offset, record_len: 100, tag_hash: 0, time_ms: 5, flags: 0 }
     }
 
     #[test]
     fn golden_bytes_match_wheel_format_md() {
-        let e = Entry {
-            log_offset: 32,
-            record_len: 58,
-            tag_hash: 0,
-            time_ms: 1_700_000_000_000,
-            flags: 0,
-        };
+        let e = Entry { log_offset: 32, record_len: 58, tag_hash: 0, time_ms: 1_700_000_000_000, flags: 0 };
         assert_eq!(
             hex(&e.encode(0)),
-            concat!(
-                "2000000000000000",
-                "3a000000",
-                "00000000",
-                "0068e5cf8b010000",
-                "00000000",
-                "425e50b6"
-            )
+            concat!("2000000000000000", "3a000000", "00000000", "0068e5cf8b010000", "00000000", "425e50b6")
         );
     }
 
@@ -488,14 +413,8 @@ mod tests {
     fn entries_are_bound_to_their_index() {
         let bytes = entry(64).encode(7);
         assert_eq!(Entry::decode(&bytes, 7), Ok(entry(64)));
-        assert!(matches!(
-            Entry::decode(&bytes, 8),
-            Err(EntryProblem::Checksum { .. })
-        ));
-        assert_eq!(
-            Entry::decode(&[0u8; ENTRY_LEN], 7),
-            Err(EntryProblem::Empty)
-        );
+        assert!(matches!(Entry::decode(&bytes, 8), Err(EntryProblem::Checksum { .. })));
+        assert_eq!(Entry::decode(&[0u8; ENTRY_LEN], 7), Err(EntryProblem::Empty));
     }
 
     #[test]
@@ -517,10 +436,7 @@ mod tests {
         queue.append(&entry(7777)).unwrap();
         assert_eq!(queue.read(6).unwrap().log_offset, 7777);
         drop(queue);
-        assert!(
-            !qdir.join(numbered_file_name(8)).exists(),
-            "the third file only held untrusted entries"
-        );
+        assert!(!qdir.join(numbered_file_name(8)).exists(), "the third file only held untrusted entries");
         let queue = ConsumeQueue::recover(qdir, "T", 0, 4, 10_000).unwrap();
         assert_eq!(queue.len(), 7, "zeroed entries are not resurrected");
     }

@@ -36,17 +36,8 @@ impl Consumer {
     ) -> Self {
         // Subscribe before reading the committed offset, so no append is missed.
         let wake = queue.subscribe();
-        let next = offsets
-            .get(group, queue.topic(), queue.queue_id())
-            .unwrap_or(0);
-        Self {
-            log,
-            queue,
-            offsets,
-            group: group.to_string(),
-            next,
-            wake,
-        }
+        let next = offsets.get(group, queue.topic(), queue.queue_id()).unwrap_or(0);
+        Self { log, queue, offsets, group: group.to_string(), next, wake }
     }
 
     /// Up to `max` messages from the current position, waiting at most `timeout`
@@ -57,9 +48,7 @@ impl Consumer {
             let available = self.queue.len();
             if self.next < available {
                 let upto = available.min(self.next.saturating_add(max as u64));
-                let messages = (self.next..upto)
-                    .map(|i| self.read(i))
-                    .collect::<Result<Vec<_>>>()?;
+                let messages = (self.next..upto).map(|i| self.read(i)).collect::<Result<Vec<_>>>()?;
                 self.next = upto;
                 return Ok(messages);
             }
@@ -79,15 +68,11 @@ impl Consumer {
         let record = self.log.read(entry.log_offset)?;
         if record.kind != RecordKind::Message || record.bytes.len() != entry.record_len as usize {
             let why = format!("consume-queue entry {index} does not point at a message record");
-            return Err(self
-                .log
-                .corruption_at(entry.log_offset, CorruptionKind::BadReference(why)));
+            return Err(self.log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why)));
         }
-        let view = MessageView::parse(&record.bytes)
-            .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
-        let properties = view
-            .properties()
-            .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+        let view =
+            MessageView::parse(&record.bytes).map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+        let properties = view.properties().map_err(|kind| self.log.corruption_at(record.offset, kind))?;
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         Ok(ConsumedMessage {
             topic: view.topic.to_string(),
@@ -116,12 +101,7 @@ impl Consumer {
     /// Commits the current position for this consumer's group. Committed
     /// offsets reach the disk with the next flush and at close.
     pub fn commit(&self) {
-        self.offsets.set(
-            &self.group,
-            self.queue.topic(),
-            self.queue.queue_id(),
-            self.next,
-        );
+        self.offsets.set(&self.group, self.queue.topic(), self.queue.queue_id(), self.next);
     }
 
     /// The number of entries in the queue.
@@ -175,28 +155,17 @@ impl OffsetStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("read", path, e)),
         }
-        Ok(Self {
-            path: path.to_path_buf(),
-            offsets: Mutex::new(offsets),
-            dirty: AtomicBool::new(false),
-        })
+        Ok(Self { path: path.to_path_buf(), offsets: Mutex::new(offsets), dirty: AtomicBool::new(false) })
     }
 
     pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
         let key = (group.to_string(), topic.to_string(), queue_id);
-        self.offsets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&key)
-            .copied()
+        self.offsets.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied()
     }
 
     pub fn set(&self, group: &str, topic: &str, queue_id: u32, offset: u64) {
         let key = (group.to_string(), topic.to_string(), queue_id);
-        self.offsets
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(key, offset);
+        self.offsets.lock().unwrap_or_else(|e| e.into_inner()).insert(key, offset);
         self.dirty.store(true, Ordering::Release);
     }
 
@@ -216,10 +185,7 @@ impl OffsetStore {
                     offset,
                 })
                 .collect();
-            OffsetsFile {
-                version: 1,
-                offsets,
-            }
+            OffsetsFile { version: 1, offsets }
         };
         let bytes = serde_json::to_vec_pretty(&file).expect("offsets always serialise");
         let result = write_atomically(&self.path, &bytes);

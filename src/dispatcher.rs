@@ -20,19 +20,9 @@ pub(crate) struct Dispatcher {
 }
 
 impl Dispatcher {
-    pub fn new(
-        log: Arc<CommitLog>,
-        queues: Arc<QueueRegistry>,
-        from: u64,
-        progress: Arc<AtomicU64>,
-    ) -> Self {
+    pub fn new(log: Arc<CommitLog>, queues: Arc<QueueRegistry>, from: u64, progress: Arc<AtomicU64>) -> Self {
         progress.store(from, Ordering::Release);
-        Self {
-            log,
-            queues,
-            next: from,
-            progress,
-        }
+        Self { log, queues, next: from, progress }
     }
 
     /// Indexes every record published so far. Returns how many records it indexed.
@@ -40,34 +30,35 @@ impl Dispatcher {
         let end = self.log.write_end();
         let mut touched: Vec<Arc<ConsumeQueue>> = Vec::new();
         let mut count = 0;
-        while self.next < end {
-            let (indexed, next) = self.log.visit(self.next, |offset, kind, bytes| {
-                self.index(offset, kind, bytes)
-            })?;
-            if let Some(queue) = indexed?
+        let result = loop {
+            if self.next >= end {
+                break Ok(count);
+            }
+            let indexed =
+                self.log.visit_trusted(self.next, |offset, kind, bytes| self.index(offset, kind, bytes));
+            let (queue, next) = match indexed {
+                Ok((Ok(queue), next)) => (queue, next),
+                Ok((Err(e), _)) | Err(e) => break Err(e),
+            };
+            if let Some(queue) = queue
                 && !touched.iter().any(|q| Arc::ptr_eq(q, &queue))
             {
                 touched.push(queue);
             }
             self.next = next;
             count += 1;
-        }
+        };
+        // Wake consumers for what was indexed, even if a later record failed.
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());
-        Ok(count)
+        result
     }
 
     /// Indexes one record; returns the consume queue it went to, if any.
-    fn index(
-        &self,
-        offset: u64,
-        kind: RecordKind,
-        bytes: &[u8],
-    ) -> Result<Option<Arc<ConsumeQueue>>> {
+    fn index(&self, offset: u64, kind: RecordKind, bytes: &[u8]) -> Result<Option<Arc<ConsumeQueue>>> {
         match kind {
             RecordKind::Message => {
-                let view = MessageView::parse(bytes)
-                    .map_err(|kind| self.log.corruption_at(offset, kind))?;
+                let view = MessageView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
                 let queue = self.queues.get_or_create(view.topic, view.queue_id);
                 queue.append(&Entry {
                     log_offset: offset,

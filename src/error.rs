@@ -18,19 +18,11 @@ pub enum Error {
 
     /// Bytes on disk are not what a writer of this format could have left.
     #[error("corrupt data in {} at offset {offset}: {kind}", file.display())]
-    Corruption {
-        file: PathBuf,
-        offset: u64,
-        kind: CorruptionKind,
-    },
+    Corruption { file: PathBuf, offset: u64, kind: CorruptionKind },
 
     /// A file was written by a format version this build does not know.
     #[error("{} has format version {found}, this build reads version {supported}", file.display())]
-    UnsupportedVersion {
-        file: PathBuf,
-        found: u32,
-        supported: u32,
-    },
+    UnsupportedVersion { file: PathBuf, found: u32, supported: u32 },
 
     /// Another process (or another `Store` in this one) holds the directory.
     #[error("store directory {} is locked by another process", dir.display())]
@@ -74,10 +66,7 @@ impl fmt::Display for CorruptionKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
             Self::ChecksumMismatch { stored, computed } => {
-                write!(
-                    f,
-                    "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})"
-                )
+                write!(f, "checksum mismatch (stored {stored:#010x}, computed {computed:#010x})")
             }
             Self::BadMagic => f.write_str("bad magic"),
             Self::BadHeader => f.write_str("file header fails its checksum"),
@@ -96,25 +85,14 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
-        Self::Io {
-            op,
-            path: path.into(),
-            source,
-        }
+        Self::Io { op, path: path.into(), source }
     }
 
     pub(crate) fn invalid(what: &'static str, reason: impl Into<String>) -> Self {
-        Self::Invalid {
-            what,
-            reason: reason.into(),
-        }
+        Self::Invalid { what, reason: reason.into() }
     }
 
     pub(crate) fn corruption(file: impl Into<PathBuf>, offset: u64, kind: CorruptionKind) -> Self {
-        Self::Corruption {
-            file: file.into(),
-            offset,
-            kind,
-        }
+        Self::Corruption { file: file.into(), offset, kind }
     }
 }

@@ -73,13 +73,8 @@ impl Flusher {
             return Err(e);
         }
         self.offsets.persist()?;
-        let cp = Checkpoint {
-            log_durable,
-            dispatched,
-            written_at_ms: self.clock.now_ms(),
-            clean,
-            sequence: 0,
-        };
+        let cp =
+            Checkpoint { log_durable, dispatched, written_at_ms: self.clock.now_ms(), clean, sequence: 0 };
         let last = self.checkpoint.last().unwrap_or_default();
         if clean || (last.log_durable, last.dispatched) != (log_durable, dispatched) {
             self.checkpoint.write(cp)?;

@@ -49,12 +49,7 @@ pub(crate) enum HeaderProblem {
 
 impl FileHeader {
     pub fn new(magic: [u8; 8], a: u64, b: u64) -> Self {
-        Self {
-            magic,
-            version: FORMAT_VERSION,
-            a,
-            b,
-        }
+        Self { magic, version: FORMAT_VERSION, a, b }
     }
 
     pub fn encode(&self) -> [u8; FILE_HEADER_LEN] {
@@ -82,23 +77,12 @@ impl FileHeader {
         if version != FORMAT_VERSION {
             return Err(HeaderProblem::UnsupportedVersion(version));
         }
-        Ok(Self {
-            magic,
-            version,
-            a: get_u64(bytes, FIELD_A_OFFSET),
-            b: get_u64(bytes, FIELD_B_OFFSET),
-        })
+        Ok(Self { magic, version, a: get_u64(bytes, FIELD_A_OFFSET), b: get_u64(bytes, FIELD_B_OFFSET) })
     }
 }
 
 /// Checks a file header read from `path` against what its name and the configuration say.
-pub(crate) fn check_file_header(
-    path: &Path,
-    bytes: &[u8],
-    magic: [u8; 8],
-    a: u64,
-    b: u64,
-) -> Result<()> {
+pub(crate) fn check_file_header(path: &Path, bytes: &[u8], magic: [u8; 8], a: u64, b: u64) -> Result<()> {
     let header = FileHeader::decode(bytes, magic).map_err(|problem| match problem {
         HeaderProblem::BadMagic => Error::corruption(path, 0, CorruptionKind::BadMagic),
         HeaderProblem::BadChecksum => Error::corruption(path, 0, CorruptionKind::BadHeader),
@@ -109,15 +93,8 @@ pub(crate) fn check_file_header(
         },
     })?;
     if header.a != a || header.b != b {
-        let why = format!(
-            "header says ({}, {}), expected ({a}, {b})",
-            header.a, header.b
-        );
-        return Err(Error::corruption(
-            path,
-            0,
-            CorruptionKind::BadReference(why),
-        ));
+        let why = format!("header says ({}, {}), expected ({a}, {b})", header.a, header.b);
+        return Err(Error::corruption(path, 0, CorruptionKind::BadReference(why)));
     }
     Ok(())
 }
@@ -129,11 +106,7 @@ pub(crate) fn numbered_file_name(n: u64) -> String {
 
 /// The inverse of [`numbered_file_name`]; `None` for anything else (temp files, strays).
 pub(crate) fn parse_numbered_file_name(name: &str) -> Option<u64> {
-    if name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()) {
-        name.parse().ok()
-    } else {
-        None
-    }
+    if name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()) { name.parse().ok() } else { None }
 }
 
 // Callers check lengths before calling these; a short slice is a bug, not bad data.
@@ -180,10 +153,7 @@ mod tests {
     fn header_golden_bytes_match_wheel_format_md() {
         let h = FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0);
         // The same hex stands in wheel-format.md, "File header".
-        assert_eq!(
-            hex(&h.encode()),
-            "4457434c4f4700000100000000000040000000000000000000000000db89770d"
-        );
+        assert_eq!(hex(&h.encode()), "4457434c4f4700000100000000000040000000000000000000000000db89770d");
     }
 
     #[test]
@@ -191,16 +161,10 @@ mod tests {
         let h = FileHeader::new(CONSUME_QUEUE_MAGIC, 300_000, 600_000);
         let bytes = h.encode();
         assert_eq!(FileHeader::decode(&bytes, CONSUME_QUEUE_MAGIC), Ok(h));
-        assert_eq!(
-            FileHeader::decode(&bytes, COMMITLOG_MAGIC),
-            Err(HeaderProblem::BadMagic)
-        );
+        assert_eq!(FileHeader::decode(&bytes, COMMITLOG_MAGIC), Err(HeaderProblem::BadMagic));
         let mut flipped = bytes;
         flipped[FIELD_A_OFFSET] ^= 1;
-        assert_eq!(
-            FileHeader::decode(&flipped, CONSUME_QUEUE_MAGIC),
-            Err(HeaderProblem::BadChecksum)
-        );
+        assert_eq!(FileHeader::decode(&flipped, CONSUME_QUEUE_MAGIC), Err(HeaderProblem::BadChecksum));
         let future = FileHeader { version: 9, ..h }.encode();
         assert_eq!(
             FileHeader::decode(&future, CONSUME_QUEUE_MAGIC),

@@ -43,7 +43,5 @@ pub use commitlog::RecoveryReport;
 pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode};
 pub use consumer::Consumer;
 pub use error::{CorruptionKind, Error, Result};
-pub use message::{
-    ConsumedMessage, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt,
-};
+pub use message::{ConsumedMessage, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt};
 pub use store::{DEFAULT_GROUP, Store};

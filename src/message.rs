@@ -88,23 +88,14 @@ impl Message {
         if self.body.len() > max_body_bytes {
             return Err(Error::invalid(
                 "body",
-                format!(
-                    "{} bytes is over the limit of {max_body_bytes}",
-                    self.body.len()
-                ),
+                format!("{} bytes is over the limit of {max_body_bytes}", self.body.len()),
             ));
         }
         if self.key.as_ref().is_some_and(|k| k.len() > MAX_KEY_LEN) {
-            return Err(Error::invalid(
-                "key",
-                format!("longer than {MAX_KEY_LEN} bytes"),
-            ));
+            return Err(Error::invalid("key", format!("longer than {MAX_KEY_LEN} bytes")));
         }
         if self.tags.as_ref().is_some_and(|t| t.len() > MAX_TAGS_LEN) {
-            return Err(Error::invalid(
-                "tags",
-                format!("longer than {MAX_TAGS_LEN} bytes"),
-            ));
+            return Err(Error::invalid("tags", format!("longer than {MAX_TAGS_LEN} bytes")));
         }
         if crate::commitlog::record::properties_len(&self.properties) > MAX_PROPERTIES_LEN {
             return Err(Error::invalid(
@@ -122,15 +113,9 @@ pub(crate) fn validate_topic(topic: &str) -> Result<()> {
         return Err(Error::invalid("topic", "empty"));
     }
     if topic.len() > MAX_TOPIC_LEN {
-        return Err(Error::invalid(
-            "topic",
-            format!("longer than {MAX_TOPIC_LEN} bytes"),
-        ));
+        return Err(Error::invalid("topic", format!("longer than {MAX_TOPIC_LEN} bytes")));
     }
-    if !topic
-        .bytes()
-        .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'%' | b'|'))
-    {
+    if !topic.bytes().all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'%' | b'|')) {
         return Err(Error::invalid(
             "topic",
             format!("{topic:?} may only hold ASCII letters, digits and _ - % |"),
@@ -234,20 +219,13 @@ mod tests {
         assert_eq!(m.clone().queue_id(3).resolve_queue(4).unwrap(), 3);
         assert!(m.clone().queue_id(4).resolve_queue(4).is_err());
         let a = m.clone().key("order-1").resolve_queue(4).unwrap();
-        assert_eq!(
-            a,
-            m.key("order-1").resolve_queue(4).unwrap(),
-            "one key, one queue"
-        );
+        assert_eq!(a, m.key("order-1").resolve_queue(4).unwrap(), "one key, one queue");
     }
 
     #[test]
     fn body_limit_is_enforced() {
         assert!(Message::new("T", vec![0u8; 10]).validate(10).is_ok());
         let err = Message::new("T", vec![0u8; 11]).validate(10).unwrap_err();
-        assert_eq!(
-            err.to_string(),
-            "invalid body: 11 bytes is over the limit of 10"
-        );
+        assert_eq!(err.to_string(), "invalid body: 11 bytes is over the limit of 10");
     }
 }

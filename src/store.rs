@@ -13,7 +13,7 @@
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::AtomicU64;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
@@ -42,15 +42,22 @@ pub struct Store {
     queues: Arc<QueueRegistry>,
     offsets: Arc<OffsetStore>,
     dispatch_wake: Sender<()>,
+    prefault_wake: Sender<()>,
     flush_signal: Sender<FlushSignal>,
     threads: Option<Threads>,
     recovery: RecoveryReport,
     _lock: File,
 }
 
+/// The background threads, each with one job.
 struct Threads {
+    /// Tells the dispatcher and the prefaulter to finish.
+    stop: Arc<AtomicBool>,
+    /// Indexes records into consume queues.
     dispatcher: JoinHandle<()>,
-    dispatcher_stop: Arc<std::sync::atomic::AtomicBool>,
+    /// Faults in commit-log pages ahead of the writer.
+    prefaulter: JoinHandle<()>,
+    /// Syncs to disk and writes checkpoints.
     flusher: JoinHandle<Result<()>>,
 }
 
@@ -80,11 +87,7 @@ impl Store {
         // Records the recovery validated may still be only in the page cache.
         log.flush()?;
         let replay_from = plan.start.unwrap_or(0).clamp(log.start(), log.write_end());
-        let queues = Arc::new(QueueRegistry::open(
-            &queue_root,
-            config.queue_file_entries,
-            replay_from,
-        )?);
+        let queues = Arc::new(QueueRegistry::open(&queue_root, config.queue_file_entries, replay_from)?);
         let offsets = Arc::new(OffsetStore::open(&dir.join("consumer_offsets.json"))?);
         // Clear the clean flag before anything is appended.
         checkpoint.write(Checkpoint {
@@ -95,12 +98,8 @@ impl Store {
         })?;
 
         let dispatched = Arc::new(AtomicU64::new(replay_from));
-        let dispatcher = Dispatcher::new(
-            Arc::clone(&log),
-            Arc::clone(&queues),
-            replay_from,
-            Arc::clone(&dispatched),
-        );
+        let dispatcher =
+            Dispatcher::new(Arc::clone(&log), Arc::clone(&queues), replay_from, Arc::clone(&dispatched));
         let flusher = Flusher {
             log: Arc::clone(&log),
             queues: Arc::clone(&queues),
@@ -111,8 +110,9 @@ impl Store {
             interval: config.flush_interval,
         };
         let (dispatch_wake, dispatch_rx) = crossbeam_channel::bounded(1);
+        let (prefault_wake, prefault_rx) = crossbeam_channel::bounded(1);
         let (flush_signal, flush_rx) = crossbeam_channel::bounded(1);
-        let threads = spawn_threads(dispatcher, dispatch_rx, flusher, flush_rx)?;
+        let threads = spawn_threads(dispatcher, dispatch_rx, prefault_rx, flusher, flush_rx)?;
         tracing::info!(end = recovery.end, replay_from, "store open");
         Ok(Self {
             config,
@@ -120,6 +120,7 @@ impl Store {
             queues,
             offsets,
             dispatch_wake,
+            prefault_wake,
             flush_signal,
             threads: Some(threads),
             recovery,
@@ -137,27 +138,18 @@ impl Store {
         }
         let store_time_ms = self.config.clock.now_ms();
         let len = message_len(&message);
-        let offset = self.log.append(len, |buf, offset| {
-            encode_message(
-                buf,
-                offset,
-                &message,
-                queue_id,
-                store_time_ms,
-                Timing::default(),
-            );
+        let (offset, prefault) = self.log.append(len, |buf, offset| {
+            encode_message(buf, offset, &message, queue_id, store_time_ms, Timing::default());
         })?;
         let _ = self.dispatch_wake.try_send(());
+        if prefault {
+            let _ = self.prefault_wake.try_send(());
+        }
         if self.config.flush_mode == FlushMode::Sync {
             let _ = self.flush_signal.try_send(FlushSignal::Wake);
-            self.log
-                .wait_durable(offset + len as u64, SYNC_PUT_TIMEOUT)?;
+            self.log.wait_durable(offset + len as u64, SYNC_PUT_TIMEOUT)?;
         }
-        Ok(Receipt {
-            offset,
-            queue_id,
-            store_time_ms,
-        })
+        Ok(Receipt { offset, queue_id, store_time_ms })
     }
 
     /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`].
@@ -169,19 +161,12 @@ impl Store {
     pub fn consumer_in_group(&self, group: &str, topic: &str, queue_id: u32) -> Result<Consumer> {
         validate_topic(topic)?;
         if queue_id >= self.config.queues_per_topic {
-            let why = format!(
-                "{queue_id} is not below the {} queues of a topic",
-                self.config.queues_per_topic
-            );
+            let why =
+                format!("{queue_id} is not below the {} queues of a topic", self.config.queues_per_topic);
             return Err(Error::invalid("queue id", why));
         }
         let queue = self.queues.get_or_create(topic, queue_id);
-        Ok(Consumer::new(
-            Arc::clone(&self.log),
-            queue,
-            Arc::clone(&self.offsets),
-            group,
-        ))
+        Ok(Consumer::new(Arc::clone(&self.log), queue, Arc::clone(&self.offsets), group))
     }
 
     /// What recovery found when this store was opened.
@@ -209,18 +194,17 @@ impl Store {
             return Ok(());
         };
         self.log.close();
-        threads
-            .dispatcher_stop
-            .store(true, std::sync::atomic::Ordering::Release);
+        threads.stop.store(true, Ordering::Release);
         let _ = self.dispatch_wake.try_send(());
+        let _ = self.prefault_wake.try_send(());
         let dispatcher = threads.dispatcher.join();
+        let prefaulter = threads.prefaulter.join();
         let _ = self.flush_signal.send(FlushSignal::Stop);
         let flushed = threads.flusher.join();
-        if dispatcher.is_err() {
-            return Err(Error::invalid("shutdown", "the dispatcher thread panicked"));
+        if dispatcher.is_err() || prefaulter.is_err() {
+            return Err(Error::invalid("shutdown", "a background thread panicked"));
         }
-        flushed
-            .unwrap_or_else(|_| Err(Error::invalid("shutdown", "the flusher thread panicked")))?;
+        flushed.unwrap_or_else(|_| Err(Error::invalid("shutdown", "the flusher thread panicked")))?;
         self.log.check_poison()
     }
 }
@@ -244,25 +228,24 @@ fn lock_dir(dir: &Path) -> Result<File> {
         .map_err(|e| Error::io("open", &path, e))?;
     match file.try_lock() {
         Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked {
-            dir: dir.to_path_buf(),
-        }),
+        Err(TryLockError::WouldBlock) => Err(Error::Locked { dir: dir.to_path_buf() }),
         Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
     }
 }
 
 fn spawn_threads(
     mut dispatcher: Dispatcher,
-    wake: Receiver<()>,
+    dispatch_wake: Receiver<()>,
+    prefault_wake: Receiver<()>,
     flusher: Flusher,
-    signals: Receiver<FlushSignal>,
+    flush_signals: Receiver<FlushSignal>,
 ) -> Result<Threads> {
-    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-    let dispatcher_stop = Arc::clone(&stop);
-    let log = Arc::clone(&flusher.log);
+    let stop = Arc::new(AtomicBool::new(false));
+    let spawn = |name: &str| std::thread::Builder::new().name(format!("delaywheel-{name}"));
     let spawn_err = |e| Error::io("spawn thread", "delaywheel", e);
-    let dispatcher = std::thread::Builder::new()
-        .name("delaywheel-dispatch".into())
+
+    let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop));
+    let dispatcher = spawn("dispatch")
         .spawn(move || {
             loop {
                 if let Err(e) = dispatcher.dispatch_available() {
@@ -270,21 +253,26 @@ fn spawn_threads(
                     log.poison(&format!("dispatcher: {e}"));
                     return;
                 }
-                let stopping = stop.load(std::sync::atomic::Ordering::Acquire);
-                if stopping && dispatcher.next() >= log.write_end() {
+                // Stop only once everything appended before close is indexed.
+                if stopping.load(Ordering::Acquire) && dispatcher.next() >= log.write_end() {
                     return;
                 }
-                let _ = wake.recv_timeout(Duration::from_millis(100));
+                let _ = dispatch_wake.recv_timeout(Duration::from_millis(100));
             }
         })
         .map_err(spawn_err)?;
-    let flusher = std::thread::Builder::new()
-        .name("delaywheel-flush".into())
-        .spawn(move || flusher.run(signals))
+
+    let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop));
+    let prefaulter = spawn("prefault")
+        .spawn(move || {
+            while !stopping.load(Ordering::Acquire) {
+                if !log.prefault_ahead() {
+                    let _ = prefault_wake.recv_timeout(Duration::from_millis(100));
+                }
+            }
+        })
         .map_err(spawn_err)?;
-    Ok(Threads {
-        dispatcher,
-        dispatcher_stop,
-        flusher,
-    })
+
+    let flusher = spawn("flush").spawn(move || flusher.run(flush_signals)).map_err(spawn_err)?;
+    Ok(Threads { stop, dispatcher, prefaulter, flusher })
 }

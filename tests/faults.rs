@@ -47,19 +47,13 @@ fn a_torn_tail_at_every_byte_of_the_last_record_recovers_the_prefix() {
         for filler in [0x00u8, 0xA5] {
             let dir = tempfile::tempdir().unwrap();
             crash_copy(base.path(), dir.path());
-            patch(&segment(dir.path(), 0), cut, |b| {
-                b[..(last + len - cut) as usize].fill(filler)
-            });
+            patch(&segment(dir.path(), 0), cut, |b| b[..(last + len - cut) as usize].fill(filler));
 
             let store = Store::open(small_config(dir.path()))
                 .unwrap_or_else(|e| panic!("cut at {cut} with {filler:#x}: {e}"));
             let torn = store.recovery_report().torn_at;
             let all_zero = filler == 0 && cut == last;
-            assert_eq!(
-                torn,
-                (!all_zero).then_some(last),
-                "cut at {cut} with {filler:#x}"
-            );
+            assert_eq!(torn, (!all_zero).then_some(last), "cut at {cut} with {filler:#x}");
             assert_eq!(store.recovery_report().end, last);
             let mut consumer = store.consumer("T", 0).unwrap();
             assert_eq!(bodies(&drain(&mut consumer, 19)), numbered(0..19));
@@ -74,11 +68,7 @@ fn a_torn_tail_at_every_byte_of_the_last_record_recovers_the_prefix() {
             consumer.seek(0);
             let mut expected = numbered(0..19);
             expected.push("after".into());
-            assert_eq!(
-                bodies(&drain(&mut consumer, 20)),
-                expected,
-                "cut at {cut} with {filler:#x}"
-            );
+            assert_eq!(bodies(&drain(&mut consumer, 20)), expected, "cut at {cut} with {filler:#x}");
         }
     }
 }
@@ -88,10 +78,7 @@ fn a_torn_tail_at_every_byte_of_the_last_record_recovers_the_prefix() {
 fn store_with_durable_unindexed_records(dir: &Path) -> Vec<u64> {
     let first = tempfile::tempdir().unwrap();
     let store = Store::open(no_periodic_flush(first.path())).unwrap();
-    let offsets: Vec<u64> = put_numbered(&store, "T", 0..100)
-        .iter()
-        .map(|r| r.offset())
-        .collect();
+    let offsets: Vec<u64> = put_numbered(&store, "T", 0..100).iter().map(|r| r.offset()).collect();
     crash_copy(first.path(), dir);
     drop(store);
     // Opening the crashed copy syncs the log and checkpoints it as durable, with
@@ -112,28 +99,18 @@ fn a_flipped_bit_in_a_durable_record_is_corruption_naming_file_and_offset() {
     let victim = offsets[50];
     patch(&segment(dir.path(), 0), victim + 20, |b| b[0] ^= 0x10);
 
-    let err = Store::open(small_config(dir.path()))
-        .err()
-        .expect("strict recovery refuses");
+    let err = Store::open(small_config(dir.path())).err().expect("strict recovery refuses");
     match &err {
-        Error::Corruption {
-            file,
-            offset,
-            kind: CorruptionKind::ChecksumMismatch { .. },
-        } => {
+        Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } } => {
             assert_eq!((file.clone(), *offset), (segment(dir.path(), 0), victim));
         }
         other => panic!("expected a checksum corruption, got {other}"),
     }
     let text = err.to_string();
-    assert!(
-        text.contains("00000000000000000000") && text.contains(&format!("offset {victim}")),
-        "{text}"
-    );
+    assert!(text.contains("00000000000000000000") && text.contains(&format!("offset {victim}")), "{text}");
 
     // Lenient recovery opens and keeps everything before the damage.
-    let store =
-        Store::open(small_config(dir.path()).with_recovery_mode(RecoveryMode::Lenient)).unwrap();
+    let store = Store::open(small_config(dir.path()).with_recovery_mode(RecoveryMode::Lenient)).unwrap();
     let mut consumer = store.consumer("T", 0).unwrap();
     assert_eq!(bodies(&drain(&mut consumer, 100)), numbered(0..50));
 }
@@ -149,10 +126,7 @@ fn a_flipped_bit_behind_the_checkpoint_is_reported_when_read() {
 
     let store = Store::open(small_config(dir.path())).unwrap();
     let mut consumer = store.consumer("T", 0).unwrap();
-    assert_eq!(
-        bodies(&consumer.poll(5, Duration::from_secs(1)).unwrap()),
-        numbered(0..5)
-    );
+    assert_eq!(bodies(&consumer.poll(5, Duration::from_secs(1)).unwrap()), numbered(0..5));
     let err = consumer.poll(5, Duration::from_secs(1)).unwrap_err();
     assert!(
         matches!(&err, Error::Corruption { file, offset, .. } if *file == segment(dir.path(), 0) && *offset == victim),
@@ -167,12 +141,7 @@ fn a_segment_of_the_wrong_size_is_refused() {
     put_numbered(&store, "T", 0..10);
     store.close().unwrap();
     let path = segment(dir.path(), 0);
-    std::fs::OpenOptions::new()
-        .write(true)
-        .open(&path)
-        .unwrap()
-        .set_len(SEG / 2)
-        .unwrap();
+    std::fs::OpenOptions::new().write(true).open(&path).unwrap().set_len(SEG / 2).unwrap();
     let err = Store::open(small_config(dir.path())).err().unwrap();
     assert!(
         matches!(&err, Error::Corruption { file, kind: CorruptionKind::WrongSize { expected: SEG, found }, .. }
@@ -184,10 +153,7 @@ fn a_segment_of_the_wrong_size_is_refused() {
 #[test]
 fn an_unknown_format_version_is_refused() {
     let dir = tempfile::tempdir().unwrap();
-    Store::open(small_config(dir.path()))
-        .unwrap()
-        .close()
-        .unwrap();
+    Store::open(small_config(dir.path())).unwrap().close().unwrap();
     let path = segment(dir.path(), 0);
     patch(&path, 0, |h| {
         h[8..12].copy_from_slice(&99u32.to_le_bytes());
@@ -202,38 +168,15 @@ fn an_unknown_format_version_is_refused() {
 
     patch(&path, 0, |h| h[0] = b'X');
     let err = Store::open(small_config(dir.path())).err().unwrap();
-    assert!(
-        matches!(
-            &err,
-            Error::Corruption {
-                kind: CorruptionKind::BadMagic,
-                ..
-            }
-        ),
-        "{err}"
-    );
+    assert!(matches!(&err, Error::Corruption { kind: CorruptionKind::BadMagic, .. }), "{err}");
 }
 
 #[test]
 fn the_segment_size_must_match_the_one_the_store_was_made_with() {
     let dir = tempfile::tempdir().unwrap();
-    Store::open(small_config(dir.path()))
-        .unwrap()
-        .close()
-        .unwrap();
-    let err = Store::open(small_config(dir.path()).with_segment_size(128 * 1024))
-        .err()
-        .unwrap();
-    assert!(
-        matches!(
-            &err,
-            Error::Corruption {
-                kind: CorruptionKind::WrongSize { .. },
-                ..
-            }
-        ),
-        "{err}"
-    );
+    Store::open(small_config(dir.path())).unwrap().close().unwrap();
+    let err = Store::open(small_config(dir.path()).with_segment_size(128 * 1024)).err().unwrap();
+    assert!(matches!(&err, Error::Corruption { kind: CorruptionKind::WrongSize { .. }, .. }), "{err}");
 }
 
 /// A tmpfs of a few segments: creating the next segment runs out of space.
@@ -258,10 +201,7 @@ fn a_full_disk_is_an_error_and_loses_nothing_acknowledged() {
     }
     let _unmount = Unmount(mount.path());
     let config = || {
-        Config::new(mount.path())
-            .with_segment_size(SEG)
-            .with_queue_file_entries(16)
-            .with_max_body_bytes(2048)
+        Config::new(mount.path()).with_segment_size(SEG).with_queue_file_entries(16).with_max_body_bytes(2048)
     };
 
     let store = Store::open(config()).unwrap();
@@ -271,10 +211,7 @@ fn a_full_disk_is_an_error_and_loses_nothing_acknowledged() {
             Ok(_) => acked.push(()),
             Err(e) => break e,
         }
-        assert!(
-            acked.len() < 10_000,
-            "a 256 KiB tmpfs cannot hold this much"
-        );
+        assert!(acked.len() < 10_000, "a 256 KiB tmpfs cannot hold this much");
     };
     assert!(
         matches!(&err, Error::Io { path, source, .. }

@@ -22,24 +22,11 @@ fn a_message_round_trips_with_its_metadata() {
     assert_eq!(got.len(), 1);
     let m = &got[0];
     assert_eq!(&m.body()[..], b"order-7 created");
-    assert_eq!(
-        (m.topic(), m.key(), m.tags()),
-        ("OrderTopic", Some("order-7"), Some("create"))
-    );
-    assert_eq!(
-        m.properties(),
-        &[
-            ("region".into(), "eu".into()),
-            ("amount".into(), "12.50".into())
-        ]
-    );
+    assert_eq!((m.topic(), m.key(), m.tags()), ("OrderTopic", Some("order-7"), Some("create")));
+    assert_eq!(m.properties(), &[("region".into(), "eu".into()), ("amount".into(), "12.50".into())]);
     assert_eq!((m.log_offset(), m.queue_offset()), (receipt.offset(), 0));
     assert_eq!(m.store_time_ms(), receipt.store_time_ms());
-    assert_eq!(
-        m.delivered_at_ms(),
-        receipt.store_time_ms(),
-        "an ordinary message is visible when stored"
-    );
+    assert_eq!(m.delivered_at_ms(), receipt.store_time_ms(), "an ordinary message is visible when stored");
     store.close().unwrap();
 }
 
@@ -61,13 +48,7 @@ fn poll_wakes_when_a_message_arrives() {
     // Not a timing target: a poll that slept to its 60 s timeout would fail here.
     assert!(started.elapsed() < Duration::from_secs(30));
     producer.join().unwrap();
-    assert!(
-        consumer
-            .poll(1, Duration::from_millis(50))
-            .unwrap()
-            .is_empty(),
-        "nothing more to read"
-    );
+    assert!(consumer.poll(1, Duration::from_millis(50)).unwrap().is_empty(), "nothing more to read");
 }
 
 #[test]
@@ -77,9 +58,7 @@ fn keys_keep_their_queue_and_queues_keep_order() {
     let mut per_queue: Vec<Vec<String>> = vec![Vec::new(); 4];
     for i in 0..200 {
         let key = format!("order-{}", i % 7);
-        let receipt = store
-            .put(Message::new("T", format!("{key}/{i}")).key(key))
-            .unwrap();
+        let receipt = store.put(Message::new("T", format!("{key}/{i}")).key(key)).unwrap();
         per_queue[receipt.queue_id() as usize].push(format!("order-{}/{i}", i % 7));
     }
     for (queue_id, expected) in per_queue.iter().enumerate() {
@@ -94,22 +73,10 @@ fn bad_messages_are_refused_with_clear_errors() {
     let store = Store::open(small_config(dir.path())).unwrap();
     let cases = [
         (Message::new("", "x"), "invalid topic: empty"),
-        (
-            Message::new("a/b", "x"),
-            "invalid topic: \"a/b\" may only hold ASCII letters, digits and _ - % |",
-        ),
-        (
-            Message::new("x".repeat(128), "x"),
-            "invalid topic: longer than 127 bytes",
-        ),
-        (
-            Message::new("T", vec![0u8; 8 * 1024 + 1]),
-            "invalid body: 8193 bytes is over the limit of 8192",
-        ),
-        (
-            Message::new("T", "x").queue_id(4),
-            "invalid queue id: 4 is not below the 4 queues of a topic",
-        ),
+        (Message::new("a/b", "x"), "invalid topic: \"a/b\" may only hold ASCII letters, digits and _ - % |"),
+        (Message::new("x".repeat(128), "x"), "invalid topic: longer than 127 bytes"),
+        (Message::new("T", vec![0u8; 8 * 1024 + 1]), "invalid body: 8193 bytes is over the limit of 8192"),
+        (Message::new("T", "x").queue_id(4), "invalid queue id: 4 is not below the 4 queues of a topic"),
     ];
     for (msg, expected) in cases {
         let err = store.put(msg).unwrap_err();
@@ -119,12 +86,7 @@ fn bad_messages_are_refused_with_clear_errors() {
     assert!(store.consumer("T", 9).is_err());
     // Nothing was stored.
     let mut consumer = store.consumer("T", 0).unwrap();
-    assert!(
-        consumer
-            .poll(10, Duration::from_millis(50))
-            .unwrap()
-            .is_empty()
-    );
+    assert!(consumer.poll(10, Duration::from_millis(50)).unwrap().is_empty());
 }
 
 #[test]
@@ -137,9 +99,7 @@ fn four_concurrent_producers_lose_nothing_and_keep_their_order() {
             let store = std::sync::Arc::clone(&store);
             std::thread::spawn(move || {
                 for i in 0..per_producer {
-                    store
-                        .put(Message::new("T", format!("{p}:{i}")).queue_id(0))
-                        .unwrap();
+                    store.put(Message::new("T", format!("{p}:{i}")).queue_id(0)).unwrap();
                 }
             })
         })

@@ -13,20 +13,11 @@ fn segments_roll_over_and_everything_survives_a_clean_close() {
     let store = Store::open(small_config(dir.path())).unwrap();
     put_numbered(&store, "T", 0..3000);
     store.close().unwrap();
-    let segments = std::fs::read_dir(dir.path().join("commitlog"))
-        .unwrap()
-        .count();
-    assert!(
-        segments >= 3,
-        "3000 records should fill several 64 KiB segments, got {segments}"
-    );
+    let segments = std::fs::read_dir(dir.path().join("commitlog")).unwrap().count();
+    assert!(segments >= 3, "3000 records should fill several 64 KiB segments, got {segments}");
 
     let store = Store::open(small_config(dir.path())).unwrap();
-    assert_eq!(
-        store.recovery_report().scanned_bytes,
-        0,
-        "a clean close leaves nothing to validate"
-    );
+    assert_eq!(store.recovery_report().scanned_bytes, 0, "a clean close leaves nothing to validate");
     let mut consumer = store.consumer("T", 0).unwrap();
     assert_eq!(bodies(&drain(&mut consumer, 3000)), numbered(0..3000));
     put_numbered(&store, "T", 3000..3010);
@@ -68,23 +59,11 @@ fn a_crash_loses_nothing_that_was_put() {
 
     let store = Store::open(small_config(crashed.path())).unwrap();
     let report = store.recovery_report().clone();
-    assert!(
-        report.scanned_bytes > 0,
-        "the records after the checkpoint were validated"
-    );
+    assert!(report.scanned_bytes > 0, "the records after the checkpoint were validated");
     assert_eq!(report.torn_at, None);
     let mut consumer = store.consumer("T", 0).unwrap();
-    assert_eq!(
-        bodies(&drain(&mut consumer, 2000)),
-        numbered(0..2000),
-        "each message exactly once"
-    );
-    assert!(
-        consumer
-            .poll(1, Duration::from_millis(100))
-            .unwrap()
-            .is_empty()
-    );
+    assert_eq!(bodies(&drain(&mut consumer, 2000)), numbered(0..2000), "each message exactly once");
+    assert!(consumer.poll(1, Duration::from_millis(100)).unwrap().is_empty());
 }
 
 #[test]
@@ -111,8 +90,5 @@ fn a_second_open_of_the_same_directory_is_locked() {
     assert!(matches!(err, delaywheel::Error::Locked { .. }), "{err}");
     assert!(err.to_string().contains("is locked by another process"));
     store.close().unwrap();
-    Store::open(small_config(dir.path()))
-        .unwrap()
-        .close()
-        .unwrap();
+    Store::open(small_config(dir.path())).unwrap().close().unwrap();
 }

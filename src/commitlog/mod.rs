@@ -21,8 +21,18 @@ use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::FILE_HEADER_LEN;
-use crate::mmap::{MapWriter, Mapped};
-use record::{Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, encode_padding};
+use crate::mmap::{MapWriter, Mapped, PREFAULT_CHUNK};
+
+/// How far ahead of the writer the prefaulter keeps pages ready.
+const PREFAULT_AHEAD: usize = 32 << 20;
+use record::{Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding};
+
+/// How much of a record a read checks.
+#[derive(Clone, Copy)]
+enum Verify {
+    Checksum,
+    HeaderOnly,
+}
 pub(crate) use recovery::RecoveryPlan;
 pub use recovery::RecoveryReport;
 
@@ -59,11 +69,7 @@ pub(crate) struct Record {
 
 impl CommitLog {
     /// Opens (recovering) or creates the log in `dir`.
-    pub fn open(
-        dir: &Path,
-        segment_size: u64,
-        plan: &RecoveryPlan,
-    ) -> Result<(Self, RecoveryReport)> {
+    pub fn open(dir: &Path, segment_size: u64, plan: &RecoveryPlan) -> Result<(Self, RecoveryReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let recovered = recovery::recover(dir, segment_size, plan)?;
         let log = Self {
@@ -71,16 +77,9 @@ impl CommitLog {
             segment_size,
             write_end: AtomicU64::new(recovered.end),
             // What recovery validated may be only in the page cache; the first flush syncs it.
-            durable: Mutex::new(
-                plan.durable
-                    .clamp(recovered.segments_start(), recovered.end),
-            ),
+            durable: Mutex::new(plan.durable.clamp(recovered.segments_start(), recovered.end)),
             durable_changed: Condvar::new(),
-            tail: Mutex::new(Tail {
-                writer: recovered.tail,
-                base: recovered.tail_base,
-                end: recovered.end,
-            }),
+            tail: Mutex::new(Tail { writer: recovered.tail, base: recovered.tail_base, end: recovered.end }),
             segments: RwLock::new(recovered.segments),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
@@ -97,10 +96,7 @@ impl CommitLog {
     /// Offset of the first record of the oldest segment.
     pub fn start(&self) -> u64 {
         let segments = self.segments.read().unwrap_or_else(|e| e.into_inner());
-        segments
-            .keys()
-            .next()
-            .map_or(FILE_HEADER_LEN as u64, |base| base + FILE_HEADER_LEN as u64)
+        segments.keys().next().map_or(FILE_HEADER_LEN as u64, |base| base + FILE_HEADER_LEN as u64)
     }
 
     pub fn durable_end(&self) -> u64 {
@@ -109,7 +105,8 @@ impl CommitLog {
 
     /// Appends one record of `len` bytes; `encode` fills the buffer given the
     /// record's offset. Returns the offset. A record never spans two segments.
-    pub fn append(&self, len: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<u64> {
+    /// Returns the offset and whether the prefaulter should be woken.
+    pub fn append(&self, len: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<(u64, bool)> {
         self.check_poison()?;
         let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::Acquire) {
@@ -124,7 +121,7 @@ impl CommitLog {
         tail.writer.publish(local + len);
         tail.end += len as u64;
         self.write_end.store(tail.end, Ordering::Release);
-        Ok(offset)
+        Ok((offset, self.needs_prefault(&tail)))
     }
 
     /// Starts the next segment: create it first (the only step that can fail for
@@ -138,25 +135,14 @@ impl CommitLog {
             encode_padding(tail.writer.unpublished_mut(local, rest), tail.end);
             tail.writer.publish(self.segment_size as usize);
         }
-        self.segments
-            .write()
-            .unwrap_or_else(|e| e.into_inner())
-            .insert(next_base, Arc::clone(next.shared()));
+        self.segments.write().unwrap_or_else(|e| e.into_inner()).insert(next_base, Arc::clone(next.shared()));
         tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
-        *tail = Tail {
-            writer: next,
-            base: next_base,
-            end: next_base + FILE_HEADER_LEN as u64,
-        };
+        *tail = Tail { writer: next, base: next_base, end: next_base + FILE_HEADER_LEN as u64 };
         Ok(())
     }
 
     fn segment(&self, base: u64) -> Option<Arc<Mapped>> {
-        self.segments
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(&base)
-            .cloned()
+        self.segments.read().unwrap_or_else(|e| e.into_inner()).get(&base).cloned()
     }
 
     /// Where the record at or after `offset` starts: skips the unusable few
@@ -173,50 +159,56 @@ impl CommitLog {
     /// Reads and checks the record at `offset`, which must be below `write_end`.
     /// Padding is followed transparently: the next record is returned.
     pub fn read(&self, offset: u64) -> Result<Record> {
-        let (seg, at, local, frame) = self.locate(offset)?;
-        let bytes = seg
-            .bytes(local, frame.len)
-            .expect("a checked frame lies in published bytes");
-        Ok(Record {
-            offset: at,
-            kind: frame.kind,
-            bytes,
-        })
+        let mut at = offset;
+        loop {
+            let (seg, local, frame) = self.locate(at, Verify::Checksum)?;
+            at = self.normalize(at);
+            if frame.kind == RecordKind::Padding {
+                at = self.next_segment_start(at);
+                continue;
+            }
+            let bytes = seg.bytes(local, frame.len).expect("a checked frame lies in published bytes");
+            return Ok(Record { offset: at, kind: frame.kind, bytes });
+        }
     }
 
-    /// Like [`read`](Self::read) but lends the bytes to `f` instead of sharing
-    /// them: no allocation, for the dispatcher's hot loop. Returns `f`'s result
-    /// and the offset of the next record.
-    pub fn visit<R>(
+    /// Lends the record at `offset` (padding included) to `f` without sharing
+    /// it (no allocation), checking the frame but not the checksum: for the
+    /// dispatcher, which only reads records that this process appended or that
+    /// recovery validated. Returns `f`'s result and the offset of the next record.
+    pub fn visit_trusted<R>(
         &self,
         offset: u64,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        let (seg, at, local, frame) = self.locate(offset)?;
-        let bytes = seg
-            .read(local, frame.len)
-            .expect("a checked frame lies in published bytes");
-        Ok((
-            f(at, frame.kind, bytes),
-            self.normalize(at + frame.len as u64),
-        ))
+        let (seg, local, frame) = self.locate(offset, Verify::HeaderOnly)?;
+        let at = self.normalize(offset);
+        let bytes = seg.read(local, frame.len).expect("a checked frame lies in published bytes");
+        let next = match frame.kind {
+            RecordKind::Padding => self.next_segment_start(at),
+            _ => self.normalize(at + frame.len as u64),
+        };
+        Ok((f(at, frame.kind, bytes), next))
     }
 
-    /// Finds and checks the record at or after `offset`, skipping padding.
-    fn locate(&self, offset: u64) -> Result<(Arc<Mapped>, u64, usize, Frame)> {
-        let mut at = self.normalize(offset);
-        loop {
-            let base = at - at % self.segment_size;
-            let seg = self.segment(base).ok_or_else(|| self.missing(at))?;
-            let local = (at - base) as usize;
-            let visible = seg.published().saturating_sub(local);
-            let bytes = seg.read(local, visible).ok_or_else(|| self.missing(at))?;
-            let frame = check_frame(bytes, at).map_err(|e| self.frame_error(&seg, local, e))?;
-            if frame.kind != RecordKind::Padding {
-                return Ok((seg, at, local, frame));
-            }
-            at = base + self.segment_size + FILE_HEADER_LEN as u64;
-        }
+    fn next_segment_start(&self, offset: u64) -> u64 {
+        offset - offset % self.segment_size + self.segment_size + FILE_HEADER_LEN as u64
+    }
+
+    /// Finds and checks the record at `offset` (after [`normalize`](Self::normalize)).
+    fn locate(&self, offset: u64, verify: Verify) -> Result<(Arc<Mapped>, usize, Frame)> {
+        let at = self.normalize(offset);
+        let base = at - at % self.segment_size;
+        let seg = self.segment(base).ok_or_else(|| self.missing(at))?;
+        let local = (at - base) as usize;
+        let visible = seg.published().saturating_sub(local);
+        let bytes = seg.read(local, visible).ok_or_else(|| self.missing(at))?;
+        let frame = match verify {
+            Verify::Checksum => check_frame(bytes, at),
+            Verify::HeaderOnly => check_header(bytes),
+        };
+        let frame = frame.map_err(|e| self.frame_error(&seg, local, e))?;
+        Ok((seg, local, frame))
     }
 
     /// A corruption error for the record at log `offset`, naming its segment file.
@@ -237,12 +229,36 @@ impl CommitLog {
 
     fn frame_error(&self, seg: &Mapped, local: usize, e: FrameError) -> Error {
         let kind = match e {
-            FrameError::Empty => {
-                CorruptionKind::BadFrame("zero bytes where a record should be".into())
-            }
+            FrameError::Empty => CorruptionKind::BadFrame("zero bytes where a record should be".into()),
             FrameError::Invalid(kind) => kind,
         };
         Error::corruption(seg.path(), local as u64, kind)
+    }
+
+    /// Faults in the active segment's pages ahead of the writer, so appends
+    /// copy into ready pages instead of taking a page fault (and the kernel's
+    /// page zeroing) every 4 KiB. Returns whether there was anything to do.
+    pub fn prefault_ahead(&self) -> bool {
+        let end = self.write_end();
+        let base = end - end % self.segment_size;
+        let Some(seg) = self.segment(base) else { return false };
+        let target = (end - base) as usize + PREFAULT_AHEAD;
+        if seg.prefaulted() >= target.min(seg.len()) {
+            return false;
+        }
+        let mut at = seg.prefaulted();
+        while at < target.min(seg.len()) {
+            at += PREFAULT_CHUNK;
+            seg.prefault_to(at);
+        }
+        true
+    }
+
+    /// Whether the writer is within half the prefault window of the faulted pages.
+    fn needs_prefault(&self, tail: &Tail) -> bool {
+        let local = (tail.end - tail.base) as usize;
+        let ready = tail.writer.shared().prefaulted();
+        ready < tail.writer.shared().len() && ready < local + PREFAULT_AHEAD / 2
     }
 
     /// Syncs everything published so far; returns the new durable end.
@@ -285,11 +301,7 @@ impl CommitLog {
             if left.is_zero() {
                 return Err(Error::invalid("flush", "timed out waiting for the disk"));
             }
-            durable = self
-                .durable_changed
-                .wait_timeout(durable, left)
-                .unwrap_or_else(|e| e.into_inner())
-                .0;
+            durable = self.durable_changed.wait_timeout(durable, left).unwrap_or_else(|e| e.into_inner()).0;
         }
         Ok(())
     }
@@ -309,11 +321,7 @@ impl CommitLog {
 
     pub fn check_poison(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
-            let reason = self
-                .poison_reason
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .clone();
+            let reason = self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
             return Err(Error::Poisoned { reason });
         }
         Ok(())
@@ -321,11 +329,7 @@ impl CommitLog {
 
     /// Total bytes of the segment files.
     pub fn disk_bytes(&self) -> u64 {
-        self.segments
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .len() as u64
-            * self.segment_size
+        self.segments.read().unwrap_or_else(|e| e.into_inner()).len() as u64 * self.segment_size
     }
 }
 

@@ -58,10 +58,7 @@ pub(super) struct Recovered {
 impl Recovered {
     /// Offset of the first record of the oldest segment.
     pub fn segments_start(&self) -> u64 {
-        self.segments
-            .keys()
-            .next()
-            .map_or(0, |base| base + FILE_HEADER_LEN as u64)
+        self.segments.keys().next().map_or(0, |base| base + FILE_HEADER_LEN as u64)
     }
 }
 
@@ -88,11 +85,7 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
     }
 
     let (end, problem) = scan(&writers, size, start);
-    let mut report = RecoveryReport {
-        end,
-        scanned_bytes: end.saturating_sub(start),
-        ..Default::default()
-    };
+    let mut report = RecoveryReport { end, scanned_bytes: end.saturating_sub(start), ..Default::default() };
     if let Some(problem) = problem {
         judge(dir, size, plan, end, problem, &mut report)?;
     }
@@ -131,46 +124,20 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
             "recovered a torn tail"
         );
     }
-    tracing::info!(
-        end,
-        scanned_bytes = report.scanned_bytes,
-        "commit log recovered"
-    );
-    Ok(Recovered {
-        segments,
-        tail,
-        tail_base,
-        end,
-        report,
-    })
+    tracing::info!(end, scanned_bytes = report.scanned_bytes, "commit log recovered");
+    Ok(Recovered { segments, tail, tail_base, end, report })
 }
 
 fn start_fresh(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Recovered> {
     let header = FILE_HEADER_LEN as u64;
     if plan.durable > header {
-        let why = format!(
-            "the checkpoint knows {} durable bytes but there are no segments",
-            plan.durable
-        );
-        return Err(Error::corruption(
-            segment::segment_path(dir, 0),
-            0,
-            CorruptionKind::BadReference(why),
-        ));
+        let why = format!("the checkpoint knows {} durable bytes but there are no segments", plan.durable);
+        return Err(Error::corruption(segment::segment_path(dir, 0), 0, CorruptionKind::BadReference(why)));
     }
     let tail = segment::create(dir, 0, size)?;
     let segments = BTreeMap::from([(0, Arc::clone(tail.shared()))]);
-    let report = RecoveryReport {
-        end: header,
-        ..Default::default()
-    };
-    Ok(Recovered {
-        segments,
-        tail,
-        tail_base: 0,
-        end: header,
-        report,
-    })
+    let report = RecoveryReport { end: header, ..Default::default() };
+    Ok(Recovered { segments, tail, tail_base: 0, end: header, report })
 }
 
 /// Segment bases in order, checked to be contiguous; leftover `.tmp` files from
@@ -220,9 +187,7 @@ fn scan(writers: &BTreeMap<u64, MapWriter>, size: u64, start: u64) -> (u64, Opti
         };
         let local = (end - base) as usize;
         match check_frame(writer.view(local, size as usize - local), end) {
-            Ok(frame) if frame.kind == RecordKind::Padding => {
-                end = base + size + FILE_HEADER_LEN as u64
-            }
+            Ok(frame) if frame.kind == RecordKind::Padding => end = base + size + FILE_HEADER_LEN as u64,
             Ok(frame) => end = normalize(end + frame.len as u64),
             Err(problem) => return (end, Some(problem)),
         }
@@ -242,9 +207,7 @@ fn judge(
     let path = segment::segment_path(dir, base);
     if end < plan.durable {
         let kind = match problem {
-            FrameError::Empty => {
-                CorruptionKind::BadFrame("zeros where a durable record should be".into())
-            }
+            FrameError::Empty => CorruptionKind::BadFrame("zeros where a durable record should be".into()),
             FrameError::Invalid(kind) => kind,
         };
         if plan.mode == RecoveryMode::Strict {

@@ -4,9 +4,7 @@
 use std::path::{Path, PathBuf};
 
 use crate::error::Result;
-use crate::format::{
-    COMMITLOG_MAGIC, FILE_HEADER_LEN, FileHeader, check_file_header, numbered_file_name,
-};
+use crate::format::{COMMITLOG_MAGIC, FILE_HEADER_LEN, FileHeader, check_file_header, numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
 pub(crate) fn segment_path(dir: &Path, base: u64) -> PathBuf {
@@ -23,12 +21,6 @@ pub(crate) fn create(dir: &Path, base: u64, segment_size: u64) -> Result<MapWrit
 pub(crate) fn open(dir: &Path, base: u64, segment_size: u64) -> Result<MapWriter> {
     let path = segment_path(dir, base);
     let writer = Mapped::open(&path, segment_size)?;
-    check_file_header(
-        &path,
-        writer.view(0, FILE_HEADER_LEN),
-        COMMITLOG_MAGIC,
-        segment_size,
-        base,
-    )?;
+    check_file_header(&path, writer.view(0, FILE_HEADER_LEN), COMMITLOG_MAGIC, segment_size, base)?;
     Ok(writer)
 }

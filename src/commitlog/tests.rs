@@ -5,12 +5,7 @@ use crate::format::get_u32;
 const SEG: u64 = 64 * 1024;
 
 fn plan(start: Option<u64>, durable: u64) -> RecoveryPlan {
-    RecoveryPlan {
-        start,
-        durable,
-        clean_end: None,
-        mode: RecoveryMode::Strict,
-    }
+    RecoveryPlan { start, durable, clean_end: None, mode: RecoveryMode::Strict }
 }
 
 fn append_bytes(log: &CommitLog, payload: &[u8]) -> u64 {
@@ -25,6 +20,7 @@ fn append_bytes(log: &CommitLog, payload: &[u8]) -> u64 {
         crate::format::put_u32(buf, 0, crc);
     })
     .unwrap()
+    .0
 }
 
 #[test]
@@ -34,25 +30,15 @@ fn appends_roll_over_segments_and_read_back() {
     assert_eq!(report.end, FILE_HEADER_LEN as u64);
     let payload = vec![7u8; 1000];
     let offsets: Vec<u64> = (0..200).map(|_| append_bytes(&log, &payload)).collect();
-    assert!(
-        log.write_end() > 2 * SEG,
-        "200 KB of records span several 64 KiB segments"
-    );
+    assert!(log.write_end() > 2 * SEG, "200 KB of records span several 64 KiB segments");
     for &offset in &offsets {
         let record = log.read(offset).unwrap();
         assert_eq!((record.offset, record.kind), (offset, RecordKind::Delivery));
         assert_eq!(&record.bytes[record::RECORD_HEADER_LEN..], &payload[..]);
-        assert!(
-            offset % SEG + record.bytes.len() as u64 <= SEG,
-            "no record spans segments"
-        );
+        assert!(offset % SEG + record.bytes.len() as u64 <= SEG, "no record spans segments");
     }
     // A record that would cross a boundary starts the next segment after its header.
-    assert!(
-        offsets
-            .iter()
-            .any(|o| o % SEG == FILE_HEADER_LEN as u64 && *o > 0)
-    );
+    assert!(offsets.iter().any(|o| o % SEG == FILE_HEADER_LEN as u64 && *o > 0));
 }
 
 #[test]
@@ -82,15 +68,8 @@ fn reopen_finds_the_same_end_and_a_torn_tail_is_cut() {
     assert_eq!(again, second, "appends resume at the cut");
     drop(log);
     let on_disk = std::fs::read(&path).unwrap();
-    assert_eq!(
-        get_u32(&on_disk, again as usize + 4),
-        17,
-        "the new record replaced the torn one"
-    );
-    assert!(
-        on_disk[again as usize + 17..].iter().all(|&b| b == 0),
-        "nothing stale past the end"
-    );
+    assert_eq!(get_u32(&on_disk, again as usize + 4), 17, "the new record replaced the torn one");
+    assert!(on_disk[again as usize + 17..].iter().all(|&b| b == 0), "nothing stale past the end");
 }
 
 #[test]
@@ -107,28 +86,16 @@ fn damage_below_the_durable_mark_is_corruption_unless_lenient() {
     bytes[first as usize + 13] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
 
-    let err = CommitLog::open(dir.path(), SEG, &plan(Some(first), end))
-        .err()
-        .unwrap();
+    let err = CommitLog::open(dir.path(), SEG, &plan(Some(first), end)).err().unwrap();
     match err {
-        Error::Corruption {
-            file,
-            offset,
-            kind: CorruptionKind::ChecksumMismatch { .. },
-        } => {
+        Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } } => {
             assert_eq!((file, offset), (path.clone(), first));
         }
         other => panic!("expected a checksum corruption, got {other}"),
     }
-    let lenient = RecoveryPlan {
-        mode: RecoveryMode::Lenient,
-        ..plan(Some(first), end)
-    };
+    let lenient = RecoveryPlan { mode: RecoveryMode::Lenient, ..plan(Some(first), end) };
     let (_log, report) = CommitLog::open(dir.path(), SEG, &lenient).unwrap();
-    assert_eq!(
-        report.end, first,
-        "lenient recovery keeps the prefix before the damage"
-    );
+    assert_eq!(report.end, first, "lenient recovery keeps the prefix before the damage");
     assert!(second > first);
 }
 
@@ -142,9 +109,7 @@ fn a_missing_middle_segment_is_named() {
     }
     drop(log);
     std::fs::remove_file(segment::segment_path(dir.path(), SEG)).unwrap();
-    let err = CommitLog::open(dir.path(), SEG, &plan(None, 0))
-        .err()
-        .unwrap();
+    let err = CommitLog::open(dir.path(), SEG, &plan(None, 0)).err().unwrap();
     assert!(
         matches!(&err, Error::Corruption { file, kind: CorruptionKind::MissingFile, .. }
             if *file == segment::segment_path(dir.path(), SEG)),

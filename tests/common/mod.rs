@@ -8,10 +8,7 @@ use delaywheel::{Config, ConsumedMessage, Consumer, Message, Store};
 
 /// 64 KiB segments, small queue files, bodies up to 8 KiB: everything rolls quickly.
 pub fn small_config(dir: &Path) -> Config {
-    Config::new(dir)
-        .with_segment_size(64 * 1024)
-        .with_queue_file_entries(64)
-        .with_max_body_bytes(8 * 1024)
+    Config::new(dir).with_segment_size(64 * 1024).with_queue_file_entries(64).with_max_body_bytes(8 * 1024)
 }
 
 /// Like [`small_config`], but the flusher never checkpoints on its own during a
@@ -54,24 +51,11 @@ pub fn drain_idle(consumer: &mut Consumer, want: usize, idle: Duration) -> Vec<C
 }
 
 pub fn bodies(messages: &[ConsumedMessage]) -> Vec<String> {
-    messages
-        .iter()
-        .map(|m| String::from_utf8(m.body().to_vec()).unwrap())
-        .collect()
+    messages.iter().map(|m| String::from_utf8(m.body().to_vec()).unwrap()).collect()
 }
 
-pub fn put_numbered(
-    store: &Store,
-    topic: &str,
-    range: std::ops::Range<usize>,
-) -> Vec<delaywheel::Receipt> {
-    range
-        .map(|i| {
-            store
-                .put(Message::new(topic, format!("m{i}")).queue_id(0))
-                .unwrap()
-        })
-        .collect()
+pub fn put_numbered(store: &Store, topic: &str, range: std::ops::Range<usize>) -> Vec<delaywheel::Receipt> {
+    range.map(|i| store.put(Message::new(topic, format!("m{i}")).queue_id(0)).unwrap()).collect()
 }
 
 pub fn numbered(range: std::ops::Range<usize>) -> Vec<String> {
