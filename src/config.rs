@@ -38,7 +38,8 @@ pub struct Config {
     pub(crate) segment_size: u64,
     pub(crate) queue_file_entries: u64,
     pub(crate) queues_per_topic: u32,
-    pub(crate) max_body_bytes: usize,
+    /// `None`: 4 MiB, or less if a smaller segment cannot hold that.
+    pub(crate) max_body_bytes: Option<usize>,
     pub(crate) flush_mode: FlushMode,
     pub(crate) flush_interval: Duration,
     pub(crate) recovery_mode: RecoveryMode,
@@ -59,7 +60,7 @@ impl Config {
             segment_size: 1 << 30,
             queue_file_entries: 300_000,
             queues_per_topic: 4,
-            max_body_bytes: 4 << 20,
+            max_body_bytes: None,
             flush_mode: FlushMode::Async,
             flush_interval: Duration::from_millis(200),
             recovery_mode: RecoveryMode::Strict,
@@ -83,8 +84,15 @@ impl Config {
     }
 
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
-        self.max_body_bytes = bytes;
+        self.max_body_bytes = Some(bytes);
         self
+    }
+
+    /// The largest body a message may have: as set, or 4 MiB, or what a
+    /// segment can hold beside the largest metadata, whichever is smaller.
+    pub fn max_body_bytes(&self) -> usize {
+        let room = (self.segment_size as usize).saturating_sub(FILE_HEADER_LEN + MAX_FIXED_MESSAGE_LEN);
+        self.max_body_bytes.unwrap_or((4 << 20).min(room))
     }
 
     pub fn with_flush_mode(mut self, mode: FlushMode) -> Self {
@@ -120,10 +128,10 @@ impl Config {
         }
         let room = self.segment_size as usize - FILE_HEADER_LEN;
         // A message of the largest body and maximal metadata must fit in one segment.
-        if self.max_body_bytes.saturating_add(MAX_FIXED_MESSAGE_LEN) > room {
+        if self.max_body_bytes().saturating_add(MAX_FIXED_MESSAGE_LEN) > room {
             return Err(Error::invalid(
                 "max body bytes",
-                format!("{} does not fit in a {}-byte segment", self.max_body_bytes, self.segment_size),
+                format!("{} does not fit in a {}-byte segment", self.max_body_bytes(), self.segment_size),
             ));
         }
         if self.queue_file_entries == 0 || self.queue_file_entries > 1 << 24 {

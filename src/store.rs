@@ -131,7 +131,7 @@ impl Store {
     /// Appends a message. In async flush mode it returns once the message is in
     /// the page cache; in sync mode once it is on disk.
     pub fn put(&self, message: Message) -> Result<Receipt> {
-        message.validate(self.config.max_body_bytes)?;
+        message.validate(self.config.max_body_bytes())?;
         let queue_id = message.resolve_queue(self.config.queues_per_topic)?;
         if self.threads.is_none() {
             return Err(Error::Closed);
