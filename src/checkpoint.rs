@@ -18,7 +18,7 @@ const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
 const VERSION: u32 = 1;
 /// Byte position of each of the two slots.
 const SLOT_POSITIONS: [u64; 2] = [0, 512];
-pub(crate) const SLOT_LEN: usize = 64;
+pub(crate) const SLOT_LEN: usize = 96;
 const FILE_LEN: u64 = 1024;
 
 const MAGIC_OFFSET: usize = 0;
@@ -28,7 +28,10 @@ const SEQUENCE_OFFSET: usize = FLAGS_OFFSET + 4;
 const LOG_DURABLE_OFFSET: usize = SEQUENCE_OFFSET + 8;
 const DISPATCHED_OFFSET: usize = LOG_DURABLE_OFFSET + 8;
 const WRITTEN_AT_OFFSET: usize = DISPATCHED_OFFSET + 8;
-const RESERVED_OFFSET: usize = WRITTEN_AT_OFFSET + 8;
+const TICK_SECOND_OFFSET: usize = WRITTEN_AT_OFFSET + 8;
+const DELIVERY_SCAN_OFFSET: usize = TICK_SECOND_OFFSET + 8;
+const TIMER_LOG_END_OFFSET: usize = DELIVERY_SCAN_OFFSET + 8;
+const RESERVED_OFFSET: usize = TIMER_LOG_END_OFFSET + 8;
 const CRC_OFFSET: usize = SLOT_LEN - 4;
 const _: () = assert!(RESERVED_OFFSET <= CRC_OFFSET);
 
@@ -41,10 +44,17 @@ pub struct Checkpoint {
     pub sequence: u64,
     /// Every commit-log byte below this offset was on disk.
     pub log_durable: u64,
-    /// Every record below this offset is in the consume queues, and those entries were on disk.
+    /// Every record below this offset is in the consume queues and (timers)
+    /// in the wheel, and those index entries were on disk.
     pub dispatched: u64,
     /// Wall-clock time of the write, epoch ms.
     pub written_at_ms: u64,
+    /// Every timer due before this epoch second had been delivered.
+    pub tick_second: u64,
+    /// Delivery records of timers due at or after `tick_second` lie at or after this log offset.
+    pub delivery_scan_from: u64,
+    /// The timer log's end (next entry index) when the wheel was last synced.
+    pub timer_log_end: u64,
     /// Written by a clean close: the log ends exactly at `log_durable`.
     pub clean: bool,
 }
@@ -59,6 +69,9 @@ impl Checkpoint {
         put_u64(&mut out, LOG_DURABLE_OFFSET, self.log_durable);
         put_u64(&mut out, DISPATCHED_OFFSET, self.dispatched);
         put_u64(&mut out, WRITTEN_AT_OFFSET, self.written_at_ms);
+        put_u64(&mut out, TICK_SECOND_OFFSET, self.tick_second);
+        put_u64(&mut out, DELIVERY_SCAN_OFFSET, self.delivery_scan_from);
+        put_u64(&mut out, TIMER_LOG_END_OFFSET, self.timer_log_end);
         let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
         put_u32(&mut out, CRC_OFFSET, crc);
         out
@@ -75,6 +88,9 @@ impl Checkpoint {
             log_durable: get_u64(slot, LOG_DURABLE_OFFSET),
             dispatched: get_u64(slot, DISPATCHED_OFFSET),
             written_at_ms: get_u64(slot, WRITTEN_AT_OFFSET),
+            tick_second: get_u64(slot, TICK_SECOND_OFFSET),
+            delivery_scan_from: get_u64(slot, DELIVERY_SCAN_OFFSET),
+            timer_log_end: get_u64(slot, TIMER_LOG_END_OFFSET),
             clean: get_u32(slot, FLAGS_OFFSET) & FLAG_CLEAN != 0,
         })
     }
@@ -144,8 +160,16 @@ mod tests {
 
     #[test]
     fn golden_bytes_match_wheel_format_md() {
-        let cp =
-            Checkpoint { sequence: 2, log_durable: 4096, dispatched: 1024, written_at_ms: 1, clean: true };
+        let cp = Checkpoint {
+            sequence: 2,
+            log_durable: 4096,
+            dispatched: 1024,
+            written_at_ms: 1,
+            tick_second: 1_700_000_000,
+            delivery_scan_from: 1024,
+            timer_log_end: 5,
+            clean: true,
+        };
         assert_eq!(
             hex(&cp.encode()),
             concat!(
@@ -156,9 +180,11 @@ mod tests {
                 "0010000000000000",
                 "0004000000000000",
                 "0100000000000000",
-                "0000000000000000",
-                "00000000",
-                "67e22c6b"
+                "00f1536500000000",
+                "0004000000000000",
+                "0500000000000000",
+                "0000000000000000000000000000000000000000",
+                "bd571d1b"
             )
         );
     }
@@ -183,8 +209,9 @@ mod tests {
 
     #[test]
     fn every_flipped_bit_invalidates_a_slot() {
-        let bytes = Checkpoint { sequence: 9, log_durable: 7, dispatched: 5, written_at_ms: 3, clean: false }
-            .encode();
+        let bytes =
+            Checkpoint { sequence: 9, log_durable: 7, dispatched: 5, written_at_ms: 3, ..Default::default() }
+                .encode();
         for bit in 0..SLOT_LEN * 8 {
             let mut copy = bytes;
             copy[bit / 8] ^= 1 << (bit % 8);

@@ -8,6 +8,7 @@ use crate::clock::{Clock, SystemClock};
 use crate::commitlog::record::MAX_FIXED_MESSAGE_LEN;
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
+use crate::timer::levels::DEFAULT_DELAY_LEVELS;
 
 /// When a `put` may return relative to its bytes reaching the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -44,6 +45,9 @@ pub struct Config {
     pub(crate) flush_interval: Duration,
     pub(crate) recovery_mode: RecoveryMode,
     pub(crate) clock: Arc<dyn Clock>,
+    pub(crate) delay_levels: String,
+    pub(crate) timer_log_file_entries: u64,
+    pub(crate) disk_reserve: Option<u64>,
 }
 
 /// The smallest segment size accepted (tests use it to roll segments quickly).
@@ -65,7 +69,37 @@ impl Config {
             flush_interval: Duration::from_millis(200),
             recovery_mode: RecoveryMode::Strict,
             clock: Arc::new(SystemClock),
+            delay_levels: DEFAULT_DELAY_LEVELS.to_string(),
+            timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
+            disk_reserve: None,
         }
+    }
+
+    /// The legacy delay-level table, e.g. `"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`
+    /// (the default); units `s`, `m`, `h`, `d`. Checked by `Store::open`.
+    pub fn with_delay_levels(mut self, table: impl Into<String>) -> Self {
+        self.delay_levels = table.into();
+        self
+    }
+
+    /// Bytes that must stay free beside a new commit-log segment, so the
+    /// indexes can still grow when the disk fills (default: two timer-log
+    /// files and two consume-queue files).
+    pub fn with_disk_reserve(mut self, bytes: u64) -> Self {
+        self.disk_reserve = Some(bytes);
+        self
+    }
+
+    pub(crate) fn disk_reserve(&self) -> u64 {
+        let timer_log_file = 32 + self.timer_log_file_entries * crate::timer::log::ENTRY_LEN as u64;
+        let queue_file = 32 + self.queue_file_entries * crate::consume_queue::ENTRY_LEN as u64;
+        self.disk_reserve.unwrap_or(2 * (timer_log_file + queue_file))
+    }
+
+    /// Entries per timer-log file (default 2 Mi, 56 MiB files).
+    pub fn with_timer_log_file_entries(mut self, entries: u64) -> Self {
+        self.timer_log_file_entries = entries;
+        self
     }
 
     pub fn with_segment_size(mut self, bytes: u64) -> Self {
@@ -140,6 +174,9 @@ impl Config {
         if self.queues_per_topic == 0 || self.queues_per_topic > 1024 {
             return Err(Error::invalid("queues per topic", "must be between 1 and 1024"));
         }
+        if self.timer_log_file_entries == 0 || self.timer_log_file_entries > 1 << 26 {
+            return Err(Error::invalid("timer log file entries", "must be between 1 and 67,108,864"));
+        }
         if self.flush_interval.is_zero() {
             return Err(Error::invalid("flush interval", "must be positive"));
         }
@@ -158,6 +195,7 @@ impl std::fmt::Debug for Config {
             .field("flush_mode", &self.flush_mode)
             .field("flush_interval", &self.flush_interval)
             .field("recovery_mode", &self.recovery_mode)
+            .field("delay_levels", &self.delay_levels)
             .finish_non_exhaustive()
     }
 }

@@ -21,6 +21,9 @@ use crate::format::{
 };
 use crate::mmap::{MapWriter, Mapped, sync_dir};
 
+/// Entry flag: the message was made visible by its timer (a delivery record).
+pub(crate) const FLAG_TIMER_DELIVERY: u32 = 1;
+
 /// Bytes per consume-queue entry.
 pub(crate) const ENTRY_LEN: usize = 32;
 
@@ -43,7 +46,7 @@ pub(crate) struct Entry {
     pub tag_hash: u32,
     /// When the message became visible: its store time, or its delivery time for a timer.
     pub time_ms: u64,
-    /// Reserved, 0.
+    /// Bit 0: made visible by a timer's delivery record. Other bits 0.
     pub flags: u32,
 }
 
@@ -164,11 +167,12 @@ impl ConsumeQueue {
     }
 
     fn create_file(&self, file_no: u64) -> Result<MapWriter> {
-        if file_no == 0 || !self.dir.exists() {
+        if !self.dir.exists() {
             std::fs::create_dir_all(&self.dir).map_err(|e| Error::io("create directory", &self.dir, e))?;
-            if let Some(parent) = self.dir.parent() {
-                sync_dir(parent)?;
-            }
+            // Make the new topic and queue directories durable in their parents.
+            let topic_dir = self.dir.parent().unwrap_or(&self.dir);
+            sync_dir(topic_dir)?;
+            sync_dir(topic_dir.parent().unwrap_or(topic_dir))?;
         }
         let header = FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
         let writer = Mapped::create(&self.file_path(file_no), self.file_size(), &header)?;
@@ -235,7 +239,7 @@ impl ConsumeQueue {
         let queue = Self::new(dir, topic, queue_id, per_file);
         let mut writers = queue.open_files()?;
         let len = trusted_len(&writers, per_file, trusted_end);
-        let keep_file = if len == 0 { 0 } else { (len - 1) / per_file };
+        queue.refuse_damage_at(&writers, len)?;
         let tail_file = len / per_file;
         let mut files = BTreeMap::new();
         let mut tail = None;
@@ -249,9 +253,10 @@ impl ConsumeQueue {
                 writer.publish(at);
                 files.insert(file_no, Arc::clone(writer.shared()));
                 tail = Some((file_no, writer));
-            } else if file_no > keep_file {
+            } else {
                 let path = queue.file_path(file_no);
                 std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+                sync_dir(&queue.dir)?;
             }
         }
         *queue.files.write().unwrap_or_else(|e| e.into_inner()) = files;
@@ -259,6 +264,22 @@ impl ConsumeQueue {
         queue.len.store(len, Ordering::Release);
         *queue.flushed.lock().unwrap_or_else(|e| e.into_inner()) = len;
         Ok(queue)
+    }
+
+    /// The search stops at the first entry that is empty, points at or past
+    /// the trusted end, or fails its checksum. The last would make everything
+    /// after it look untrusted and be dropped without replay: refuse instead.
+    fn refuse_damage_at(&self, writers: &BTreeMap<u64, MapWriter>, index: u64) -> Result<()> {
+        let (file_no, at) = self.position(index);
+        let Some(writer) = writers.get(&file_no) else { return Ok(()) };
+        match Entry::decode(writer.view(at, ENTRY_LEN), index) {
+            Err(EntryProblem::Checksum { stored, computed }) => Err(Error::corruption(
+                self.file_path(file_no),
+                at as u64,
+                CorruptionKind::ChecksumMismatch { stored, computed },
+            )),
+            _ => Ok(()),
+        }
     }
 
     fn open_files(&self) -> Result<BTreeMap<u64, MapWriter>> {

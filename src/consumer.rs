@@ -81,6 +81,8 @@ impl Consumer {
             log_offset: record.offset,
             store_time_ms: view.store_time_ms,
             visible_at_ms: entry.time_ms,
+            deliver_at_ms: (view.timing.deliver_at_ms != 0).then_some(view.timing.deliver_at_ms),
+            delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
             key: non_empty(view.key),
             tags: non_empty(view.tags),
             properties,
@@ -169,10 +171,12 @@ impl OffsetStore {
         self.dirty.store(true, Ordering::Release);
     }
 
-    /// Writes the offsets if anything changed since the last write.
-    pub fn persist(&self) -> Result<()> {
+    /// The offsets as committed now, if anything changed since the last
+    /// snapshot. The flusher takes it *before* syncing the log, so the offsets
+    /// it writes never count entries whose records are not on disk.
+    pub fn snapshot(&self) -> Option<Vec<u8>> {
         if !self.dirty.swap(false, Ordering::AcqRel) {
-            return Ok(());
+            return None;
         }
         let file = {
             let offsets = self.offsets.lock().unwrap_or_else(|e| e.into_inner());
@@ -187,8 +191,12 @@ impl OffsetStore {
                 .collect();
             OffsetsFile { version: 1, offsets }
         };
-        let bytes = serde_json::to_vec_pretty(&file).expect("offsets always serialise");
-        let result = write_atomically(&self.path, &bytes);
+        Some(serde_json::to_vec_pretty(&file).expect("offsets always serialise"))
+    }
+
+    /// Writes a snapshot; on failure the offsets count as changed again.
+    pub fn write(&self, snapshot: &[u8]) -> Result<()> {
+        let result = write_atomically(&self.path, snapshot);
         if result.is_err() {
             self.dirty.store(true, Ordering::Release);
         }
@@ -219,7 +227,8 @@ mod tests {
         let path = dir.path().join("consumer_offsets.json");
         let store = OffsetStore::open(&path).unwrap();
         store.set("g", "T", 1, 42);
-        store.persist().unwrap();
+        store.write(&store.snapshot().unwrap()).unwrap();
+        assert_eq!(store.snapshot(), None, "nothing changed since");
         let again = OffsetStore::open(&path).unwrap();
         assert_eq!(again.get("g", "T", 1), Some(42));
         assert_eq!(again.get("g", "T", 0), None);

@@ -1,28 +1,47 @@
 //! The dispatcher: the one thread that turns commit-log records into index
 //! entries. It tails the log from the checkpoint's `dispatched` offset, so
 //! after a crash it simply replays what the indexes may have missed.
+//!
+//! * an ordinary message → an entry in its consume queue;
+//! * a timed message → a timer sent to the wheel's thread;
+//! * a delivery → an entry in the real topic's consume queue pointing at the
+//!   original message record (the body is never copied).
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
+use crossbeam_channel::Sender;
+
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{MessageView, RecordKind};
-use crate::consume_queue::{ConsumeQueue, Entry, QueueRegistry, tag_hash};
-use crate::error::Result;
+use crate::commitlog::record::{DeliveryView, MessageView, RecordKind};
+use crate::consume_queue::{ConsumeQueue, Entry, FLAG_TIMER_DELIVERY, QueueRegistry, tag_hash};
+use crate::error::{CorruptionKind, Error, Result};
+use crate::message::validate_topic;
+use crate::timer::tick::WheelCommand;
+use crate::timer::wheel::Timer;
 
 /// Routes records to the indexes.
 pub(crate) struct Dispatcher {
     log: Arc<CommitLog>,
     queues: Arc<QueueRegistry>,
+    wheel: Sender<WheelCommand>,
     next: u64,
+    queues_per_topic: u32,
     /// Every record below this offset is indexed (read by the flusher for checkpoints).
     progress: Arc<AtomicU64>,
 }
 
 impl Dispatcher {
-    pub fn new(log: Arc<CommitLog>, queues: Arc<QueueRegistry>, from: u64, progress: Arc<AtomicU64>) -> Self {
+    pub fn new(
+        log: Arc<CommitLog>,
+        queues: Arc<QueueRegistry>,
+        wheel: Sender<WheelCommand>,
+        queues_per_topic: u32,
+        from: u64,
+        progress: Arc<AtomicU64>,
+    ) -> Self {
         progress.store(from, Ordering::Release);
-        Self { log, queues, next: from, progress }
+        Self { log, queues, wheel, next: from, queues_per_topic, progress }
     }
 
     /// Indexes every record published so far. Returns how many records it indexed.
@@ -51,28 +70,75 @@ impl Dispatcher {
         // Wake consumers for what was indexed, even if a later record failed.
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());
+        if count > 0 {
+            self.send(WheelCommand::Progress(self.next))?;
+        }
         result
+    }
+
+    fn send(&self, command: WheelCommand) -> Result<()> {
+        self.wheel.send(command).map_err(|_| Error::invalid("dispatch", "the ticking thread has stopped"))
     }
 
     /// Indexes one record; returns the consume queue it went to, if any.
     fn index(&self, offset: u64, kind: RecordKind, bytes: &[u8]) -> Result<Option<Arc<ConsumeQueue>>> {
         match kind {
             RecordKind::Message => {
-                let view = MessageView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
-                let queue = self.queues.get_or_create(view.topic, view.queue_id);
-                queue.append(&Entry {
-                    log_offset: offset,
-                    record_len: bytes.len() as u32,
-                    tag_hash: tag_hash(view.tags),
-                    time_ms: view.store_time_ms,
-                    flags: 0,
-                })?;
-                Ok(Some(queue))
+                let view = self.message(offset, bytes)?;
+                if view.timing.deliver_at_ms != 0 {
+                    let timer = Timer { deliver_at_ms: view.timing.deliver_at_ms, message_offset: offset };
+                    self.send(WheelCommand::Insert(timer))?;
+                    return Ok(None);
+                }
+                self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
             }
-            // Padding is skipped by the log itself; deliveries and cancels
-            // concern the timer, which builds on this dispatcher.
-            RecordKind::Delivery | RecordKind::Cancel | RecordKind::Padding => Ok(None),
+            RecordKind::Delivery => {
+                let delivery =
+                    DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
+                let (queue, _) = self.log.visit_checked(delivery.message_offset, |at, kind, original| {
+                    if kind != RecordKind::Message {
+                        let why = format!("delivery at {offset} names a {kind:?} record");
+                        return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
+                    }
+                    let view = self.message(at, original)?;
+                    self.append_entry(
+                        &view,
+                        at,
+                        original.len(),
+                        delivery.delivered_at_ms,
+                        FLAG_TIMER_DELIVERY,
+                    )
+                })?;
+                queue.map(Some)
+            }
+            // Padding is skipped; cancels concern only the wheel's recovery.
+            RecordKind::Cancel | RecordKind::Padding => Ok(None),
         }
+    }
+
+    /// Parses a message record and checks what it names, since the topic
+    /// becomes a directory name.
+    fn message<'a>(&self, offset: u64, bytes: &'a [u8]) -> Result<MessageView<'a>> {
+        let view = MessageView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
+        if validate_topic(view.topic).is_err() || view.queue_id >= self.queues_per_topic {
+            let why = format!("message record names topic {:?} queue {}", view.topic, view.queue_id);
+            return Err(self.log.corruption_at(offset, CorruptionKind::BadFrame(why)));
+        }
+        Ok(view)
+    }
+
+    fn append_entry(
+        &self,
+        view: &MessageView<'_>,
+        log_offset: u64,
+        record_len: usize,
+        time_ms: u64,
+        flags: u32,
+    ) -> Result<Arc<ConsumeQueue>> {
+        let queue = self.queues.get_or_create(view.topic, view.queue_id);
+        let tag_hash = tag_hash(view.tags);
+        queue.append(&Entry { log_offset, record_len: record_len as u32, tag_hash, time_ms, flags })?;
+        Ok(queue)
     }
 
     pub fn next(&self) -> u64 {

@@ -24,6 +24,11 @@ pub enum Error {
     #[error("{} has format version {found}, this build reads version {supported}", file.display())]
     UnsupportedVersion { file: PathBuf, found: u32, supported: u32 },
 
+    /// Too little disk space is left to start a new segment and still leave
+    /// room for the indexes to grow; nothing was written.
+    #[error("disk full: {} has {available} bytes free, a new segment needs {needed} (with the index reserve)", dir.display())]
+    DiskFull { dir: PathBuf, needed: u64, available: u64 },
+
     /// Another process (or another `Store` in this one) holds the directory.
     #[error("store directory {} is locked by another process", dir.display())]
     Locked { dir: PathBuf },

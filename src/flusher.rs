@@ -17,6 +17,7 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
 use crate::error::Result;
+use crate::timer::tick::WheelShared;
 
 /// What the flusher's channel carries.
 pub(crate) enum FlushSignal {
@@ -30,6 +31,7 @@ pub(crate) struct Flusher {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
     pub offsets: Arc<OffsetStore>,
+    pub wheel: Arc<WheelShared>,
     pub checkpoint: CheckpointFile,
     pub dispatched: Arc<AtomicU64>,
     pub clock: Arc<dyn Clock>,
@@ -66,17 +68,33 @@ impl Flusher {
         let _span = tracing::debug_span!("flush", clean).entered();
         // Read the dispatcher's progress first: the indexes it vouches for are
         // then all in memory, and the log sync below covers the records.
-        let dispatched = self.dispatched.load(Ordering::Acquire);
+        let wheel = *self.wheel.checkpoint.lock().unwrap_or_else(|e| e.into_inner());
+        // A record counts as dispatched once its queue entry or its timer is indexed.
+        let dispatched = self.dispatched.load(Ordering::Acquire).min(wheel.indexed);
+        let offsets = self.offsets.snapshot();
         let log_durable = self.log.flush()?;
         if let Err(e) = self.queues.flush_all() {
             self.log.poison(&e.to_string());
             return Err(e);
         }
-        self.offsets.persist()?;
-        let cp =
-            Checkpoint { log_durable, dispatched, written_at_ms: self.clock.now_ms(), clean, sequence: 0 };
+        if let Some(offsets) = offsets {
+            self.offsets.write(&offsets)?;
+        }
+        let cp = Checkpoint {
+            log_durable,
+            dispatched,
+            written_at_ms: self.clock.now_ms(),
+            tick_second: wheel.tick_second,
+            delivery_scan_from: wheel.delivery_scan_from,
+            timer_log_end: wheel.timer_log_end,
+            clean,
+            sequence: 0,
+        };
         let last = self.checkpoint.last().unwrap_or_default();
-        if clean || (last.log_durable, last.dispatched) != (log_durable, dispatched) {
+        if clean
+            || (last.log_durable, last.dispatched, last.tick_second)
+                != (log_durable, dispatched, cp.tick_second)
+        {
             self.checkpoint.write(cp)?;
         }
         Ok(())

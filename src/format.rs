@@ -23,6 +23,10 @@ const _: () = assert!(HEADER_CRC_OFFSET + 4 == FILE_HEADER_LEN);
 pub(crate) const COMMITLOG_MAGIC: [u8; 8] = *b"DWCLOG\0\0";
 /// Magic of a consume-queue file.
 pub(crate) const CONSUME_QUEUE_MAGIC: [u8; 8] = *b"DWCQUE\0\0";
+/// Magic of a timer-log file.
+pub(crate) const TIMER_LOG_MAGIC: [u8; 8] = *b"DWTLOG\0\0";
+/// Magic of the wheel file.
+pub(crate) const WHEEL_MAGIC: [u8; 8] = *b"DWWHEL\0\0";
 /// The only format version this build reads and writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;
 

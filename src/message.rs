@@ -1,9 +1,12 @@
 //! What users put and what consumers get back.
 
+use std::time::Duration;
+
 use bytes::Bytes;
 
 use crate::config::MAX_TOPIC_LEN;
 use crate::error::{Error, Result};
+use crate::timer::levels::DelayLevels;
 
 /// Longest message key, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
@@ -21,7 +24,23 @@ pub struct Message {
     pub(crate) tags: Option<String>,
     pub(crate) properties: Vec<(String, String)>,
     pub(crate) body: Bytes,
+    pub(crate) timing: When,
 }
+
+/// When a message should be delivered, as the producer asked.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) enum When {
+    #[default]
+    Now,
+    At(u64),
+    After(Duration),
+    Level(u16),
+    /// More than one timing option was set: refused at put.
+    Conflict,
+}
+
+/// The latest deliver time accepted: the last millisecond of the year 9999.
+pub const MAX_DELIVER_AT_MS: u64 = 253_402_300_799_999;
 
 impl Message {
     /// A message for `topic`, delivered at once unless timed.
@@ -33,7 +52,28 @@ impl Message {
             tags: None,
             properties: Vec::new(),
             body: body.into(),
+            timing: When::Now,
         }
+    }
+
+    /// Deliver at this wall-clock time (epoch ms). A time in the past means now.
+    pub fn deliver_at_ms(self, epoch_ms: u64) -> Self {
+        self.timed(When::At(epoch_ms))
+    }
+
+    /// Deliver this long after the message is stored.
+    pub fn delay(self, delay: Duration) -> Self {
+        self.timed(When::After(delay))
+    }
+
+    /// Deliver after legacy delay level `level` (1-based, from the configured table).
+    pub fn delay_level(self, level: u16) -> Self {
+        self.timed(When::Level(level))
+    }
+
+    fn timed(mut self, when: When) -> Self {
+        self.timing = if self.timing == When::Now { when } else { When::Conflict };
+        self
     }
 
     /// Puts the message on this queue of its topic (otherwise the key picks one, or queue 0).
@@ -107,6 +147,34 @@ impl Message {
     }
 }
 
+impl Message {
+    /// The deliver time and level this message asks for, given its store time:
+    /// `(0, 0)` for an ordinary message.
+    pub(crate) fn resolve_timing(&self, store_time_ms: u64, levels: &DelayLevels) -> Result<(u64, u16)> {
+        let at = match self.timing {
+            When::Now => return Ok((0, 0)),
+            When::Conflict => {
+                return Err(Error::invalid("timing", "set only one of deliver_at_ms, delay and delay_level"));
+            }
+            When::At(at) => at,
+            When::After(delay) => {
+                let ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+                store_time_ms.saturating_add(ms)
+            }
+            When::Level(level) => store_time_ms.saturating_add(levels.delay_ms(level)?),
+        };
+        if at > MAX_DELIVER_AT_MS {
+            return Err(Error::invalid(
+                "deliver time",
+                format!("{at} ms is past the clock's range (the end of year 9999, {MAX_DELIVER_AT_MS} ms)"),
+            ));
+        }
+        // 0 marks an ordinary message on disk; a timer due at the epoch is simply due.
+        let level = if let When::Level(level) = self.timing { level } else { 0 };
+        Ok((at.max(1), level))
+    }
+}
+
 /// Topic names become directory names, so they are restricted to a safe alphabet.
 pub(crate) fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() {
@@ -130,6 +198,7 @@ pub struct Receipt {
     pub(crate) offset: u64,
     pub(crate) queue_id: u32,
     pub(crate) store_time_ms: u64,
+    pub(crate) deliver_at_ms: Option<u64>,
 }
 
 impl Receipt {
@@ -145,6 +214,11 @@ impl Receipt {
     pub fn store_time_ms(&self) -> u64 {
         self.store_time_ms
     }
+
+    /// When a timed message is due (`None` for an ordinary message).
+    pub fn deliver_at_ms(&self) -> Option<u64> {
+        self.deliver_at_ms
+    }
 }
 
 /// A message as a consumer sees it. The body is a zero-copy view of the commit log.
@@ -156,6 +230,8 @@ pub struct ConsumedMessage {
     pub(crate) log_offset: u64,
     pub(crate) store_time_ms: u64,
     pub(crate) visible_at_ms: u64,
+    pub(crate) deliver_at_ms: Option<u64>,
+    pub(crate) delay_level: Option<u16>,
     pub(crate) key: Option<String>,
     pub(crate) tags: Option<String>,
     pub(crate) properties: Vec<(String, String)>,
@@ -180,9 +256,18 @@ impl ConsumedMessage {
     pub fn store_time_ms(&self) -> u64 {
         self.store_time_ms
     }
-    /// When the message became visible to consumers (its store time for an ordinary message).
+    /// When the message became visible to consumers: its store time for an
+    /// ordinary message, the time the wheel delivered it for a timed one.
     pub fn delivered_at_ms(&self) -> u64 {
         self.visible_at_ms
+    }
+    /// When a timed message was due (`None` for an ordinary message).
+    pub fn deliver_at_ms(&self) -> Option<u64> {
+        self.deliver_at_ms
+    }
+    /// The legacy delay level it was put with, if any.
+    pub fn delay_level(&self) -> Option<u16> {
+        self.delay_level
     }
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
@@ -220,6 +305,28 @@ mod tests {
         assert!(m.clone().queue_id(4).resolve_queue(4).is_err());
         let a = m.clone().key("order-1").resolve_queue(4).unwrap();
         assert_eq!(a, m.key("order-1").resolve_queue(4).unwrap(), "one key, one queue");
+    }
+
+    #[test]
+    fn timing_resolves_against_the_store_time() {
+        let levels = DelayLevels::default();
+        let m = Message::new("T", "b");
+        assert_eq!(m.resolve_timing(1_000, &levels).unwrap(), (0, 0));
+        assert_eq!(m.clone().deliver_at_ms(5_000).resolve_timing(1_000, &levels).unwrap(), (5_000, 0));
+        assert_eq!(
+            m.clone().delay(Duration::from_secs(2)).resolve_timing(1_000, &levels).unwrap(),
+            (3_000, 0)
+        );
+        assert_eq!(m.clone().delay_level(3).resolve_timing(1_000, &levels).unwrap(), (11_000, 3));
+        assert_eq!(
+            m.clone().deliver_at_ms(0).resolve_timing(1_000, &levels).unwrap(),
+            (1, 0),
+            "past means now"
+        );
+        assert!(m.clone().delay_level(19).resolve_timing(1_000, &levels).is_err());
+        assert!(m.clone().deliver_at_ms(MAX_DELIVER_AT_MS + 1).resolve_timing(0, &levels).is_err());
+        let both = m.deliver_at_ms(5).delay_level(1).resolve_timing(0, &levels).unwrap_err();
+        assert_eq!(both.to_string(), "invalid timing: set only one of deliver_at_ms, delay and delay_level");
     }
 
     #[test]

@@ -14,7 +14,11 @@
 //! process the contract holds because the store takes an exclusive `LOCK` file
 //! (one writer process), readers such as `wheel-dump` use plain `pread`, and a
 //! mapped file is never truncated (deleting a mapped file is fine on Linux; the
-//! pages live until the last map goes). Space is reserved with `fallocate`
+//! pages live until the last map goes). One gap is left to the caller: a
+//! `Bytes` handed out by a closed store still maps its file, so reopening the
+//! same directory in the same process must not rewrite published bytes while
+//! such views live (recovery only rewrites bytes past the recovered end, which a
+//! clean close never leaves behind). Space is reserved with `fallocate`
 //! before a file is mapped, so a full disk is an error at creation, never a
 //! `SIGBUS` on a later write.
 #![allow(unsafe_code)]

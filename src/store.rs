@@ -1,5 +1,5 @@
 //! The façade: `Store` opens (recovering) a directory, owns the background
-//! threads, and offers put, consume and close.
+//! threads, and offers put, consume, stats and close.
 //!
 //! Directory layout (see `wheel-format.md`):
 //! ```text
@@ -7,20 +7,23 @@
 //! checkpoint                             index: where recovery starts
 //! commitlog/<20-digit offset>            TRUTH: every record
 //! consumequeue/<topic>/<queue>/<index>   index: per-queue entries
+//! timer/wheel                            index: the wheel's slots
+//! timer/timerlog/<20-digit index>        index: the slots' timer entries
 //! consumer_offsets.json                  consumer progress
 //! ```
 
+use std::collections::HashSet;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
-use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::checkpoint::{Checkpoint, CheckpointFile};
-use crate::commitlog::record::{Timing, encode_message, message_len};
+use crate::commitlog::record::{DeliveryView, RecordKind, Timing, encode_message, message_len};
 use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport};
 use crate::config::{Config, FlushMode};
 use crate::consume_queue::QueueRegistry;
@@ -29,36 +32,68 @@ use crate::dispatcher::Dispatcher;
 use crate::error::{Error, Result};
 use crate::flusher::{FlushSignal, Flusher};
 use crate::message::{Message, Receipt, validate_topic};
+use crate::stats::{Lateness, Stats};
+use crate::timer::levels::DelayLevels;
+use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
+use crate::timer::wheel::{Resume, Wheel};
 
 /// The consumer group of [`Store::consumer`].
 pub const DEFAULT_GROUP: &str = "default";
 /// How long a sync-mode put waits for the disk before giving up.
 const SYNC_PUT_TIMEOUT: Duration = Duration::from_secs(30);
+/// Commands in flight from the dispatcher to the ticking thread (bounded:
+/// a dispatcher faster than the wheel waits instead of growing memory).
+const WHEEL_QUEUE: usize = 1 << 16;
 
 /// An open store. Dropping it stops its threads; [`close`](Store::close) also reports errors.
 pub struct Store {
     config: Config,
+    levels: DelayLevels,
     log: Arc<CommitLog>,
     queues: Arc<QueueRegistry>,
     offsets: Arc<OffsetStore>,
-    dispatch_wake: Sender<()>,
-    prefault_wake: Sender<()>,
-    flush_signal: Sender<FlushSignal>,
+    wheel: Arc<WheelShared>,
+    /// `true` while puts are accepted; puts hold it shared, close takes it exclusively.
+    accepting: RwLock<bool>,
+    wakes: Wakes,
     threads: Option<Threads>,
     recovery: RecoveryReport,
     _lock: File,
 }
 
-/// The background threads, each with one job.
+/// Senders that wake background threads (each a channel of capacity 1).
+struct Wakes {
+    dispatch: Sender<()>,
+    prefault: Sender<()>,
+    flush: Sender<FlushSignal>,
+}
+
+/// The background threads, each with one job and a name.
 struct Threads {
-    /// Tells the dispatcher and the prefaulter to finish.
-    stop: Arc<AtomicBool>,
-    /// Indexes records into consume queues.
+    /// Tells the dispatcher, the ticker and the prefaulter to finish.
+    stop_dispatch: Arc<AtomicBool>,
+    stop_ticker: Arc<AtomicBool>,
+    stop_prefault: Arc<AtomicBool>,
+    /// `delaywheel-dispatch`: indexes records into consume queues and the wheel.
     dispatcher: JoinHandle<()>,
-    /// Faults in commit-log pages ahead of the writer.
+    /// `delaywheel-tick`: owns the wheel and delivers due timers.
+    ticker: JoinHandle<()>,
+    /// `delaywheel-prefault`: faults commit-log pages in ahead of the writer.
     prefaulter: JoinHandle<()>,
-    /// Syncs to disk and writes checkpoints.
+    /// `delaywheel-flush`: syncs to disk and writes checkpoints.
     flusher: JoinHandle<Result<()>>,
+}
+
+/// What `open` recovered, before the threads start.
+struct Recovered {
+    log: Arc<CommitLog>,
+    report: RecoveryReport,
+    replay_from: u64,
+    checkpoint: CheckpointFile,
+    resume: Option<Resume>,
+    delivered: HashSet<u64>,
+    /// Where the scan for `delivered` started; it stays the scan start until the ticker moves on.
+    delivery_scan_from: u64,
 }
 
 impl Store {
@@ -66,90 +101,118 @@ impl Store {
     /// if it was not closed cleanly.
     pub fn open(config: Config) -> Result<Self> {
         config.validate()?;
+        let levels = DelayLevels::parse(&config.delay_levels)?;
         let dir = config.dir.clone();
         std::fs::create_dir_all(&dir).map_err(|e| Error::io("create directory", &dir, e))?;
         let lock = lock_dir(&dir)?;
         let _span = tracing::info_span!("open", dir = %dir.display()).entered();
 
-        let mut checkpoint = CheckpointFile::open(&dir.join("checkpoint"))?;
-        let last = checkpoint.last();
-        let queue_root = dir.join("consumequeue");
-        // Without a checkpoint or without the queues, rebuild every index from the log's start.
-        let trusted = last.filter(|_| queue_root.exists());
-        let plan = RecoveryPlan {
-            start: trusted.map(|cp| cp.dispatched),
-            durable: last.map_or(0, |cp| cp.log_durable),
-            clean_end: last.filter(|cp| cp.clean).map(|cp| cp.log_durable),
-            mode: config.recovery_mode,
-        };
-        let (log, recovery) = CommitLog::open(&dir.join("commitlog"), config.segment_size, &plan)?;
-        let log = Arc::new(log);
-        // Records the recovery validated may still be only in the page cache.
-        log.flush()?;
-        let replay_from = plan.start.unwrap_or(0).clamp(log.start(), log.write_end());
-        let queues = Arc::new(QueueRegistry::open(&queue_root, config.queue_file_entries, replay_from)?);
+        let recovered = recover(&config)?;
+        let Recovered { log, report, replay_from, mut checkpoint, resume, delivered, delivery_scan_from } =
+            recovered;
+        let queues =
+            Arc::new(QueueRegistry::open(&dir.join("consumequeue"), config.queue_file_entries, replay_from)?);
         let offsets = Arc::new(OffsetStore::open(&dir.join("consumer_offsets.json"))?);
-        // Clear the clean flag before anything is appended.
+        let now_ms = config.clock.now_ms();
+        let wheel =
+            Wheel::open(&dir.join("timer"), config.timer_log_file_entries, now_ms, resume, delivered)?;
+        let wheel_checkpoint = WheelCheckpoint {
+            indexed: replay_from,
+            tick_second: wheel.tick_second(),
+            delivery_scan_from,
+            timer_log_end: wheel.timer_log_end(),
+        };
+        // Clear the clean flag (and record the replay start) before anything is appended.
         checkpoint.write(Checkpoint {
             log_durable: log.durable_end(),
             dispatched: replay_from,
-            written_at_ms: config.clock.now_ms(),
+            written_at_ms: now_ms,
+            tick_second: wheel_checkpoint.tick_second,
+            delivery_scan_from,
+            timer_log_end: wheel_checkpoint.timer_log_end,
             ..Default::default()
         })?;
+        let shared = Arc::new(WheelShared::new(wheel_checkpoint));
 
+        let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
+        let (prefault, prefault_rx) = crossbeam_channel::bounded(1);
+        let (flush, flush_rx) = crossbeam_channel::bounded(1);
+        let (wheel_tx, wheel_rx) = crossbeam_channel::bounded(WHEEL_QUEUE);
         let dispatched = Arc::new(AtomicU64::new(replay_from));
-        let dispatcher =
-            Dispatcher::new(Arc::clone(&log), Arc::clone(&queues), replay_from, Arc::clone(&dispatched));
+        let dispatcher = Dispatcher::new(
+            Arc::clone(&log),
+            Arc::clone(&queues),
+            wheel_tx,
+            config.queues_per_topic,
+            replay_from,
+            Arc::clone(&dispatched),
+        );
+        let ticker = Ticker {
+            wheel,
+            log: Arc::clone(&log),
+            clock: Arc::clone(&config.clock),
+            shared: Arc::clone(&shared),
+            dispatch_wake: dispatch.clone(),
+            flush_interval: config.flush_interval,
+            indexed: replay_from,
+            delivery_scan_from,
+        };
         let flusher = Flusher {
             log: Arc::clone(&log),
             queues: Arc::clone(&queues),
             offsets: Arc::clone(&offsets),
+            wheel: Arc::clone(&shared),
             checkpoint,
             dispatched,
             clock: Arc::clone(&config.clock),
             interval: config.flush_interval,
         };
-        let (dispatch_wake, dispatch_rx) = crossbeam_channel::bounded(1);
-        let (prefault_wake, prefault_rx) = crossbeam_channel::bounded(1);
-        let (flush_signal, flush_rx) = crossbeam_channel::bounded(1);
-        let threads = spawn_threads(dispatcher, dispatch_rx, prefault_rx, flusher, flush_rx)?;
-        tracing::info!(end = recovery.end, replay_from, "store open");
+        let threads =
+            spawn_threads(dispatcher, dispatch_rx, (ticker, wheel_rx), prefault_rx, flusher, flush_rx)?;
+        tracing::info!(end = report.end, replay_from, "store open");
         Ok(Self {
             config,
+            levels,
             log,
             queues,
             offsets,
-            dispatch_wake,
-            prefault_wake,
-            flush_signal,
+            wheel: shared,
+            accepting: RwLock::new(true),
+            wakes: Wakes { dispatch, prefault, flush },
             threads: Some(threads),
-            recovery,
+            recovery: report,
             _lock: lock,
         })
     }
 
     /// Appends a message. In async flush mode it returns once the message is in
-    /// the page cache; in sync mode once it is on disk.
+    /// the page cache (a killed process loses nothing); in sync mode once it is
+    /// on disk. A timed message is delivered into its topic when due.
     pub fn put(&self, message: Message) -> Result<Receipt> {
         message.validate(self.config.max_body_bytes())?;
         let queue_id = message.resolve_queue(self.config.queues_per_topic)?;
-        if self.threads.is_none() {
+        let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
+        if !*accepting {
             return Err(Error::Closed);
         }
         let store_time_ms = self.config.clock.now_ms();
+        let (deliver_at_ms, delay_level) = message.resolve_timing(store_time_ms, &self.levels)?;
+        let timing = Timing { deliver_at_ms, delay_level };
         let len = message_len(&message);
         let (offset, prefault) = self.log.append(len, |buf, offset| {
-            encode_message(buf, offset, &message, queue_id, store_time_ms, Timing::default());
+            encode_message(buf, offset, &message, queue_id, store_time_ms, timing);
         })?;
-        let _ = self.dispatch_wake.try_send(());
+        drop(accepting);
+        let _ = self.wakes.dispatch.try_send(());
         if prefault {
-            let _ = self.prefault_wake.try_send(());
+            let _ = self.wakes.prefault.try_send(());
         }
         if self.config.flush_mode == FlushMode::Sync {
-            let _ = self.flush_signal.try_send(FlushSignal::Wake);
+            let _ = self.wakes.flush.try_send(FlushSignal::Wake);
             self.log.wait_durable(offset + len as u64, SYNC_PUT_TIMEOUT)?;
         }
-        Ok(Receipt { offset, queue_id, store_time_ms })
+        let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
+        Ok(Receipt { offset, queue_id, store_time_ms, deliver_at_ms })
     }
 
     /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`].
@@ -169,6 +232,26 @@ impl Store {
         Ok(Consumer::new(Arc::clone(&self.log), queue, Arc::clone(&self.offsets), group))
     }
 
+    /// Counters and gauges: pending timers (per level and per coming horizon),
+    /// deliveries and their lateness, disk use.
+    pub fn stats(&self) -> Stats {
+        let wheel = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner());
+        Stats {
+            pending: wheel.pending,
+            pending_per_level: wheel.pending_per_level,
+            pending_by_horizon: wheel.pending_by_horizon,
+            delivered: wheel.delivered,
+            reindexed: wheel.reindexed,
+            lateness_ms: Lateness::from_histogram(&wheel.lateness_ms),
+            disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel.disk_bytes,
+        }
+    }
+
+    /// The configured delay-level table.
+    pub fn delay_levels(&self) -> &DelayLevels {
+        &self.levels
+    }
+
     /// What recovery found when this store was opened.
     pub fn recovery_report(&self) -> &RecoveryReport {
         &self.recovery
@@ -176,15 +259,16 @@ impl Store {
 
     /// Bytes of commit-log and consume-queue files.
     pub fn disk_bytes(&self) -> u64 {
-        self.log.disk_bytes() + self.queues.disk_bytes()
+        self.stats().disk_bytes
     }
 
     pub fn dir(&self) -> &Path {
         &self.config.dir
     }
 
-    /// Stops accepting puts, indexes everything written, syncs, writes a clean
-    /// checkpoint and joins the threads.
+    /// Stops accepting puts, indexes everything written, syncs the wheel,
+    /// writes a clean checkpoint and joins the threads. Pending timers stay
+    /// pending and fire after the next open.
     pub fn close(mut self) -> Result<()> {
         self.shutdown()
     }
@@ -193,15 +277,21 @@ impl Store {
         let Some(threads) = self.threads.take() else {
             return Ok(());
         };
-        self.log.close();
-        threads.stop.store(true, Ordering::Release);
-        let _ = self.dispatch_wake.try_send(());
-        let _ = self.prefault_wake.try_send(());
+        *self.accepting.write().unwrap_or_else(|e| e.into_inner()) = false;
+        // The dispatcher first (it feeds the ticker), then the ticker (it
+        // appends deliveries), then the log, then the final flush.
+        threads.stop_dispatch.store(true, Ordering::Release);
+        let _ = self.wakes.dispatch.try_send(());
         let dispatcher = threads.dispatcher.join();
+        threads.stop_ticker.store(true, Ordering::Release);
+        let ticker = threads.ticker.join();
+        self.log.close();
+        threads.stop_prefault.store(true, Ordering::Release);
+        let _ = self.wakes.prefault.try_send(());
         let prefaulter = threads.prefaulter.join();
-        let _ = self.flush_signal.send(FlushSignal::Stop);
+        let _ = self.wakes.flush.send(FlushSignal::Stop);
         let flushed = threads.flusher.join();
-        if dispatcher.is_err() || prefaulter.is_err() {
+        if dispatcher.is_err() || ticker.is_err() || prefaulter.is_err() {
             return Err(Error::invalid("shutdown", "a background thread panicked"));
         }
         flushed.unwrap_or_else(|_| Err(Error::invalid("shutdown", "the flusher thread panicked")))?;
@@ -215,6 +305,54 @@ impl Drop for Store {
             tracing::error!(error = %e, "store did not close cleanly");
         }
     }
+}
+
+/// Recovers the commit log and decides where the indexes resume.
+fn recover(config: &Config) -> Result<Recovered> {
+    let dir = &config.dir;
+    let checkpoint = CheckpointFile::open(&dir.join("checkpoint"))?;
+    let last = checkpoint.last();
+    // The indexes resume from the checkpoint only if they are all there;
+    // otherwise every index is rebuilt from the log's start.
+    let indexes_present = dir.join("consumequeue").exists() && dir.join("timer").join("wheel").exists();
+    let trusted = last.filter(|_| indexes_present);
+    let plan = RecoveryPlan {
+        start: trusted.map(|cp| cp.dispatched),
+        durable: last.map_or(0, |cp| cp.log_durable),
+        clean_end: last.filter(|cp| cp.clean).map(|cp| cp.log_durable),
+        mode: config.recovery_mode,
+    };
+    let (log, report) =
+        CommitLog::open(&dir.join("commitlog"), config.segment_size, config.disk_reserve(), &plan)?;
+    let log = Arc::new(log);
+    // Records the recovery validated may still be only in the page cache.
+    log.flush()?;
+    let replay_from = plan.start.unwrap_or(0).clamp(log.start(), log.write_end());
+    let scan_from = trusted.map_or(log.start(), |cp| cp.delivery_scan_from.min(replay_from)).max(log.start());
+    let delivered = scan_deliveries(&log, scan_from)?;
+    let resume = trusted.map(|cp| Resume { tick_second: cp.tick_second });
+    Ok(Recovered { log, report, replay_from, checkpoint, resume, delivered, delivery_scan_from: scan_from })
+}
+
+/// The messages whose timers fired, from the delivery records after `from`:
+/// the wheel must not deliver them again.
+fn scan_deliveries(log: &CommitLog, from: u64) -> Result<HashSet<u64>> {
+    let _span = tracing::info_span!("scan_deliveries", from).entered();
+    let mut delivered = HashSet::new();
+    let mut at = from;
+    while at < log.write_end() {
+        let (found, next) = log.visit_trusted(at, |offset, kind, bytes| match kind {
+            RecordKind::Delivery => DeliveryView::parse(bytes)
+                .map(|d| Some(d.message_offset))
+                .map_err(|kind| log.corruption_at(offset, kind)),
+            _ => Ok(None),
+        })?;
+        if let Some(message_offset) = found? {
+            delivered.insert(message_offset);
+        }
+        at = next;
+    }
+    Ok(delivered)
 }
 
 /// Takes the directory's `LOCK` file, exclusively.
@@ -236,15 +374,16 @@ fn lock_dir(dir: &Path) -> Result<File> {
 fn spawn_threads(
     mut dispatcher: Dispatcher,
     dispatch_wake: Receiver<()>,
+    (ticker, wheel_commands): (Ticker, Receiver<WheelCommand>),
     prefault_wake: Receiver<()>,
     flusher: Flusher,
     flush_signals: Receiver<FlushSignal>,
 ) -> Result<Threads> {
-    let stop = Arc::new(AtomicBool::new(false));
     let spawn = |name: &str| std::thread::Builder::new().name(format!("delaywheel-{name}"));
     let spawn_err = |e| Error::io("spawn thread", "delaywheel", e);
+    let [stop_dispatch, stop_ticker, stop_prefault] = [(); 3].map(|()| Arc::new(AtomicBool::new(false)));
 
-    let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop));
+    let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop_dispatch));
     let dispatcher = spawn("dispatch")
         .spawn(move || {
             loop {
@@ -262,7 +401,10 @@ fn spawn_threads(
         })
         .map_err(spawn_err)?;
 
-    let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop));
+    let stopping = Arc::clone(&stop_ticker);
+    let ticker = spawn("tick").spawn(move || ticker.run(wheel_commands, stopping)).map_err(spawn_err)?;
+
+    let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop_prefault));
     let prefaulter = spawn("prefault")
         .spawn(move || {
             while !stopping.load(Ordering::Acquire) {
@@ -274,5 +416,5 @@ fn spawn_threads(
         .map_err(spawn_err)?;
 
     let flusher = spawn("flush").spawn(move || flusher.run(flush_signals)).map_err(spawn_err)?;
-    Ok(Threads { stop, dispatcher, prefaulter, flusher })
+    Ok(Threads { stop_dispatch, stop_ticker, stop_prefault, dispatcher, ticker, prefaulter, flusher })
 }

@@ -36,6 +36,21 @@ enum Verify {
 pub(crate) use recovery::RecoveryPlan;
 pub use recovery::RecoveryReport;
 
+/// Where the record at or after `offset` starts: an offset inside a segment's
+/// header moves past it, and the few bytes at the end of a segment that cannot
+/// hold a record header are skipped (the next record starts the next segment).
+pub(crate) fn normalize(offset: u64, segment_size: u64) -> u64 {
+    let local = offset % segment_size;
+    let base = offset - local;
+    if local < FILE_HEADER_LEN as u64 {
+        base + FILE_HEADER_LEN as u64
+    } else if segment_size - local < RECORD_HEADER_LEN as u64 {
+        base + segment_size + FILE_HEADER_LEN as u64
+    } else {
+        offset
+    }
+}
+
 /// The append-only, segmented commit log.
 pub(crate) struct CommitLog {
     dir: PathBuf,
@@ -50,6 +65,8 @@ pub(crate) struct CommitLog {
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     closed: AtomicBool,
+    /// Bytes that must stay free beside a new segment, for the indexes.
+    disk_reserve: u64,
 }
 
 /// The segment being appended to.
@@ -69,7 +86,13 @@ pub(crate) struct Record {
 
 impl CommitLog {
     /// Opens (recovering) or creates the log in `dir`.
-    pub fn open(dir: &Path, segment_size: u64, plan: &RecoveryPlan) -> Result<(Self, RecoveryReport)> {
+    /// A new segment is only started while `disk_reserve` bytes stay free beside it.
+    pub fn open(
+        dir: &Path,
+        segment_size: u64,
+        disk_reserve: u64,
+        plan: &RecoveryPlan,
+    ) -> Result<(Self, RecoveryReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let recovered = recovery::recover(dir, segment_size, plan)?;
         let log = Self {
@@ -84,6 +107,7 @@ impl CommitLog {
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
             closed: AtomicBool::new(false),
+            disk_reserve,
         };
         Ok((log, recovered.report))
     }
@@ -128,6 +152,7 @@ impl CommitLog {
     /// want of space), then pad the old one so readers know to move on.
     fn roll(&self, tail: &mut Tail) -> Result<()> {
         let next_base = tail.base + self.segment_size;
+        self.check_free_space()?;
         let next = segment::create(&self.dir, next_base, self.segment_size)?;
         let local = (tail.end - tail.base) as usize;
         let rest = self.segment_size as usize - local;
@@ -141,19 +166,25 @@ impl CommitLog {
         Ok(())
     }
 
+    /// Refuses a new segment unless the indexes keep their reserve: a full disk
+    /// then stops puts with a clear error instead of stopping index writes later.
+    fn check_free_space(&self) -> Result<()> {
+        let vfs = rustix::fs::statvfs(&self.dir).map_err(|e| Error::io("statvfs", &self.dir, e.into()))?;
+        let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+        let needed = self.segment_size + self.disk_reserve;
+        if available < needed {
+            return Err(Error::DiskFull { dir: self.dir.clone(), needed, available });
+        }
+        Ok(())
+    }
+
     fn segment(&self, base: u64) -> Option<Arc<Mapped>> {
         self.segments.read().unwrap_or_else(|e| e.into_inner()).get(&base).cloned()
     }
 
-    /// Where the record at or after `offset` starts: skips the unusable few
-    /// bytes at the end of a segment that cannot hold a record header.
+    /// Where the record at or after `offset` starts: see [`normalize`].
     fn normalize(&self, offset: u64) -> u64 {
-        let base = offset - offset % self.segment_size;
-        if base + self.segment_size - offset < RECORD_HEADER_LEN as u64 {
-            base + self.segment_size + FILE_HEADER_LEN as u64
-        } else {
-            offset
-        }
+        normalize(offset, self.segment_size)
     }
 
     /// Reads and checks the record at `offset`, which must be below `write_end`.
@@ -181,7 +212,26 @@ impl CommitLog {
         offset: u64,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        let (seg, local, frame) = self.locate(offset, Verify::HeaderOnly)?;
+        self.visit(offset, Verify::HeaderOnly, f)
+    }
+
+    /// Like [`visit_trusted`](Self::visit_trusted), checking the checksum too:
+    /// for records that may predate this process and the last recovery scan.
+    pub fn visit_checked<R>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
+    ) -> Result<(R, u64)> {
+        self.visit(offset, Verify::Checksum, f)
+    }
+
+    fn visit<R>(
+        &self,
+        offset: u64,
+        verify: Verify,
+        f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
+    ) -> Result<(R, u64)> {
+        let (seg, local, frame) = self.locate(offset, verify)?;
         let at = self.normalize(offset);
         let bytes = seg.read(local, frame.len).expect("a checked frame lies in published bytes");
         let next = match frame.kind {

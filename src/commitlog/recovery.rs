@@ -17,7 +17,7 @@ use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FILE_HEADER_LEN, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
-use super::record::{FrameError, RECORD_HEADER_LEN, RecordKind, check_frame};
+use super::record::{FrameError, RecordKind, check_frame};
 use super::segment;
 
 /// What the checkpoint tells recovery.
@@ -75,7 +75,8 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
     let header = FILE_HEADER_LEN as u64;
     let start = plan.start.unwrap_or(first + header).max(first + header);
     let last = bases[bases.len() - 1];
-    if start > last + size {
+    // The dispatcher may stand at the first record of a segment not created yet.
+    if start > last.saturating_add(size + header) {
         let why = format!("checkpoint offset {start} lies past the last segment");
         return Err(Error::corruption(
             segment::segment_path(dir, last),
@@ -86,6 +87,9 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
 
     let (end, problem) = scan(&writers, size, start);
     let mut report = RecoveryReport { end, scanned_bytes: end.saturating_sub(start), ..Default::default() };
+    // Stopping on a missing segment below the durable mark is damage too.
+    let problem =
+        problem.or_else(|| (end < plan.durable).then_some(FrameError::Invalid(CorruptionKind::MissingFile)));
     if let Some(problem) = problem {
         judge(dir, size, plan, end, problem, &mut report)?;
     }
@@ -157,8 +161,8 @@ fn list_segments(dir: &Path, size: u64) -> Result<Vec<u64>> {
     }
     bases.sort_unstable();
     for (i, &base) in bases.iter().enumerate() {
-        let expected = bases[0] + i as u64 * size;
-        if base % size != 0 || base != expected {
+        let expected = (i as u64).checked_mul(size).and_then(|d| bases[0].checked_add(d)).unwrap_or(u64::MAX);
+        if base % size != 0 || base != expected || base > u64::MAX - 2 * size {
             return Err(Error::corruption(
                 segment::segment_path(dir, expected),
                 0,
@@ -172,13 +176,7 @@ fn list_segments(dir: &Path, size: u64) -> Result<Vec<u64>> {
 /// Walks records from `start`; returns the end and why the walk stopped, if
 /// it stopped on something other than a missing segment.
 fn scan(writers: &BTreeMap<u64, MapWriter>, size: u64, start: u64) -> (u64, Option<FrameError>) {
-    let normalize = |at: u64| {
-        if size - at % size < RECORD_HEADER_LEN as u64 {
-            at - at % size + size + FILE_HEADER_LEN as u64
-        } else {
-            at
-        }
-    };
+    let normalize = |at: u64| super::normalize(at, size);
     let mut end = normalize(start);
     loop {
         let base = end - end % size;

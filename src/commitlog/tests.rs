@@ -26,7 +26,7 @@ fn append_bytes(log: &CommitLog, payload: &[u8]) -> u64 {
 #[test]
 fn appends_roll_over_segments_and_read_back() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, report) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let (log, report) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
     assert_eq!(report.end, FILE_HEADER_LEN as u64);
     let payload = vec![7u8; 1000];
     let offsets: Vec<u64> = (0..200).map(|_| append_bytes(&log, &payload)).collect();
@@ -44,14 +44,14 @@ fn appends_roll_over_segments_and_read_back() {
 #[test]
 fn reopen_finds_the_same_end_and_a_torn_tail_is_cut() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
     let first = append_bytes(&log, b"first");
     let second = append_bytes(&log, b"second");
     let end = log.write_end();
     log.flush().unwrap();
     drop(log);
 
-    let (log, report) = CommitLog::open(dir.path(), SEG, &plan(Some(first), first)).unwrap();
+    let (log, report) = CommitLog::open(dir.path(), SEG, 0, &plan(Some(first), first)).unwrap();
     assert_eq!((report.end, report.torn_at), (end, None));
     drop(log);
 
@@ -60,7 +60,7 @@ fn reopen_finds_the_same_end_and_a_torn_tail_is_cut() {
     let mut bytes = std::fs::read(&path).unwrap();
     bytes[second as usize + 14] ^= 0xFF;
     std::fs::write(&path, &bytes).unwrap();
-    let (log, report) = CommitLog::open(dir.path(), SEG, &plan(Some(first), second)).unwrap();
+    let (log, report) = CommitLog::open(dir.path(), SEG, 0, &plan(Some(first), second)).unwrap();
     assert_eq!((report.end, report.torn_at), (second, Some(second)));
     assert_eq!(report.truncated_bytes, end - second);
     assert_eq!(log.read(first).unwrap().bytes.len(), 17);
@@ -75,7 +75,7 @@ fn reopen_finds_the_same_end_and_a_torn_tail_is_cut() {
 #[test]
 fn damage_below_the_durable_mark_is_corruption_unless_lenient() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
     let first = append_bytes(&log, b"first");
     let second = append_bytes(&log, b"second");
     let end = log.write_end();
@@ -86,7 +86,7 @@ fn damage_below_the_durable_mark_is_corruption_unless_lenient() {
     bytes[first as usize + 13] ^= 0x01;
     std::fs::write(&path, &bytes).unwrap();
 
-    let err = CommitLog::open(dir.path(), SEG, &plan(Some(first), end)).err().unwrap();
+    let err = CommitLog::open(dir.path(), SEG, 0, &plan(Some(first), end)).err().unwrap();
     match err {
         Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } } => {
             assert_eq!((file, offset), (path.clone(), first));
@@ -94,7 +94,7 @@ fn damage_below_the_durable_mark_is_corruption_unless_lenient() {
         other => panic!("expected a checksum corruption, got {other}"),
     }
     let lenient = RecoveryPlan { mode: RecoveryMode::Lenient, ..plan(Some(first), end) };
-    let (_log, report) = CommitLog::open(dir.path(), SEG, &lenient).unwrap();
+    let (_log, report) = CommitLog::open(dir.path(), SEG, 0, &lenient).unwrap();
     assert_eq!(report.end, first, "lenient recovery keeps the prefix before the damage");
     assert!(second > first);
 }
@@ -102,17 +102,82 @@ fn damage_below_the_durable_mark_is_corruption_unless_lenient() {
 #[test]
 fn a_missing_middle_segment_is_named() {
     let dir = tempfile::tempdir().unwrap();
-    let (log, _) = CommitLog::open(dir.path(), SEG, &plan(None, 0)).unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
     let payload = vec![1u8; 4000];
     while log.write_end() < 3 * SEG {
         append_bytes(&log, &payload);
     }
     drop(log);
     std::fs::remove_file(segment::segment_path(dir.path(), SEG)).unwrap();
-    let err = CommitLog::open(dir.path(), SEG, &plan(None, 0)).err().unwrap();
+    let err = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).err().unwrap();
     assert!(
         matches!(&err, Error::Corruption { file, kind: CorruptionKind::MissingFile, .. }
             if *file == segment::segment_path(dir.path(), SEG)),
         "{err}"
     );
+}
+
+/// Every record read back in order, as the dispatcher walks them.
+fn walk(log: &CommitLog, from: u64) -> Vec<(u64, usize)> {
+    let mut out = Vec::new();
+    let mut at = from;
+    while at < log.write_end() {
+        let ((kind, len), next) = log.visit_trusted(at, |_, kind, bytes| (kind, bytes.len())).unwrap();
+        if kind != RecordKind::Padding {
+            out.push((at, len));
+        }
+        at = next;
+    }
+    out
+}
+
+#[test]
+fn a_record_that_exactly_fills_a_segment_is_followed_correctly() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    // 16 records of 4094 bytes fill the 65,504 bytes after the header exactly.
+    let payload = vec![9u8; 4094 - record::RECORD_HEADER_LEN];
+    let offsets: Vec<u64> = (0..17).map(|_| append_bytes(&log, &payload)).collect();
+    assert_eq!(offsets[15] + 4094, SEG, "the 16th record ends at the segment's end");
+    assert_eq!(offsets[16], SEG + FILE_HEADER_LEN as u64);
+    assert_eq!(walk(&log, 32).len(), 17);
+    log.close();
+    let end = log.write_end();
+    drop(log);
+    let clean = RecoveryPlan { clean_end: Some(end), ..plan(Some(end), end) };
+    let (log, report) = CommitLog::open(dir.path(), SEG, 0, &clean).unwrap();
+    assert_eq!(report.end, end);
+    assert_eq!(walk(&log, 32).len(), 17);
+}
+
+#[test]
+fn a_segment_ending_a_few_bytes_short_reopens_with_the_dispatcher_past_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let full = vec![1u8; 4094 - record::RECORD_HEADER_LEN];
+    for _ in 0..15 {
+        append_bytes(&log, &full);
+    }
+    append_bytes(&log, &full[..full.len() - 5]);
+    log.close();
+    let end = log.write_end();
+    assert_eq!(SEG - end, 5);
+    drop(log);
+    // The dispatcher's next offset is the first record of a segment not yet created.
+    let next = normalize(end, SEG);
+    assert_eq!(next, SEG + FILE_HEADER_LEN as u64);
+    let (log, report) = CommitLog::open(dir.path(), SEG, 0, &plan(Some(next), end)).unwrap();
+    assert_eq!(report.torn_at, None);
+    assert_eq!(append_bytes(&log, b"next"), next);
+    assert_eq!(walk(&log, 32).len(), 17);
+}
+
+#[test]
+fn normalize_skips_headers_and_short_tails() {
+    let h = FILE_HEADER_LEN as u64;
+    assert_eq!(normalize(0, SEG), h);
+    assert_eq!(normalize(h, SEG), h);
+    assert_eq!(normalize(SEG, SEG), SEG + h);
+    assert_eq!(normalize(SEG - 12, SEG), SEG - 12);
+    assert_eq!(normalize(SEG - 11, SEG), SEG + h);
 }

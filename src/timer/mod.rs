@@ -1,0 +1,11 @@
+//! Timed delivery: one persisted hierarchical wheel for arbitrary deliver
+//! times and legacy delay levels alike, and the one thread that ticks it.
+//!
+//! `wheel.rs` is the wheel (slots in a mapped file, pure `tick(now_ms)`),
+//! `log.rs` the timer log its slots chain through, `levels.rs` the legacy
+//! level table. The wheel and the timer log are indexes of the commit log.
+
+pub(crate) mod levels;
+pub(crate) mod log;
+pub(crate) mod tick;
+pub(crate) mod wheel;

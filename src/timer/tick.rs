@@ -1,0 +1,218 @@
+//! The one ticking thread. It owns the wheel: it indexes the timers the
+//! dispatcher sends it, feeds the wheel the clock's time (`Wheel::tick` is a
+//! pure step), appends a delivery record for every timer that comes due, and
+//! periodically syncs the wheel and publishes what a checkpoint may vouch for.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
+use hdrhistogram::Histogram;
+
+use crate::clock::Clock;
+use crate::commitlog::CommitLog;
+use crate::commitlog::record::{DELIVERY_LEN, encode_delivery};
+use crate::error::Result;
+use crate::timer::wheel::{Timer, Wheel};
+
+/// The longest the thread sleeps without looking at the clock again, so a
+/// clock that jumps (or a manual clock moved by a test) is noticed quickly.
+const MAX_SLEEP: Duration = Duration::from_millis(20);
+/// The horizons of `pending_by_horizon`: 5 s, 1 min, 5 min, 1 h, 1 d.
+pub(crate) const HORIZONS_MS: [u64; 5] = [5_000, 60_000, 300_000, 3_600_000, 86_400_000];
+/// How often the gauges are refreshed (one pass over the slot counts).
+const STATS_INTERVAL: Duration = Duration::from_secs(1);
+/// Commands handled between two looks at the clock.
+const COMMAND_BATCH: usize = 4096;
+
+/// What the dispatcher tells the wheel, in commit-log order.
+#[derive(Debug)]
+pub(crate) enum WheelCommand {
+    /// Index this timer.
+    Insert(Timer),
+    /// Every timed record below this commit-log offset has been sent.
+    Progress(u64),
+}
+
+/// What a checkpoint may vouch for on the wheel's behalf, as of its last sync.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct WheelCheckpoint {
+    /// Timers of every record below this commit-log offset are in the synced wheel.
+    pub indexed: u64,
+    /// Every timer due before this second has been delivered.
+    pub tick_second: u64,
+    /// Delivery records of timers due at or after `tick_second` lie at or after this offset.
+    pub delivery_scan_from: u64,
+    /// The timer log's end at the sync.
+    pub timer_log_end: u64,
+}
+
+/// Counters and gauges the thread publishes for `Store::stats`.
+#[derive(Debug, Clone)]
+pub(crate) struct WheelStats {
+    pub pending: u64,
+    pub pending_per_level: [u64; 3],
+    /// Pending timers due within 5 s, 1 min, 5 min, 1 h, 1 d, and beyond.
+    pub pending_by_horizon: [u64; 6],
+    pub delivered: u64,
+    pub reindexed: u64,
+    pub lateness_ms: Histogram<u64>,
+    pub disk_bytes: u64,
+}
+
+/// State shared between the ticking thread and the rest of the store.
+pub(crate) struct WheelShared {
+    pub checkpoint: Mutex<WheelCheckpoint>,
+    pub stats: Mutex<WheelStats>,
+    pub failed: AtomicBool,
+}
+
+impl WheelShared {
+    pub fn new(checkpoint: WheelCheckpoint) -> Self {
+        let lateness = Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds");
+        Self {
+            checkpoint: Mutex::new(checkpoint),
+            stats: Mutex::new(WheelStats {
+                pending: 0,
+                pending_per_level: [0; 3],
+                pending_by_horizon: [0; 6],
+                delivered: 0,
+                reindexed: 0,
+                lateness_ms: lateness,
+                disk_bytes: 0,
+            }),
+            failed: AtomicBool::new(false),
+        }
+    }
+}
+
+pub(crate) struct Ticker {
+    pub wheel: Wheel,
+    pub log: Arc<CommitLog>,
+    pub clock: Arc<dyn Clock>,
+    pub shared: Arc<WheelShared>,
+    /// Woken after delivery records are appended.
+    pub dispatch_wake: Sender<()>,
+    pub flush_interval: Duration,
+    /// The latest `Progress` received.
+    pub indexed: u64,
+    pub delivery_scan_from: u64,
+}
+
+impl Ticker {
+    /// The thread's body: runs until `stop` is set and the command channel is
+    /// drained (or disconnected), then syncs the wheel one last time.
+    pub fn run(mut self, commands: Receiver<WheelCommand>, stop: Arc<AtomicBool>) {
+        if let Err(e) = self.run_inner(&commands, &stop) {
+            tracing::error!(error = %e, "the ticking thread stopped");
+            self.shared.failed.store(true, Ordering::Release);
+            self.log.poison(&format!("timing wheel: {e}"));
+        }
+    }
+
+    fn run_inner(&mut self, commands: &Receiver<WheelCommand>, stop: &AtomicBool) -> Result<()> {
+        let mut last_sync = Instant::now();
+        let mut last_stats = Instant::now();
+        self.publish_stats()?;
+        loop {
+            for command in commands.try_iter().take(COMMAND_BATCH) {
+                self.handle(command)?;
+            }
+            if stop.load(Ordering::Acquire) && commands.is_empty() {
+                return self.sync();
+            }
+            let now_ms = self.clock.now_ms();
+            self.deliver_due(now_ms)?;
+            if last_sync.elapsed() >= self.flush_interval {
+                self.sync()?;
+                last_sync = Instant::now();
+            }
+            if last_stats.elapsed() >= STATS_INTERVAL {
+                self.publish_stats()?;
+                last_stats = Instant::now();
+            }
+            match commands.recv_timeout(self.sleep_for(now_ms)) {
+                Ok(command) => self.handle(command)?,
+                Err(RecvTimeoutError::Timeout) => {}
+                Err(RecvTimeoutError::Disconnected) => return self.sync(),
+            }
+        }
+    }
+
+    fn handle(&mut self, command: WheelCommand) -> Result<()> {
+        match command {
+            WheelCommand::Insert(timer) => self.wheel.insert(timer),
+            WheelCommand::Progress(offset) => {
+                self.indexed = offset;
+                Ok(())
+            }
+        }
+    }
+
+    /// How long to sleep: until the next timer is due or the next second
+    /// must be prefetched, never longer than [`MAX_SLEEP`].
+    fn sleep_for(&self, now_ms: u64) -> Duration {
+        let next_second = (now_ms / 1000 + 1) * 1000;
+        let next = self.wheel.next_due_ms().map_or(next_second, |due| due.min(next_second));
+        Duration::from_millis(next.saturating_sub(now_ms)).min(MAX_SLEEP)
+    }
+
+    /// Delivers every timer due at `now_ms`: one delivery record each.
+    fn deliver_due(&mut self, now_ms: u64) -> Result<()> {
+        let tick_second_before = self.wheel.tick_second();
+        let log_before = self.log.write_end();
+        let due = {
+            let _span = tracing::trace_span!("tick", now_ms).entered();
+            self.wheel.tick(now_ms)?
+        };
+        if !due.is_empty() {
+            let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
+            let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+            for timer in &due {
+                self.log.append(DELIVERY_LEN, |buf, offset| {
+                    encode_delivery(buf, offset, now_ms, timer.message_offset);
+                })?;
+                stats.lateness_ms.saturating_record(now_ms - timer.deliver_at_ms);
+            }
+            stats.delivered += due.len() as u64;
+            let _ = self.dispatch_wake.try_send(());
+        }
+        if self.wheel.tick_second() != tick_second_before {
+            // Timers of the new tick second may have been delivered in this
+            // round: their records are after `log_before`, not after now.
+            self.delivery_scan_from = log_before;
+        }
+        Ok(())
+    }
+
+    /// Syncs the wheel and publishes what it now vouches for.
+    fn sync(&mut self) -> Result<()> {
+        let indexed = self.indexed;
+        self.wheel.flush()?;
+        let snapshot = WheelCheckpoint {
+            indexed,
+            tick_second: self.wheel.tick_second(),
+            delivery_scan_from: self.delivery_scan_from,
+            timer_log_end: self.wheel.timer_log_end(),
+        };
+        *self.shared.checkpoint.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        Ok(())
+    }
+
+    fn publish_stats(&mut self) -> Result<()> {
+        let now_ms = self.clock.now_ms();
+        let bounds = HORIZONS_MS.map(|ahead| now_ms.saturating_add(ahead));
+        let counts = self.wheel.pending_by_due_time(&bounds)?;
+        let mut horizon = [0u64; 6];
+        horizon.copy_from_slice(&counts);
+        let pending = self.wheel.pending();
+        let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        stats.pending = pending;
+        stats.pending_per_level = self.wheel.pending_per_level();
+        stats.pending_by_horizon = horizon;
+        stats.reindexed = self.wheel.reindexed();
+        stats.disk_bytes = self.wheel.disk_bytes();
+        Ok(())
+    }
+}

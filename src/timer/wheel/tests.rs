@@ -1,0 +1,166 @@
+use std::collections::BTreeMap;
+
+use proptest::prelude::*;
+
+use super::*;
+
+const START_MS: u64 = 1_700_000_000_123;
+const HOUR: u64 = 3_600_000;
+const DAY: u64 = 24 * HOUR;
+const YEAR: u64 = 365 * DAY;
+
+fn wheel(dir: &Path, now_ms: u64) -> Wheel {
+    Wheel::open(dir, 1 << 12, now_ms, None, HashSet::new()).unwrap()
+}
+
+fn timer(deliver_at_ms: u64, message_offset: u64) -> Timer {
+    Timer { deliver_at_ms, message_offset }
+}
+
+#[test]
+fn placement_boundaries() {
+    let cur = 1 << 20;
+    assert_eq!(place(cur - 1, cur), None, "a past second is due");
+    assert_eq!(place(cur, cur), Some((0, cur)));
+    assert_eq!(place(cur + L0_SPAN - 1, cur), Some((0, cur + L0_SPAN - 1)));
+    assert_eq!(place(cur + L0_SPAN, cur), Some((1, (cur + L0_SPAN) >> 15)));
+    let l1_limit = ((cur >> 15) + LEVELS[1].slots) << 15;
+    assert_eq!(place(l1_limit - 1, cur), Some((1, (l1_limit - 1) >> 15)));
+    assert_eq!(place(l1_limit, cur), Some((2, l1_limit >> 27)));
+    let last = crate::message::MAX_DELIVER_AT_MS / 1000;
+    assert!(last >> 27 < LEVELS[2].slots, "level 2 reaches past the year 9999 without wrapping");
+}
+
+#[test]
+fn timers_come_out_at_their_millisecond_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    for (i, at) in [START_MS + 2_500, START_MS + 900, START_MS + 2_500, START_MS - 50].iter().enumerate() {
+        w.insert(timer(*at, i as u64 * 100 + 32)).unwrap();
+    }
+    assert_eq!(w.pending(), 4);
+    assert_eq!(w.tick(START_MS).unwrap(), [timer(START_MS - 50, 332)], "the past one is due at once");
+    assert_eq!(w.tick(START_MS + 899).unwrap(), []);
+    assert_eq!(w.tick(START_MS + 900).unwrap(), [timer(START_MS + 900, 132)]);
+    assert_eq!(w.tick(START_MS + 2_499).unwrap(), []);
+    assert_eq!(
+        w.tick(START_MS + 10_000).unwrap(),
+        [timer(START_MS + 2_500, 32), timer(START_MS + 2_500, 232)],
+        "same millisecond: put (offset) order"
+    );
+    assert_eq!(w.pending(), 0);
+}
+
+#[test]
+fn far_timers_cascade_and_arrive_on_time_reindexed_once_per_level() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    let aheads = [HOUR, DAY, 30 * DAY, 10 * YEAR, 100 * YEAR];
+    for (i, ahead) in aheads.iter().enumerate() {
+        w.insert(timer(START_MS + ahead + 7, 32 + i as u64)).unwrap();
+    }
+    assert_eq!(w.pending_per_level(), [1, 2, 2], "1 h on level 0, 1 and 30 days on 1, 10 and 100 years on 2");
+    for (i, ahead) in aheads.iter().enumerate() {
+        let due = START_MS + ahead + 7;
+        assert_eq!(w.tick(due - 1).unwrap(), [], "never early: {ahead} ms ahead");
+        assert_eq!(w.tick(due).unwrap(), [timer(due, 32 + i as u64)]);
+    }
+    // 1 d and 30 d descend one level each; 10 and 100 years two each.
+    assert_eq!(w.reindexed(), 1 + 1 + 2 + 2);
+}
+
+#[test]
+fn a_corrupt_slot_is_an_error_naming_file_and_offset() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    w.insert(timer(START_MS + 5_000, 32)).unwrap();
+    w.flush().unwrap();
+    let sec = (START_MS + 5_000) / 1000;
+    let at = FILE_HEADER_LEN as u64 + slot_index(0, sec) * SLOT_LEN as u64;
+    drop(w);
+    let path = dir.path().join("wheel");
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[at as usize + S_COUNT] ^= 0x04;
+    std::fs::write(&path, bytes).unwrap();
+    let resume = Resume { tick_second: START_MS / 1000 };
+    let err = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), HashSet::new()).err().unwrap();
+    assert!(
+        matches!(&err, Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } }
+            if *file == path && *offset == at),
+        "{err}"
+    );
+}
+
+#[test]
+fn reopening_resumes_where_it_stopped_without_redelivering() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    w.insert(timer(START_MS + 1_000, 32)).unwrap();
+    w.insert(timer(START_MS + 1_500, 64)).unwrap();
+    w.insert(timer(START_MS + DAY, 96)).unwrap();
+    assert_eq!(w.tick(START_MS + 1_200).unwrap(), [timer(START_MS + 1_000, 32)]);
+    let resume = Resume { tick_second: w.tick_second() };
+    w.flush().unwrap();
+    drop(w);
+    let delivered = HashSet::from([32]);
+    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS + 1_200, Some(resume), delivered).unwrap();
+    assert_eq!(w.tick(START_MS + 2_000).unwrap(), [timer(START_MS + 1_500, 64)]);
+    assert_eq!(w.tick(START_MS + DAY).unwrap(), [timer(START_MS + DAY, 96)]);
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// Put a timer this many ms from now (may be negative: in the past).
+    Put(i64),
+    /// Move the clock forward.
+    Advance(u64),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (-5_000i64..5_000).prop_map(Op::Put),
+        3 => (0i64..(2 * DAY) as i64).prop_map(Op::Put),
+        1 => (0i64..(20 * YEAR) as i64).prop_map(Op::Put),
+        1 => (0i64..(150 * YEAR) as i64).prop_map(Op::Put),
+        3 => (0u64..3_000).prop_map(Op::Advance),
+        1 => (0u64..(3 * DAY)).prop_map(Op::Advance),
+        1 => (0u64..(40 * YEAR)).prop_map(Op::Advance),
+    ]
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    /// The wheel hands out exactly what a `BTreeMap` of deliver times says,
+    /// in its order, never early.
+    #[test]
+    fn the_wheel_matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..80)) {
+        let dir = tempfile::tempdir().unwrap();
+        let mut now = START_MS;
+        let mut w = wheel(dir.path(), now);
+        let mut model: BTreeMap<(u64, u64), ()> = BTreeMap::new();
+        let mut next_offset = 32;
+        for op in ops {
+            match op {
+                Op::Put(ahead) => {
+                    let at = now.saturating_add_signed(ahead).max(1);
+                    w.insert(timer(at, next_offset)).unwrap();
+                    model.insert((at, next_offset), ());
+                    next_offset += 64;
+                }
+                Op::Advance(by) => {
+                    now += by;
+                    let got = w.tick(now).unwrap();
+                    let still_pending = model.split_off(&(now + 1, 0));
+                    let want: Vec<Timer> = model.keys().map(|&(at, off)| timer(at, off)).collect();
+                    model = still_pending;
+                    for t in &got {
+                        prop_assert!(t.deliver_at_ms <= now, "early: {:?} at {}", t, now);
+                    }
+                    prop_assert_eq!(got, want);
+                    prop_assert_eq!(w.pending(), model.len() as u64);
+                }
+            }
+        }
+    }
+}

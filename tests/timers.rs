@@ -1,0 +1,97 @@
+//! Timed messages through the public API, with a manual clock.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use delaywheel::{Error, ManualClock, Message, Store};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn store_at(dir: &std::path::Path, clock: &ManualClock) -> Store {
+    Store::open(small_config(dir).with_clock(clock.clone())).unwrap()
+}
+
+#[test]
+fn timed_messages_arrive_when_due_and_not_before() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let at = store.put(Message::new("T", "at").deliver_at_ms(T0 + 2_500)).unwrap();
+    let level = store.put(Message::new("T", "level-2").delay_level(2)).unwrap();
+    let now = store.put(Message::new("T", "now")).unwrap();
+    assert_eq!(at.deliver_at_ms(), Some(T0 + 2_500));
+    assert_eq!(level.deliver_at_ms(), Some(T0 + 5_000));
+    assert_eq!(now.deliver_at_ms(), None);
+
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&drain_idle(&mut consumer, 3, Duration::from_millis(300))), ["now"]);
+    clock.set_ms(T0 + 2_499);
+    assert!(consumer.poll(1, Duration::from_millis(300)).unwrap().is_empty(), "not a millisecond early");
+    clock.set_ms(T0 + 2_500);
+    let got = consumer.poll(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(bodies(&got), ["at"]);
+    assert_eq!(got[0].deliver_at_ms(), Some(T0 + 2_500));
+    assert!(got[0].delivered_at_ms() >= T0 + 2_500);
+    assert_eq!(got[0].log_offset(), at.offset(), "delivery points at the original record");
+    clock.set_ms(T0 + 60_000);
+    let got = consumer.poll(1, Duration::from_secs(5)).unwrap();
+    assert_eq!(bodies(&got), ["level-2"]);
+    assert_eq!(got[0].delay_level(), Some(2));
+    let stats = store.stats();
+    assert_eq!(stats.delivered, 2);
+    store.close().unwrap();
+}
+
+#[test]
+fn pending_timers_survive_a_clean_close_and_fire_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    store.put(Message::new("T", "soon").deliver_at_ms(T0 + 1_000)).unwrap();
+    store.put(Message::new("T", "later").deliver_at_ms(T0 + 90_000)).unwrap();
+    store.put(Message::new("T", "next-year").deliver_at_ms(T0 + 365 * 86_400_000)).unwrap();
+    clock.set_ms(T0 + 1_000);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&consumer.poll(1, Duration::from_secs(5)).unwrap()), ["soon"]);
+    consumer.commit();
+    drop(consumer);
+    store.close().unwrap();
+
+    let store = store_at(dir.path(), &clock);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert!(consumer.poll(1, Duration::from_millis(300)).unwrap().is_empty(), "soon is not delivered twice");
+    clock.set_ms(T0 + 90_000);
+    assert_eq!(bodies(&consumer.poll(1, Duration::from_secs(5)).unwrap()), ["later"]);
+    clock.set_ms(T0 + 365 * 86_400_000);
+    assert_eq!(bodies(&consumer.poll(1, Duration::from_secs(5)).unwrap()), ["next-year"]);
+}
+
+#[test]
+fn bad_timing_is_refused_and_nothing_is_stored() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let cases = [
+        (Message::new("T", "x").delay_level(19), "invalid delay level: 19 is not between 1 and 18"),
+        (Message::new("T", "x").delay_level(0), "invalid delay level: 0 is not between 1 and 18"),
+        (
+            Message::new("T", "x").deliver_at_ms(T0).delay(Duration::from_secs(1)),
+            "invalid timing: set only one of deliver_at_ms, delay and delay_level",
+        ),
+    ];
+    for (msg, text) in cases {
+        let err = store.put(msg).unwrap_err();
+        assert!(matches!(err, Error::Invalid { .. }));
+        assert_eq!(err.to_string(), text);
+    }
+    assert!(store.put(Message::new("T", "x").deliver_at_ms(u64::MAX)).is_err());
+    clock.set_ms(T0 + 10 * 86_400_000);
+    assert_eq!(store.stats().pending, 0);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert!(consumer.poll(1, Duration::from_millis(200)).unwrap().is_empty());
+    drop(store);
+    let err = Store::open(small_config(dir.path()).with_delay_levels("1s 5x")).err().unwrap();
+    assert!(err.to_string().contains("\"5x\" needs a unit"), "{err}");
+}
