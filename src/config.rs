@@ -48,6 +48,7 @@ pub struct Config {
     pub(crate) delay_levels: String,
     pub(crate) timer_log_file_entries: u64,
     pub(crate) disk_reserve: Option<u64>,
+    pub(crate) deliver: bool,
 }
 
 /// The smallest segment size accepted (tests use it to roll segments quickly).
@@ -72,6 +73,7 @@ impl Config {
             delay_levels: DEFAULT_DELAY_LEVELS.to_string(),
             timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
             disk_reserve: None,
+            deliver: true,
         }
     }
 
@@ -94,6 +96,13 @@ impl Config {
         let timer_log_file = 32 + self.timer_log_file_entries * crate::timer::log::ENTRY_LEN as u64;
         let queue_file = 32 + self.queue_file_entries * crate::consume_queue::ENTRY_LEN as u64;
         self.disk_reserve.unwrap_or(2 * (timer_log_file + queue_file))
+    }
+
+    /// Whether the ticking thread delivers due timers (default). With `false`
+    /// the store recovers and indexes but fires nothing: for inspection.
+    pub fn with_delivery(mut self, deliver: bool) -> Self {
+        self.deliver = deliver;
+        self
     }
 
     /// Entries per timer-log file (default 2 Mi, 56 MiB files).

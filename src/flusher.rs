@@ -17,7 +17,7 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
 use crate::error::Result;
-use crate::timer::tick::WheelShared;
+use crate::timer::tick::{WheelCheckpoint, WheelShared};
 
 /// What the flusher's channel carries.
 pub(crate) enum FlushSignal {
@@ -63,12 +63,28 @@ impl Flusher {
         }
     }
 
+    /// Syncs the files of the ticker's latest snapshot; returns the newest snapshot synced.
+    fn sync_wheel(&self) -> Result<WheelCheckpoint> {
+        let to_sync = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let mut synced = self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some((snapshot, files)) = to_sync {
+            for file in files {
+                if let Err(e) = file.flush(0, file.len()) {
+                    self.log.poison(&e.to_string());
+                    return Err(e);
+                }
+            }
+            *synced = snapshot;
+        }
+        Ok(*synced)
+    }
+
     /// Syncs log, indexes and offsets, then checkpoints what was synced.
     pub fn cycle(&mut self, clean: bool) -> Result<()> {
         let _span = tracing::debug_span!("flush", clean).entered();
         // Read the dispatcher's progress first: the indexes it vouches for are
         // then all in memory, and the log sync below covers the records.
-        let wheel = *self.wheel.checkpoint.lock().unwrap_or_else(|e| e.into_inner());
+        let wheel = self.sync_wheel()?;
         // A record counts as dispatched once its queue entry or its timer is indexed.
         let dispatched = self.dispatched.load(Ordering::Acquire).min(wheel.indexed);
         let offsets = self.offsets.snapshot();

@@ -56,6 +56,7 @@ pub struct Store {
     /// `true` while puts are accepted; puts hold it shared, close takes it exclusively.
     accepting: RwLock<bool>,
     wakes: Wakes,
+    dispatched: Arc<AtomicU64>,
     threads: Option<Threads>,
     recovery: RecoveryReport,
     _lock: File,
@@ -114,8 +115,14 @@ impl Store {
             Arc::new(QueueRegistry::open(&dir.join("consumequeue"), config.queue_file_entries, replay_from)?);
         let offsets = Arc::new(OffsetStore::open(&dir.join("consumer_offsets.json"))?);
         let now_ms = config.clock.now_ms();
-        let wheel =
-            Wheel::open(&dir.join("timer"), config.timer_log_file_entries, now_ms, resume, delivered)?;
+        let wheel = Wheel::open(
+            &dir.join("timer"),
+            config.timer_log_file_entries,
+            now_ms,
+            resume,
+            delivered,
+            delivery_scan_from,
+        )?;
         let wheel_checkpoint = WheelCheckpoint {
             indexed: replay_from,
             tick_second: wheel.tick_second(),
@@ -147,6 +154,7 @@ impl Store {
             replay_from,
             Arc::clone(&dispatched),
         );
+        let dispatch_progress = Arc::clone(&dispatched);
         let ticker = Ticker {
             wheel,
             log: Arc::clone(&log),
@@ -154,8 +162,8 @@ impl Store {
             shared: Arc::clone(&shared),
             dispatch_wake: dispatch.clone(),
             flush_interval: config.flush_interval,
+            deliver: config.deliver,
             indexed: replay_from,
-            delivery_scan_from,
         };
         let flusher = Flusher {
             log: Arc::clone(&log),
@@ -179,6 +187,7 @@ impl Store {
             wheel: shared,
             accepting: RwLock::new(true),
             wakes: Wakes { dispatch, prefault, flush },
+            dispatched: dispatch_progress,
             threads: Some(threads),
             recovery: report,
             _lock: lock,
@@ -244,6 +253,8 @@ impl Store {
             reindexed: wheel.reindexed,
             lateness_ms: Lateness::from_histogram(&wheel.lateness_ms),
             disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel.disk_bytes,
+            dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
+            refreshes: wheel.refreshes,
         }
     }
 

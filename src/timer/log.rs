@@ -77,8 +77,6 @@ pub(crate) struct TimerLog {
     files: BTreeMap<u64, MapWriter>,
     /// Index the next entry gets.
     end: u64,
-    /// Entries below this index are synced.
-    flushed: u64,
 }
 
 impl TimerLog {
@@ -86,7 +84,7 @@ impl TimerLog {
     /// otherwise the first unwritten entry; entries past the end are zeroed.
     pub fn open(dir: &Path, per_file: u64, end: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
-        let mut log = Self { dir: dir.to_path_buf(), per_file, files: BTreeMap::new(), end: 1, flushed: 1 };
+        let mut log = Self { dir: dir.to_path_buf(), per_file, files: BTreeMap::new(), end: 1 };
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
             let Some(first) = parse_numbered_file_name(&entry.file_name().to_string_lossy()) else {
@@ -101,7 +99,6 @@ impl TimerLog {
             Some(end) => end.max(1),
             None => log.scan_end()?,
         };
-        log.flushed = log.end;
         log.cut_after_end()?;
         Ok(log)
     }
@@ -181,19 +178,9 @@ impl TimerLog {
         })
     }
 
-    /// Syncs entries appended since the last flush.
-    pub fn flush(&mut self) -> Result<()> {
-        let mut index = self.flushed;
-        while index < self.end {
-            let (file_no, at) = self.position(index);
-            let in_file = (self.per_file - index % self.per_file).min(self.end - index);
-            if let Some(writer) = self.files.get(&file_no) {
-                writer.shared().flush(at, in_file as usize * ENTRY_LEN)?;
-            }
-            index += in_file;
-        }
-        self.flushed = self.end;
-        Ok(())
+    /// Every timer-log file, oldest first.
+    pub fn files(&self) -> Vec<std::sync::Arc<Mapped>> {
+        self.files.values().map(|w| std::sync::Arc::clone(w.shared())).collect()
     }
 
     /// Bytes of the timer-log files.
@@ -226,7 +213,6 @@ mod tests {
             assert_eq!(index, i);
         }
         assert_eq!(log.read_linked(13).unwrap().message_offset, 1300);
-        log.flush().unwrap();
         drop(log);
         let log = TimerLog::open(dir.path(), 8, None).unwrap();
         assert_eq!(log.end(), 21);

@@ -6,6 +6,7 @@
 //! level table. The wheel and the timer log are indexes of the commit log.
 
 pub(crate) mod levels;
+mod loaded;
 pub(crate) mod log;
 pub(crate) mod tick;
 pub(crate) mod wheel;

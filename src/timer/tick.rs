@@ -14,6 +14,7 @@ use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::commitlog::record::{DELIVERY_LEN, encode_delivery};
 use crate::error::Result;
+use crate::mmap::Mapped;
 use crate::timer::wheel::{Timer, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
@@ -59,11 +60,17 @@ pub(crate) struct WheelStats {
     pub reindexed: u64,
     pub lateness_ms: Histogram<u64>,
     pub disk_bytes: u64,
+    /// How many times the gauges were refreshed (about once a second).
+    pub refreshes: u64,
 }
 
 /// State shared between the ticking thread and the rest of the store.
 pub(crate) struct WheelShared {
-    pub checkpoint: Mutex<WheelCheckpoint>,
+    /// The ticker's latest snapshot and the files that must be synced before
+    /// a checkpoint may claim it (the flusher syncs them, off the ticker's path).
+    pub to_sync: Mutex<Option<(WheelCheckpoint, Vec<Arc<Mapped>>)>>,
+    /// The latest snapshot whose files have been synced.
+    pub synced: Mutex<WheelCheckpoint>,
     pub stats: Mutex<WheelStats>,
     pub failed: AtomicBool,
 }
@@ -72,7 +79,8 @@ impl WheelShared {
     pub fn new(checkpoint: WheelCheckpoint) -> Self {
         let lateness = Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds");
         Self {
-            checkpoint: Mutex::new(checkpoint),
+            to_sync: Mutex::new(None),
+            synced: Mutex::new(checkpoint),
             stats: Mutex::new(WheelStats {
                 pending: 0,
                 pending_per_level: [0; 3],
@@ -81,6 +89,7 @@ impl WheelShared {
                 reindexed: 0,
                 lateness_ms: lateness,
                 disk_bytes: 0,
+                refreshes: 0,
             }),
             failed: AtomicBool::new(false),
         }
@@ -95,9 +104,10 @@ pub(crate) struct Ticker {
     /// Woken after delivery records are appended.
     pub dispatch_wake: Sender<()>,
     pub flush_interval: Duration,
+    /// `false`: index only, deliver nothing (`delaywheel recover`).
+    pub deliver: bool,
     /// The latest `Progress` received.
     pub indexed: u64,
-    pub delivery_scan_from: u64,
 }
 
 impl Ticker {
@@ -123,7 +133,9 @@ impl Ticker {
                 return self.sync();
             }
             let now_ms = self.clock.now_ms();
-            self.deliver_due(now_ms)?;
+            if self.deliver {
+                self.deliver_due(now_ms)?;
+            }
             if last_sync.elapsed() >= self.flush_interval {
                 self.sync()?;
                 last_sync = Instant::now();
@@ -160,11 +172,9 @@ impl Ticker {
 
     /// Delivers every timer due at `now_ms`: one delivery record each.
     fn deliver_due(&mut self, now_ms: u64) -> Result<()> {
-        let tick_second_before = self.wheel.tick_second();
-        let log_before = self.log.write_end();
         let due = {
             let _span = tracing::trace_span!("tick", now_ms).entered();
-            self.wheel.tick(now_ms)?
+            self.wheel.tick(now_ms, self.log.write_end())?
         };
         if !due.is_empty() {
             let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
@@ -178,25 +188,20 @@ impl Ticker {
             stats.delivered += due.len() as u64;
             let _ = self.dispatch_wake.try_send(());
         }
-        if self.wheel.tick_second() != tick_second_before {
-            // Timers of the new tick second may have been delivered in this
-            // round: their records are after `log_before`, not after now.
-            self.delivery_scan_from = log_before;
-        }
         Ok(())
     }
 
-    /// Syncs the wheel and publishes what it now vouches for.
+    /// Hands the flusher a snapshot of what the wheel vouches for, with the
+    /// files it must sync first. The ticker itself never waits for the disk.
     fn sync(&mut self) -> Result<()> {
-        let indexed = self.indexed;
-        self.wheel.flush()?;
         let snapshot = WheelCheckpoint {
-            indexed,
+            indexed: self.indexed,
             tick_second: self.wheel.tick_second(),
-            delivery_scan_from: self.delivery_scan_from,
+            delivery_scan_from: self.wheel.resume_mark(),
             timer_log_end: self.wheel.timer_log_end(),
         };
-        *self.shared.checkpoint.lock().unwrap_or_else(|e| e.into_inner()) = snapshot;
+        let files = self.wheel.files_to_sync();
+        *self.shared.to_sync.lock().unwrap_or_else(|e| e.into_inner()) = Some((snapshot, files));
         Ok(())
     }
 
@@ -213,6 +218,7 @@ impl Ticker {
         stats.pending_by_horizon = horizon;
         stats.reindexed = self.wheel.reindexed();
         stats.disk_bytes = self.wheel.disk_bytes();
+        stats.refreshes += 1;
         Ok(())
     }
 }

@@ -24,15 +24,16 @@
 //! cleared: each records the absolute window it holds, so a slot whose window
 //! has passed is stale and is simply overwritten when reused.
 
-use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashSet};
+use std::collections::HashSet;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{
     FILE_HEADER_LEN, FileHeader, WHEEL_MAGIC, check_file_header, crc_at, get_u32, get_u64, put_u32, put_u64,
 };
 use crate::mmap::{MapWriter, Mapped};
+use crate::timer::loaded::Loaded;
 use crate::timer::log::{TimerEntry, TimerLog};
 
 /// One level of the wheel.
@@ -48,7 +49,10 @@ pub(crate) const LEVELS: [Level; 3] = [
     Level { window_shift: 15, slots: 1 << 13 },
     Level { window_shift: 27, slots: 1 << 11 },
 ];
-const L0_SPAN: u64 = LEVELS[0].slots;
+/// Seconds ahead of the next second to load that level 0 takes. One short of
+/// its slot count: the slot of the newest loaded second is never reused for a
+/// future second while late timers may still be added to it.
+const L0_SPAN: u64 = LEVELS[0].slots - 1;
 const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
 
 /// Bytes per slot record in the wheel file.
@@ -139,14 +143,35 @@ fn not_yet_cascaded(level: usize, window: u64, loaded_through: u64) -> bool {
     window > (loaded_through >> LEVELS[level].window_shift) + 1
 }
 
+/// Timer-log entries read per `tick` while prefetching a second that is not due yet.
+const PREFETCH_BUDGET: u32 = 16_384;
+/// Seconds kept loaded at most (the oldest undelivered and those prefetched after it).
+const MAX_LOADED: usize = 3;
+/// Timers handed out by one `tick` at most, so the caller can interleave other work.
+const MAX_PER_TICK: usize = 65_536;
+
+/// A level-0 slot being read into memory, a bounded number of entries per tick.
+struct Prefetch {
+    second: u64,
+    slot: u64,
+    cursor: u64,
+    remaining: u32,
+    timers: Vec<Timer>,
+}
+
 /// The wheel: slots, timer log, and the loaded seconds' timers in memory.
 pub(crate) struct Wheel {
     path: PathBuf,
     file: MapWriter,
     log: TimerLog,
-    /// Every second up to this one has had its level-0 slot loaded into `due`.
+    /// Every second up to this one has been loaded into `loaded` (or was empty).
     loaded_through: u64,
-    due: BinaryHeap<Reverse<Timer>>,
+    /// The caller's mark when `loaded_through` was loaded.
+    loaded_through_mark: u64,
+    /// The mark given to the latest `tick`.
+    last_mark: u64,
+    loaded: Loaded,
+    prefetch: Option<Prefetch>,
     last_popped: Option<Timer>,
     /// Timers in slots not yet loaded or cascaded, per level.
     unloaded: [u64; 3],
@@ -164,13 +189,16 @@ pub(crate) struct Resume {
 
 impl Wheel {
     /// Opens the wheel in `dir`. Without `resume` (a new store) it starts
-    /// empty at `now_ms`; files left from an earlier wheel are reset.
+    /// empty at `now_ms`; files left from an earlier wheel are reset. `mark`
+    /// is the caller's mark (a commit-log offset) before which no delivery of
+    /// a pending timer lies.
     pub fn open(
         dir: &Path,
         entries_per_log_file: u64,
         now_ms: u64,
         resume: Option<Resume>,
         already_delivered: HashSet<u64>,
+        mark: u64,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let path = dir.join("wheel");
@@ -199,7 +227,10 @@ impl Wheel {
             file,
             log,
             loaded_through,
-            due: BinaryHeap::new(),
+            loaded_through_mark: mark,
+            last_mark: mark,
+            loaded: Loaded::default(),
+            prefetch: None,
             last_popped: None,
             unloaded: [0; 3],
             already_delivered,
@@ -229,33 +260,63 @@ impl Wheel {
         }
     }
 
+    fn slot_offset(index: u64) -> usize {
+        FILE_HEADER_LEN + index as usize * SLOT_LEN
+    }
+
     fn read_slot(&self, index: u64) -> Result<Slot> {
-        let at = FILE_HEADER_LEN + index as usize * SLOT_LEN;
+        let at = Self::slot_offset(index);
         Slot::decode(self.file.view(at, SLOT_LEN), index)
             .map_err(|kind| Error::corruption(&self.path, at as u64, kind))
     }
 
     fn write_slot(&mut self, index: u64, slot: &Slot) {
-        let at = FILE_HEADER_LEN + index as usize * SLOT_LEN;
+        let at = Self::slot_offset(index);
         self.file.unpublished_mut(at, SLOT_LEN).copy_from_slice(&slot.encode(index));
     }
 
-    /// Indexes a timer: into a slot, or straight into the due heap if its
-    /// second is already loaded.
+    fn slot_error(&self, index: u64, why: String) -> Error {
+        Error::corruption(&self.path, Self::slot_offset(index) as u64, CorruptionKind::BadReference(why))
+    }
+
+    /// Indexes a timer. A timer due in a second already loaded is recorded in
+    /// the newest loaded second's slot (so a restart finds it again) and handed
+    /// to the loaded timers at once.
     pub fn insert(&mut self, timer: Timer) -> Result<()> {
         let sec = timer.deliver_at_ms / 1000;
-        let Some((level, window)) = place(sec, self.loaded_through + 1) else {
-            self.push_due(timer);
+        if sec <= self.loaded_through {
+            let second = self.loaded_through;
+            self.append_to_slot(0, second, timer)?;
+            if !self.already_delivered.contains(&timer.message_offset) {
+                self.loaded.add_late(second, self.loaded_through_mark, timer);
+            }
             return Ok(());
-        };
+        }
+        if let Some(prefetch) = &mut self.prefetch
+            && prefetch.second == sec
+        {
+            // The walk started below this entry, so it is not read twice.
+            if !self.already_delivered.contains(&timer.message_offset) {
+                prefetch.timers.push(timer);
+            }
+            return self.append_to_slot(0, sec, timer);
+        }
+        let (level, window) = place(sec, self.loaded_through + 1).expect("a second not yet loaded");
+        self.append_to_slot(level, window, timer)?;
+        self.unloaded[level] += 1;
+        Ok(())
+    }
+
+    /// Appends a timer-log entry to the chain of `window`'s slot on `level`.
+    fn append_to_slot(&mut self, level: usize, window: u64, timer: Timer) -> Result<()> {
         let index = slot_index(level, window);
         let mut slot = self.read_slot(index)?;
         if slot.count == 0 || slot.window != window {
             if slot.count > 0 && self.is_live(level, slot.window) {
-                let why =
-                    format!("slot holds live window {} while window {window} belongs there", slot.window);
-                let at = (FILE_HEADER_LEN as u64) + index * SLOT_LEN as u64;
-                return Err(Error::corruption(&self.path, at, CorruptionKind::BadReference(why)));
+                return Err(self.slot_error(
+                    index,
+                    format!("slot holds live window {} while window {window} belongs there", slot.window),
+                ));
             }
             slot = Slot { window, head: 0, count: 0, level: level as u32 };
         }
@@ -267,40 +328,59 @@ impl Wheel {
         slot.head = self.log.append(&entry)?;
         slot.count += 1;
         self.write_slot(index, &slot);
-        self.unloaded[level] += 1;
         Ok(())
     }
 
-    fn push_due(&mut self, timer: Timer) {
-        if !self.already_delivered.contains(&timer.message_offset) {
-            self.due.push(Reverse(timer));
-        }
-    }
-
-    /// The pure step: loads slots up to one second past `now_ms` (the prefetch)
-    /// and returns every timer due at or before `now_ms`, in (deliver time,
-    /// commit-log offset) order. Never returns a timer early.
-    pub fn tick(&mut self, now_ms: u64) -> Result<Vec<Timer>> {
-        self.load_through(now_ms / 1000 + 1)?;
+    /// The pure step: loads slots up to one second past `now_ms` (the prefetch,
+    /// spread over calls) and returns the timers due at or before `now_ms`, in
+    /// (deliver time, commit-log offset) order, at most [`MAX_PER_TICK`] per
+    /// call. Never returns a timer early. `mark` is the caller's current mark
+    /// (the commit-log end): seconds loaded now remember it.
+    pub fn tick(&mut self, now_ms: u64, mark: u64) -> Result<Vec<Timer>> {
+        self.last_mark = mark;
         let mut out = Vec::new();
-        while let Some(&Reverse(top)) = self.due.peek() {
-            if top.deliver_at_ms > now_ms {
-                break;
+        loop {
+            self.advance(now_ms / 1000, mark)?;
+            let before = out.len();
+            while out.len() < MAX_PER_TICK {
+                match self.loaded.peek() {
+                    Some(top) if top.deliver_at_ms <= now_ms => {
+                        self.loaded.pop();
+                        // A timer indexed twice (replay after a crash) comes out twice in a row.
+                        if self.last_popped != Some(top) {
+                            out.push(top);
+                            self.last_popped = Some(top);
+                        }
+                    }
+                    _ => break,
+                }
             }
-            self.due.pop();
-            // A timer indexed twice (replay after a crash) comes out twice in a row.
-            if self.last_popped != Some(top) {
-                out.push(top);
-                self.last_popped = Some(top);
+            if out.len() == before || out.len() >= MAX_PER_TICK {
+                return Ok(out);
             }
         }
-        Ok(out)
     }
 
-    /// Loads every level-0 slot up to second `target`, cascading coarser
-    /// windows on the way, and skipping stretches where level 0 is empty.
-    fn load_through(&mut self, target: u64) -> Result<()> {
-        while self.loaded_through < target {
+    /// Loads level-0 slots up to `now_sec + 1`, cascading coarser windows on the
+    /// way and skipping stretches where level 0 is empty. A second not yet due
+    /// is read [`PREFETCH_BUDGET`] entries per call; a due one is read at once.
+    fn advance(&mut self, now_sec: u64, mark: u64) -> Result<()> {
+        loop {
+            if let Some(mut prefetch) = self.prefetch.take() {
+                let budget = if prefetch.second <= now_sec { u32::MAX } else { PREFETCH_BUDGET };
+                self.read_prefetch(&mut prefetch, budget)?;
+                if prefetch.remaining > 0 {
+                    self.prefetch = Some(prefetch);
+                    return Ok(());
+                }
+                self.loaded.push(prefetch.second, mark, prefetch.timers);
+                self.loaded_through = prefetch.second;
+                self.loaded_through_mark = mark;
+                continue;
+            }
+            if self.loaded_through > now_sec || self.loaded.len() >= MAX_LOADED {
+                return Ok(());
+            }
             let s = self.loaded_through + 1;
             for level in [2, 1] {
                 if s.is_multiple_of(1 << LEVELS[level].window_shift) {
@@ -309,17 +389,43 @@ impl Wheel {
             }
             if self.unloaded[0] == 0 {
                 let next_boundary = ((s >> LEVELS[1].window_shift) + 1) << LEVELS[1].window_shift;
-                self.loaded_through = (next_boundary - 1).min(target);
+                self.loaded_through = (next_boundary - 1).min(now_sec + 1);
+                self.loaded_through_mark = mark;
                 continue;
             }
-            let slot = self.read_slot(slot_index(0, s))?;
+            let index = slot_index(0, s);
+            let slot = self.read_slot(index)?;
             if slot.count > 0 && slot.window == s {
-                for timer in self.read_chain(slot_index(0, s), &slot)? {
-                    self.push_due(timer);
-                }
                 self.unloaded[0] -= u64::from(slot.count);
+                let timers = Vec::with_capacity(slot.count as usize);
+                self.prefetch = Some(Prefetch {
+                    second: s,
+                    slot: index,
+                    cursor: slot.head,
+                    remaining: slot.count,
+                    timers,
+                });
+            } else {
+                self.loaded_through = s;
+                self.loaded_through_mark = mark;
             }
-            self.loaded_through = s;
+        }
+    }
+
+    /// Reads up to `budget` entries of a prefetching slot's chain.
+    fn read_prefetch(&mut self, prefetch: &mut Prefetch, budget: u32) -> Result<()> {
+        for _ in 0..budget.min(prefetch.remaining) {
+            if prefetch.cursor == 0 {
+                return Err(self.slot_error(prefetch.slot, "the chain is shorter than the slot count".into()));
+            }
+            let entry = self.log.read_linked(prefetch.cursor)?;
+            if !self.already_delivered.contains(&entry.message_offset) {
+                prefetch
+                    .timers
+                    .push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
+            }
+            prefetch.cursor = entry.prev;
+            prefetch.remaining -= 1;
         }
         Ok(())
     }
@@ -345,18 +451,16 @@ impl Wheel {
     fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<Timer>> {
         let mut timers = Vec::with_capacity(slot.count as usize);
         let mut next = slot.head;
-        while next != 0 {
-            if timers.len() >= slot.count as usize {
-                break;
-            }
+        while next != 0 && timers.len() < slot.count as usize {
             let entry = self.log.read_linked(next)?;
             timers.push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
             next = entry.prev;
         }
         if timers.len() != slot.count as usize || next != 0 {
-            let at = FILE_HEADER_LEN as u64 + index * SLOT_LEN as u64;
-            let why = format!("slot count is {} but its chain holds {} or more", slot.count, timers.len());
-            return Err(Error::corruption(&self.path, at, CorruptionKind::BadReference(why)));
+            return Err(self.slot_error(
+                index,
+                format!("slot count is {} but its chain holds {} or more", slot.count, timers.len()),
+            ));
         }
         timers.reverse();
         Ok(timers)
@@ -364,23 +468,36 @@ impl Wheel {
 
     /// When the earliest loaded timer is due.
     pub fn next_due_ms(&self) -> Option<u64> {
-        self.due.peek().map(|Reverse(t)| t.deliver_at_ms)
+        self.loaded.peek().map(|t| t.deliver_at_ms)
     }
 
-    /// The first second that may still hold undelivered timers.
+    /// The first second that may still hold undelivered timers: a restart
+    /// reloads every level-0 slot from here.
     pub fn tick_second(&self) -> u64 {
-        self.next_due_ms().map_or(self.loaded_through + 1, |ms| (ms / 1000).min(self.loaded_through + 1))
+        match (self.loaded.oldest(), &self.prefetch) {
+            (Some((second, _)), _) => second,
+            (None, Some(prefetch)) => prefetch.second,
+            (None, None) => self.loaded_through + 1,
+        }
+    }
+
+    /// A mark before which no delivery of a timer from [`tick_second`](Self::tick_second) on lies.
+    pub fn resume_mark(&self) -> u64 {
+        self.loaded.oldest().map_or(self.last_mark, |(_, mark)| mark)
     }
 
     /// Timers indexed and not yet handed out.
     pub fn pending(&self) -> u64 {
-        self.due.len() as u64 + self.unloaded.iter().sum::<u64>()
+        self.pending_per_level().iter().sum()
     }
 
-    /// Pending timers per wheel level (level 0 includes the loaded heap).
+    /// Pending timers per wheel level (level 0 includes the loaded seconds).
     pub fn pending_per_level(&self) -> [u64; 3] {
         let mut counts = self.unloaded;
-        counts[0] += self.due.len() as u64;
+        counts[0] += self.loaded.pending() as u64;
+        if let Some(prefetch) = &self.prefetch {
+            counts[0] += prefetch.timers.len() as u64 + u64::from(prefetch.remaining);
+        }
         counts
     }
 
@@ -391,13 +508,17 @@ impl Wheel {
     pub fn pending_by_due_time(&self, bounds_ms: &[u64]) -> Result<Vec<u64>> {
         let mut counts = vec![0u64; bounds_ms.len() + 1];
         let bucket = |at_ms: u64| bounds_ms.iter().position(|&b| at_ms < b).unwrap_or(bounds_ms.len());
-        for Reverse(t) in &self.due {
+        for t in self.loaded.timers() {
             counts[bucket(t.deliver_at_ms)] += 1;
+        }
+        if let Some(p) = &self.prefetch {
+            counts[bucket(p.second * 1000)] += p.timers.len() as u64 + u64::from(p.remaining);
         }
         let first = self.loaded_through + 1;
         for sec in first..first + L0_SPAN {
             let slot = self.read_slot(slot_index(0, sec))?;
-            if slot.count > 0 && slot.window == sec {
+            let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
+            if slot.count > 0 && slot.window == sec && !prefetching {
                 counts[bucket(sec * 1000)] += u64::from(slot.count);
             }
         }
@@ -421,10 +542,13 @@ impl Wheel {
         self.log.end()
     }
 
-    /// Syncs the timer log, then the slots.
-    pub fn flush(&mut self) -> Result<()> {
-        self.log.flush()?;
-        self.file.shared().flush(0, self.file.shared().len())
+    /// The mapped files to sync for a checkpoint: every timer-log file, then
+    /// the wheel file. Syncing them from another thread is safe (`msync` does
+    /// not touch content), so the ticking thread never waits for the disk.
+    pub fn files_to_sync(&self) -> Vec<Arc<Mapped>> {
+        let mut files = self.log.files();
+        files.push(Arc::clone(self.file.shared()));
+        files
     }
 
     /// Bytes of the wheel file and the timer log.

@@ -10,7 +10,7 @@ const DAY: u64 = 24 * HOUR;
 const YEAR: u64 = 365 * DAY;
 
 fn wheel(dir: &Path, now_ms: u64) -> Wheel {
-    Wheel::open(dir, 1 << 12, now_ms, None, HashSet::new()).unwrap()
+    Wheel::open(dir, 1 << 12, now_ms, None, HashSet::new(), 0).unwrap()
 }
 
 fn timer(deliver_at_ms: u64, message_offset: u64) -> Timer {
@@ -39,12 +39,12 @@ fn timers_come_out_at_their_millisecond_in_order() {
         w.insert(timer(*at, i as u64 * 100 + 32)).unwrap();
     }
     assert_eq!(w.pending(), 4);
-    assert_eq!(w.tick(START_MS).unwrap(), [timer(START_MS - 50, 332)], "the past one is due at once");
-    assert_eq!(w.tick(START_MS + 899).unwrap(), []);
-    assert_eq!(w.tick(START_MS + 900).unwrap(), [timer(START_MS + 900, 132)]);
-    assert_eq!(w.tick(START_MS + 2_499).unwrap(), []);
+    assert_eq!(w.tick(START_MS, 0).unwrap(), [timer(START_MS - 50, 332)], "the past one is due at once");
+    assert_eq!(w.tick(START_MS + 899, 0).unwrap(), []);
+    assert_eq!(w.tick(START_MS + 900, 0).unwrap(), [timer(START_MS + 900, 132)]);
+    assert_eq!(w.tick(START_MS + 2_499, 0).unwrap(), []);
     assert_eq!(
-        w.tick(START_MS + 10_000).unwrap(),
+        w.tick(START_MS + 10_000, 0).unwrap(),
         [timer(START_MS + 2_500, 32), timer(START_MS + 2_500, 232)],
         "same millisecond: put (offset) order"
     );
@@ -62,8 +62,8 @@ fn far_timers_cascade_and_arrive_on_time_reindexed_once_per_level() {
     assert_eq!(w.pending_per_level(), [1, 2, 2], "1 h on level 0, 1 and 30 days on 1, 10 and 100 years on 2");
     for (i, ahead) in aheads.iter().enumerate() {
         let due = START_MS + ahead + 7;
-        assert_eq!(w.tick(due - 1).unwrap(), [], "never early: {ahead} ms ahead");
-        assert_eq!(w.tick(due).unwrap(), [timer(due, 32 + i as u64)]);
+        assert_eq!(w.tick(due - 1, 0).unwrap(), [], "never early: {ahead} ms ahead");
+        assert_eq!(w.tick(due, 0).unwrap(), [timer(due, 32 + i as u64)]);
     }
     // 1 d and 30 d descend one level each; 10 and 100 years two each.
     assert_eq!(w.reindexed(), 1 + 1 + 2 + 2);
@@ -74,7 +74,6 @@ fn a_corrupt_slot_is_an_error_naming_file_and_offset() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = wheel(dir.path(), START_MS);
     w.insert(timer(START_MS + 5_000, 32)).unwrap();
-    w.flush().unwrap();
     let sec = (START_MS + 5_000) / 1000;
     let at = FILE_HEADER_LEN as u64 + slot_index(0, sec) * SLOT_LEN as u64;
     drop(w);
@@ -83,7 +82,7 @@ fn a_corrupt_slot_is_an_error_naming_file_and_offset() {
     bytes[at as usize + S_COUNT] ^= 0x04;
     std::fs::write(&path, bytes).unwrap();
     let resume = Resume { tick_second: START_MS / 1000 };
-    let err = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), HashSet::new()).err().unwrap();
+    let err = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), HashSet::new(), 0).err().unwrap();
     assert!(
         matches!(&err, Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } }
             if *file == path && *offset == at),
@@ -98,14 +97,13 @@ fn reopening_resumes_where_it_stopped_without_redelivering() {
     w.insert(timer(START_MS + 1_000, 32)).unwrap();
     w.insert(timer(START_MS + 1_500, 64)).unwrap();
     w.insert(timer(START_MS + DAY, 96)).unwrap();
-    assert_eq!(w.tick(START_MS + 1_200).unwrap(), [timer(START_MS + 1_000, 32)]);
+    assert_eq!(w.tick(START_MS + 1_200, 0).unwrap(), [timer(START_MS + 1_000, 32)]);
     let resume = Resume { tick_second: w.tick_second() };
-    w.flush().unwrap();
     drop(w);
     let delivered = HashSet::from([32]);
-    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS + 1_200, Some(resume), delivered).unwrap();
-    assert_eq!(w.tick(START_MS + 2_000).unwrap(), [timer(START_MS + 1_500, 64)]);
-    assert_eq!(w.tick(START_MS + DAY).unwrap(), [timer(START_MS + DAY, 96)]);
+    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS + 1_200, Some(resume), delivered, 0).unwrap();
+    assert_eq!(w.tick(START_MS + 2_000, 0).unwrap(), [timer(START_MS + 1_500, 64)]);
+    assert_eq!(w.tick(START_MS + DAY, 0).unwrap(), [timer(START_MS + DAY, 96)]);
 }
 
 #[derive(Debug, Clone)]
@@ -150,7 +148,7 @@ proptest! {
                 }
                 Op::Advance(by) => {
                     now += by;
-                    let got = w.tick(now).unwrap();
+                    let got = w.tick(now, 0).unwrap();
                     let still_pending = model.split_off(&(now + 1, 0));
                     let want: Vec<Timer> = model.keys().map(|&(at, off)| timer(at, off)).collect();
                     model = still_pending;
@@ -163,4 +161,40 @@ proptest! {
             }
         }
     }
+}
+
+#[test]
+fn a_late_timer_not_yet_handed_out_is_found_again_after_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    assert_eq!(w.tick(START_MS, 0).unwrap(), []);
+    // Due long ago, indexed after its second was loaded: it goes to the newest loaded slot.
+    w.insert(timer(START_MS - 3_600_000, 32)).unwrap();
+    let resume = Resume { tick_second: w.tick_second() };
+    drop(w);
+    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), HashSet::new(), 0).unwrap();
+    assert_eq!(w.tick(START_MS, 0).unwrap(), [timer(START_MS - 3_600_000, 32)]);
+}
+
+#[test]
+fn a_big_second_is_prefetched_over_several_ticks_and_delivered_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    let second = START_MS / 1000 + 5;
+    let n = 3 * PREFETCH_BUDGET as u64 + 7;
+    for i in 0..n {
+        w.insert(timer(second * 1000 + i % 1000, 32 + i)).unwrap();
+    }
+    // Well before the second: each tick reads at most one budget of entries.
+    let mut ticks = 0;
+    let mut now = (second - 1) * 1000;
+    while w.prefetch.is_some() || w.loaded_through < second {
+        assert_eq!(w.tick(now, 0).unwrap(), []);
+        now += 1;
+        ticks += 1;
+    }
+    assert!(ticks >= 4, "prefetch was spread over {ticks} ticks");
+    let got = w.tick(second * 1000 + 999, 0).unwrap();
+    assert_eq!(got.len() as u64, n);
+    assert!(got.windows(2).all(|p| p[0] <= p[1]), "in (deliver time, offset) order");
 }

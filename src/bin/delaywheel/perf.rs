@@ -1,0 +1,339 @@
+//! `delaywheel perf`: the large-scale harness. Puts N messages (each body
+//! starts with its id), consumes every delivery, and checks each id arrived
+//! exactly once and never early.
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use bytes::{BufMut, BytesMut};
+use clap::{Args, ValueEnum};
+use delaywheel::{Clock, Config, FlushMode, Message, Store, SystemClock};
+use hdrhistogram::Histogram;
+
+use crate::{Failure, disk_bytes, heap_peak_bytes, lateness_json, rss_peak_bytes, store_dir};
+
+const TOPIC: &str = "PerfTopic";
+/// After the last deliver time, how long the run waits for stragglers.
+const GRACE: Duration = Duration::from_secs(30);
+
+#[derive(Args, Debug)]
+pub struct PerfArgs {
+    /// Store directory (kept); default: a temporary one, removed unless --keep.
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    #[arg(long, default_value_t = 1_000_000)]
+    messages: u64,
+    #[arg(long, default_value_t = 128)]
+    body_bytes: usize,
+    /// Delays drawn uniformly from A..B milliseconds (default 0..10000).
+    #[arg(long, value_parser = parse_range, conflicts_with_all = ["levels", "same_second"])]
+    delay_ms: Option<(u64, u64)>,
+    /// Legacy levels drawn uniformly from A..B (or A..=B).
+    #[arg(long, value_parser = parse_range, conflicts_with = "same_second")]
+    levels: Option<(u64, u64)>,
+    /// Every message due within one and the same second, after the last put.
+    #[arg(long)]
+    same_second: bool,
+    #[arg(long, default_value_t = 1)]
+    producers: usize,
+    #[arg(long, value_enum, default_value_t = SchedulerArg::Wheel)]
+    scheduler: SchedulerArg,
+    /// Fraction of messages to cancel after putting them.
+    #[arg(long, default_value_t = 0.0)]
+    cancel_ratio: f64,
+    #[arg(long, value_enum, default_value_t = FlushArg::Async)]
+    flush: FlushArg,
+    /// Keep the temporary store directory.
+    #[arg(long)]
+    keep: bool,
+    /// Report right after the puts, leaving the timers pending.
+    #[arg(long)]
+    no_wait: bool,
+    /// Print the report as one JSON object on the last line.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
+enum SchedulerArg {
+    Wheel,
+    Buckets,
+}
+
+#[derive(Clone, Copy, Debug, ValueEnum)]
+enum FlushArg {
+    Async,
+    Sync,
+}
+
+/// `A..B` (end excluded) or `A..=B` (end included), as a half-open pair.
+fn parse_range(s: &str) -> Result<(u64, u64), String> {
+    let (a, b, inclusive) = if let Some((a, b)) = s.split_once("..=") {
+        (a, b, true)
+    } else if let Some((a, b)) = s.split_once("..") {
+        (a, b, false)
+    } else {
+        return Err(format!("{s:?} is not a range like 0..10000"));
+    };
+    let a: u64 = a.trim().parse().map_err(|_| format!("{a:?} is not a number"))?;
+    let b: u64 = b.trim().parse().map_err(|_| format!("{b:?} is not a number"))?;
+    let end = if inclusive { b + 1 } else { b };
+    if end <= a {
+        return Err(format!("{s:?} is empty"));
+    }
+    Ok((a, end))
+}
+
+/// How each message is timed.
+#[derive(Clone, Copy, Debug)]
+enum Workload {
+    DelayMs(u64, u64),
+    Levels(u64, u64),
+    /// All due in this epoch second.
+    SameSecond(u64),
+}
+
+impl Workload {
+    fn message(&self, body: bytes::Bytes, rng: &mut fastrand::Rng, now_ms: u64) -> Message {
+        let message = Message::new(TOPIC, body).queue_id(0);
+        match *self {
+            Workload::DelayMs(a, b) => message.deliver_at_ms(now_ms + rng.u64(a..b)),
+            Workload::Levels(a, b) => message.delay_level(rng.u64(a..b) as u16),
+            Workload::SameSecond(second) => message.deliver_at_ms(second * 1000 + rng.u64(0..1000)),
+        }
+    }
+}
+
+/// Per message id: 0 not acknowledged, 1 acknowledged, 2 delivered, 3+ delivered twice or more.
+struct Ledger {
+    state: Vec<AtomicU8>,
+    delivered: AtomicU64,
+    duplicated: AtomicU64,
+    early: AtomicU64,
+}
+
+pub fn run(args: PerfArgs) -> Result<(), Failure> {
+    let workload = workload(&args)?;
+    if args.scheduler == SchedulerArg::Buckets {
+        return Err(Failure::Usage("--scheduler buckets: the bucket baseline is not built yet".into()));
+    }
+    if args.cancel_ratio != 0.0 {
+        return Err(Failure::Usage("--cancel-ratio: cancelling is not built yet".into()));
+    }
+    if args.body_bytes < 8 || args.producers == 0 || args.messages == 0 {
+        return Err(Failure::Usage(
+            "--body-bytes must be at least 8, --producers and --messages at least 1".into(),
+        ));
+    }
+    let keep = args.keep || args.dir.is_some();
+    let (dir, tmp) = store_dir(args.dir.clone(), "delaywheel-perf-")?;
+    let flush = match args.flush {
+        FlushArg::Async => FlushMode::Async,
+        FlushArg::Sync => FlushMode::Sync,
+    };
+    let store = Arc::new(Store::open(Config::new(&dir).with_queues_per_topic(1).with_flush_mode(flush))?);
+    let workload = match workload {
+        Workload::SameSecond(_) => {
+            // Begins after the last put: now + 2 s + N / 200,000 s.
+            Workload::SameSecond((SystemClock.now_ms() + 2_000 + args.messages / 200) / 1000 + 1)
+        }
+        other => other,
+    };
+    let ledger = Arc::new(Ledger {
+        state: (0..args.messages).map(|_| AtomicU8::new(0)).collect(),
+        delivered: AtomicU64::new(0),
+        duplicated: AtomicU64::new(0),
+        early: AtomicU64::new(0),
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumer = {
+        let (store, ledger, stop) = (Arc::clone(&store), Arc::clone(&ledger), Arc::clone(&stop));
+        std::thread::Builder::new()
+            .name("perf-consumer".into())
+            .spawn(move || consume(&store, &ledger, &stop))?
+    };
+
+    let started = Instant::now();
+    let latest_due = put_all(&store, &ledger, workload, &args)?;
+    let enqueue_secs = started.elapsed().as_secs_f64();
+    let acked = args.messages;
+    if !args.no_wait {
+        wait_for_deliveries(&ledger, acked, latest_due, args.json);
+    }
+    stop.store(true, Ordering::Release);
+    let (lateness, first_last) = consumer.join().map_err(|_| "the consumer thread panicked")??;
+    let run_end_ms = SystemClock.now_ms();
+
+    let delivered = ledger.delivered.load(Ordering::Acquire);
+    // Acknowledged, due long enough ago, and never delivered (with --no-wait,
+    // timers not yet due are pending, not lost).
+    let lost = if args.no_wait && run_end_ms < latest_due + GRACE.as_millis() as u64 {
+        0
+    } else {
+        ledger.state.iter().filter(|s| s.load(Ordering::Acquire) == 1).count() as u64
+    };
+    let deliver_secs = first_last.map_or(0.0, |(first, last)| last.duration_since(first).as_secs_f64());
+    let stats = store.stats();
+    let disk = disk_bytes(&dir);
+    let report = serde_json::json!({
+        "scheduler": "wheel",
+        "messages": args.messages,
+        "enqueue_secs": enqueue_secs,
+        "enqueue_per_sec": args.messages as f64 / enqueue_secs,
+        "delivered": delivered,
+        "cancelled": 0,
+        "lost": lost,
+        "duplicated": ledger.duplicated.load(Ordering::Acquire),
+        "early": ledger.early.load(Ordering::Acquire),
+        "deliver_per_sec": if deliver_secs > 0.0 { delivered as f64 / deliver_secs } else { 0.0 },
+        "lateness_ms": lateness_json(&lateness),
+        "heap_peak_bytes": heap_peak_bytes(),
+        "rss_peak_bytes": rss_peak_bytes(),
+        "disk_bytes": disk,
+        "pending": stats.pending,
+        "wheel_lateness_ms": {
+            "p50": stats.lateness_ms.p50, "p90": stats.lateness_ms.p90, "p99": stats.lateness_ms.p99,
+            "p999": stats.lateness_ms.p999, "max": stats.lateness_ms.max,
+        },
+        "timer_index_bytes": timer_index_bytes(&dir, &stats),
+        "dir": if keep { dir.display().to_string() } else { String::new() },
+    });
+    Arc::into_inner(store).ok_or("the store is still shared")?.close()?;
+    if keep && let Some(tmp) = tmp {
+        let _ = tmp.keep();
+    }
+    print_report(&report, args.json);
+    Ok(())
+}
+
+fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
+    if args.same_second {
+        return Ok(Workload::SameSecond(0));
+    }
+    if let Some((a, b)) = args.levels {
+        if a == 0 || b > 19 {
+            return Err(Failure::Usage(format!("--levels {a}..{b}: levels run from 1 to 18")));
+        }
+        return Ok(Workload::Levels(a, b));
+    }
+    let (a, b) = args.delay_ms.unwrap_or((0, 10_000));
+    Ok(Workload::DelayMs(a, b))
+}
+
+/// Puts every message from `producers` threads; returns the latest deliver time.
+fn put_all(
+    store: &Arc<Store>,
+    ledger: &Arc<Ledger>,
+    workload: Workload,
+    args: &PerfArgs,
+) -> Result<u64, Failure> {
+    let per_producer = args.messages.div_ceil(args.producers as u64);
+    let threads: Vec<_> = (0..args.producers as u64)
+        .map(|p| {
+            let (store, ledger) = (Arc::clone(store), Arc::clone(ledger));
+            let ids = (p * per_producer)..((p + 1) * per_producer).min(args.messages);
+            let body_bytes = args.body_bytes;
+            std::thread::spawn(move || -> Result<u64, String> {
+                let mut rng = fastrand::Rng::with_seed(0x5eed ^ p);
+                let mut latest = 0;
+                for id in ids {
+                    let mut body = BytesMut::with_capacity(body_bytes);
+                    body.put_u64_le(id);
+                    body.put_bytes(b'x', body_bytes - 8);
+                    let now = SystemClock.now_ms();
+                    let receipt = store
+                        .put(workload.message(body.freeze(), &mut rng, now))
+                        .map_err(|e| e.to_string())?;
+                    latest = latest.max(receipt.deliver_at_ms().unwrap_or(now));
+                    ledger.state[id as usize].store(1, Ordering::Release);
+                }
+                Ok(latest)
+            })
+        })
+        .collect();
+    let mut latest = 0;
+    for thread in threads {
+        latest = latest.max(thread.join().map_err(|_| "a producer thread panicked")??);
+    }
+    Ok(latest)
+}
+
+/// The consumer's lateness histogram and its first and last delivery instants.
+type Consumed = (Histogram<u64>, Option<(Instant, Instant)>);
+
+/// Consumes until told to stop.
+fn consume(
+    store: &Store,
+    ledger: &Ledger,
+    stop: &AtomicBool,
+) -> Result<Consumed, String> {
+    let mut consumer = store.consumer(TOPIC, 0).map_err(|e| e.to_string())?;
+    let mut lateness = Histogram::<u64>::new(3).expect("3 significant figures is valid");
+    let mut first_last: Option<(Instant, Instant)> = None;
+    while !stop.load(Ordering::Acquire) {
+        let batch = consumer.poll(4096, Duration::from_millis(50)).map_err(|e| e.to_string())?;
+        if batch.is_empty() {
+            continue;
+        }
+        let now_ms = SystemClock.now_ms();
+        let now = Instant::now();
+        first_last = Some((first_last.map_or(now, |(first, _)| first), now));
+        for m in &batch {
+            let body = m.body();
+            let id = u64::from_le_bytes(body[..8].try_into().map_err(|_| "short body")?);
+            let due = m.deliver_at_ms().unwrap_or(m.store_time_ms());
+            if now_ms < due || m.delivered_at_ms() < due {
+                ledger.early.fetch_add(1, Ordering::AcqRel);
+            }
+            lateness.saturating_record(now_ms.saturating_sub(due));
+            match ledger.state.get(id as usize).map(|s| s.fetch_add(1, Ordering::AcqRel)) {
+                Some(1) => ledger.delivered.fetch_add(1, Ordering::AcqRel),
+                Some(_) => ledger.duplicated.fetch_add(1, Ordering::AcqRel),
+                None => return Err(format!("a delivery with unknown id {id}")),
+            };
+        }
+        consumer.commit();
+    }
+    Ok((lateness, first_last))
+}
+
+/// Waits until every acknowledged message is delivered, or the latest deliver
+/// time plus the grace period has passed. Shows a progress line unless `quiet`.
+fn wait_for_deliveries(ledger: &Ledger, acked: u64, latest_due_ms: u64, quiet: bool) {
+    let deadline_ms = latest_due_ms + GRACE.as_millis() as u64;
+    let mut last_line = Instant::now();
+    loop {
+        let delivered = ledger.delivered.load(Ordering::Acquire) + ledger.duplicated.load(Ordering::Acquire);
+        if ledger.delivered.load(Ordering::Acquire) >= acked || SystemClock.now_ms() > deadline_ms {
+            break;
+        }
+        if !quiet && last_line.elapsed() >= Duration::from_secs(1) {
+            eprint!("\r  delivered {delivered} of {acked}   ");
+            last_line = Instant::now();
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    if !quiet {
+        eprintln!();
+    }
+}
+
+/// Bytes the timer index (wheel file plus used timer-log entries) takes, and per pending timer.
+fn timer_index_bytes(dir: &std::path::Path, stats: &delaywheel::Stats) -> serde_json::Value {
+    let wheel = std::fs::metadata(dir.join("timer").join("wheel")).map_or(0, |m| m.len());
+    let allocated = disk_bytes(&dir.join("timer"));
+    let per_pending = if stats.pending > 0 { allocated as f64 / stats.pending as f64 } else { 0.0 };
+    serde_json::json!({ "wheel_file": wheel, "allocated": allocated, "allocated_per_pending_timer": per_pending })
+}
+
+fn print_report(report: &serde_json::Value, json: bool) {
+    if !json {
+        for (key, value) in report.as_object().into_iter().flatten() {
+            println!("{key:>18}: {value}");
+        }
+        return;
+    }
+    println!("{report}");
+}

@@ -1,0 +1,137 @@
+//! The seconds the wheel has loaded into memory and not yet fully delivered.
+//!
+//! Each loaded second holds its slot's timers sorted once by (deliver time,
+//! commit-log offset), a cursor, and a small heap for timers indexed into it
+//! after it was loaded. Only a few seconds are loaded at a time (the oldest
+//! undelivered one and the prefetch ahead), so the earliest timer is the
+//! minimum of a handful of candidates.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, VecDeque};
+
+use crate::timer::wheel::Timer;
+
+/// One loaded second.
+struct Second {
+    second: u64,
+    /// The caller's mark when the second was loaded (the commit-log end):
+    /// deliveries of its timers all lie after it.
+    mark: u64,
+    sorted: Vec<Timer>,
+    next: usize,
+    late: BinaryHeap<Reverse<Timer>>,
+}
+
+impl Second {
+    fn peek(&self) -> Option<Timer> {
+        let a = self.sorted.get(self.next).copied();
+        let b = self.late.peek().map(|Reverse(t)| *t);
+        match (a, b) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    fn pop(&mut self) -> Option<Timer> {
+        let top = self.peek()?;
+        if self.sorted.get(self.next) == Some(&top) {
+            self.next += 1;
+        } else {
+            self.late.pop();
+        }
+        Some(top)
+    }
+
+    fn remaining(&self) -> usize {
+        self.sorted.len() - self.next + self.late.len()
+    }
+
+    fn timers(&self) -> impl Iterator<Item = &Timer> {
+        self.sorted[self.next..].iter().chain(self.late.iter().map(|Reverse(t)| t))
+    }
+}
+
+/// The loaded seconds, oldest first.
+#[derive(Default)]
+pub(crate) struct Loaded {
+    seconds: VecDeque<Second>,
+}
+
+impl Loaded {
+    /// Adds a freshly loaded second (later than every loaded one).
+    pub fn push(&mut self, second: u64, mark: u64, mut timers: Vec<Timer>) {
+        timers.sort_unstable();
+        debug_assert!(self.seconds.back().is_none_or(|s| s.second < second));
+        self.seconds.push_back(Second { second, mark, sorted: timers, next: 0, late: BinaryHeap::new() });
+    }
+
+    /// Adds a timer to loaded second `second`, loading an empty one with `mark` if needed.
+    pub fn add_late(&mut self, second: u64, mark: u64, timer: Timer) {
+        let at = self.seconds.partition_point(|s| s.second < second);
+        if self.seconds.get(at).is_none_or(|s| s.second != second) {
+            let empty = Second { second, mark, sorted: Vec::new(), next: 0, late: BinaryHeap::new() };
+            self.seconds.insert(at, empty);
+        }
+        self.seconds[at].late.push(Reverse(timer));
+    }
+
+    /// The earliest timer.
+    pub fn peek(&self) -> Option<Timer> {
+        self.seconds.iter().filter_map(Second::peek).min()
+    }
+
+    /// Removes and returns the earliest timer; drops seconds left empty.
+    pub fn pop(&mut self) -> Option<Timer> {
+        let top = self.peek()?;
+        let second = self.seconds.iter_mut().find(|s| s.peek() == Some(top)).expect("peek found it");
+        second.pop();
+        while self.seconds.front().is_some_and(|s| s.remaining() == 0) {
+            self.seconds.pop_front();
+        }
+        Some(top)
+    }
+
+    /// The oldest loaded second still holding timers, and its mark.
+    pub fn oldest(&self) -> Option<(u64, u64)> {
+        self.seconds.front().map(|s| (s.second, s.mark))
+    }
+
+    /// How many seconds are loaded.
+    pub fn len(&self) -> usize {
+        self.seconds.len()
+    }
+
+    /// Timers loaded and not yet handed out.
+    pub fn pending(&self) -> usize {
+        self.seconds.iter().map(Second::remaining).sum()
+    }
+
+    pub fn timers(&self) -> impl Iterator<Item = &Timer> {
+        self.seconds.iter().flat_map(Second::timers)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(at: u64, off: u64) -> Timer {
+        Timer { deliver_at_ms: at, message_offset: off }
+    }
+
+    #[test]
+    fn pops_in_order_across_seconds_and_late_inserts() {
+        let mut loaded = Loaded::default();
+        loaded.push(10, 1, vec![t(10_900, 1), t(10_100, 2)]);
+        loaded.push(11, 2, vec![t(11_000, 3)]);
+        loaded.add_late(11, 9, t(5, 4));
+        loaded.add_late(10, 9, t(10_500, 5));
+        assert_eq!(loaded.pending(), 5);
+        assert_eq!(loaded.oldest(), Some((10, 1)));
+        let order: Vec<u64> = std::iter::from_fn(|| loaded.pop()).map(|t| t.message_offset).collect();
+        assert_eq!(order, [4, 2, 5, 1, 3]);
+        assert_eq!(loaded.len(), 0);
+        loaded.add_late(12, 7, t(1, 6));
+        assert_eq!(loaded.oldest(), Some((12, 7)), "an emptied wheel reloads a second for a late timer");
+    }
+}
