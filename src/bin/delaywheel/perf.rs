@@ -264,11 +264,7 @@ fn put_all(
 type Consumed = (Histogram<u64>, Option<(Instant, Instant)>);
 
 /// Consumes until told to stop.
-fn consume(
-    store: &Store,
-    ledger: &Ledger,
-    stop: &AtomicBool,
-) -> Result<Consumed, String> {
+fn consume(store: &Store, ledger: &Ledger, stop: &AtomicBool) -> Result<Consumed, String> {
     let mut consumer = store.consumer(TOPIC, 0).map_err(|e| e.to_string())?;
     let mut lateness = Histogram::<u64>::new(3).expect("3 significant figures is valid");
     let mut first_last: Option<(Instant, Instant)> = None;
