@@ -19,6 +19,8 @@ use crate::mmap::sync_parent_dir;
 
 /// A reader of one consume queue on behalf of a consumer group.
 pub struct Consumer {
+    /// Shared by every message this consumer hands out (no allocation per message).
+    topic: Arc<str>,
     log: Arc<CommitLog>,
     queue: Arc<ConsumeQueue>,
     offsets: Arc<OffsetStore>,
@@ -37,7 +39,8 @@ impl Consumer {
         // Subscribe before reading the committed offset, so no append is missed.
         let wake = queue.subscribe();
         let next = offsets.get(group, queue.topic(), queue.queue_id()).unwrap_or(0);
-        Self { log, queue, offsets, group: group.to_string(), next, wake }
+        let topic = Arc::from(queue.topic());
+        Self { topic, log, queue, offsets, group: group.to_string(), next, wake }
     }
 
     /// Up to `max` messages from the current position, waiting at most `timeout`
@@ -75,7 +78,7 @@ impl Consumer {
         let properties = view.properties().map_err(|kind| self.log.corruption_at(record.offset, kind))?;
         let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
         Ok(ConsumedMessage {
-            topic: view.topic.to_string(),
+            topic: std::sync::Arc::clone(&self.topic),
             queue_id: view.queue_id,
             queue_offset: index,
             log_offset: record.offset,

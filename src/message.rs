@@ -224,7 +224,7 @@ impl Receipt {
 /// A message as a consumer sees it. The body is a zero-copy view of the commit log.
 #[derive(Debug, Clone)]
 pub struct ConsumedMessage {
-    pub(crate) topic: String,
+    pub(crate) topic: std::sync::Arc<str>,
     pub(crate) queue_id: u32,
     pub(crate) queue_offset: u64,
     pub(crate) log_offset: u64,

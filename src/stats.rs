@@ -20,6 +20,8 @@ pub struct Stats {
     pub lateness_ms: Lateness,
     /// Bytes of the commit log, consume queues, wheel and timer log.
     pub disk_bytes: u64,
+    /// Timer-log entries written so far (each 28 bytes on disk).
+    pub timer_log_entries: u64,
     /// Commit-log bytes not yet indexed by the dispatcher.
     pub dispatch_lag_bytes: u64,
     /// How many times the wheel gauges have been refreshed since open.

@@ -253,6 +253,7 @@ impl Store {
             reindexed: wheel.reindexed,
             lateness_ms: Lateness::from_histogram(&wheel.lateness_ms),
             disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel.disk_bytes,
+            timer_log_entries: wheel.timer_log_entries,
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
             refreshes: wheel.refreshes,
         }

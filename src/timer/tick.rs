@@ -60,6 +60,7 @@ pub(crate) struct WheelStats {
     pub reindexed: u64,
     pub lateness_ms: Histogram<u64>,
     pub disk_bytes: u64,
+    pub timer_log_entries: u64,
     /// How many times the gauges were refreshed (about once a second).
     pub refreshes: u64,
 }
@@ -89,6 +90,7 @@ impl WheelShared {
                 reindexed: 0,
                 lateness_ms: lateness,
                 disk_bytes: 0,
+                timer_log_entries: 0,
                 refreshes: 0,
             }),
             failed: AtomicBool::new(false),
@@ -218,6 +220,7 @@ impl Ticker {
         stats.pending_by_horizon = horizon;
         stats.reindexed = self.wheel.reindexed();
         stats.disk_bytes = self.wheel.disk_bytes();
+        stats.timer_log_entries = self.wheel.timer_log_end().saturating_sub(1);
         stats.refreshes += 1;
         Ok(())
     }

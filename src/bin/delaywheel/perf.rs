@@ -148,18 +148,22 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         early: AtomicU64::new(0),
     });
     let stop = Arc::new(AtomicBool::new(false));
+    let last_seen_ms = Arc::new(AtomicU64::new(0));
     let consumer = {
         let (store, ledger, stop) = (Arc::clone(&store), Arc::clone(&ledger), Arc::clone(&stop));
+        let last_seen = Arc::clone(&last_seen_ms);
         std::thread::Builder::new()
             .name("perf-consumer".into())
-            .spawn(move || consume(&store, &ledger, &stop))?
+            .spawn(move || consume(&store, &ledger, &stop, &last_seen))?
     };
 
     let started = Instant::now();
     let latest_due = put_all(&store, &ledger, workload, &args)?;
     let enqueue_secs = started.elapsed().as_secs_f64();
     let acked = args.messages;
-    if !args.no_wait {
+    if args.no_wait {
+        wait_for_indexing(&store, acked);
+    } else {
         wait_for_deliveries(&ledger, acked, latest_due, args.json);
     }
     stop.store(true, Ordering::Release);
@@ -193,6 +197,11 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "rss_peak_bytes": rss_peak_bytes(),
         "disk_bytes": disk,
         "pending": stats.pending,
+        "same_second_last_ms": match workload {
+            // The last delivery seen, in ms after the second all timers were due in began.
+            Workload::SameSecond(second) => first_last.map(|_| last_seen_ms.load(Ordering::Acquire).saturating_sub(second * 1000)),
+            _ => None,
+        },
         "wheel_lateness_ms": {
             "p50": stats.lateness_ms.p50, "p90": stats.lateness_ms.p90, "p99": stats.lateness_ms.p99,
             "p999": stats.lateness_ms.p999, "max": stats.lateness_ms.max,
@@ -264,7 +273,12 @@ fn put_all(
 type Consumed = (Histogram<u64>, Option<(Instant, Instant)>);
 
 /// Consumes until told to stop.
-fn consume(store: &Store, ledger: &Ledger, stop: &AtomicBool) -> Result<Consumed, String> {
+fn consume(
+    store: &Store,
+    ledger: &Ledger,
+    stop: &AtomicBool,
+    last_seen_ms: &AtomicU64,
+) -> Result<Consumed, String> {
     let mut consumer = store.consumer(TOPIC, 0).map_err(|e| e.to_string())?;
     let mut lateness = Histogram::<u64>::new(3).expect("3 significant figures is valid");
     let mut first_last: Option<(Instant, Instant)> = None;
@@ -276,6 +290,7 @@ fn consume(store: &Store, ledger: &Ledger, stop: &AtomicBool) -> Result<Consumed
         let now_ms = SystemClock.now_ms();
         let now = Instant::now();
         first_last = Some((first_last.map_or(now, |(first, _)| first), now));
+        last_seen_ms.store(now_ms, Ordering::Release);
         for m in &batch {
             let body = m.body();
             let id = u64::from_le_bytes(body[..8].try_into().map_err(|_| "short body")?);
@@ -316,12 +331,33 @@ fn wait_for_deliveries(ledger: &Ledger, acked: u64, latest_due_ms: u64, quiet: b
     }
 }
 
+/// Waits (up to 10 minutes) until every put is indexed: the dispatcher has
+/// caught up and the wheel's refreshed gauges count every timer as pending or delivered.
+fn wait_for_indexing(store: &Store, acked: u64) {
+    let deadline = Instant::now() + Duration::from_secs(600);
+    while Instant::now() < deadline {
+        let stats = store.stats();
+        if stats.dispatch_lag_bytes == 0 && stats.pending + stats.delivered >= acked {
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
 /// Bytes the timer index (wheel file plus used timer-log entries) takes, and per pending timer.
 fn timer_index_bytes(dir: &std::path::Path, stats: &delaywheel::Stats) -> serde_json::Value {
     let wheel = std::fs::metadata(dir.join("timer").join("wheel")).map_or(0, |m| m.len());
     let allocated = disk_bytes(&dir.join("timer"));
-    let per_pending = if stats.pending > 0 { allocated as f64 / stats.pending as f64 } else { 0.0 };
-    serde_json::json!({ "wheel_file": wheel, "allocated": allocated, "allocated_per_pending_timer": per_pending })
+    let per_pending = |bytes: u64| if stats.pending > 0 { bytes as f64 / stats.pending as f64 } else { 0.0 };
+    // Used: the wheel file and the timer-log entries written (the last file is preallocated whole).
+    let used = wheel + stats.timer_log_entries * 28;
+    serde_json::json!({
+        "wheel_file": wheel,
+        "allocated": allocated,
+        "allocated_per_pending_timer": per_pending(allocated),
+        "used": used,
+        "used_per_pending_timer": per_pending(used),
+    })
 }
 
 fn print_report(report: &serde_json::Value, json: bool) {
