@@ -111,7 +111,7 @@ impl Dispatcher {
                 })?;
                 queue.map(Some)
             }
-            // Padding is skipped; cancels concern only the wheel's recovery.
+            // Padding is skipped; cancels were applied by the ticker that wrote them.
             RecordKind::Cancel | RecordKind::Padding => Ok(None),
         }
     }

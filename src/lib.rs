@@ -46,7 +46,9 @@ pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMod
 pub use consumer::Consumer;
 pub use error::{CorruptionKind, Error, Result};
 pub use message::MAX_DELIVER_AT_MS;
-pub use message::{ConsumedMessage, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt};
+pub use message::{
+    CancelOutcome, ConsumedMessage, Handle, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt,
+};
 pub use stats::{HORIZON_LABELS, Lateness, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

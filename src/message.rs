@@ -219,6 +219,61 @@ impl Receipt {
     pub fn deliver_at_ms(&self) -> Option<u64> {
         self.deliver_at_ms
     }
+
+    /// The handle that cancels this message's timer (`None` for an ordinary message).
+    pub fn handle(&self) -> Option<Handle> {
+        self.deliver_at_ms.map(|deliver_at_ms| Handle { offset: self.offset, deliver_at_ms })
+    }
+}
+
+/// Names a timer: its message record and its deliver time, so a cancel lands
+/// where the timer is. Small and serialisable: 16 bytes, or text `offset@deliver_at_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Handle {
+    pub offset: u64,
+    pub deliver_at_ms: u64,
+}
+
+impl Handle {
+    pub fn to_bytes(&self) -> [u8; 16] {
+        let mut out = [0u8; 16];
+        out[..8].copy_from_slice(&self.offset.to_le_bytes());
+        out[8..].copy_from_slice(&self.deliver_at_ms.to_le_bytes());
+        out
+    }
+
+    pub fn from_bytes(bytes: [u8; 16]) -> Self {
+        let (offset, at) = bytes.split_at(8);
+        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+        Self { offset: word(offset), deliver_at_ms: word(at) }
+    }
+}
+
+impl std::fmt::Display for Handle {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}@{}", self.offset, self.deliver_at_ms)
+    }
+}
+
+impl std::str::FromStr for Handle {
+    type Err = Error;
+
+    fn from_str(s: &str) -> Result<Self> {
+        let bad = || Error::invalid("handle", format!("{s:?} is not offset@deliver_at_ms"));
+        let (offset, at) = s.split_once('@').ok_or_else(bad)?;
+        Ok(Self { offset: offset.parse().map_err(|_| bad())?, deliver_at_ms: at.parse().map_err(|_| bad())? })
+    }
+}
+
+/// What [`Store::cancel`](crate::Store::cancel) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelOutcome {
+    /// The timer will never fire (also the answer for a timer cancelled before).
+    Cancelled,
+    /// Too late: the timer has fired.
+    AlreadyDelivered,
+    /// No timed message with this deliver time at that offset.
+    NotFound,
 }
 
 /// A message as a consumer sees it. The body is a zero-copy view of the commit log.
@@ -327,6 +382,15 @@ mod tests {
         assert!(m.clone().deliver_at_ms(MAX_DELIVER_AT_MS + 1).resolve_timing(0, &levels).is_err());
         let both = m.deliver_at_ms(5).delay_level(1).resolve_timing(0, &levels).unwrap_err();
         assert_eq!(both.to_string(), "invalid timing: set only one of deliver_at_ms, delay and delay_level");
+    }
+
+    #[test]
+    fn handles_round_trip_as_bytes_and_text() {
+        let h = Handle { offset: 4096, deliver_at_ms: 1_700_000_000_000 };
+        assert_eq!(Handle::from_bytes(h.to_bytes()), h);
+        assert_eq!(h.to_string(), "4096@1700000000000");
+        assert_eq!("4096@1700000000000".parse::<Handle>().unwrap(), h);
+        assert!("4096".parse::<Handle>().is_err());
     }
 
     #[test]

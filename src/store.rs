@@ -12,7 +12,6 @@
 //! consumer_offsets.json                  consumer progress
 //! ```
 
-use std::collections::HashSet;
 use std::fs::{File, OpenOptions, TryLockError};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -23,7 +22,9 @@ use std::time::Duration;
 use crossbeam_channel::{Receiver, Sender};
 
 use crate::checkpoint::{Checkpoint, CheckpointFile};
-use crate::commitlog::record::{DeliveryView, RecordKind, Timing, encode_message, message_len};
+use crate::commitlog::record::{
+    CancelView, DeliveryView, MessageView, RecordKind, Timing, encode_message, message_len,
+};
 use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport};
 use crate::config::{Config, FlushMode};
 use crate::consume_queue::QueueRegistry;
@@ -31,11 +32,11 @@ use crate::consumer::{Consumer, OffsetStore};
 use crate::dispatcher::Dispatcher;
 use crate::error::{Error, Result};
 use crate::flusher::{FlushSignal, Flusher};
-use crate::message::{Message, Receipt, validate_topic};
+use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
 use crate::stats::{Lateness, Stats};
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
-use crate::timer::wheel::{Resume, Wheel};
+use crate::timer::wheel::{Resume, Settled, Timer, Wheel};
 
 /// The consumer group of [`Store::consumer`].
 pub const DEFAULT_GROUP: &str = "default";
@@ -56,6 +57,8 @@ pub struct Store {
     /// `true` while puts are accepted; puts hold it shared, close takes it exclusively.
     accepting: RwLock<bool>,
     wakes: Wakes,
+    /// Cancel requests go to the ticking thread, which decides a timer's fate.
+    wheel_commands: Sender<WheelCommand>,
     dispatched: Arc<AtomicU64>,
     threads: Option<Threads>,
     recovery: RecoveryReport,
@@ -92,7 +95,7 @@ struct Recovered {
     replay_from: u64,
     checkpoint: CheckpointFile,
     resume: Option<Resume>,
-    delivered: HashSet<u64>,
+    settled: Settled,
     /// Where the scan for `delivered` started; it stays the scan start until the ticker moves on.
     delivery_scan_from: u64,
 }
@@ -109,7 +112,7 @@ impl Store {
         let _span = tracing::info_span!("open", dir = %dir.display()).entered();
 
         let recovered = recover(&config)?;
-        let Recovered { log, report, replay_from, mut checkpoint, resume, delivered, delivery_scan_from } =
+        let Recovered { log, report, replay_from, mut checkpoint, resume, settled, delivery_scan_from } =
             recovered;
         let queues =
             Arc::new(QueueRegistry::open(&dir.join("consumequeue"), config.queue_file_entries, replay_from)?);
@@ -120,7 +123,7 @@ impl Store {
             config.timer_log_file_entries,
             now_ms,
             resume,
-            delivered,
+            settled,
             delivery_scan_from,
         )?;
         let wheel_checkpoint = WheelCheckpoint {
@@ -146,6 +149,7 @@ impl Store {
         let (flush, flush_rx) = crossbeam_channel::bounded(1);
         let (wheel_tx, wheel_rx) = crossbeam_channel::bounded(WHEEL_QUEUE);
         let dispatched = Arc::new(AtomicU64::new(replay_from));
+        let wheel_commands = wheel_tx.clone();
         let dispatcher = Dispatcher::new(
             Arc::clone(&log),
             Arc::clone(&queues),
@@ -164,6 +168,7 @@ impl Store {
             flush_interval: config.flush_interval,
             deliver: config.deliver,
             indexed: replay_from,
+            deferred_cancels: Vec::new(),
         };
         let flusher = Flusher {
             log: Arc::clone(&log),
@@ -187,6 +192,7 @@ impl Store {
             wheel: shared,
             accepting: RwLock::new(true),
             wakes: Wakes { dispatch, prefault, flush },
+            wheel_commands,
             dispatched: dispatch_progress,
             threads: Some(threads),
             recovery: report,
@@ -222,6 +228,36 @@ impl Store {
         }
         let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
         Ok(Receipt { offset, queue_id, store_time_ms, deliver_at_ms })
+    }
+
+    /// Cancels the timer `handle` names. `Cancelled`: it will never fire (a
+    /// cancel record is in the commit log); `AlreadyDelivered`: it has fired;
+    /// `NotFound`: no timed message with that deliver time is at that offset.
+    pub fn cancel(&self, handle: Handle) -> Result<CancelOutcome> {
+        if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
+            return Err(Error::Closed);
+        }
+        if !self.is_timer(handle) {
+            return Ok(CancelOutcome::NotFound);
+        }
+        let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.wheel_commands.send(WheelCommand::Cancel(timer, reply)).map_err(|_| Error::Closed)?;
+        answer.recv_timeout(SYNC_PUT_TIMEOUT).map_err(|_| Error::Closed)?
+    }
+
+    /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`.
+    /// A handle is user input: anything unreadable there is simply not found.
+    fn is_timer(&self, handle: Handle) -> bool {
+        if handle.offset < self.log.start() || handle.offset >= self.log.write_end() {
+            return false;
+        }
+        let found = self.log.visit_checked(handle.offset, |at, kind, bytes| {
+            at == handle.offset
+                && kind == RecordKind::Message
+                && MessageView::parse(bytes).is_ok_and(|v| v.timing.deliver_at_ms == handle.deliver_at_ms)
+        });
+        matches!(found, Ok((true, _)))
     }
 
     /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`].
@@ -341,30 +377,38 @@ fn recover(config: &Config) -> Result<Recovered> {
     log.flush()?;
     let replay_from = plan.start.unwrap_or(0).clamp(log.start(), log.write_end());
     let scan_from = trusted.map_or(log.start(), |cp| cp.delivery_scan_from.min(replay_from)).max(log.start());
-    let delivered = scan_deliveries(&log, scan_from)?;
+    let settled = scan_settled(&log, scan_from)?;
     let resume = trusted.map(|cp| Resume { tick_second: cp.tick_second });
-    Ok(Recovered { log, report, replay_from, checkpoint, resume, delivered, delivery_scan_from: scan_from })
+    Ok(Recovered { log, report, replay_from, checkpoint, resume, settled, delivery_scan_from: scan_from })
 }
 
-/// The messages whose timers fired, from the delivery records after `from`:
-/// the wheel must not deliver them again.
-fn scan_deliveries(log: &CommitLog, from: u64) -> Result<HashSet<u64>> {
-    let _span = tracing::info_span!("scan_deliveries", from).entered();
-    let mut delivered = HashSet::new();
+/// The timers that fired or were cancelled, from the delivery and cancel
+/// records after `from`: the wheel must not deliver them again.
+fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
+    let _span = tracing::info_span!("scan_settled", from).entered();
+    let mut settled = Settled::default();
     let mut at = from;
     while at < log.write_end() {
-        let (found, next) = log.visit_trusted(at, |offset, kind, bytes| match kind {
-            RecordKind::Delivery => DeliveryView::parse(bytes)
-                .map(|d| Some(d.message_offset))
-                .map_err(|kind| log.corruption_at(offset, kind)),
-            _ => Ok(None),
+        let (found, next) = log.visit_trusted(at, |offset, kind, bytes| {
+            let corrupt = |kind| log.corruption_at(offset, kind);
+            match kind {
+                RecordKind::Delivery => {
+                    DeliveryView::parse(bytes).map(|d| Some((d.message_offset, true))).map_err(corrupt)
+                }
+                RecordKind::Cancel => {
+                    CancelView::parse(bytes).map(|c| Some((c.message_offset, false))).map_err(corrupt)
+                }
+                _ => Ok(None),
+            }
         })?;
-        if let Some(message_offset) = found? {
-            delivered.insert(message_offset);
-        }
+        match found? {
+            Some((message_offset, true)) => settled.delivered.insert(message_offset),
+            Some((message_offset, false)) => settled.cancelled.insert(message_offset),
+            None => false,
+        };
         at = next;
     }
-    Ok(delivered)
+    Ok(settled)
 }
 
 /// Takes the directory's `LOCK` file, exclusively.

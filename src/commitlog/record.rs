@@ -171,6 +171,51 @@ impl DeliveryView {
     }
 }
 
+// Cancel body layout, after the frame header.
+const C_CANCELLED_AT: usize = RECORD_HEADER_LEN;
+const C_MESSAGE_OFFSET: usize = C_CANCELLED_AT + 8;
+const C_DELIVER_AT: usize = C_MESSAGE_OFFSET + 8;
+/// Length of a cancel record.
+pub(crate) const CANCEL_LEN: usize = C_DELIVER_AT + 8;
+
+/// Encodes a cancel record: the timer of the message at `message_offset`
+/// (due at `deliver_at_ms`) was cancelled at `cancelled_at_ms`.
+pub(crate) fn encode_cancel(
+    buf: &mut [u8],
+    offset: u64,
+    cancelled_at_ms: u64,
+    message_offset: u64,
+    deliver_at_ms: u64,
+) {
+    write_header(buf, RecordKind::Cancel, CANCEL_LEN);
+    put_u64(buf, C_CANCELLED_AT, cancelled_at_ms);
+    put_u64(buf, C_MESSAGE_OFFSET, message_offset);
+    put_u64(buf, C_DELIVER_AT, deliver_at_ms);
+    let crc = crc_at(offset, &buf[LEN_OFFSET..CANCEL_LEN]);
+    put_u32(buf, CRC_OFFSET, crc);
+}
+
+/// A decoded cancel record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct CancelView {
+    pub cancelled_at_ms: u64,
+    pub message_offset: u64,
+    pub deliver_at_ms: u64,
+}
+
+impl CancelView {
+    pub fn parse(record: &[u8]) -> Result<Self, CorruptionKind> {
+        if record.len() != CANCEL_LEN {
+            return Err(CorruptionKind::BadFrame(format!("cancel record of {} bytes", record.len())));
+        }
+        Ok(Self {
+            cancelled_at_ms: get_u64(record, C_CANCELLED_AT),
+            message_offset: get_u64(record, C_MESSAGE_OFFSET),
+            deliver_at_ms: get_u64(record, C_DELIVER_AT),
+        })
+    }
+}
+
 /// The timing fields a message record carries (zero for an ordinary message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Timing {
@@ -374,6 +419,27 @@ mod tests {
         assert_eq!(
             hex(&buf[4..]),
             concat!("1c000000", "02", "01", "0000", "e86be5cf8b010000", "2000000000000000")
+        );
+    }
+
+    #[test]
+    fn cancel_golden_bytes_match_wheel_format_md() {
+        let mut buf = [0u8; CANCEL_LEN];
+        encode_cancel(&mut buf, 8192, 1_700_000_000_500, 32, 1_700_000_001_000);
+        assert_eq!(check_frame(&buf, 8192), Ok(Frame { kind: RecordKind::Cancel, len: CANCEL_LEN }));
+        let view = CancelView::parse(&buf).unwrap();
+        assert_eq!((view.message_offset, view.deliver_at_ms), (32, 1_700_000_001_000));
+        assert_eq!(
+            hex(&buf[4..]),
+            concat!(
+                "24000000",
+                "03",
+                "01",
+                "0000",
+                "f469e5cf8b010000",
+                "2000000000000000",
+                "e86be5cf8b010000"
+            )
         );
     }
 

@@ -46,6 +46,10 @@ impl Second {
         self.sorted.len() - self.next + self.late.len()
     }
 
+    fn contains(&self, timer: &Timer) -> bool {
+        self.sorted[self.next..].binary_search(timer).is_ok() || self.late.iter().any(|Reverse(t)| t == timer)
+    }
+
     fn timers(&self) -> impl Iterator<Item = &Timer> {
         self.sorted[self.next..].iter().chain(self.late.iter().map(|Reverse(t)| t))
     }
@@ -89,6 +93,11 @@ impl Loaded {
             self.seconds.pop_front();
         }
         Some(top)
+    }
+
+    /// Whether `timer` is loaded and not yet handed out.
+    pub fn contains(&self, timer: &Timer) -> bool {
+        self.seconds.iter().any(|s| s.contains(timer))
     }
 
     /// The oldest loaded second still holding timers, and its mark.

@@ -5,7 +5,9 @@
 //! index: recovery can rebuild it from the commit log.
 //!
 //! Entry (28 bytes): `message_offset u64 | deliver_at_ms u64 | prev u64 | crc32c u32`,
-//! the CRC over the entry's 8-byte index followed by bytes 0..24.
+//! the CRC over the entry's 8-byte index followed by bytes 0..24. The top bit
+//! of `deliver_at_ms` marks a cancel entry: it removes the timer of the same
+//! message from the slot it lands in.
 //! Files hold `per_file` entries after the 32-byte header and are named by the
 //! 20-digit index of their first entry. Index 0 is never used: 0 means "none".
 
@@ -27,6 +29,10 @@ const PREV: usize = DELIVER_AT + 8;
 const CRC: usize = PREV + 8;
 const _: () = assert!(CRC + 4 == ENTRY_LEN);
 
+/// The bit of the stored deliver time that marks a cancel entry (deliver times
+/// are below 2^48, so it is free).
+const CANCEL_BIT: u64 = 1 << 63;
+
 /// Entries per timer-log file by default (2 Mi entries, 56 MiB).
 pub(crate) const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 21;
 
@@ -38,13 +44,15 @@ pub(crate) struct TimerEntry {
     pub deliver_at_ms: u64,
     /// Index of the previous entry of the same slot, 0 for none.
     pub prev: u64,
+    /// A cancel entry: the timer of `message_offset` is cancelled.
+    pub cancel: bool,
 }
 
 impl TimerEntry {
     pub fn encode(&self, index: u64) -> [u8; ENTRY_LEN] {
         let mut out = [0u8; ENTRY_LEN];
         put_u64(&mut out, MESSAGE_OFFSET, self.message_offset);
-        put_u64(&mut out, DELIVER_AT, self.deliver_at_ms);
+        put_u64(&mut out, DELIVER_AT, self.deliver_at_ms | if self.cancel { CANCEL_BIT } else { 0 });
         put_u64(&mut out, PREV, self.prev);
         let crc = crc_at(index, &out[..CRC]);
         put_u32(&mut out, CRC, crc);
@@ -62,10 +70,12 @@ impl TimerEntry {
         if stored != computed {
             return Err(CorruptionKind::ChecksumMismatch { stored, computed });
         }
+        let deliver_at = get_u64(bytes, DELIVER_AT);
         Ok(Some(Self {
             message_offset: get_u64(bytes, MESSAGE_OFFSET),
-            deliver_at_ms: get_u64(bytes, DELIVER_AT),
+            deliver_at_ms: deliver_at & !CANCEL_BIT,
             prev: get_u64(bytes, PREV),
+            cancel: deliver_at & CANCEL_BIT != 0,
         }))
     }
 }
@@ -196,11 +206,15 @@ mod tests {
 
     #[test]
     fn golden_bytes_match_wheel_format_md() {
-        let e = TimerEntry { message_offset: 32, deliver_at_ms: 1_700_000_001_000, prev: 0 };
+        let e = TimerEntry { message_offset: 32, deliver_at_ms: 1_700_000_001_000, prev: 0, cancel: false };
         let bytes = e.encode(1);
         assert_eq!(&hex(&bytes)[..48], concat!("2000000000000000", "e86be5cf8b010000", "0000000000000000"));
         assert_eq!(TimerEntry::decode(&bytes, 1), Ok(Some(e)));
         assert!(TimerEntry::decode(&bytes, 2).is_err(), "bound to its index");
+        let cancel = TimerEntry { cancel: true, ..e };
+        let bytes = cancel.encode(1);
+        assert_eq!(&hex(&bytes)[16..32], "e86be5cf8b010080", "the top bit marks a cancel");
+        assert_eq!(TimerEntry::decode(&bytes, 1), Ok(Some(cancel)));
     }
 
     #[test]
@@ -208,8 +222,9 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut log = TimerLog::open(dir.path(), 8, None).unwrap();
         for i in 1..=20u64 {
-            let index =
-                log.append(&TimerEntry { message_offset: i * 100, deliver_at_ms: i, prev: i - 1 }).unwrap();
+            let index = log
+                .append(&TimerEntry { message_offset: i * 100, deliver_at_ms: i, prev: i - 1, cancel: false })
+                .unwrap();
             assert_eq!(index, i);
         }
         assert_eq!(log.read_linked(13).unwrap().message_offset, 1300);
@@ -221,7 +236,10 @@ mod tests {
         let mut log = TimerLog::open(dir.path(), 8, Some(11)).unwrap();
         assert_eq!(log.read(12).unwrap(), None);
         assert!(log.read_linked(12).is_err());
-        assert_eq!(log.append(&TimerEntry { message_offset: 1, deliver_at_ms: 1, prev: 0 }).unwrap(), 11);
+        assert_eq!(
+            log.append(&TimerEntry { message_offset: 1, deliver_at_ms: 1, prev: 0, cancel: false }).unwrap(),
+            11
+        );
         assert!(!dir.path().join(numbered_file_name(16)).exists());
     }
 }

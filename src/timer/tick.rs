@@ -12,10 +12,11 @@ use hdrhistogram::Histogram;
 
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{DELIVERY_LEN, encode_delivery};
+use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
 use crate::error::Result;
+use crate::message::CancelOutcome;
 use crate::mmap::Mapped;
-use crate::timer::wheel::{Timer, Wheel};
+use crate::timer::wheel::{CancelState, Timer, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -34,6 +35,8 @@ pub(crate) enum WheelCommand {
     Insert(Timer),
     /// Every timed record below this commit-log offset has been sent.
     Progress(u64),
+    /// Cancel this timer and answer what became of it.
+    Cancel(Timer, Sender<Result<CancelOutcome>>),
 }
 
 /// What a checkpoint may vouch for on the wheel's behalf, as of its last sync.
@@ -110,6 +113,8 @@ pub(crate) struct Ticker {
     pub deliver: bool,
     /// The latest `Progress` received.
     pub indexed: u64,
+    /// Cancels of timers the dispatcher has not sent yet.
+    pub deferred_cancels: Vec<(Timer, Sender<Result<CancelOutcome>>)>,
 }
 
 impl Ticker {
@@ -159,9 +164,44 @@ impl Ticker {
             WheelCommand::Insert(timer) => self.wheel.insert(timer),
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
+                let ready: Vec<_> = {
+                    let (ready, waiting) =
+                        self.deferred_cancels.drain(..).partition(|(t, _)| t.message_offset < offset);
+                    self.deferred_cancels = waiting;
+                    ready
+                };
+                ready.into_iter().try_for_each(|(timer, reply)| self.cancel(timer, reply))
+            }
+            WheelCommand::Cancel(timer, reply) if timer.message_offset >= self.indexed => {
+                self.deferred_cancels.push((timer, reply));
                 Ok(())
             }
+            WheelCommand::Cancel(timer, reply) => self.cancel(timer, reply),
         }
+    }
+
+    /// Decides a timer's fate. The ticking thread is the only place that
+    /// delivers or cancels, so the answer and the record agree.
+    fn cancel(&mut self, timer: Timer, reply: Sender<Result<CancelOutcome>>) -> Result<()> {
+        let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
+        let outcome = match self.wheel.cancel(timer) {
+            Ok(CancelState::AlreadyDelivered) => Ok(CancelOutcome::AlreadyDelivered),
+            Ok(CancelState::Cancelled) => {
+                let now_ms = self.clock.now_ms();
+                self.log
+                    .append(CANCEL_LEN, |buf, offset| {
+                        encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);
+                    })
+                    .map(|_| CancelOutcome::Cancelled)
+            }
+            Err(e) => Err(e),
+        };
+        let failed = outcome.is_err();
+        let _ = reply.send(outcome);
+        if failed {
+            return Err(crate::error::Error::invalid("cancel", "the wheel could not record a cancel"));
+        }
+        Ok(())
     }
 
     /// How long to sleep: until the next timer is due or the next second

@@ -4,7 +4,7 @@
 //! # Geometry
 //! | level | slot covers | slots | level spans |
 //! |---|---|---|---|
-//! | 0 | 1 s | 2^16 | 18.2 h |
+//! | 0 | 1 s | 2^16 + 1 | 18.2 h |
 //! | 1 | 2^15 s (9.1 h) | 2^13 | 8.5 years |
 //! | 2 | 2^27 s (4.25 years) | 2^11 | 8,700 years |
 //!
@@ -45,14 +45,15 @@ pub(crate) struct Level {
 }
 
 pub(crate) const LEVELS: [Level; 3] = [
-    Level { window_shift: 0, slots: 1 << 16 },
+    Level { window_shift: 0, slots: (1 << 16) + 1 },
     Level { window_shift: 15, slots: 1 << 13 },
     Level { window_shift: 27, slots: 1 << 11 },
 ];
-/// Seconds ahead of the next second to load that level 0 takes. One short of
-/// its slot count: the slot of the newest loaded second is never reused for a
-/// future second while late timers may still be added to it.
-const L0_SPAN: u64 = LEVELS[0].slots - 1;
+/// Seconds ahead of the next second to load that level 0 takes: 2^16, so a
+/// level-1 window cascaded one window early fits whole. Level 0 has one slot
+/// more than that, so the slot of the newest loaded second (where late timers
+/// go) is never the slot of a second level 0 may still take.
+const L0_SPAN: u64 = 1 << 16;
 const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
 
 /// Bytes per slot record in the wheel file.
@@ -61,11 +62,11 @@ const S_WINDOW: usize = 0;
 const S_HEAD: usize = S_WINDOW + 8;
 const S_COUNT: usize = S_HEAD + 8;
 const S_LEVEL: usize = S_COUNT + 4;
-const S_RESERVED: usize = S_LEVEL + 4;
-const S_CRC: usize = S_RESERVED + 4;
+const S_CANCELS: usize = S_LEVEL + 4;
+const S_CRC: usize = S_CANCELS + 4;
 const _: () = assert!(S_CRC + 4 == SLOT_LEN);
 /// The wheel file header's `a`: which geometry the file was laid out for.
-const GEOMETRY_ID: u64 = 0x0010_0F0D_1B0B;
+const GEOMETRY_ID: u64 = 0x0110_0F0D_1B0B;
 
 /// A timer: the message it delivers and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -81,6 +82,8 @@ pub(crate) struct Slot {
     pub head: u64,
     pub count: u32,
     pub level: u32,
+    /// How many of the `count` entries are cancel entries.
+    pub cancels: u32,
 }
 
 impl Slot {
@@ -90,6 +93,7 @@ impl Slot {
         put_u64(&mut out, S_HEAD, self.head);
         put_u32(&mut out, S_COUNT, self.count);
         put_u32(&mut out, S_LEVEL, self.level);
+        put_u32(&mut out, S_CANCELS, self.cancels);
         let crc = crc_at(slot_index, &out[..S_CRC]);
         put_u32(&mut out, S_CRC, crc);
         out
@@ -111,6 +115,7 @@ impl Slot {
             head: get_u64(bytes, S_HEAD),
             count: get_u32(bytes, S_COUNT),
             level: get_u32(bytes, S_LEVEL),
+            cancels: get_u32(bytes, S_CANCELS),
         })
     }
 }
@@ -157,6 +162,10 @@ struct Prefetch {
     cursor: u64,
     remaining: u32,
     timers: Vec<Timer>,
+    /// Messages whose timers a cancel entry in this slot removes.
+    cancels: HashSet<u64>,
+    /// Cancel entries the slot record counts.
+    cancel_entries: u32,
 }
 
 /// The wheel: slots, timer log, and the loaded seconds' timers in memory.
@@ -175,10 +184,41 @@ pub(crate) struct Wheel {
     last_popped: Option<Timer>,
     /// Timers in slots not yet loaded or cascaded, per level.
     unloaded: [u64; 3],
-    /// Delivered before a restart; dropped when loaded again.
-    already_delivered: HashSet<u64>,
+    /// Delivered or cancelled before a restart (from the commit log's records
+    /// after the checkpoint); dropped when loaded again.
+    settled: Settled,
+    /// Cancelled in this session once loaded (or applied from a slot): dropped
+    /// when they come up, and a repeated cancel still answers `Cancelled`.
+    /// Grows by one offset per such cancel until the store is closed.
+    cancelled: HashSet<u64>,
+    /// Cancel entries in slots not yet loaded, per level (for the pending count).
+    cancel_entries: [u64; 3],
+    /// Timers cancelled by an entry in a slot not yet loaded (a second cancel is a no-op).
+    slot_cancels: HashSet<u64>,
+    /// Loaded timers cancelled and not yet come up (still counted by `loaded`).
+    cancelled_loaded: u64,
     /// Timer-log entries written by cascades (re-indexing), for stats and tests.
     reindexed: u64,
+}
+
+/// Timers known to have fired or been cancelled, by message offset.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Settled {
+    pub delivered: HashSet<u64>,
+    pub cancelled: HashSet<u64>,
+}
+
+impl Settled {
+    fn contains(&self, offset: &u64) -> bool {
+        self.delivered.contains(offset) || self.cancelled.contains(offset)
+    }
+}
+
+/// What [`Wheel::cancel`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CancelState {
+    Cancelled,
+    AlreadyDelivered,
 }
 
 /// Where a wheel resumes: the first second not fully delivered.
@@ -197,7 +237,7 @@ impl Wheel {
         entries_per_log_file: u64,
         now_ms: u64,
         resume: Option<Resume>,
-        already_delivered: HashSet<u64>,
+        settled: Settled,
         mark: u64,
     ) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
@@ -233,7 +273,11 @@ impl Wheel {
             prefetch: None,
             last_popped: None,
             unloaded: [0; 3],
-            already_delivered,
+            settled,
+            cancelled: HashSet::new(),
+            cancel_entries: [0; 3],
+            slot_cancels: HashSet::new(),
+            cancelled_loaded: 0,
             reindexed: 0,
         };
         wheel.count_unloaded()?;
@@ -246,6 +290,7 @@ impl Wheel {
                 let slot = self.read_slot(slot_index(level, i))?;
                 if slot.count > 0 && self.is_live(level, slot.window) {
                     self.unloaded[level] += u64::from(slot.count);
+                    self.cancel_entries[level] += u64::from(slot.cancels);
                 }
             }
         }
@@ -286,8 +331,8 @@ impl Wheel {
         let sec = timer.deliver_at_ms / 1000;
         if sec <= self.loaded_through {
             let second = self.loaded_through;
-            self.append_to_slot(0, second, timer)?;
-            if !self.already_delivered.contains(&timer.message_offset) {
+            self.append_to_slot(0, second, timer, false)?;
+            if !self.settled.contains(&timer.message_offset) {
                 self.loaded.add_late(second, self.loaded_through_mark, timer);
             }
             return Ok(());
@@ -296,19 +341,54 @@ impl Wheel {
             && prefetch.second == sec
         {
             // The walk started below this entry, so it is not read twice.
-            if !self.already_delivered.contains(&timer.message_offset) {
+            if !self.settled.contains(&timer.message_offset) {
                 prefetch.timers.push(timer);
             }
-            return self.append_to_slot(0, sec, timer);
+            return self.append_to_slot(0, sec, timer, false);
         }
         let (level, window) = place(sec, self.loaded_through + 1).expect("a second not yet loaded");
-        self.append_to_slot(level, window, timer)?;
+        self.append_to_slot(level, window, timer, false)?;
         self.unloaded[level] += 1;
         Ok(())
     }
 
-    /// Appends a timer-log entry to the chain of `window`'s slot on `level`.
-    fn append_to_slot(&mut self, level: usize, window: u64, timer: Timer) -> Result<()> {
+    /// Cancels a pending timer. Not yet loaded: a cancel entry goes to the
+    /// slot its second maps to now, which is where the timer is or will be
+    /// cascaded to, so one lookup suffices whatever the level (never
+    /// O(pending)). Loaded: it is dropped when it comes up. Timers of seconds
+    /// already handed out answer `AlreadyDelivered`.
+    pub fn cancel(&mut self, timer: Timer) -> Result<CancelState> {
+        let offset = timer.message_offset;
+        if self.settled.cancelled.contains(&offset)
+            || self.cancelled.contains(&offset)
+            || self.slot_cancels.contains(&offset)
+        {
+            return Ok(CancelState::Cancelled);
+        }
+        if self.settled.delivered.contains(&offset) {
+            return Ok(CancelState::AlreadyDelivered);
+        }
+        let sec = timer.deliver_at_ms / 1000;
+        let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
+        if sec > self.loaded_through && !prefetching {
+            let (level, window) = place(sec, self.loaded_through + 1).expect("a second not yet loaded");
+            self.append_to_slot(level, window, timer, true)?;
+            self.unloaded[level] += 1;
+            self.cancel_entries[level] += 1;
+            self.slot_cancels.insert(offset);
+            return Ok(CancelState::Cancelled);
+        }
+        // Loaded (or being loaded): pending exactly if not yet handed out.
+        if prefetching || self.loaded.contains(&timer) {
+            self.cancelled.insert(offset);
+            self.cancelled_loaded += 1;
+            return Ok(CancelState::Cancelled);
+        }
+        Ok(CancelState::AlreadyDelivered)
+    }
+
+    /// Appends a timer-log entry (a timer, or a cancel) to the chain of `window`'s slot on `level`.
+    fn append_to_slot(&mut self, level: usize, window: u64, timer: Timer, cancel: bool) -> Result<()> {
         let index = slot_index(level, window);
         let mut slot = self.read_slot(index)?;
         if slot.count == 0 || slot.window != window {
@@ -318,15 +398,17 @@ impl Wheel {
                     format!("slot holds live window {} while window {window} belongs there", slot.window),
                 ));
             }
-            slot = Slot { window, head: 0, count: 0, level: level as u32 };
+            slot = Slot { window, head: 0, count: 0, level: level as u32, cancels: 0 };
         }
         let entry = TimerEntry {
             message_offset: timer.message_offset,
             deliver_at_ms: timer.deliver_at_ms,
             prev: slot.head,
+            cancel,
         };
         slot.head = self.log.append(&entry)?;
         slot.count += 1;
+        slot.cancels += u32::from(cancel);
         self.write_slot(index, &slot);
         Ok(())
     }
@@ -341,21 +423,28 @@ impl Wheel {
         let mut out = Vec::new();
         loop {
             self.advance(now_ms / 1000, mark)?;
-            let before = out.len();
+            let mut popped = false;
             while out.len() < MAX_PER_TICK {
                 match self.loaded.peek() {
                     Some(top) if top.deliver_at_ms <= now_ms => {
                         self.loaded.pop();
+                        popped = true;
                         // A timer indexed twice (replay after a crash) comes out twice in a row.
-                        if self.last_popped != Some(top) {
+                        let repeat = self.last_popped == Some(top);
+                        if self.cancelled.contains(&top.message_offset) {
+                            if !repeat {
+                                self.cancelled_loaded = self.cancelled_loaded.saturating_sub(1);
+                            }
+                        } else if !repeat {
                             out.push(top);
-                            self.last_popped = Some(top);
                         }
+                        self.last_popped = Some(top);
                     }
                     _ => break,
                 }
             }
-            if out.len() == before || out.len() >= MAX_PER_TICK {
+            // Popping may have made room to load the next seconds.
+            if !popped || out.len() >= MAX_PER_TICK {
                 return Ok(out);
             }
         }
@@ -373,7 +462,18 @@ impl Wheel {
                     self.prefetch = Some(prefetch);
                     return Ok(());
                 }
-                self.loaded.push(prefetch.second, mark, prefetch.timers);
+                let mut timers = prefetch.timers;
+                self.cancel_entries[0] =
+                    self.cancel_entries[0].saturating_sub(u64::from(prefetch.cancel_entries));
+                if !prefetch.cancels.is_empty() {
+                    timers.retain(|t| !prefetch.cancels.contains(&t.message_offset));
+                    // Applied: remembered so a repeated cancel still answers `Cancelled`.
+                    for offset in &prefetch.cancels {
+                        self.slot_cancels.remove(offset);
+                        self.cancelled.insert(*offset);
+                    }
+                }
+                self.loaded.push(prefetch.second, mark, timers);
                 self.loaded_through = prefetch.second;
                 self.loaded_through_mark = mark;
                 continue;
@@ -404,6 +504,8 @@ impl Wheel {
                     cursor: slot.head,
                     remaining: slot.count,
                     timers,
+                    cancels: HashSet::new(),
+                    cancel_entries: slot.cancels,
                 });
             } else {
                 self.loaded_through = s;
@@ -419,7 +521,9 @@ impl Wheel {
                 return Err(self.slot_error(prefetch.slot, "the chain is shorter than the slot count".into()));
             }
             let entry = self.log.read_linked(prefetch.cursor)?;
-            if !self.already_delivered.contains(&entry.message_offset) {
+            if entry.cancel {
+                prefetch.cancels.insert(entry.message_offset);
+            } else if !self.settled.contains(&entry.message_offset) {
                 prefetch
                     .timers
                     .push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
@@ -438,22 +542,38 @@ impl Wheel {
             return Ok(());
         }
         let _span = tracing::debug_span!("cascade", level, window, timers = slot.count).entered();
-        let timers = self.read_chain(index, &slot)?;
+        let entries = self.read_chain(index, &slot)?;
         self.unloaded[level] -= u64::from(slot.count);
-        for timer in timers {
-            self.insert(timer)?;
-            self.reindexed += 1;
+        // A timer and its cancel entry cancel out here; a cancel entry whose
+        // timer is still coarser moves down with it to the same slot.
+        let cancels: HashSet<u64> = entries.iter().filter(|e| e.cancel).map(|e| e.message_offset).collect();
+        let timers: HashSet<u64> = entries.iter().filter(|e| !e.cancel).map(|e| e.message_offset).collect();
+        for entry in entries {
+            let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset };
+            if entry.cancel {
+                self.cancel_entries[level] = self.cancel_entries[level].saturating_sub(1);
+                self.slot_cancels.remove(&entry.message_offset);
+                if timers.contains(&entry.message_offset) {
+                    // Applied here: remember it, so a later cancel still answers Cancelled.
+                    self.cancelled.insert(entry.message_offset);
+                } else {
+                    self.cancel(timer)?;
+                }
+            } else if !cancels.contains(&entry.message_offset) {
+                self.insert(timer)?;
+                self.reindexed += 1;
+            }
         }
         Ok(())
     }
 
-    /// The timers of a slot, following its chain and checking its count.
-    fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<Timer>> {
+    /// The entries of a slot, oldest first, following its chain and checking its count.
+    fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<TimerEntry>> {
         let mut timers = Vec::with_capacity(slot.count as usize);
         let mut next = slot.head;
         while next != 0 && timers.len() < slot.count as usize {
             let entry = self.log.read_linked(next)?;
-            timers.push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
+            timers.push(entry);
             next = entry.prev;
         }
         if timers.len() != slot.count as usize || next != 0 {
@@ -491,10 +611,21 @@ impl Wheel {
         self.pending_per_level().iter().sum()
     }
 
-    /// Pending timers per wheel level (level 0 includes the loaded seconds).
+    /// Pending timers per wheel level (level 0 includes the loaded seconds). A
+    /// cancel not yet applied is subtracted from the level its entry is on.
     pub fn pending_per_level(&self) -> [u64; 3] {
+        // Cancel entries are not timers, and each removes one timer on its own
+        // level or a coarser one (where the timer waits to cascade).
         let mut counts = self.unloaded;
-        counts[0] += self.loaded.pending() as u64;
+        let mut carry = 0;
+        for (count, cancels) in counts.iter_mut().zip(self.cancel_entries) {
+            *count = count.saturating_sub(cancels);
+            let remove = cancels + carry;
+            let taken = remove.min(*count);
+            *count -= taken;
+            carry = remove - taken;
+        }
+        counts[0] += (self.loaded.pending() as u64).saturating_sub(self.cancelled_loaded);
         if let Some(prefetch) = &self.prefetch {
             counts[0] += prefetch.timers.len() as u64 + u64::from(prefetch.remaining);
         }

@@ -10,7 +10,7 @@ const DAY: u64 = 24 * HOUR;
 const YEAR: u64 = 365 * DAY;
 
 fn wheel(dir: &Path, now_ms: u64) -> Wheel {
-    Wheel::open(dir, 1 << 12, now_ms, None, HashSet::new(), 0).unwrap()
+    Wheel::open(dir, 1 << 12, now_ms, None, Settled::default(), 0).unwrap()
 }
 
 fn timer(deliver_at_ms: u64, message_offset: u64) -> Timer {
@@ -82,7 +82,7 @@ fn a_corrupt_slot_is_an_error_naming_file_and_offset() {
     bytes[at as usize + S_COUNT] ^= 0x04;
     std::fs::write(&path, bytes).unwrap();
     let resume = Resume { tick_second: START_MS / 1000 };
-    let err = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), HashSet::new(), 0).err().unwrap();
+    let err = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), Settled::default(), 0).err().unwrap();
     assert!(
         matches!(&err, Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } }
             if *file == path && *offset == at),
@@ -100,8 +100,8 @@ fn reopening_resumes_where_it_stopped_without_redelivering() {
     assert_eq!(w.tick(START_MS + 1_200, 0).unwrap(), [timer(START_MS + 1_000, 32)]);
     let resume = Resume { tick_second: w.tick_second() };
     drop(w);
-    let delivered = HashSet::from([32]);
-    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS + 1_200, Some(resume), delivered, 0).unwrap();
+    let settled = Settled { delivered: HashSet::from([32]), ..Default::default() };
+    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS + 1_200, Some(resume), settled, 0).unwrap();
     assert_eq!(w.tick(START_MS + 2_000, 0).unwrap(), [timer(START_MS + 1_500, 64)]);
     assert_eq!(w.tick(START_MS + DAY, 0).unwrap(), [timer(START_MS + DAY, 96)]);
 }
@@ -112,6 +112,8 @@ enum Op {
     Put(i64),
     /// Move the clock forward.
     Advance(u64),
+    /// Cancel the n-th timer put so far (modulo how many there are).
+    Cancel(usize),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -123,6 +125,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u64..3_000).prop_map(Op::Advance),
         1 => (0u64..(3 * DAY)).prop_map(Op::Advance),
         1 => (0u64..(40 * YEAR)).prop_map(Op::Advance),
+        2 => any::<usize>().prop_map(Op::Cancel),
     ]
 }
 
@@ -137,6 +140,8 @@ proptest! {
         let mut now = START_MS;
         let mut w = wheel(dir.path(), now);
         let mut model: BTreeMap<(u64, u64), ()> = BTreeMap::new();
+        let mut put: Vec<Timer> = Vec::new();
+        let mut cancelled = std::collections::HashSet::new();
         let mut next_offset = 32;
         for op in ops {
             match op {
@@ -144,6 +149,7 @@ proptest! {
                     let at = now.saturating_add_signed(ahead).max(1);
                     w.insert(timer(at, next_offset)).unwrap();
                     model.insert((at, next_offset), ());
+                    put.push(timer(at, next_offset));
                     next_offset += 64;
                 }
                 Op::Advance(by) => {
@@ -158,6 +164,17 @@ proptest! {
                     prop_assert_eq!(got, want);
                     prop_assert_eq!(w.pending(), model.len() as u64);
                 }
+                Op::Cancel(n) if !put.is_empty() => {
+                    let t = put[n % put.len()];
+                    let outcome = w.cancel(t).unwrap();
+                    if model.remove(&(t.deliver_at_ms, t.message_offset)).is_some() || cancelled.contains(&t) {
+                        prop_assert_eq!(outcome, CancelState::Cancelled, "{:?} was pending", t);
+                        cancelled.insert(t);
+                    } else {
+                        prop_assert_eq!(outcome, CancelState::AlreadyDelivered, "{:?} was delivered", t);
+                    }
+                }
+                Op::Cancel(_) => {}
             }
         }
     }
@@ -172,7 +189,7 @@ fn a_late_timer_not_yet_handed_out_is_found_again_after_a_restart() {
     w.insert(timer(START_MS - 3_600_000, 32)).unwrap();
     let resume = Resume { tick_second: w.tick_second() };
     drop(w);
-    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), HashSet::new(), 0).unwrap();
+    let mut w = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), Settled::default(), 0).unwrap();
     assert_eq!(w.tick(START_MS, 0).unwrap(), [timer(START_MS - 3_600_000, 32)]);
 }
 
