@@ -11,8 +11,8 @@ use crossbeam_channel::Receiver;
 use serde::{Deserialize, Serialize};
 
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{MessageView, RecordKind};
-use crate::consume_queue::ConsumeQueue;
+use crate::commitlog::record::{DeliveryView, MessageView, RecordKind};
+use crate::consume_queue::{ConsumeQueue, FLAG_TIMER_DELIVERY};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::message::ConsumedMessage;
 use crate::mmap::sync_parent_dir;
@@ -68,11 +68,28 @@ impl Consumer {
 
     fn read(&self, index: u64) -> Result<ConsumedMessage> {
         let entry = self.queue.read(index)?;
-        let record = self.log.read(entry.log_offset)?;
-        if record.kind != RecordKind::Message || record.bytes.len() != entry.record_len as usize {
-            let why = format!("consume-queue entry {index} does not point at a message record");
-            return Err(self.log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why)));
+        let pointed = self.log.read(entry.log_offset)?;
+        let bad = |why: &str| {
+            let why = format!("consume-queue entry {index} {why}");
+            self.log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
+        };
+        if pointed.bytes.len() != entry.record_len as usize {
+            return Err(bad("does not match the length of its record"));
         }
+        // A timer's entry points at its delivery record, which names the message.
+        let record = match (pointed.kind, entry.flags & FLAG_TIMER_DELIVERY != 0) {
+            (RecordKind::Message, false) => pointed,
+            (RecordKind::Delivery, true) => {
+                let delivery = DeliveryView::parse(&pointed.bytes)
+                    .map_err(|kind| self.log.corruption_at(pointed.offset, kind))?;
+                let record = self.log.read(delivery.message_offset)?;
+                if record.kind != RecordKind::Message {
+                    return Err(bad("names a delivery of something that is not a message"));
+                }
+                record
+            }
+            _ => return Err(bad("does not point at a message or a delivery record")),
+        };
         let view =
             MessageView::parse(&record.bytes).map_err(|kind| self.log.corruption_at(record.offset, kind))?;
         let properties = view.properties().map_err(|kind| self.log.corruption_at(record.offset, kind))?;

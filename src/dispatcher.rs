@@ -13,7 +13,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use crossbeam_channel::Sender;
 
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{DeliveryView, MessageView, RecordKind};
+use crate::commitlog::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
 use crate::consume_queue::{ConsumeQueue, Entry, FLAG_TIMER_DELIVERY, QueueRegistry, tag_hash};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::message::validate_topic;
@@ -101,10 +101,13 @@ impl Dispatcher {
                         return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
                     }
                     let view = self.message(at, original)?;
+                    // The entry points at the delivery record, so a queue's
+                    // entries stay in commit-log order (recovery relies on it);
+                    // consumers follow the delivery record to the message.
                     self.append_entry(
                         &view,
-                        at,
-                        original.len(),
+                        offset,
+                        DELIVERY_LEN,
                         delivery.delivered_at_ms,
                         FLAG_TIMER_DELIVERY,
                     )

@@ -126,6 +126,8 @@ impl Store {
             settled,
             delivery_scan_from,
         )?;
+        let mut wheel = wheel;
+        wheel.set_replay_range(replay_from..log.write_end());
         let wheel_checkpoint = WheelCheckpoint {
             indexed: replay_from,
             tick_second: wheel.tick_second(),
@@ -169,6 +171,7 @@ impl Store {
             deliver: config.deliver,
             indexed: replay_from,
             deferred_cancels: Vec::new(),
+            replay_end: log.write_end(),
         };
         let flusher = Flusher {
             log: Arc::clone(&log),

@@ -115,6 +115,11 @@ pub(crate) struct Ticker {
     pub indexed: u64,
     /// Cancels of timers the dispatcher has not sent yet.
     pub deferred_cancels: Vec<(Timer, Sender<Result<CancelOutcome>>)>,
+    /// The commit-log end at open: nothing is delivered until the replay of
+    /// the records before it has reached the wheel, so a timer indexed twice
+    /// (once before a crash, once by the replay) has both copies in place
+    /// before either comes up, and the second copy is dropped.
+    pub replay_end: u64,
 }
 
 impl Ticker {
@@ -140,7 +145,7 @@ impl Ticker {
                 return self.sync();
             }
             let now_ms = self.clock.now_ms();
-            if self.deliver {
+            if self.deliver && self.indexed >= self.replay_end {
                 self.deliver_due(now_ms)?;
             }
             if last_sync.elapsed() >= self.flush_interval {

@@ -197,6 +197,12 @@ pub(crate) struct Wheel {
     slot_cancels: HashSet<u64>,
     /// Loaded timers cancelled and not yet come up (still counted by `loaded`).
     cancelled_loaded: u64,
+    /// Commit-log offsets the dispatcher replays after a restart: their timers
+    /// may be indexed twice, in slots of different seconds (a late timer sits
+    /// in the slot of a later second), so the copies need not come up together.
+    replay_range: std::ops::Range<u64>,
+    /// Timers of the replay range handed out so far: a second copy is dropped.
+    replay_seen: HashSet<u64>,
     /// Timer-log entries written by cascades (re-indexing), for stats and tests.
     reindexed: u64,
 }
@@ -278,6 +284,8 @@ impl Wheel {
             cancel_entries: [0; 3],
             slot_cancels: HashSet::new(),
             cancelled_loaded: 0,
+            replay_range: 0..0,
+            replay_seen: HashSet::new(),
             reindexed: 0,
         };
         wheel.count_unloaded()?;
@@ -322,6 +330,11 @@ impl Wheel {
 
     fn slot_error(&self, index: u64, why: String) -> Error {
         Error::corruption(&self.path, Self::slot_offset(index) as u64, CorruptionKind::BadReference(why))
+    }
+
+    /// Declares the commit-log range the dispatcher replays after this open.
+    pub fn set_replay_range(&mut self, range: std::ops::Range<u64>) {
+        self.replay_range = range;
     }
 
     /// Indexes a timer. A timer due in a second already loaded is recorded in
@@ -429,8 +442,11 @@ impl Wheel {
                     Some(top) if top.deliver_at_ms <= now_ms => {
                         self.loaded.pop();
                         popped = true;
-                        // A timer indexed twice (replay after a crash) comes out twice in a row.
-                        let repeat = self.last_popped == Some(top);
+                        // A timer indexed twice (a cascade redone after a crash)
+                        // comes out twice in a row; one from the replay, at any time.
+                        let repeat = self.last_popped == Some(top)
+                            || (self.replay_range.contains(&top.message_offset)
+                                && !self.replay_seen.insert(top.message_offset));
                         if self.cancelled.contains(&top.message_offset) {
                             if !repeat {
                                 self.cancelled_loaded = self.cancelled_loaded.saturating_sub(1);
