@@ -27,7 +27,11 @@ pub fn crash_copy(from: &Path, to: &Path) {
         if entry.file_type().unwrap().is_dir() {
             crash_copy(&entry.path(), &target);
         } else {
-            std::fs::copy(entry.path(), target).unwrap();
+            // A temporary file may be renamed away while we copy: it is gone either way.
+            match std::fs::copy(entry.path(), target) {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+                other => drop(other.unwrap()),
+            }
         }
     }
 }
