@@ -49,6 +49,8 @@ pub struct Config {
     pub(crate) timer_log_file_entries: u64,
     pub(crate) disk_reserve: Option<u64>,
     pub(crate) deliver: bool,
+    pub(crate) max_index_lag: u64,
+    pub(crate) put_timeout: Duration,
 }
 
 /// The smallest segment size accepted (tests use it to roll segments quickly).
@@ -74,6 +76,8 @@ impl Config {
             timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
             disk_reserve: None,
             deliver: true,
+            max_index_lag: 256 << 20,
+            put_timeout: Duration::from_secs(10),
         }
     }
 
@@ -102,6 +106,21 @@ impl Config {
     /// the store recovers and indexes but fires nothing: for inspection.
     pub fn with_delivery(mut self, deliver: bool) -> Self {
         self.deliver = deliver;
+        self
+    }
+
+    /// How far (in commit-log bytes) the indexes may fall behind before `put`
+    /// waits for them (default 256 MiB). This bounds the replay after a crash,
+    /// and so recovery time.
+    pub fn with_max_index_lag(mut self, bytes: u64) -> Self {
+        self.max_index_lag = bytes;
+        self
+    }
+
+    /// How long a `put` waits for the indexes to catch up (or, in sync mode,
+    /// for the disk) before it fails with `Error::Busy` (default 10 s).
+    pub fn with_put_timeout(mut self, timeout: Duration) -> Self {
+        self.put_timeout = timeout;
         self
     }
 

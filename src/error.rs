@@ -29,6 +29,13 @@ pub enum Error {
     #[error("disk full: {} has {available} bytes free, a new segment needs {needed} (with the index reserve)", dir.display())]
     DiskFull { dir: PathBuf, needed: u64, available: u64 },
 
+    /// The indexes are too far behind the commit log and did not catch up
+    /// within the put timeout; nothing was written. Retry later.
+    #[error(
+        "store is busy: the indexes are {lag_bytes} bytes behind the commit log after waiting {waited_ms} ms"
+    )]
+    Busy { lag_bytes: u64, waited_ms: u64 },
+
     /// Another process (or another `Store` in this one) holds the directory.
     #[error("store directory {} is locked by another process", dir.display())]
     Locked { dir: PathBuf },

@@ -40,8 +40,6 @@ use crate::timer::wheel::{Resume, Settled, Timer, Wheel};
 
 /// The consumer group of [`Store::consumer`].
 pub const DEFAULT_GROUP: &str = "default";
-/// How long a sync-mode put waits for the disk before giving up.
-const SYNC_PUT_TIMEOUT: Duration = Duration::from_secs(30);
 /// Commands in flight from the dispatcher to the ticking thread (bounded:
 /// a dispatcher faster than the wheel waits instead of growing memory).
 const WHEEL_QUEUE: usize = 1 << 16;
@@ -209,6 +207,7 @@ impl Store {
     pub fn put(&self, message: Message) -> Result<Receipt> {
         message.validate(self.config.max_body_bytes())?;
         let queue_id = message.resolve_queue(self.config.queues_per_topic)?;
+        self.wait_for_indexes()?;
         let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
         if !*accepting {
             return Err(Error::Closed);
@@ -227,7 +226,7 @@ impl Store {
         }
         if self.config.flush_mode == FlushMode::Sync {
             let _ = self.wakes.flush.try_send(FlushSignal::Wake);
-            self.log.wait_durable(offset + len as u64, SYNC_PUT_TIMEOUT)?;
+            self.log.wait_durable(offset + len as u64, self.config.put_timeout)?;
         }
         let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
         Ok(Receipt { offset, queue_id, store_time_ms, deliver_at_ms })
@@ -246,7 +245,7 @@ impl Store {
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.wheel_commands.send(WheelCommand::Cancel(timer, reply)).map_err(|_| Error::Closed)?;
-        answer.recv_timeout(SYNC_PUT_TIMEOUT).map_err(|_| Error::Closed)?
+        answer.recv_timeout(self.config.put_timeout).map_err(|_| Error::Closed)?
     }
 
     /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`.
@@ -261,6 +260,26 @@ impl Store {
                 && MessageView::parse(bytes).is_ok_and(|v| v.timing.deliver_at_ms == handle.deliver_at_ms)
         });
         matches!(found, Ok((true, _)))
+    }
+
+    /// Back-pressure: waits while the indexes are more than the configured lag
+    /// behind the commit log, up to the put timeout, then answers `Busy`.
+    fn wait_for_indexes(&self) -> Result<()> {
+        let lag = || self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire));
+        if lag() <= self.config.max_index_lag {
+            return Ok(());
+        }
+        let started = std::time::Instant::now();
+        while lag() > self.config.max_index_lag {
+            if started.elapsed() >= self.config.put_timeout {
+                let waited_ms = started.elapsed().as_millis() as u64;
+                return Err(Error::Busy { lag_bytes: lag(), waited_ms });
+            }
+            self.log.check_poison()?;
+            let _ = self.wakes.dispatch.try_send(());
+            std::thread::sleep(Duration::from_micros(500));
+        }
+        Ok(())
     }
 
     /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`].

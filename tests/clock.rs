@@ -20,7 +20,9 @@ fn timers_due_during_a_year_of_downtime_arrive_at_restart_oldest_first() {
     let clock = ManualClock::new(T0);
     let store = store_at(dir.path(), &clock);
     // Put out of order: a day, an hour, a month, a minute ahead, and one beyond the downtime.
-    for (name, ahead) in [("day", DAY), ("hour", 3_600_000), ("month", 30 * DAY), ("minute", 60_000), ("late", 400 * DAY)] {
+    for (name, ahead) in
+        [("day", DAY), ("hour", 3_600_000), ("month", 30 * DAY), ("minute", 60_000), ("late", 400 * DAY)]
+    {
         store.put(Message::new("T", name).deliver_at_ms(T0 + ahead)).unwrap();
     }
     store.close().unwrap();

@@ -1,14 +1,15 @@
 //! `delaywheel demo`: the order-timeout story. A shop creates orders; each
 //! gets a payment timeout on a legacy delay level (level 2 = 5 s, level 3 =
-//! 10 s) or a receipt confirmation at an arbitrary time 1-15 s ahead. The
-//! timeouts land in their topics when due; the demo checks every one arrived
-//! once and never early, and reports lateness.
+//! 10 s) or a receipt confirmation at an arbitrary time 1-15 s ahead. A
+//! quarter of the orders with a timeout are paid in time, and their timeout is
+//! cancelled. The rest land in their topics when due; the demo checks each
+//! arrived once and never early, that no cancelled one arrived, and reports lateness.
 
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use delaywheel::{Clock, Config, Message, Store, SystemClock};
+use delaywheel::{CancelOutcome, Clock, Config, Message, Store, SystemClock};
 use hdrhistogram::Histogram;
 
 use crate::{Failure, store_dir};
@@ -38,6 +39,7 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
 
     let started = Instant::now();
     let mut latest_due = 0;
+    let mut paid = vec![false; orders as usize];
     for order in 0..orders {
         let body = format!("order-{order}");
         let message = match order % 3 {
@@ -47,9 +49,18 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         };
         let receipt = store.put(message.key(format!("order-{order}")))?;
         latest_due = latest_due.max(receipt.deliver_at_ms().unwrap_or(0));
+        // A quarter of the orders with a payment timeout are paid in time.
+        if order % 3 != 2 && rng.u8(0..4) == 0 {
+            let handle = receipt.handle().ok_or("a timed message without a handle")?;
+            if store.cancel(handle)? != CancelOutcome::Cancelled {
+                return Err(Failure::Run(format!("order-{order}: the timeout could not be cancelled")));
+            }
+            paid[order as usize] = true;
+        }
     }
+    let cancelled = paid.iter().filter(|&&p| p).count() as u64;
     println!(
-        "created {orders} orders in {:.2} s: {} payment timeouts (levels 2 and 3: 5 s, 10 s), {} receipt confirmations (1-15 s)",
+        "created {orders} orders in {:.2} s: {} payment timeouts (levels 2 and 3: 5 s, 10 s), {} receipt confirmations (1-15 s); {cancelled} orders paid, their timeouts cancelled",
         started.elapsed().as_secs_f64(),
         orders - orders / 3,
         orders / 3
@@ -63,7 +74,7 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
     let deadline_ms = latest_due + 30_000;
     let mut last_line = Instant::now();
     let mut delivered = 0u64;
-    while delivered < orders && clock.now_ms() < deadline_ms {
+    while delivered < orders - cancelled && clock.now_ms() < deadline_ms {
         for consumer in [&mut timeouts, &mut receipts] {
             for m in consumer.poll(4096, Duration::from_millis(2))? {
                 let now = clock.now_ms();
@@ -79,8 +90,18 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         }
         if last_line.elapsed() >= Duration::from_millis(500) {
             let pending = store.stats().pending;
-            print!("\r  waiting: {delivered} of {orders} timers delivered, {pending} pending   ");
-            std::io::Write::flush(&mut std::io::stdout())?;
+            let line = format!(
+                "  waiting: {delivered} of {} timers delivered, {pending} pending",
+                orders - cancelled
+            );
+            if std::io::IsTerminal::is_terminal(&std::io::stdout()) {
+                print!("\r{line}   ");
+                std::io::Write::flush(&mut std::io::stdout())?;
+            } else if last_line.elapsed() >= Duration::from_secs(2) {
+                println!("{line}");
+            } else {
+                continue;
+            }
             last_line = Instant::now();
         }
     }
@@ -88,10 +109,11 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
     drop((timeouts, receipts));
     store.close()?;
 
-    let lost = seen.iter().filter(|&&n| n == 0).count();
+    let lost = seen.iter().zip(&paid).filter(|&(&n, &paid)| n == 0 && !paid).count();
+    let fired_after_cancel = seen.iter().zip(&paid).filter(|&(&n, &paid)| n > 0 && paid).count();
     let duplicated: u64 = seen.iter().map(|&n| u64::from(n.saturating_sub(1))).sum();
     println!("delivered  {}", delivered - duplicated);
-    println!("cancelled  0 (cancelling arrives with the next piece of work)");
+    println!("cancelled  {cancelled} (fired anyway: {fired_after_cancel})");
     println!("lost       {lost}");
     println!("duplicated {duplicated}");
     println!("early      {early}");
@@ -103,8 +125,10 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
         lateness.value_at_quantile(0.999),
         lateness.max()
     );
-    if lost > 0 || duplicated > 0 || early > 0 {
-        return Err(Failure::Run(format!("{lost} lost, {duplicated} duplicated, {early} early")));
+    if lost > 0 || duplicated > 0 || early > 0 || fired_after_cancel > 0 {
+        return Err(Failure::Run(format!(
+            "{lost} lost, {duplicated} duplicated, {early} early, {fired_after_cancel} fired after a cancel"
+        )));
     }
     Ok(())
 }
