@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use clap::{Args, ValueEnum};
-use delaywheel::{Clock, Config, FlushMode, Message, Store, SystemClock};
+use delaywheel::{CancelOutcome, Clock, Config, FlushMode, Message, Store, SystemClock};
 use hdrhistogram::Histogram;
 
 use crate::{Failure, disk_bytes, heap_peak_bytes, lateness_json, rss_peak_bytes, store_dir};
@@ -109,6 +109,10 @@ impl Workload {
 /// Per message id: 0 not acknowledged, 1 acknowledged, 2 delivered, 3+ delivered twice or more.
 struct Ledger {
     state: Vec<AtomicU8>,
+    /// Cancelled with the answer `Cancelled`: must never be delivered.
+    cancelled: Vec<AtomicBool>,
+    fired_after_cancel: AtomicU64,
+    cancelled_count: AtomicU64,
     delivered: AtomicU64,
     duplicated: AtomicU64,
     early: AtomicU64,
@@ -119,8 +123,8 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     if args.scheduler == SchedulerArg::Buckets {
         return Err(Failure::Usage("--scheduler buckets: the bucket baseline is not built yet".into()));
     }
-    if args.cancel_ratio != 0.0 {
-        return Err(Failure::Usage("--cancel-ratio: cancelling is not built yet".into()));
+    if !(0.0..=1.0).contains(&args.cancel_ratio) {
+        return Err(Failure::Usage("--cancel-ratio must be between 0 and 1".into()));
     }
     if args.body_bytes < 8 || args.producers == 0 || args.messages == 0 {
         return Err(Failure::Usage(
@@ -143,6 +147,9 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     };
     let ledger = Arc::new(Ledger {
         state: (0..args.messages).map(|_| AtomicU8::new(0)).collect(),
+        cancelled: (0..args.messages).map(|_| AtomicBool::new(false)).collect(),
+        fired_after_cancel: AtomicU64::new(0),
+        cancelled_count: AtomicU64::new(0),
         delivered: AtomicU64::new(0),
         duplicated: AtomicU64::new(0),
         early: AtomicU64::new(0),
@@ -176,7 +183,13 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let lost = if args.no_wait && run_end_ms < latest_due + GRACE.as_millis() as u64 {
         0
     } else {
-        ledger.state.iter().filter(|s| s.load(Ordering::Acquire) == 1).count() as u64
+        let cancelled = |i: usize| ledger.cancelled[i].load(Ordering::Acquire);
+        ledger
+            .state
+            .iter()
+            .enumerate()
+            .filter(|(i, s)| s.load(Ordering::Acquire) == 1 && !cancelled(*i))
+            .count() as u64
     };
     let deliver_secs = first_last.map_or(0.0, |(first, last)| last.duration_since(first).as_secs_f64());
     let stats = store.stats();
@@ -187,7 +200,8 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "enqueue_secs": enqueue_secs,
         "enqueue_per_sec": args.messages as f64 / enqueue_secs,
         "delivered": delivered,
-        "cancelled": 0,
+        "cancelled": ledger.cancelled_count.load(Ordering::Acquire),
+        "fired_after_cancel": ledger.fired_after_cancel.load(Ordering::Acquire),
         "lost": lost,
         "duplicated": ledger.duplicated.load(Ordering::Acquire),
         "early": ledger.early.load(Ordering::Acquire),
@@ -244,6 +258,7 @@ fn put_all(
             let (store, ledger) = (Arc::clone(store), Arc::clone(ledger));
             let ids = (p * per_producer)..((p + 1) * per_producer).min(args.messages);
             let body_bytes = args.body_bytes;
+            let cancel_ratio = args.cancel_ratio;
             std::thread::spawn(move || -> Result<u64, String> {
                 let mut rng = fastrand::Rng::with_seed(0x5eed ^ p);
                 let mut latest = 0;
@@ -257,6 +272,16 @@ fn put_all(
                         .map_err(|e| e.to_string())?;
                     latest = latest.max(receipt.deliver_at_ms().unwrap_or(now));
                     ledger.state[id as usize].store(1, Ordering::Release);
+                    if cancel_ratio > 0.0 && rng.f64() < cancel_ratio {
+                        let handle = receipt.handle().ok_or("a timed message without a handle")?;
+                        // Mark first: a delivery racing the answer must not count as lost.
+                        ledger.cancelled[id as usize].store(true, Ordering::Release);
+                        if store.cancel(handle).map_err(|e| e.to_string())? == CancelOutcome::Cancelled {
+                            ledger.cancelled_count.fetch_add(1, Ordering::AcqRel);
+                        } else {
+                            ledger.cancelled[id as usize].store(false, Ordering::Release);
+                        }
+                    }
                 }
                 Ok(latest)
             })
@@ -299,6 +324,9 @@ fn consume(
                 ledger.early.fetch_add(1, Ordering::AcqRel);
             }
             lateness.saturating_record(now_ms.saturating_sub(due));
+            if ledger.cancelled.get(id as usize).is_some_and(|c| c.load(Ordering::Acquire)) {
+                ledger.fired_after_cancel.fetch_add(1, Ordering::AcqRel);
+            }
             match ledger.state.get(id as usize).map(|s| s.fetch_add(1, Ordering::AcqRel)) {
                 Some(1) => ledger.delivered.fetch_add(1, Ordering::AcqRel),
                 Some(_) => ledger.duplicated.fetch_add(1, Ordering::AcqRel),
@@ -317,7 +345,9 @@ fn wait_for_deliveries(ledger: &Ledger, acked: u64, latest_due_ms: u64, quiet: b
     let mut last_line = Instant::now();
     loop {
         let delivered = ledger.delivered.load(Ordering::Acquire) + ledger.duplicated.load(Ordering::Acquire);
-        if ledger.delivered.load(Ordering::Acquire) >= acked || SystemClock.now_ms() > deadline_ms {
+        let cancelled = ledger.cancelled_count.load(Ordering::Acquire);
+        if ledger.delivered.load(Ordering::Acquire) + cancelled >= acked || SystemClock.now_ms() > deadline_ms
+        {
             break;
         }
         if !quiet && last_line.elapsed() >= Duration::from_secs(1) {
