@@ -92,9 +92,8 @@ struct Recovered {
     report: RecoveryReport,
     replay_from: u64,
     checkpoint: CheckpointFile,
-    resume: Option<Resume>,
-    settled: Settled,
-    /// Where the scan for `delivered` started; it stays the scan start until the ticker moves on.
+    wheel: Wheel,
+    /// Where the scan for settled timers started; it stays the scan start until the ticker moves on.
     delivery_scan_from: u64,
 }
 
@@ -110,20 +109,11 @@ impl Store {
         let _span = tracing::info_span!("open", dir = %dir.display()).entered();
 
         let recovered = recover(&config)?;
-        let Recovered { log, report, replay_from, mut checkpoint, resume, settled, delivery_scan_from } =
-            recovered;
+        let Recovered { log, report, replay_from, mut checkpoint, wheel, delivery_scan_from } = recovered;
         let queues =
             Arc::new(QueueRegistry::open(&dir.join("consumequeue"), config.queue_file_entries, replay_from)?);
         let offsets = Arc::new(OffsetStore::open(&dir.join("consumer_offsets.json"))?);
         let now_ms = config.clock.now_ms();
-        let wheel = Wheel::open(
-            &dir.join("timer"),
-            config.timer_log_file_entries,
-            now_ms,
-            resume,
-            settled,
-            delivery_scan_from,
-        )?;
         let mut wheel = wheel;
         wheel.set_replay_range(replay_from..log.write_end());
         let wheel_checkpoint = WheelCheckpoint {
@@ -399,9 +389,29 @@ fn recover(config: &Config) -> Result<Recovered> {
     log.flush()?;
     let replay_from = plan.start.unwrap_or(0).clamp(log.start(), log.write_end());
     let scan_from = trusted.map_or(log.start(), |cp| cp.delivery_scan_from.min(replay_from)).max(log.start());
-    let settled = scan_settled(&log, scan_from)?;
     let resume = trusted.map(|cp| Resume { tick_second: cp.tick_second });
-    Ok(Recovered { log, report, replay_from, checkpoint, resume, settled, delivery_scan_from: scan_from })
+    let open_wheel = |resume, scan_from| -> Result<Wheel> {
+        let settled = scan_settled(&log, scan_from)?;
+        let now_ms = config.clock.now_ms();
+        Wheel::open(&dir.join("timer"), config.timer_log_file_entries, now_ms, resume, settled, scan_from)
+    };
+    // Only a wheel resumed from a checkpoint can be damaged; a new one is built here.
+    let resumed = match open_wheel(resume, scan_from) {
+        Ok(wheel) if resume.is_none() || wheel.chains_intact() => Some(wheel),
+        Ok(_) => None,
+        Err(Error::Corruption { .. }) if resume.is_some() => None,
+        Err(e) => return Err(e),
+    };
+    let (wheel, replay_from, scan_from) = match resumed {
+        Some(wheel) => (wheel, replay_from, scan_from),
+        None => {
+            // The wheel files are newer than what they chain to (a power loss
+            // tore them): rebuild every index from the start of the log.
+            tracing::warn!(dir = %dir.display(), "the wheel is damaged; rebuilding the indexes from the commit log");
+            (open_wheel(None, log.start())?, log.start(), log.start())
+        }
+    };
+    Ok(Recovered { log, report, replay_from, checkpoint, wheel, delivery_scan_from: scan_from })
 }
 
 /// The timers that fired or were cancelled, from the delivery and cancel

@@ -292,6 +292,22 @@ impl Wheel {
         Ok(wheel)
     }
 
+    /// Whether every slot still holding timers starts a chain that exists:
+    /// its head entry is below the timer log's end and passes its checksum.
+    /// After a power loss the wheel file may be newer than the timer log; a
+    /// broken chain cannot be followed, so the caller rebuilds the wheel.
+    pub fn chains_intact(&self) -> bool {
+        LEVELS.iter().enumerate().all(|(level, l)| {
+            (0..l.slots).all(|i| match self.read_slot(slot_index(level, i)) {
+                Ok(slot) if slot.count == 0 || !self.is_live(level, slot.window) => true,
+                Ok(slot) => {
+                    slot.head != 0 && slot.head < self.log.end() && self.log.read_linked(slot.head).is_ok()
+                }
+                Err(_) => false,
+            })
+        })
+    }
+
     fn count_unloaded(&mut self) -> Result<()> {
         for (level, l) in LEVELS.iter().enumerate() {
             for i in 0..l.slots {
