@@ -6,13 +6,13 @@
 //! `cargo test --test crash` runs 20 kills; `DELAYWHEEL_CRASH_KILLS=50` runs
 //! more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use delaywheel::{Clock, Config, Message, Store, SystemClock};
+use delaywheel::{CancelOutcome, Clock, Config, Message, Store, SystemClock};
 
 const TOPIC: &str = "CrashTopic";
 const CHILD_ENV: &str = "DELAYWHEEL_CRASH_CHILD";
@@ -27,7 +27,8 @@ fn config(dir: &Path) -> Config {
 }
 
 /// The child: puts timed messages due 0-1.5 s ahead, forever, and prints the
-/// id of each one `put` acknowledged.
+/// id of each one `put` acknowledged; cancels one in eight right away and
+/// prints `c <id>` when the answer is `Cancelled`.
 fn child(dir: &str) -> ! {
     let store = Store::open(config(Path::new(dir))).expect("child opens the store");
     let mut rng = fastrand::Rng::new();
@@ -35,8 +36,14 @@ fn child(dir: &str) -> ! {
     for id in 0u64.. {
         let at = SystemClock.now_ms() + rng.u64(0..1_500);
         let body = id.to_le_bytes().to_vec();
-        store.put(Message::new(TOPIC, body).deliver_at_ms(at)).expect("put");
+        let receipt = store.put(Message::new(TOPIC, body).deliver_at_ms(at)).expect("put");
         writeln!(out, "{id}").expect("stdout");
+        if id % 8 == 3 {
+            let handle = receipt.handle().expect("a timer");
+            if store.cancel(handle).expect("cancel") == CancelOutcome::Cancelled {
+                writeln!(out, "c {id}").expect("stdout");
+            }
+        }
         if id % 64 == 0 {
             out.flush().expect("stdout");
         }
@@ -51,10 +58,12 @@ fn child(dir: &str) -> ! {
 #[derive(Debug, Default)]
 struct Audit {
     acked: usize,
+    cancelled: usize,
     delivered: usize,
     lost: usize,
     duplicated: usize,
     early: usize,
+    fired_after_cancel: usize,
 }
 
 fn run_once(seed: u64, kill_after: Duration) -> Audit {
@@ -67,13 +76,20 @@ fn run_once(seed: u64, kill_after: Duration) -> Audit {
         .expect("spawn child");
     // Read the acknowledgements as they come, so the child never blocks on a full pipe.
     let stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || -> Vec<u64> {
-        BufReader::new(stdout).lines().map_while(Result::ok).filter_map(|l| l.parse().ok()).collect()
+    let reader = std::thread::spawn(move || -> (Vec<u64>, HashSet<u64>) {
+        let (mut acked, mut cancelled) = (Vec::new(), HashSet::new());
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            match line.strip_prefix("c ") {
+                Some(id) => cancelled.extend(id.parse::<u64>().ok()),
+                None => acked.extend(line.parse::<u64>().ok()),
+            }
+        }
+        (acked, cancelled)
     });
     std::thread::sleep(kill_after);
     child.kill().expect("SIGKILL");
     child.wait().expect("reap child");
-    let acked = reader.join().expect("reader thread");
+    let (acked, cancelled) = reader.join().expect("reader thread");
 
     let store = Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
     let mut consumer = store.consumer_in_group("audit", TOPIC, 0).expect("consumer");
@@ -89,7 +105,7 @@ fn run_once(seed: u64, kill_after: Duration) -> Audit {
                 early += 1;
             }
         }
-        let all_acked_seen = acked.iter().all(|id| seen.contains_key(id));
+        let all_acked_seen = acked.iter().all(|id| seen.contains_key(id) || cancelled.contains(id));
         if batch.is_empty() && all_acked_seen && store.stats().pending == 0 {
             break;
         }
@@ -101,10 +117,17 @@ fn run_once(seed: u64, kill_after: Duration) -> Audit {
     store.close().expect("close");
     Audit {
         acked: acked.len(),
+        cancelled: cancelled.len(),
         delivered: seen.len(),
-        lost: acked.iter().filter(|id| !seen.contains_key(id)).count(),
+        // A cancel whose answer was not printed before the kill may or may not
+        // have happened: such a timer may fire or not, but not twice.
+        lost: acked
+            .iter()
+            .filter(|id| !seen.contains_key(id) && !cancelled.contains(id) && *id % 8 != 3)
+            .count(),
         duplicated: seen.values().map(|&n| n.saturating_sub(1)).sum(),
         early,
+        fired_after_cancel: cancelled.iter().filter(|id| seen.contains_key(id)).count(),
     }
 }
 
@@ -123,8 +146,13 @@ fn main() {
     for kill in 0..kills {
         let kill_after = Duration::from_millis(rng.u64(150..1_200));
         let audit = run_once(seed, kill_after);
-        let ok =
-            audit.lost == 0 && audit.duplicated == 0 && audit.early == 0 && audit.delivered >= audit.acked;
+        // Every acknowledged timer either fired or was cancelled (those whose
+        // cancel answer died with the child may have gone either way).
+        let ok = audit.lost == 0
+            && audit.duplicated == 0
+            && audit.early == 0
+            && audit.fired_after_cancel == 0
+            && audit.delivered + audit.cancelled >= audit.acked - audit.acked / 8;
         println!("kill {kill} after {kill_after:?}: {audit:?} {}", if ok { "ok" } else { "FAILED" });
         failed += u64::from(!ok);
     }
