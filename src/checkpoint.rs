@@ -1,7 +1,7 @@
 //! The store checkpoint: how far the log is known durable and how far the
 //! indexes are built, so recovery starts there instead of at the beginning.
 //!
-//! It is double-buffered: two 64-byte slots at file offsets 0 and 512, written
+//! It is double-buffered: two 96-byte slots at file offsets 0 and 512, written
 //! alternately with a sequence number and a CRC. A torn write damages only the
 //! slot being written; reading takes the valid slot with the higher sequence,
 //! so the previous checkpoint is the fallback. The checkpoint is an index too:

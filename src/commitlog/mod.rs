@@ -131,13 +131,29 @@ impl CommitLog {
     /// record's offset. Returns the offset. A record never spans two segments.
     /// Returns the offset and whether the prefaulter should be woken.
     pub fn append(&self, len: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<(u64, bool)> {
+        self.append_inner(len, encode, false)
+    }
+
+    /// Like [`append`](Self::append), but may start a segment inside the disk
+    /// reserve: for the ticking thread's deliveries and cancels, which must not
+    /// fail where a `put` is refused.
+    pub fn append_reserved(&self, len: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<(u64, bool)> {
+        self.append_inner(len, encode, true)
+    }
+
+    fn append_inner(
+        &self,
+        len: usize,
+        encode: impl FnOnce(&mut [u8], u64),
+        reserved: bool,
+    ) -> Result<(u64, bool)> {
         self.check_poison()?;
         let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
         if tail.end + len as u64 > tail.base + self.segment_size {
-            self.roll(&mut tail)?;
+            self.roll(&mut tail, reserved)?;
         }
         let offset = tail.end;
         let local = (offset - tail.base) as usize;
@@ -150,9 +166,11 @@ impl CommitLog {
 
     /// Starts the next segment: create it first (the only step that can fail for
     /// want of space), then pad the old one so readers know to move on.
-    fn roll(&self, tail: &mut Tail) -> Result<()> {
+    fn roll(&self, tail: &mut Tail, reserved: bool) -> Result<()> {
         let next_base = tail.base + self.segment_size;
-        self.check_free_space()?;
+        if !reserved {
+            self.check_free_space()?;
+        }
         let next = segment::create(&self.dir, next_base, self.segment_size)?;
         let local = (tail.end - tail.base) as usize;
         let rest = self.segment_size as usize - local;

@@ -99,6 +99,16 @@ pub(crate) fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError
     Ok(frame)
 }
 
+/// Checks the CRC of a record whose frame header was already checked.
+pub(crate) fn check_crc(record: &[u8], offset: u64) -> Result<(), CorruptionKind> {
+    let stored = get_u32(record, CRC_OFFSET);
+    let computed = crc_at(offset, &record[LEN_OFFSET..]);
+    if stored != computed {
+        return Err(CorruptionKind::ChecksumMismatch { stored, computed });
+    }
+    Ok(())
+}
+
 /// Checks the frame header alone (kind, version, length), not the CRC: for
 /// records whose checksum this process already knows to be good.
 pub(crate) fn check_header(bytes: &[u8]) -> Result<Frame, FrameError> {

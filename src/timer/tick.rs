@@ -16,7 +16,7 @@ use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_d
 use crate::error::Result;
 use crate::message::CancelOutcome;
 use crate::mmap::Mapped;
-use crate::timer::wheel::{CancelState, Timer, Wheel};
+use crate::timer::wheel::{CancelState, CancelTarget, Timer, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -148,7 +148,10 @@ impl Ticker {
             if self.deliver && self.indexed >= self.replay_end {
                 self.deliver_due(now_ms)?;
             }
-            if last_sync.elapsed() >= self.flush_interval {
+            // Sync only with nothing due: every timer indexed so far is then
+            // either delivered or in a slot the next open reloads.
+            let nothing_due = self.wheel.next_due_ms().is_none_or(|due| due > now_ms);
+            if last_sync.elapsed() >= self.flush_interval && nothing_due {
                 self.sync()?;
                 last_sync = Instant::now();
             }
@@ -189,17 +192,24 @@ impl Ticker {
     /// delivers or cancels, so the answer and the record agree.
     fn cancel(&mut self, timer: Timer, reply: Sender<Result<CancelOutcome>>) -> Result<()> {
         let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
-        let outcome = match self.wheel.cancel(timer) {
-            Ok(CancelState::AlreadyDelivered) => Ok(CancelOutcome::AlreadyDelivered),
-            Ok(CancelState::Cancelled) => {
+        // Decide, write the record, then change the wheel: a cancel that could
+        // not be recorded changes nothing.
+        let target = self.wheel.locate_for_cancel(&timer);
+        let outcome = match target {
+            CancelTarget::AlreadyDelivered => Ok(CancelOutcome::AlreadyDelivered),
+            CancelTarget::AlreadyCancelled => Ok(CancelOutcome::Cancelled),
+            _ => {
                 let now_ms = self.clock.now_ms();
                 self.log
-                    .append(CANCEL_LEN, |buf, offset| {
+                    .append_reserved(CANCEL_LEN, |buf, offset| {
                         encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);
                     })
-                    .map(|_| CancelOutcome::Cancelled)
+                    .and_then(|_| self.wheel.apply_cancel(timer, target))
+                    .map(|state| match state {
+                        CancelState::Cancelled => CancelOutcome::Cancelled,
+                        CancelState::AlreadyDelivered => CancelOutcome::AlreadyDelivered,
+                    })
             }
-            Err(e) => Err(e),
         };
         let failed = outcome.is_err();
         let _ = reply.send(outcome);
@@ -227,7 +237,7 @@ impl Ticker {
             let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
             let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
             for timer in &due {
-                self.log.append(DELIVERY_LEN, |buf, offset| {
+                self.log.append_reserved(DELIVERY_LEN, |buf, offset| {
                     encode_delivery(buf, offset, now_ms, timer.message_offset);
                 })?;
                 stats.lateness_ms.saturating_record(now_ms - timer.deliver_at_ms);

@@ -4,7 +4,7 @@
 //! # Geometry
 //! | level | slot covers | slots | level spans |
 //! |---|---|---|---|
-//! | 0 | 1 s | 2^16 + 1 | 18.2 h |
+//! | 0 | 1 s | 2^16 + 64 | 18.2 h |
 //! | 1 | 2^15 s (9.1 h) | 2^13 | 8.5 years |
 //! | 2 | 2^27 s (4.25 years) | 2^11 | 8,700 years |
 //!
@@ -45,15 +45,19 @@ pub(crate) struct Level {
 }
 
 pub(crate) const LEVELS: [Level; 3] = [
-    Level { window_shift: 0, slots: (1 << 16) + 1 },
+    Level { window_shift: 0, slots: (1 << 16) + LOAD_AHEAD },
     Level { window_shift: 15, slots: 1 << 13 },
     Level { window_shift: 27, slots: 1 << 11 },
 ];
-/// Seconds ahead of the next second to load that level 0 takes: 2^16, so a
-/// level-1 window cascaded one window early fits whole. Level 0 has one slot
-/// more than that, so the slot of the newest loaded second (where late timers
-/// go) is never the slot of a second level 0 may still take.
-const L0_SPAN: u64 = 1 << 16;
+/// How many seconds the wheel may load past the oldest second still holding
+/// undelivered timers (its tick second).
+const LOAD_AHEAD: u64 = 64;
+/// Level 0 takes a timer due before `tick second + L0_SPAN`: its slot count,
+/// so no slot of a second that may still hold undelivered timers (or be
+/// reloaded after a restart) is reused for a later second. A level-1 window
+/// cascaded one window early, with the tick second at most `LOAD_AHEAD`
+/// behind, fits whole.
+const L0_SPAN: u64 = LEVELS[0].slots;
 const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
 
 /// Bytes per slot record in the wheel file.
@@ -66,7 +70,7 @@ const S_CANCELS: usize = S_LEVEL + 4;
 const S_CRC: usize = S_CANCELS + 4;
 const _: () = assert!(S_CRC + 4 == SLOT_LEN);
 /// The wheel file header's `a`: which geometry the file was laid out for.
-const GEOMETRY_ID: u64 = 0x0110_0F0D_1B0B;
+const GEOMETRY_ID: u64 = 0x0210_0F0D_1B0B;
 
 /// A timer: the message it delivers and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -127,12 +131,13 @@ pub(crate) fn slot_index(level: usize, window: u64) -> u64 {
 }
 
 /// The level and window a timer due in second `sec` goes to, when `cur` is the
-/// next second to load. `None`: it is due already.
-pub(crate) fn place(sec: u64, cur: u64) -> Option<(usize, u64)> {
+/// next second to load and `tick` the oldest second that may hold undelivered
+/// timers. `None`: it is due already.
+pub(crate) fn place(sec: u64, cur: u64, tick: u64) -> Option<(usize, u64)> {
     if sec < cur {
         return None;
     }
-    if sec - cur < L0_SPAN {
+    if sec < tick.min(cur) + L0_SPAN {
         return Some((0, sec));
     }
     let (w1, c1) = (sec >> LEVELS[1].window_shift, cur >> LEVELS[1].window_shift);
@@ -203,6 +208,10 @@ pub(crate) struct Wheel {
     replay_range: std::ops::Range<u64>,
     /// Timers of the replay range handed out so far: a second copy is dropped.
     replay_seen: HashSet<u64>,
+    /// Seconds up to this one may have been loaded before the last restart.
+    reloaded_through: u64,
+    /// The mark given at open.
+    open_mark: u64,
     /// Timer-log entries written by cascades (re-indexing), for stats and tests.
     reindexed: u64,
 }
@@ -218,6 +227,19 @@ impl Settled {
     fn contains(&self, offset: &u64) -> bool {
         self.delivered.contains(offset) || self.cancelled.contains(offset)
     }
+}
+
+/// Where a cancel finds its timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CancelTarget {
+    AlreadyCancelled,
+    AlreadyDelivered,
+    /// In a slot not loaded yet: a cancel entry goes there.
+    Slot,
+    /// In the second being read in.
+    Prefetching,
+    /// Loaded in memory, not yet handed out.
+    Loaded,
 }
 
 /// What [`Wheel::cancel`] found.
@@ -286,6 +308,10 @@ impl Wheel {
             cancelled_loaded: 0,
             replay_range: 0..0,
             replay_seen: HashSet::new(),
+            // Before a restart the wheel loaded at most one second past the
+            // clock (a clock that moved back since may have let it load more).
+            reloaded_through: if resume.is_some() { now_ms / 1000 + 2 } else { 0 },
+            open_mark: mark,
             reindexed: 0,
         };
         wheel.count_unloaded()?;
@@ -357,28 +383,40 @@ impl Wheel {
     /// the newest loaded second's slot (so a restart finds it again) and handed
     /// to the loaded timers at once.
     pub fn insert(&mut self, timer: Timer) -> Result<()> {
+        if self.settled.contains(&timer.message_offset) {
+            // Fired or cancelled before a restart: the replay sends it again.
+            return Ok(());
+        }
         let sec = timer.deliver_at_ms / 1000;
         if sec <= self.loaded_through {
             let second = self.loaded_through;
-            self.append_to_slot(0, second, timer, false)?;
-            if !self.settled.contains(&timer.message_offset) {
-                self.loaded.add_late(second, self.loaded_through_mark, timer);
+            let slot = self.read_slot(slot_index(0, second))?;
+            if slot.count > 0 && slot.window != second && self.is_live(0, slot.window) {
+                // After a restart the slot may already hold a second the wheel
+                // reached before it. The timer is due now: it is handed out in
+                // this tick, before the next checkpoint could skip its replay.
+                tracing::debug!(second, "late timer kept in memory: its slot holds a later second");
+            } else {
+                self.append_to_slot(0, second, timer, false)?;
             }
+            self.loaded.add_late(second, self.loaded_through_mark, timer);
             return Ok(());
         }
         if let Some(prefetch) = &mut self.prefetch
             && prefetch.second == sec
         {
             // The walk started below this entry, so it is not read twice.
-            if !self.settled.contains(&timer.message_offset) {
-                prefetch.timers.push(timer);
-            }
+            prefetch.timers.push(timer);
             return self.append_to_slot(0, sec, timer, false);
         }
-        let (level, window) = place(sec, self.loaded_through + 1).expect("a second not yet loaded");
+        let (level, window) = self.place(sec).expect("a second not yet loaded");
         self.append_to_slot(level, window, timer, false)?;
         self.unloaded[level] += 1;
         Ok(())
+    }
+
+    fn place(&self, sec: u64) -> Option<(usize, u64)> {
+        place(sec, self.loaded_through + 1, self.tick_second())
     }
 
     /// Cancels a pending timer. Not yet loaded: a cancel entry goes to the
@@ -387,33 +425,66 @@ impl Wheel {
     /// O(pending)). Loaded: it is dropped when it comes up. Timers of seconds
     /// already handed out answer `AlreadyDelivered`.
     pub fn cancel(&mut self, timer: Timer) -> Result<CancelState> {
+        let where_ = self.locate_for_cancel(&timer);
+        self.apply_cancel(timer, where_)
+    }
+
+    /// What cancelling `timer` would answer, without changing anything: the
+    /// caller writes the cancel record before [`apply_cancel`](Self::apply_cancel).
+    pub fn locate_for_cancel(&self, timer: &Timer) -> CancelTarget {
         let offset = timer.message_offset;
         if self.settled.cancelled.contains(&offset)
             || self.cancelled.contains(&offset)
             || self.slot_cancels.contains(&offset)
         {
-            return Ok(CancelState::Cancelled);
+            return CancelTarget::AlreadyCancelled;
         }
         if self.settled.delivered.contains(&offset) {
-            return Ok(CancelState::AlreadyDelivered);
+            return CancelTarget::AlreadyDelivered;
         }
         let sec = timer.deliver_at_ms / 1000;
-        let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
-        if sec > self.loaded_through && !prefetching {
-            let (level, window) = place(sec, self.loaded_through + 1).expect("a second not yet loaded");
-            self.append_to_slot(level, window, timer, true)?;
-            self.unloaded[level] += 1;
-            self.cancel_entries[level] += 1;
-            self.slot_cancels.insert(offset);
-            return Ok(CancelState::Cancelled);
+        if self.prefetch.as_ref().is_some_and(|p| p.second == sec) {
+            return CancelTarget::Prefetching;
         }
-        // Loaded (or being loaded): pending exactly if not yet handed out.
-        if prefetching || self.loaded.contains(&timer) {
-            self.cancelled.insert(offset);
-            self.cancelled_loaded += 1;
-            return Ok(CancelState::Cancelled);
+        if sec > self.loaded_through {
+            return CancelTarget::Slot;
         }
-        Ok(CancelState::AlreadyDelivered)
+        // Loaded: pending exactly if not yet handed out (a replayed copy may have been).
+        if self.loaded.contains(timer) && !self.replay_seen.contains(&offset) {
+            return CancelTarget::Loaded;
+        }
+        CancelTarget::AlreadyDelivered
+    }
+
+    /// Carries out a cancel located by [`locate_for_cancel`](Self::locate_for_cancel).
+    pub fn apply_cancel(&mut self, timer: Timer, target: CancelTarget) -> Result<CancelState> {
+        let offset = timer.message_offset;
+        let sec = timer.deliver_at_ms / 1000;
+        match target {
+            CancelTarget::AlreadyCancelled => {}
+            CancelTarget::AlreadyDelivered => return Ok(CancelState::AlreadyDelivered),
+            CancelTarget::Slot => {
+                let (level, window) = self.place(sec).expect("a second not yet loaded");
+                self.append_to_slot(level, window, timer, true)?;
+                self.unloaded[level] += 1;
+                self.cancel_entries[level] += 1;
+                self.slot_cancels.insert(offset);
+            }
+            CancelTarget::Prefetching => {
+                // Being read in: the walk started below any entry appended now,
+                // so the cancel entry is for a restart, the walk's set for now.
+                self.append_to_slot(0, sec, timer, true)?;
+                if let Some(prefetch) = &mut self.prefetch {
+                    prefetch.cancels.insert(offset);
+                }
+                self.cancelled.insert(offset);
+            }
+            CancelTarget::Loaded => {
+                self.cancelled.insert(offset);
+                self.cancelled_loaded += 1;
+            }
+        }
+        Ok(CancelState::Cancelled)
     }
 
     /// Appends a timer-log entry (a timer, or a cancel) to the chain of `window`'s slot on `level`.
@@ -494,6 +565,12 @@ impl Wheel {
                     self.prefetch = Some(prefetch);
                     return Ok(());
                 }
+                if prefetch.cursor != 0 {
+                    return Err(
+                        self.slot_error(prefetch.slot, "the chain is longer than the slot count".into())
+                    );
+                }
+                let mark = self.mark_for(prefetch.second, mark);
                 let mut timers = prefetch.timers;
                 self.cancel_entries[0] =
                     self.cancel_entries[0].saturating_sub(u64::from(prefetch.cancel_entries));
@@ -505,12 +582,19 @@ impl Wheel {
                         self.cancelled.insert(*offset);
                     }
                 }
-                self.loaded.push(prefetch.second, mark, timers);
+                // A second left empty (all cancelled, or fired before a
+                // restart) is not kept: it would only take a loading place.
+                if !timers.is_empty() {
+                    self.loaded.push(prefetch.second, mark, timers);
+                }
                 self.loaded_through = prefetch.second;
                 self.loaded_through_mark = mark;
                 continue;
             }
-            if self.loaded_through > now_sec || self.loaded.len() >= MAX_LOADED {
+            if self.loaded_through > now_sec
+                || self.loaded.len() >= MAX_LOADED
+                || self.loaded_through + 1 >= self.tick_second() + LOAD_AHEAD
+            {
                 return Ok(());
             }
             let s = self.loaded_through + 1;
@@ -521,8 +605,15 @@ impl Wheel {
             }
             if self.unloaded[0] == 0 {
                 let next_boundary = ((s >> LEVELS[1].window_shift) + 1) << LEVELS[1].window_shift;
-                self.loaded_through = (next_boundary - 1).min(now_sec + 1);
-                self.loaded_through_mark = mark;
+                // With nothing undelivered loaded, no slot needs protecting.
+                let holding = self.loaded.len() > 0 || self.prefetch.is_some();
+                let limit = if holding {
+                    (now_sec + 1).min(self.tick_second() + LOAD_AHEAD - 1)
+                } else {
+                    now_sec + 1
+                };
+                self.loaded_through = (next_boundary - 1).min(limit).max(self.loaded_through);
+                self.loaded_through_mark = self.mark_for(self.loaded_through, mark);
                 continue;
             }
             let index = slot_index(0, s);
@@ -541,9 +632,16 @@ impl Wheel {
                 });
             } else {
                 self.loaded_through = s;
-                self.loaded_through_mark = mark;
+                self.loaded_through_mark = self.mark_for(s, mark);
             }
         }
+    }
+
+    /// The mark a second loaded now gets. A second the wheel may already have
+    /// loaded before the last restart keeps the open-time mark: deliveries
+    /// of its timers from before the restart lie after that mark, not after now.
+    fn mark_for(&self, second: u64, mark: u64) -> u64 {
+        if second <= self.reloaded_through { self.open_mark } else { mark }
     }
 
     /// Reads up to `budget` entries of a prefetching slot's chain.

@@ -20,13 +20,15 @@ fn timer(deliver_at_ms: u64, message_offset: u64) -> Timer {
 #[test]
 fn placement_boundaries() {
     let cur = 1 << 20;
-    assert_eq!(place(cur - 1, cur), None, "a past second is due");
-    assert_eq!(place(cur, cur), Some((0, cur)));
-    assert_eq!(place(cur + L0_SPAN - 1, cur), Some((0, cur + L0_SPAN - 1)));
-    assert_eq!(place(cur + L0_SPAN, cur), Some((1, (cur + L0_SPAN) >> 15)));
+    assert_eq!(place(cur - 1, cur, cur), None, "a past second is due");
+    assert_eq!(place(cur, cur, cur), Some((0, cur)));
+    assert_eq!(place(cur + L0_SPAN - 1, cur, cur), Some((0, cur + L0_SPAN - 1)));
+    assert_eq!(place(cur + L0_SPAN, cur, cur), Some((1, (cur + L0_SPAN) >> 15)));
+    // An older undelivered second keeps its slot from being reused.
+    assert_eq!(place(cur + L0_SPAN - 1, cur, cur - 1), Some((1, (cur + L0_SPAN - 1) >> 15)));
     let l1_limit = ((cur >> 15) + LEVELS[1].slots) << 15;
-    assert_eq!(place(l1_limit - 1, cur), Some((1, (l1_limit - 1) >> 15)));
-    assert_eq!(place(l1_limit, cur), Some((2, l1_limit >> 27)));
+    assert_eq!(place(l1_limit - 1, cur, cur), Some((1, (l1_limit - 1) >> 15)));
+    assert_eq!(place(l1_limit, cur, cur), Some((2, l1_limit >> 27)));
     let last = crate::message::MAX_DELIVER_AT_MS / 1000;
     assert!(last >> 27 < LEVELS[2].slots, "level 2 reaches past the year 9999 without wrapping");
 }
