@@ -7,12 +7,7 @@ use std::time::Duration;
 use common::*;
 use delaywheel::{CancelOutcome, Handle, ManualClock, Message, Store};
 
-const T0: u64 = 1_700_000_000_000;
 const YEAR: u64 = 365 * 86_400_000;
-
-fn store_at(dir: &std::path::Path, clock: &ManualClock) -> Store {
-    Store::open(small_config(dir).with_clock(clock.clone())).unwrap()
-}
 
 fn put_timer(store: &Store, body: &str, at: u64) -> Handle {
     store.put(Message::new("T", body.to_string()).deliver_at_ms(at)).unwrap().handle().unwrap()

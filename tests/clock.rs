@@ -5,14 +5,9 @@ mod common;
 use std::time::Duration;
 
 use common::*;
-use delaywheel::{ManualClock, Message, Store};
+use delaywheel::{ManualClock, Message};
 
-const T0: u64 = 1_700_000_000_000;
 const DAY: u64 = 86_400_000;
-
-fn store_at(dir: &std::path::Path, clock: &ManualClock) -> Store {
-    Store::open(small_config(dir).with_clock(clock.clone())).unwrap()
-}
 
 #[test]
 fn timers_due_during_a_year_of_downtime_arrive_at_restart_oldest_first() {

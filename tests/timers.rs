@@ -7,12 +7,6 @@ use std::time::Duration;
 use common::*;
 use delaywheel::{Error, ManualClock, Message, Store};
 
-const T0: u64 = 1_700_000_000_000;
-
-fn store_at(dir: &std::path::Path, clock: &ManualClock) -> Store {
-    Store::open(small_config(dir).with_clock(clock.clone())).unwrap()
-}
-
 #[test]
 fn timed_messages_arrive_when_due_and_not_before() {
     let dir = tempfile::tempdir().unwrap();

@@ -4,7 +4,15 @@
 use std::path::Path;
 use std::time::Duration;
 
-use delaywheel::{Config, ConsumedMessage, Consumer, Message, Store};
+use delaywheel::{Config, ConsumedMessage, Consumer, ManualClock, Message, Store};
+
+/// The epoch ms the manual-clock tests start at.
+pub const T0: u64 = 1_700_000_000_000;
+
+/// A store on [`small_config`] driven by a manual clock.
+pub fn store_at(dir: &Path, clock: &ManualClock) -> Store {
+    Store::open(small_config(dir).with_clock(clock.clone())).unwrap()
+}
 
 /// 64 KiB segments, small queue files, bodies up to 8 KiB: everything rolls quickly.
 pub fn small_config(dir: &Path) -> Config {
