@@ -158,7 +158,28 @@ impl Mapped {
         if len == 0 {
             return Ok(());
         }
+        #[cfg(test)]
+        if fail_flush::applies_to(&self.path) {
+            return Err(Error::io("msync", &self.path, std::io::Error::other("injected flush failure")));
+        }
         self.map.flush_range(offset, len).map_err(|e| Error::io("msync", &self.path, e))
+    }
+}
+
+/// Fault injection for tests: make every flush of files under a directory fail.
+#[cfg(test)]
+pub(crate) mod fail_flush {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static UNDER: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+    pub fn set(dir: Option<&Path>) {
+        *UNDER.lock().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
+    }
+
+    pub fn applies_to(path: &Path) -> bool {
+        UNDER.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|dir| path.starts_with(dir))
     }
 }
 
