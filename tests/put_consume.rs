@@ -136,3 +136,27 @@ fn sync_flush_puts_return_and_round_trip() {
     let mut consumer = store.consumer("T", 0).unwrap();
     assert_eq!(drain(&mut consumer, 200).len(), 200);
 }
+
+#[test]
+fn a_producer_faster_than_the_indexes_gets_busy_and_nothing_is_lost() {
+    let dir = tempfile::tempdir().unwrap();
+    // No lag allowed and no waiting: a put that finds anything unindexed is refused.
+    let config = small_config(dir.path()).with_max_index_lag(0).with_put_timeout(Duration::ZERO);
+    let store = Store::open(config).unwrap();
+    let (mut acked, mut busy) = (0usize, None);
+    for i in 0..100_000 {
+        match store.put(Message::new("T", format!("m{i}"))) {
+            Ok(_) => acked += 1,
+            Err(e @ Error::Busy { .. }) => {
+                busy = Some(e);
+                break;
+            }
+            Err(e) => panic!("unexpected {e}"),
+        }
+    }
+    let busy = busy.expect("a put outran the dispatcher at least once");
+    assert!(busy.to_string().starts_with("store is busy: the indexes are "), "{busy}");
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let got = drain(&mut consumer, acked + 1);
+    assert_eq!(got.len(), acked, "every acknowledged put arrives, the refused one does not");
+}
