@@ -217,3 +217,18 @@ fn a_big_second_is_prefetched_over_several_ticks_and_delivered_whole() {
     assert_eq!(got.len() as u64, n);
     assert!(got.windows(2).all(|p| p[0] <= p[1]), "in (deliver time, offset) order");
 }
+
+#[test]
+fn slot_golden_bytes_match_wheel_format_md() {
+    let slot = Slot { window: 1_700_000_000, head: 5, count: 2, level: 0, cancels: 1 };
+    let bytes = slot.encode(3);
+    assert_eq!(
+        crate::format::hex(&bytes[..28]),
+        concat!("00f1536500000000", "0500000000000000", "02000000", "00000000", "01000000")
+    );
+    // The CRC over the slot's index (3) and bytes 0..28, checked with an independent CRC32C.
+    assert_eq!(crate::format::hex(&bytes[28..]), "ceac22ed");
+    assert_eq!(Slot::decode(&bytes, 3), Ok(slot));
+    assert!(Slot::decode(&bytes, 4).is_err(), "bound to its index");
+    assert_eq!(Slot::decode(&[0u8; SLOT_LEN], 3), Ok(Slot::default()), "zeros are an empty slot");
+}
