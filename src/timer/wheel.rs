@@ -8,8 +8,10 @@
 //! | 1 | 2^15 s (9.1 h) | 2^13 | 8.5 years |
 //! | 2 | 2^27 s (4.25 years) | 2^11 | 8,700 years |
 //!
-//! Level 0 holds every timer due within 2^16 s of the next second to load, so
-//! the legacy range (up to 2 h) and business delays of hours never leave it.
+//! Level 0 holds every timer due within about 2^16 s (18.2 h) of the oldest
+//! second still holding undelivered timers, so the legacy range (up to 2 h)
+//! and business delays of hours never leave it; the slot of such a second is
+//! never reused for a later one (see `place`).
 //! A coarser window is *cascaded* one window before it begins: window `w` of
 //! level 1 is re-indexed into level 0 when second `(w - 1) * 2^15` is loaded,
 //! and at that moment all of it fits level 0 (it ends before `s + 2^16`).
@@ -18,11 +20,12 @@
 //! never the message. Level 2 reaches past the year 9999, the latest deliver
 //! time accepted.
 //!
-//! Loading second `s` reads its level-0 slot chain into an in-memory heap
-//! ordered by (deliver time, commit-log offset), one second ahead of the
-//! clock; the heap hands out timers at their own millisecond. Slots are never
-//! cleared: each records the absolute window it holds, so a slot whose window
-//! has passed is stale and is simply overwritten when reused.
+//! Loading second `s` reads its level-0 slot chain (a bounded number of entries
+//! per tick) into memory one second ahead of the clock, sorted once by
+//! (deliver time, commit-log offset); timers are handed out at their own
+//! millisecond. Slots are never cleared: each records the absolute window it
+//! holds, so a slot whose window has passed is stale and is simply overwritten
+//! when reused.
 
 use std::collections::HashSet;
 use std::path::{Path, PathBuf};
