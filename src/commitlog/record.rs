@@ -138,12 +138,17 @@ fn write_header(buf: &mut [u8], kind: RecordKind, len: usize) {
     put_u16(buf, FLAGS_OFFSET, 0);
 }
 
+/// Stores the CRC of a record at `offset` over bytes `[4, covered)`.
+fn seal(buf: &mut [u8], offset: u64, covered: usize) {
+    let crc = crc_at(offset, &buf[LEN_OFFSET..covered]);
+    put_u32(buf, CRC_OFFSET, crc);
+}
+
 /// Writes a padding record filling `buf` (the rest of a segment, at least a header long).
 pub(crate) fn encode_padding(buf: &mut [u8], offset: u64) {
     let len = buf.len();
     write_header(buf, RecordKind::Padding, len);
-    let crc = crc_at(offset, &buf[LEN_OFFSET..RECORD_HEADER_LEN]);
-    put_u32(buf, CRC_OFFSET, crc);
+    seal(buf, offset, RECORD_HEADER_LEN);
 }
 
 // Delivery body layout, after the frame header.
@@ -158,8 +163,7 @@ pub(crate) fn encode_delivery(buf: &mut [u8], offset: u64, delivered_at_ms: u64,
     write_header(buf, RecordKind::Delivery, DELIVERY_LEN);
     put_u64(buf, D_DELIVERED_AT, delivered_at_ms);
     put_u64(buf, D_MESSAGE_OFFSET, message_offset);
-    let crc = crc_at(offset, &buf[LEN_OFFSET..DELIVERY_LEN]);
-    put_u32(buf, CRC_OFFSET, crc);
+    seal(buf, offset, DELIVERY_LEN);
 }
 
 /// A decoded delivery record.
@@ -201,8 +205,7 @@ pub(crate) fn encode_cancel(
     put_u64(buf, C_CANCELLED_AT, cancelled_at_ms);
     put_u64(buf, C_MESSAGE_OFFSET, message_offset);
     put_u64(buf, C_DELIVER_AT, deliver_at_ms);
-    let crc = crc_at(offset, &buf[LEN_OFFSET..CANCEL_LEN]);
-    put_u32(buf, CRC_OFFSET, crc);
+    seal(buf, offset, CANCEL_LEN);
 }
 
 /// A decoded cancel record.
