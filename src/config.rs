@@ -32,6 +32,21 @@ pub enum RecoveryMode {
     Lenient,
 }
 
+/// Which scheduler holds timed messages until they are due.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Scheduler {
+    /// One persisted hierarchical timing wheel with one-second slots, one
+    /// ticking thread, delivery by reference, exactly once across crashes.
+    #[default]
+    Wheel,
+    /// The RocketMQ 4.x design, kept as the baseline the benches compare the
+    /// wheel against: one FIFO queue per delay level polled every 100 ms, the
+    /// message written again into its topic when due, progress persisted
+    /// periodically (at least once across crashes). Arbitrary deliver times
+    /// are rounded up to the next level. See `src/schedule/`.
+    Buckets,
+}
+
 /// Everything `Store::open` needs. Build with [`Config::new`] and the `with_*` setters.
 #[derive(Clone)]
 pub struct Config {
@@ -49,6 +64,8 @@ pub struct Config {
     pub(crate) timer_log_file_entries: u64,
     pub(crate) disk_reserve: Option<u64>,
     pub(crate) deliver: bool,
+    pub(crate) scheduler: Scheduler,
+    pub(crate) schedule_offsets_interval: Duration,
     pub(crate) max_index_lag: u64,
     pub(crate) put_timeout: Duration,
 }
@@ -76,6 +93,8 @@ impl Config {
             timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
             disk_reserve: None,
             deliver: true,
+            scheduler: Scheduler::Wheel,
+            schedule_offsets_interval: Duration::from_secs(10),
             max_index_lag: 256 << 20,
             put_timeout: Duration::from_secs(10),
         }
@@ -106,6 +125,21 @@ impl Config {
     /// the store recovers and indexes but fires nothing: for inspection.
     pub fn with_delivery(mut self, deliver: bool) -> Self {
         self.deliver = deliver;
+        self
+    }
+
+    /// Which scheduler holds timed messages (default: the wheel). A directory
+    /// keeps the timers of the scheduler it was written with: reopen it with the same one.
+    pub fn with_scheduler(mut self, scheduler: Scheduler) -> Self {
+        self.scheduler = scheduler;
+        self
+    }
+
+    /// How often the bucket scheduler persists its per-level progress
+    /// (default 10 s, RocketMQ's `flushDelayOffsetInterval`). After a crash
+    /// the buckets deliver again what they delivered in that window.
+    pub fn with_schedule_offsets_interval(mut self, interval: Duration) -> Self {
+        self.schedule_offsets_interval = interval;
         self
     }
 
@@ -224,6 +258,7 @@ impl std::fmt::Debug for Config {
             .field("flush_interval", &self.flush_interval)
             .field("recovery_mode", &self.recovery_mode)
             .field("delay_levels", &self.delay_levels)
+            .field("scheduler", &self.scheduler)
             .finish_non_exhaustive()
     }
 }

@@ -3,9 +3,11 @@
 //! after a crash it simply replays what the indexes may have missed.
 //!
 //! * an ordinary message → an entry in its consume queue;
-//! * a timed message → a timer sent to the wheel's thread;
+//! * a timed message → the scheduler (a timer sent to the wheel's thread, or
+//!   an entry in a level queue of the buckets);
 //! * a delivery → an entry in the real topic's consume queue pointing at the
-//!   original message record (the body is never copied).
+//!   original message record (the body is never copied);
+//! * the buckets' copy of a delivered message → an entry in its real topic.
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -17,13 +19,15 @@ use crate::commitlog::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKi
 use crate::consume_queue::{ConsumeQueue, Entry, FLAG_TIMER_DELIVERY, QueueRegistry, tag_hash};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::message::validate_topic;
+use crate::scheduling::Scheduling;
 use crate::timer::tick::WheelCommand;
-use crate::timer::wheel::Timer;
 
 /// Routes records to the indexes.
 pub(crate) struct Dispatcher {
     log: Arc<CommitLog>,
     queues: Arc<QueueRegistry>,
+    scheduler: Arc<dyn Scheduling>,
+    /// The ticking thread hears of the dispatcher's progress (what a checkpoint may vouch for).
     wheel: Sender<WheelCommand>,
     next: u64,
     queues_per_topic: u32,
@@ -35,13 +39,13 @@ impl Dispatcher {
     pub fn new(
         log: Arc<CommitLog>,
         queues: Arc<QueueRegistry>,
-        wheel: Sender<WheelCommand>,
+        (scheduler, wheel): (Arc<dyn Scheduling>, Sender<WheelCommand>),
         queues_per_topic: u32,
         from: u64,
         progress: Arc<AtomicU64>,
     ) -> Self {
         progress.store(from, Ordering::Release);
-        Self { log, queues, wheel, next: from, queues_per_topic, progress }
+        Self { log, queues, scheduler, wheel, next: from, queues_per_topic, progress }
     }
 
     /// Indexes every record published so far. Returns how many records it indexed.
@@ -85,10 +89,8 @@ impl Dispatcher {
         match kind {
             RecordKind::Message => {
                 let view = self.message(offset, bytes)?;
-                if view.timing.deliver_at_ms != 0 {
-                    let timer = Timer { deliver_at_ms: view.timing.deliver_at_ms, message_offset: offset };
-                    self.send(WheelCommand::Insert(timer))?;
-                    return Ok(None);
+                if view.timing.deliver_at_ms != 0 && !view.rescheduled {
+                    return self.scheduler.index(offset, bytes.len(), &view);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
             }

@@ -35,6 +35,8 @@ mod flusher;
 mod format;
 mod message;
 mod mmap;
+mod schedule;
+mod scheduling;
 mod stats;
 mod store;
 mod timer;
@@ -42,13 +44,14 @@ mod timer;
 pub use checkpoint::Checkpoint;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commitlog::RecoveryReport;
-pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode};
+pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode, Scheduler};
 pub use consumer::Consumer;
 pub use error::{CorruptionKind, Error, Result};
 pub use message::MAX_DELIVER_AT_MS;
 pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt,
 };
+pub use schedule::SCHEDULE_TOPIC;
 pub use stats::{HORIZON_LABELS, Lateness, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

@@ -14,6 +14,9 @@ pub struct Stats {
     pub pending_by_horizon: [u64; 6],
     /// Timers delivered since the store was opened.
     pub delivered: u64,
+    /// Deliveries before their deliver-at time since open. Always 0 for the
+    /// wheel; the buckets deliver early what lies beyond their largest level.
+    pub early: u64,
     /// Timer-log entries written by cascades since the store was opened.
     pub reindexed: u64,
     /// Delivery time minus deliver-at time, over deliveries since open.
@@ -54,6 +57,44 @@ impl Lateness {
             p99: h.value_at_quantile(0.99),
             p999: h.value_at_quantile(0.999),
             max: h.max(),
+        }
+    }
+}
+
+/// The counters and gauges a scheduler's thread publishes for `Store::stats`.
+#[derive(Debug, Clone)]
+pub(crate) struct TimerStats {
+    pub pending: u64,
+    pub pending_per_level: [u64; 3],
+    /// Pending timers due within 5 s, 1 min, 5 min, 1 h, 1 d, and beyond.
+    pub pending_by_horizon: [u64; 6],
+    pub delivered: u64,
+    pub early: u64,
+    pub reindexed: u64,
+    /// Delivery time minus deliver-at time; an early delivery counts as 0.
+    pub lateness_ms: hdrhistogram::Histogram<u64>,
+    pub disk_bytes: u64,
+    pub timer_log_entries: u64,
+    /// How many times the gauges were refreshed (about once a second).
+    pub refreshes: u64,
+}
+
+impl TimerStats {
+    pub fn new() -> Self {
+        // Lateness up to 1,000 hours, 3 significant digits.
+        let lateness_ms =
+            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds");
+        Self {
+            pending: 0,
+            pending_per_level: [0; 3],
+            pending_by_horizon: [0; 6],
+            delivered: 0,
+            early: 0,
+            reindexed: 0,
+            lateness_ms,
+            disk_bytes: 0,
+            timer_log_entries: 0,
+            refreshes: 0,
         }
     }
 }

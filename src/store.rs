@@ -9,6 +9,7 @@
 //! consumequeue/<topic>/<queue>/<index>   index: per-queue entries
 //! timer/wheel                            index: the wheel's slots
 //! timer/timerlog/<20-digit index>        index: the slots' timer entries
+//! schedule/delay_offsets.json            bucket scheduler progress (buckets only)
 //! consumer_offsets.json                  consumer progress
 //! ```
 
@@ -26,13 +27,15 @@ use crate::commitlog::record::{
     CancelView, DeliveryView, MessageView, RecordKind, Timing, check_crc, encode_message, message_len,
 };
 use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport};
-use crate::config::{Config, FlushMode};
+use crate::config::{Config, FlushMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::{Consumer, OffsetStore};
 use crate::dispatcher::Dispatcher;
 use crate::error::{Error, Result};
 use crate::flusher::{FlushSignal, Flusher};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
+use crate::schedule::{BucketScheduling, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
+use crate::scheduling::{Scheduling, WheelScheduling};
 use crate::stats::{Lateness, Stats};
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
@@ -55,8 +58,8 @@ pub struct Store {
     /// `true` while puts are accepted; puts hold it shared, close takes it exclusively.
     accepting: RwLock<bool>,
     wakes: Wakes,
-    /// Cancel requests go to the ticking thread, which decides a timer's fate.
-    wheel_commands: Sender<WheelCommand>,
+    /// The wheel or the buckets: cancels go through it, and its counters come from it.
+    scheduler: Arc<dyn Scheduling>,
     dispatched: Arc<AtomicU64>,
     threads: Option<Threads>,
     recovery: RecoveryReport,
@@ -84,6 +87,14 @@ struct Threads {
     prefaulter: JoinHandle<()>,
     /// `delaywheel-flush`: syncs to disk and writes checkpoints.
     flusher: JoinHandle<Result<()>>,
+    /// `delaywheel-schedule` (bucket scheduler only): polls the level queues.
+    buckets: Option<BucketThread>,
+}
+
+/// The bucket scheduler's thread, before and after it is started.
+struct BucketThread {
+    stop: Arc<AtomicBool>,
+    handle: JoinHandle<()>,
 }
 
 /// What `open` recovered, before the threads start.
@@ -139,11 +150,25 @@ impl Store {
         let (flush, flush_rx) = crossbeam_channel::bounded(1);
         let (wheel_tx, wheel_rx) = crossbeam_channel::bounded(WHEEL_QUEUE);
         let dispatched = Arc::new(AtomicU64::new(replay_from));
-        let wheel_commands = wheel_tx.clone();
+        let replay_end = log.write_end();
+        let (scheduler, poller) = match config.scheduler {
+            Scheduler::Wheel => {
+                let front = WheelScheduling {
+                    commands: wheel_tx.clone(),
+                    stats: Arc::clone(&shared.stats),
+                    timeout: config.put_timeout,
+                };
+                (Arc::new(front) as Arc<dyn Scheduling>, None)
+            }
+            Scheduler::Buckets => {
+                let (front, poller) = buckets(&config, &levels, (&log, &queues), &dispatched, &dispatch)?;
+                (Arc::new(front) as Arc<dyn Scheduling>, Some(poller))
+            }
+        };
         let dispatcher = Dispatcher::new(
             Arc::clone(&log),
             Arc::clone(&queues),
-            wheel_tx,
+            (Arc::clone(&scheduler), wheel_tx),
             config.queues_per_topic,
             replay_from,
             Arc::clone(&dispatched),
@@ -159,7 +184,7 @@ impl Store {
             deliver: config.deliver,
             indexed: replay_from,
             deferred_cancels: Vec::new(),
-            replay_end: log.write_end(),
+            replay_end,
         };
         let flusher = Flusher {
             log: Arc::clone(&log),
@@ -171,9 +196,16 @@ impl Store {
             clock: Arc::clone(&config.clock),
             interval: config.flush_interval,
         };
-        let threads =
-            spawn_threads(dispatcher, dispatch_rx, (ticker, wheel_rx), prefault_rx, flusher, flush_rx)?;
-        tracing::info!(end = report.end, replay_from, "store open");
+        let threads = spawn_threads(
+            dispatcher,
+            dispatch_rx,
+            (ticker, wheel_rx),
+            prefault_rx,
+            flusher,
+            flush_rx,
+            poller,
+        )?;
+        tracing::info!(end = report.end, replay_from, scheduler = ?config.scheduler, "store open");
         Ok(Self {
             config,
             levels,
@@ -183,7 +215,7 @@ impl Store {
             wheel: shared,
             accepting: RwLock::new(true),
             wakes: Wakes { dispatch, prefault, flush },
-            wheel_commands,
+            scheduler,
             dispatched: dispatch_progress,
             threads: Some(threads),
             recovery: report,
@@ -196,6 +228,12 @@ impl Store {
     /// on disk. A timed message is delivered into its topic when due.
     pub fn put(&self, message: Message) -> Result<Receipt> {
         message.validate(self.config.max_body_bytes())?;
+        if message.topic() == SCHEDULE_TOPIC {
+            return Err(Error::invalid(
+                "topic",
+                format!("{SCHEDULE_TOPIC} is reserved for the bucket scheduler"),
+            ));
+        }
         let queue_id = message.resolve_queue(self.config.queues_per_topic)?;
         self.wait_for_indexes()?;
         let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
@@ -233,9 +271,7 @@ impl Store {
             return Ok(CancelOutcome::NotFound);
         }
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.wheel_commands.send(WheelCommand::Cancel(timer, reply)).map_err(|_| Error::Closed)?;
-        answer.recv_timeout(self.config.put_timeout).map_err(|_| Error::Closed)?
+        self.scheduler.cancel(timer)
     }
 
     /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`.
@@ -247,7 +283,8 @@ impl Store {
         let found = self.log.visit_checked(handle.offset, |at, kind, bytes| {
             at == handle.offset
                 && kind == RecordKind::Message
-                && MessageView::parse(bytes).is_ok_and(|v| v.timing.deliver_at_ms == handle.deliver_at_ms)
+                && MessageView::parse(bytes)
+                    .is_ok_and(|v| v.timing.deliver_at_ms == handle.deliver_at_ms && !v.rescheduled)
         });
         matches!(found, Ok((true, _)))
     }
@@ -292,18 +329,20 @@ impl Store {
     /// Counters and gauges: pending timers (per level and per coming horizon),
     /// deliveries and their lateness, disk use.
     pub fn stats(&self) -> Stats {
-        let wheel = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let timers = self.scheduler.stats();
+        let wheel_files = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner()).disk_bytes;
         Stats {
-            pending: wheel.pending,
-            pending_per_level: wheel.pending_per_level,
-            pending_by_horizon: wheel.pending_by_horizon,
-            delivered: wheel.delivered,
-            reindexed: wheel.reindexed,
-            lateness_ms: Lateness::from_histogram(&wheel.lateness_ms),
-            disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel.disk_bytes,
-            timer_log_entries: wheel.timer_log_entries,
+            pending: timers.pending,
+            pending_per_level: timers.pending_per_level,
+            pending_by_horizon: timers.pending_by_horizon,
+            delivered: timers.delivered,
+            early: timers.early,
+            reindexed: timers.reindexed,
+            lateness_ms: Lateness::from_histogram(&timers.lateness_ms),
+            disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel_files,
+            timer_log_entries: timers.timer_log_entries,
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
-            refreshes: wheel.refreshes,
+            refreshes: timers.refreshes,
         }
     }
 
@@ -344,6 +383,10 @@ impl Store {
         threads.stop_dispatch.store(true, Ordering::Release);
         let _ = self.wakes.dispatch.try_send(());
         let dispatcher = threads.dispatcher.join();
+        let buckets = threads.buckets.map(|b| {
+            b.stop.store(true, Ordering::Release);
+            b.handle.join()
+        });
         threads.stop_ticker.store(true, Ordering::Release);
         let ticker = threads.ticker.join();
         self.log.close();
@@ -352,7 +395,8 @@ impl Store {
         let prefaulter = threads.prefaulter.join();
         let _ = self.wakes.flush.send(FlushSignal::Stop);
         let flushed = threads.flusher.join();
-        if dispatcher.is_err() || ticker.is_err() || prefaulter.is_err() {
+        let buckets_panicked = buckets.is_some_and(|joined| joined.is_err());
+        if dispatcher.is_err() || ticker.is_err() || prefaulter.is_err() || buckets_panicked {
             return Err(Error::invalid("shutdown", "a background thread panicked"));
         }
         flushed.unwrap_or_else(|_| Err(Error::invalid("shutdown", "the flusher thread panicked")))?;
@@ -449,6 +493,46 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
     Ok(settled)
 }
 
+/// The bucket scheduler's front and its poller, with each level's queue and
+/// its restored offset.
+fn buckets(
+    config: &Config,
+    levels: &DelayLevels,
+    (log, queues): (&Arc<CommitLog>, &Arc<QueueRegistry>),
+    dispatched: &Arc<AtomicU64>,
+    dispatch_wake: &Sender<()>,
+) -> Result<(BucketScheduling, (Poller, Receiver<ScheduleCommand>))> {
+    let offsets = DelayOffsets::open(&config.dir.join("schedule"))?;
+    let level_queues = (1..=levels.len() as u16)
+        .map(|level| (queues.get_or_create(SCHEDULE_TOPIC, u32::from(level) - 1), offsets.get(level)))
+        .collect();
+    let stats = Arc::new(std::sync::Mutex::new(crate::stats::TimerStats::new()));
+    let (commands, command_rx) = crossbeam_channel::bounded(64);
+    let front = BucketScheduling {
+        levels: levels.clone(),
+        queues: Arc::clone(queues),
+        log: Arc::clone(log),
+        commands,
+        stats: Arc::clone(&stats),
+        dispatched: Arc::clone(dispatched),
+        timeout: config.put_timeout,
+    };
+    let poller = Poller {
+        log: Arc::clone(log),
+        queues: level_queues,
+        offsets,
+        clock: Arc::clone(&config.clock),
+        stats,
+        dispatch_wake: dispatch_wake.clone(),
+        dispatched: Arc::clone(dispatched),
+        replay_end: log.write_end(),
+        cancelled: Default::default(),
+        persist_interval: config.schedule_offsets_interval,
+        deliver: config.deliver,
+    };
+    Ok((front, (poller, command_rx)))
+}
+
 /// Takes the directory's `LOCK` file, exclusively.
 fn lock_dir(dir: &Path) -> Result<File> {
     let path = dir.join("LOCK");
@@ -472,6 +556,7 @@ fn spawn_threads(
     prefault_wake: Receiver<()>,
     flusher: Flusher,
     flush_signals: Receiver<FlushSignal>,
+    poller: Option<(Poller, Receiver<ScheduleCommand>)>,
 ) -> Result<Threads> {
     let spawn = |name: &str| std::thread::Builder::new().name(format!("delaywheel-{name}"));
     let spawn_err = |e| Error::io("spawn thread", "delaywheel", e);
@@ -510,7 +595,26 @@ fn spawn_threads(
         .map_err(spawn_err)?;
 
     let flusher = spawn("flush").spawn(move || flusher.run(flush_signals)).map_err(spawn_err)?;
-    Ok(Threads { stop_dispatch, stop_ticker, stop_prefault, dispatcher, ticker, prefaulter, flusher })
+    let buckets = match poller {
+        Some((poller, commands)) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopping = Arc::clone(&stop);
+            let handle =
+                spawn("schedule").spawn(move || poller.run(commands, stopping)).map_err(spawn_err)?;
+            Some(BucketThread { stop, handle })
+        }
+        None => None,
+    };
+    Ok(Threads {
+        stop_dispatch,
+        stop_ticker,
+        stop_prefault,
+        dispatcher,
+        ticker,
+        prefaulter,
+        flusher,
+        buckets,
+    })
 }
 
 #[cfg(test)]

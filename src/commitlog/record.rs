@@ -298,12 +298,31 @@ pub(crate) fn encode_message(
     put_u32(buf, CRC_OFFSET, crc);
 }
 
+/// Message flag: this record is the bucket scheduler's copy of a timed
+/// message, written when it came due (RocketMQ 4.x writes the message again
+/// into its real topic). Its deliver-at and level say when it was due; it is
+/// indexed into its topic at once, never scheduled again.
+pub(crate) const FLAG_RESCHEDULED: u16 = 1;
+
+/// Encodes the bucket scheduler's copy of the message record `original`
+/// (checked, from the log): the same bytes, stored at `stored_at_ms`, with
+/// [`FLAG_RESCHEDULED`] set, sealed for its new offset. `buf` is as long as `original`.
+pub(crate) fn encode_rescheduled(buf: &mut [u8], offset: u64, original: &[u8], stored_at_ms: u64) {
+    buf.copy_from_slice(original);
+    put_u16(buf, FLAGS_OFFSET, FLAG_RESCHEDULED);
+    put_u64(buf, M_STORE_TIME, stored_at_ms);
+    let len = buf.len();
+    seal(buf, offset, len);
+}
+
 /// A decoded view of a message record whose frame was already checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct MessageView<'a> {
     pub store_time_ms: u64,
     pub timing: Timing,
     pub queue_id: u32,
+    /// The bucket scheduler's copy of a timed message ([`FLAG_RESCHEDULED`]).
+    pub rescheduled: bool,
     pub topic: &'a str,
     pub key: &'a str,
     pub tags: &'a str,
@@ -347,6 +366,7 @@ impl<'a> MessageView<'a> {
                 delay_level: get_u16(record, M_DELAY_LEVEL),
             },
             queue_id: get_u32(record, M_QUEUE_ID),
+            rescheduled: get_u16(record, FLAGS_OFFSET) & FLAG_RESCHEDULED != 0,
             topic: text(ranges[0].clone(), "topic")?,
             key: text(ranges[1].clone(), "key")?,
             tags: text(ranges[2].clone(), "tags")?,

@@ -8,7 +8,6 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
-use hdrhistogram::Histogram;
 
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
@@ -16,6 +15,7 @@ use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_d
 use crate::error::Result;
 use crate::message::CancelOutcome;
 use crate::mmap::Mapped;
+use crate::stats::TimerStats;
 use crate::timer::wheel::{CancelState, CancelTarget, Timer, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
@@ -52,22 +52,6 @@ pub(crate) struct WheelCheckpoint {
     pub timer_log_end: u64,
 }
 
-/// Counters and gauges the thread publishes for `Store::stats`.
-#[derive(Debug, Clone)]
-pub(crate) struct WheelStats {
-    pub pending: u64,
-    pub pending_per_level: [u64; 3],
-    /// Pending timers due within 5 s, 1 min, 5 min, 1 h, 1 d, and beyond.
-    pub pending_by_horizon: [u64; 6],
-    pub delivered: u64,
-    pub reindexed: u64,
-    pub lateness_ms: Histogram<u64>,
-    pub disk_bytes: u64,
-    pub timer_log_entries: u64,
-    /// How many times the gauges were refreshed (about once a second).
-    pub refreshes: u64,
-}
-
 /// State shared between the ticking thread and the rest of the store.
 pub(crate) struct WheelShared {
     /// The ticker's latest snapshot and the files that must be synced before
@@ -75,27 +59,16 @@ pub(crate) struct WheelShared {
     pub to_sync: Mutex<Option<(WheelCheckpoint, Vec<Arc<Mapped>>)>>,
     /// The latest snapshot whose files have been synced.
     pub synced: Mutex<WheelCheckpoint>,
-    pub stats: Mutex<WheelStats>,
+    pub stats: Arc<Mutex<TimerStats>>,
     pub failed: AtomicBool,
 }
 
 impl WheelShared {
     pub fn new(checkpoint: WheelCheckpoint) -> Self {
-        let lateness = Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds");
         Self {
             to_sync: Mutex::new(None),
             synced: Mutex::new(checkpoint),
-            stats: Mutex::new(WheelStats {
-                pending: 0,
-                pending_per_level: [0; 3],
-                pending_by_horizon: [0; 6],
-                delivered: 0,
-                reindexed: 0,
-                lateness_ms: lateness,
-                disk_bytes: 0,
-                timer_log_entries: 0,
-                refreshes: 0,
-            }),
+            stats: Arc::new(Mutex::new(TimerStats::new())),
             failed: AtomicBool::new(false),
         }
     }
