@@ -25,6 +25,8 @@ pub struct Stats {
     pub disk_bytes: u64,
     /// Timer-log entries written so far (each 28 bytes on disk).
     pub timer_log_entries: u64,
+    /// Bytes appended to the commit log (records and padding), from its first retained byte to its end.
+    pub log_bytes: u64,
     /// Commit-log bytes not yet indexed by the dispatcher.
     pub dispatch_lag_bytes: u64,
     /// How many times the wheel gauges have been refreshed since open.

@@ -341,6 +341,7 @@ impl Store {
             lateness_ms: Lateness::from_histogram(&timers.lateness_ms),
             disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel_files,
             timer_log_entries: timers.timer_log_entries,
+            log_bytes: self.log.write_end().saturating_sub(self.log.start()),
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
             refreshes: timers.refreshes,
         }
