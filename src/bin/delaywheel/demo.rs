@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use clap::Args;
 use delaywheel::{CancelOutcome, Clock, Config, Message, Store, SystemClock};
-use hdrhistogram::Histogram;
 
 use crate::{Failure, store_dir};
 
@@ -67,7 +66,7 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
     );
 
     let mut seen = vec![0u8; orders as usize];
-    let mut lateness = Histogram::<u64>::new(3)?;
+    let mut lateness = crate::lateness_histogram();
     let mut early = 0u64;
     let mut timeouts = store.consumer(TIMEOUTS, 0)?;
     let mut receipts = store.consumer(RECEIPTS, 0)?;

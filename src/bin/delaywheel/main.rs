@@ -127,6 +127,13 @@ pub fn disk_bytes(dir: &std::path::Path) -> u64 {
 }
 
 /// The lateness summary every report uses.
+/// A histogram of lateness in ms: up to 1,000 hours, three significant digits.
+/// (Explicit bounds: an auto-sized histogram clamps `saturating_record` to its
+/// initial range, about 2 s, instead of growing.)
+pub fn lateness_histogram() -> hdrhistogram::Histogram<u64> {
+    hdrhistogram::Histogram::new_with_bounds(1, 3_600_000_000, 3).expect("valid histogram bounds")
+}
+
 pub fn lateness_json(h: &hdrhistogram::Histogram<u64>) -> serde_json::Value {
     let q = |q: f64| if h.is_empty() { 0 } else { h.value_at_quantile(q) };
     serde_json::json!({

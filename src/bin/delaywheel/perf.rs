@@ -12,7 +12,9 @@ use clap::{Args, ValueEnum};
 use delaywheel::{CancelOutcome, Clock, Config, FlushMode, Message, Scheduler, Store, SystemClock};
 use hdrhistogram::Histogram;
 
-use crate::{Failure, disk_bytes, heap_peak_bytes, lateness_json, rss_peak_bytes, store_dir};
+use crate::{
+    Failure, disk_bytes, heap_peak_bytes, lateness_histogram, lateness_json, rss_peak_bytes, store_dir,
+};
 
 const TOPIC: &str = "PerfTopic";
 /// After the last deliver time, how long the run waits for stragglers.
@@ -320,7 +322,7 @@ fn consume(
     last_seen_ms: &AtomicU64,
 ) -> Result<Consumed, String> {
     let mut consumer = store.consumer(TOPIC, 0).map_err(|e| e.to_string())?;
-    let mut lateness = Histogram::<u64>::new(3).expect("3 significant figures is valid");
+    let mut lateness = lateness_histogram();
     let mut first_last: Option<(Instant, Instant)> = None;
     while !stop.load(Ordering::Acquire) {
         let batch = consumer.poll(4096, Duration::from_millis(50)).map_err(|e| e.to_string())?;
