@@ -92,6 +92,9 @@ pub fn parse_file_number(name: &str) -> Option<u64> {
 /// Bytes of every record's frame header.
 pub const RECORD_HEADER_LEN: usize = RECORD_HEADER;
 
+/// Bytes of a delivery record.
+pub const DELIVERY_RECORD_LEN: usize = record::DELIVERY_LEN;
+
 /// What a commit-log record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum RecordKind {
