@@ -92,9 +92,11 @@ impl PlacedSlot {
         1 << inspect::window_shift(self.level)
     }
 
-    /// Timers in the chain that are not cancel entries.
-    pub fn timers(&self) -> u32 {
-        self.slot.count.saturating_sub(self.slot.cancels)
+    /// Timers the slot still delivers, from its counts: its timer entries less
+    /// those its cancel entries remove (a cancel entry removes a timer of its
+    /// own slot, or of a coarser one still waiting to be cascaded into it).
+    pub fn net_timers(&self) -> u32 {
+        self.slot.count.saturating_sub(self.slot.cancels.saturating_mul(2))
     }
 }
 

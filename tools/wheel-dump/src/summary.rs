@@ -111,7 +111,7 @@ impl Summary {
                 .iter()
                 .position(|&ahead| due_ms < reference_ms.saturating_add(ahead))
                 .unwrap_or(inspect::HORIZONS_MS.len());
-            horizon[bucket] += u64::from(slot.timers());
+            horizon[bucket] += u64::from(slot.net_timers());
         }
         let pending_per_level = inspect::net_pending(entries, cancels);
         let next_due = match &wheel {
@@ -204,30 +204,28 @@ impl Summary {
 /// The checkpoint's fields as indented lines.
 pub fn render_checkpoint(cp: &CheckpointJson) -> String {
     let mut t = Table::new(&["field", ">value", "meaning"]);
+    let clean = if cp.clean { "written by a clean close" } else { "not a clean close: recovery replays" };
+    t.row(vec!["clean".into(), if cp.clean { "yes" } else { "no" }.into(), clean.into()]);
     let mut row =
-        |name: &str, value: u64, meaning: String| t.row(vec![name.into(), value.to_string(), meaning]);
-    row("position", cp.position, "byte position of the slot".into());
-    row(
-        "sequence",
-        cp.sequence,
-        if cp.clean { "written by a clean close".into() } else { "not a clean close".into() },
-    );
-    row("log durable", cp.log_durable, "commit-log bytes below were on disk".into());
-    row("dispatched", cp.dispatched, "records below are in the indexes".into());
-    row("written at", cp.written_at_ms, utc_ms(cp.written_at_ms));
-    row("tick second", cp.tick_second, utc_second(cp.tick_second));
-    row("delivery scan", cp.delivery_scan_from, "deliveries of pending timers lie at or after".into());
-    row("timer-log end", cp.timer_log_end, "next timer-log entry index".into());
+        |name: &str, value: u64, meaning: &str| t.row(vec![name.into(), value.to_string(), meaning.into()]);
+    row("position", cp.position, "byte position of the slot");
+    row("sequence", cp.sequence, "the valid slot with the highest sequence is used");
+    row("log durable", cp.log_durable, "commit-log bytes below were on disk");
+    row("dispatched", cp.dispatched, "records below are in the indexes");
+    row("written at", cp.written_at_ms, &utc_ms(cp.written_at_ms));
+    row("tick second", cp.tick_second, &utc_second(cp.tick_second));
+    row("delivery scan", cp.delivery_scan_from, "deliveries of pending timers lie at or after");
+    row("timer-log end", cp.timer_log_end, "next timer-log entry index");
     t.render(2)
 }
 
-/// The earliest due time in the live slots: exact for the earliest level-0
-/// slot (its chain is read), a window start for coarser ones.
+/// The earliest due time in the live slots: exact on level 0 (the chains of
+/// its earliest slots are read until one holds a timer not cancelled), a
+/// window start for coarser levels.
 fn next_due(wheel: &WheelFile, log: &TimerLog, live: &[PlacedSlot]) -> Result<Option<NextDue>> {
-    let earliest = |level: usize| {
-        live.iter().filter(|s| s.level == level && s.timers() > 0).min_by_key(|s| s.start_second())
-    };
-    if let Some(slot) = earliest(0) {
+    let mut level0: Vec<&PlacedSlot> = live.iter().filter(|s| s.level == 0).collect();
+    level0.sort_by_key(|s| s.start_second());
+    for slot in level0 {
         let entries = chain(wheel, slot, |i| log.entry(i))?;
         let cancelled: Vec<u64> =
             entries.iter().filter(|(_, e)| e.cancel).map(|(_, e)| e.message_offset).collect();
@@ -240,8 +238,11 @@ fn next_due(wheel: &WheelFile, log: &TimerLog, live: &[PlacedSlot]) -> Result<Op
             return Ok(Some(NextDue { at_ms, level: 0, exact: true }));
         }
     }
+    let earliest = |level: usize| {
+        live.iter().filter(|s| s.level == level && s.net_timers() > 0).map(PlacedSlot::start_second).min()
+    };
     Ok([1, 2].into_iter().find_map(|level| {
-        earliest(level).map(|s| NextDue { at_ms: s.start_second().saturating_mul(1000), level, exact: false })
+        earliest(level).map(|second| NextDue { at_ms: second.saturating_mul(1000), level, exact: false })
     }))
 }
 
