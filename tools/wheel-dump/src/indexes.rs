@@ -141,7 +141,9 @@ impl WheelFile {
 
 // ----------------------------------------------------------------- timer log
 
-/// The timer-log files, headers checked; entries are read on demand.
+/// The timer-log files, headers checked; entries are read on demand. Open
+/// it after reading the wheel: a live store appends an entry before it
+/// writes the slot that points at it, so every chain read is then complete.
 pub struct TimerLog {
     files: Vec<SequenceFile>,
     per_file: u64,
@@ -152,7 +154,7 @@ impl TimerLog {
         let entry = inspect::TIMER_ENTRY_LEN as u64;
         let header = inspect::FILE_HEADER_LEN as u64;
         let (files, per_file) = open_sequence(
-            &files.timer_log,
+            &files.timer_log_now()?,
             FileKind::TimerLog,
             |a| a,
             |a| a.saturating_mul(entry).saturating_add(header),

@@ -169,6 +169,7 @@ struct EntryLine {
 /// the level-1 and level-2 slots whose windows hold it.
 pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Write) -> Result<()> {
     let resume = Resume::new(files, &CheckpointFile::read(files)?);
+    let wheel = WheelFile::read(files)?;
     let log = TimerLog::open(files)?;
     let facts = LogFacts::gather(&CommitLog::open(files)?)?;
     let mut delivered: HashMap<u64, u32> = HashMap::new();
@@ -177,7 +178,7 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
     }
     let cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
     let mut lines = Vec::new();
-    if let Some(wheel) = WheelFile::read(files)? {
+    if let Some(wheel) = wheel {
         for level in 0..inspect::WHEEL_LEVELS {
             let window = inspect::window_of(level, second);
             let Some(slot) = wheel.slot(inspect::slot_index(level, window))? else { continue };

@@ -69,6 +69,13 @@ impl StoreFiles {
         })
     }
 
+    /// The timer-log files as they are now. A live store creates them as it
+    /// goes, so a reader that has just read a wheel slot lists them again:
+    /// the slot may point into a file created after [`locate`](Self::locate).
+    pub fn timer_log_now(&self) -> Result<BTreeMap<u64, PathBuf>> {
+        numbered_files(&self.dir.join("timer").join("timerlog"))
+    }
+
     /// `path` relative to the store directory, for listings.
     pub fn relative(&self, path: &Path) -> String {
         path.strip_prefix(&self.dir).unwrap_or(path).display().to_string()
@@ -87,7 +94,7 @@ fn sorted_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
 }
 
 /// The files of `dir` named by a 20-digit number (temporary and discarded files are skipped).
-fn numbered_files(dir: &Path) -> Result<BTreeMap<u64, PathBuf>> {
+pub fn numbered_files(dir: &Path) -> Result<BTreeMap<u64, PathBuf>> {
     Ok(list(dir)?
         .into_iter()
         .filter_map(|path| inspect::parse_file_number(&file_name(&path)).map(|n| (n, path)))
