@@ -106,6 +106,8 @@ fn main() -> ExitCode {
     };
     match run(cli) {
         Ok(code) => code,
+        // A reader that stopped reading (`| head`) is not an error.
+        Err(DumpError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("wheel-dump: {e}");
             ExitCode::from(1)
