@@ -10,16 +10,16 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{get_u32, get_u64, put_u32, put_u64};
 use crate::mmap::{sync_parent_dir, write_all_at};
 
 const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
 const VERSION: u32 = 1;
 /// Byte position of each of the two slots.
-const SLOT_POSITIONS: [u64; 2] = [0, 512];
+pub(crate) const SLOT_POSITIONS: [u64; 2] = [0, 512];
 pub(crate) const SLOT_LEN: usize = 96;
-const FILE_LEN: u64 = 1024;
+pub(crate) const FILE_LEN: u64 = 1024;
 
 const MAGIC_OFFSET: usize = 0;
 const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
@@ -79,11 +79,28 @@ impl Checkpoint {
 
     /// A slot's checkpoint, or `None` if the slot is empty, torn or of another version.
     pub(crate) fn decode(slot: &[u8]) -> Option<Self> {
-        let slot = slot.get(..SLOT_LEN)?;
-        let valid = slot[..8] == MAGIC
-            && get_u32(slot, VERSION_OFFSET) == VERSION
-            && crc32c::crc32c(&slot[..CRC_OFFSET]) == get_u32(slot, CRC_OFFSET);
-        valid.then(|| Self {
+        Self::check(slot).ok()
+    }
+
+    /// A slot's checkpoint, or why it is not one (an empty slot has a bad magic).
+    pub(crate) fn check(slot: &[u8]) -> std::result::Result<Self, CorruptionKind> {
+        let slot = slot
+            .get(..SLOT_LEN)
+            .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: slot.len() as u64 })?;
+        if slot[..8] != MAGIC {
+            return Err(CorruptionKind::BadMagic);
+        }
+        let (stored, computed) = (get_u32(slot, CRC_OFFSET), crc32c::crc32c(&slot[..CRC_OFFSET]));
+        if stored != computed {
+            return Err(CorruptionKind::ChecksumMismatch { stored, computed });
+        }
+        let version = get_u32(slot, VERSION_OFFSET);
+        if version != VERSION {
+            return Err(CorruptionKind::BadFrame(format!(
+                "checkpoint version {version}, this build reads {VERSION}"
+            )));
+        }
+        Ok(Self {
             sequence: get_u64(slot, SEQUENCE_OFFSET),
             log_durable: get_u64(slot, LOG_DURABLE_OFFSET),
             dispatched: get_u64(slot, DISPATCHED_OFFSET),

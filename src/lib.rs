@@ -33,6 +33,7 @@ mod dispatcher;
 mod error;
 mod flusher;
 mod format;
+pub mod inspect;
 mod message;
 mod mmap;
 mod schedule;

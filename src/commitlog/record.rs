@@ -112,8 +112,14 @@ pub(crate) fn check_crc(record: &[u8], offset: u64) -> Result<(), CorruptionKind
 /// Checks the frame header alone (kind, version, length), not the CRC: for
 /// records whose checksum this process already knows to be good.
 pub(crate) fn check_header(bytes: &[u8]) -> Result<Frame, FrameError> {
+    check_header_in(bytes, bytes.len())
+}
+
+/// [`check_header`] for a reader that holds only the start of the record:
+/// `room` is how many bytes run from the record's offset to the end of its segment.
+pub(crate) fn check_header_in(bytes: &[u8], room: usize) -> Result<Frame, FrameError> {
     let invalid = |why: String| FrameError::Invalid(CorruptionKind::BadFrame(why));
-    let Some(header) = bytes.get(..RECORD_HEADER_LEN) else {
+    let Some(header) = bytes.get(..RECORD_HEADER_LEN).filter(|_| room >= RECORD_HEADER_LEN) else {
         return Err(invalid("header runs past the end of the segment".into()));
     };
     if header.iter().all(|&b| b == 0) {
@@ -125,7 +131,7 @@ pub(crate) fn check_header(bytes: &[u8]) -> Result<Frame, FrameError> {
     if header[VERSION_OFFSET] != RECORD_VERSION {
         return Err(invalid(format!("unknown record version {}", header[VERSION_OFFSET])));
     }
-    if len < RECORD_HEADER_LEN || len > bytes.len() {
+    if len < RECORD_HEADER_LEN || len > room {
         return Err(invalid(format!("length {len} does not fit the segment")));
     }
     Ok(Frame { kind, len })

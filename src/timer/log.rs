@@ -61,7 +61,9 @@ impl TimerEntry {
 
     /// `None` for an all-zero (unwritten) entry.
     pub fn decode(bytes: &[u8], index: u64) -> std::result::Result<Option<Self>, CorruptionKind> {
-        let bytes = &bytes[..ENTRY_LEN];
+        let bytes = bytes
+            .get(..ENTRY_LEN)
+            .ok_or(CorruptionKind::WrongSize { expected: ENTRY_LEN as u64, found: bytes.len() as u64 })?;
         if bytes.iter().all(|&b| b == 0) {
             return Ok(None);
         }

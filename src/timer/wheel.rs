@@ -61,7 +61,7 @@ const LOAD_AHEAD: u64 = 64;
 /// cascaded one window early, with the tick second at most `LOAD_AHEAD`
 /// behind, fits whole.
 const L0_SPAN: u64 = LEVELS[0].slots;
-const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
+pub(crate) const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
 
 /// Bytes per slot record in the wheel file.
 pub(crate) const SLOT_LEN: usize = 32;
@@ -73,7 +73,7 @@ const S_CANCELS: usize = S_LEVEL + 4;
 const S_CRC: usize = S_CANCELS + 4;
 const _: () = assert!(S_CRC + 4 == SLOT_LEN);
 /// The wheel file header's `a`: which geometry the file was laid out for.
-const GEOMETRY_ID: u64 = 0x0210_0F0D_1B0B;
+pub(crate) const GEOMETRY_ID: u64 = 0x0210_0F0D_1B0B;
 
 /// A timer: the message it delivers and when.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -108,7 +108,9 @@ impl Slot {
 
     /// An all-zero record is an empty slot.
     pub fn decode(bytes: &[u8], slot_index: u64) -> std::result::Result<Self, CorruptionKind> {
-        let bytes = &bytes[..SLOT_LEN];
+        let bytes = bytes
+            .get(..SLOT_LEN)
+            .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: bytes.len() as u64 })?;
         if bytes.iter().all(|&b| b == 0) {
             return Ok(Self::default());
         }
@@ -152,8 +154,25 @@ pub(crate) fn place(sec: u64, cur: u64, tick: u64) -> Option<(usize, u64)> {
 
 /// Whether `window` of `level` (1 or 2) still waits to be cascaded, once
 /// every second up to `loaded_through` is loaded.
-fn not_yet_cascaded(level: usize, window: u64, loaded_through: u64) -> bool {
+pub(crate) fn not_yet_cascaded(level: usize, window: u64, loaded_through: u64) -> bool {
     window > (loaded_through >> LEVELS[level].window_shift) + 1
+}
+
+/// Pending timers per level from the entries of unloaded slots (`entries`)
+/// and how many of them are cancel entries (`cancels`).
+pub(crate) fn net_pending(entries: [u64; 3], cancels: [u64; 3]) -> [u64; 3] {
+    // Cancel entries are not timers, and each removes one timer on its own
+    // level or a coarser one (where the timer waits to cascade).
+    let mut counts = entries;
+    let mut carry = 0;
+    for (count, cancels) in counts.iter_mut().zip(cancels) {
+        *count = count.saturating_sub(cancels);
+        let remove = cancels + carry;
+        let taken = remove.min(*count);
+        *count -= taken;
+        carry = remove - taken;
+    }
+    counts
 }
 
 /// Timer-log entries read per `tick` while prefetching a second that is not due yet.
@@ -747,17 +766,7 @@ impl Wheel {
     /// Pending timers per wheel level (level 0 includes the loaded seconds). A
     /// cancel not yet applied is subtracted from the level its entry is on.
     pub fn pending_per_level(&self) -> [u64; 3] {
-        // Cancel entries are not timers, and each removes one timer on its own
-        // level or a coarser one (where the timer waits to cascade).
-        let mut counts = self.unloaded;
-        let mut carry = 0;
-        for (count, cancels) in counts.iter_mut().zip(self.cancel_entries) {
-            *count = count.saturating_sub(cancels);
-            let remove = cancels + carry;
-            let taken = remove.min(*count);
-            *count -= taken;
-            carry = remove - taken;
-        }
+        let mut counts = net_pending(self.unloaded, self.cancel_entries);
         counts[0] += (self.loaded.pending() as u64).saturating_sub(self.cancelled_loaded);
         if let Some(prefetch) = &self.prefetch {
             counts[0] += prefetch.timers.len() as u64 + u64::from(prefetch.remaining);

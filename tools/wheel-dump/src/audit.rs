@@ -1,0 +1,228 @@
+//! `audit`: the fate of every timed message in the commit log.
+//!
+//! For each message record with a deliver time, in this order:
+//! * **delivered**: at least one delivery record names it; more than one
+//!   makes it **duplicated**, one whose delivered-at is before the deliver
+//!   time makes it **early**;
+//! * **cancelled**: a cancel record names it (or a cancel entry in a live slot does);
+//! * **pending**: the store will still deliver it: its timer is in a live
+//!   wheel slot (see `wheel_view`), or its record lies at or after the
+//!   checkpoint's `dispatched` offset, so the next open replays it into the
+//!   wheel (with no checkpoint to resume from, the next open rebuilds the
+//!   wheel from the whole log, and every unsettled timer is pending);
+//! * **lost**: none of these, and due more than [`GRACE_MS`] before the
+//!   reference time: the latest time written in the commit log (the newest
+//!   store, delivery or cancel time), so the answer depends on the store
+//!   alone, not on when the audit runs;
+//! * otherwise **unsettled**: not accounted for but not overdue yet (the
+//!   human output lists them; a healthy store has none).
+//!
+//! A timer indexed twice (replay after a crash, or a cascade that copied it
+//! to a finer slot) is still one message: duplicates are counted only from
+//! delivery records.
+
+use std::collections::HashMap;
+
+use serde::Serialize;
+
+use crate::commitlog::{CommitLog, LogFacts};
+use crate::error::Result;
+use crate::indexes::{CheckpointFile, TimerLog, WheelFile};
+use crate::output::{SCHEMA_VERSION, Table, thousands};
+use crate::store_files::StoreFiles;
+use crate::time::utc_ms;
+use crate::wheel_view::{Membership, Resume};
+
+/// How long past its deliver time an undelivered timer counts as lost.
+pub const GRACE_MS: u64 = 60_000;
+
+/// The `--json` document: exactly these keys.
+#[derive(Debug, Default, Serialize, PartialEq, Eq)]
+pub struct AuditCounts {
+    pub schema_version: u32,
+    pub timer_messages: u64,
+    pub delivered: u64,
+    pub cancelled: u64,
+    pub pending: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    pub early: u64,
+}
+
+impl AuditCounts {
+    pub fn failed(&self) -> bool {
+        self.lost > 0 || self.duplicated > 0 || self.early > 0
+    }
+}
+
+/// The counts and the details people need to follow a problem up.
+pub struct Audit {
+    pub counts: AuditCounts,
+    pub reference_ms: u64,
+    /// Pending because the next open replays their records (not yet in a live slot).
+    pub pending_by_replay: u64,
+    pub unsettled: Vec<Example>,
+    pub lost: Vec<Example>,
+    pub duplicated: Vec<Example>,
+    pub early: Vec<Example>,
+    /// Both delivered and cancelled (the store writes one or the other).
+    pub delivered_and_cancelled: Vec<Example>,
+    /// Why the wheel was not used, if it could not be read.
+    pub wheel_note: Option<String>,
+}
+
+/// One message worth naming.
+pub struct Example {
+    pub offset: u64,
+    pub topic: String,
+    pub deliver_at_ms: u64,
+    pub note: String,
+}
+
+/// How many messages each problem list names in the text output.
+const EXAMPLES: usize = 10;
+
+pub fn audit(files: &StoreFiles) -> Result<Audit> {
+    let checkpoint = CheckpointFile::read(files)?;
+    let resume = Resume::new(files, &checkpoint);
+    let log = CommitLog::open(files)?;
+    let facts = LogFacts::gather(&log)?;
+    let mut deliveries: HashMap<u64, Vec<u64>> = HashMap::new();
+    for &(_, delivered_at, message) in &facts.deliveries {
+        deliveries.entry(message).or_default().push(delivered_at);
+    }
+    let cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
+    let (membership, wheel_note) = wheel_membership(files, &resume);
+    // Records the next open replays into the wheel.
+    let replay_from = resume.checkpoint.filter(|_| resume.resumes).map_or(0, |(_, cp)| cp.dispatched);
+
+    let mut timed: Vec<(&u64, &crate::commitlog::MessageFacts)> =
+        facts.messages.iter().filter(|(_, m)| m.deliver_at_ms != 0).collect();
+    timed.sort_unstable_by_key(|(offset, _)| **offset);
+    let mut a = Audit {
+        counts: AuditCounts { schema_version: SCHEMA_VERSION, ..Default::default() },
+        reference_ms: facts.newest_time_ms,
+        pending_by_replay: 0,
+        unsettled: Vec::new(),
+        lost: Vec::new(),
+        duplicated: Vec::new(),
+        early: Vec::new(),
+        delivered_and_cancelled: Vec::new(),
+        wheel_note,
+    };
+    for (&offset, m) in timed {
+        a.counts.timer_messages += 1;
+        let example = |note: String| Example {
+            offset,
+            topic: facts.topic(m).to_string(),
+            deliver_at_ms: m.deliver_at_ms,
+            note,
+        };
+        if let Some(times) = deliveries.get(&offset) {
+            a.counts.delivered += 1;
+            if times.len() > 1 {
+                a.counts.duplicated += 1;
+                a.duplicated.push(example(format!("{} delivery records", times.len())));
+            }
+            if let Some(&first_early) = times.iter().find(|&&t| t < m.deliver_at_ms) {
+                a.counts.early += 1;
+                a.early.push(example(format!(
+                    "delivered at {} ({} ms early)",
+                    utc_ms(first_early),
+                    m.deliver_at_ms - first_early
+                )));
+            }
+            if cancelled.contains(&offset) {
+                a.delivered_and_cancelled.push(example("a delivery and a cancel record".into()));
+            }
+        } else if cancelled.contains(&offset)
+            || membership.as_ref().is_some_and(|w| w.cancel_entries.contains(&offset))
+        {
+            a.counts.cancelled += 1;
+        } else if offset >= replay_from {
+            a.counts.pending += 1;
+            a.pending_by_replay += 1;
+        } else if membership.as_ref().is_none_or(|w| w.pending(offset)) {
+            // Without a readable wheel the store rebuilds it from the log at the next open.
+            a.counts.pending += 1;
+        } else if m.deliver_at_ms.saturating_add(GRACE_MS) < a.reference_ms {
+            a.counts.lost += 1;
+            a.lost.push(example("not delivered, not cancelled, in no live slot".into()));
+        } else {
+            a.unsettled.push(example("in no live slot, not overdue yet".into()));
+        }
+    }
+    Ok(a)
+}
+
+/// Which timers the live slots hold; `None` (with why) if the next open
+/// rebuilds the wheel anyway: no wheel, no checkpoint to resume from, or a
+/// wheel that does not check out (the store then rebuilds it from the log).
+fn wheel_membership(files: &StoreFiles, resume: &Resume) -> (Option<Membership>, Option<String>) {
+    if !resume.resumes {
+        return (
+            None,
+            Some("no checkpoint to resume from: the next open rebuilds the wheel from the log".into()),
+        );
+    }
+    let read = || -> Result<Option<Membership>> {
+        let Some(wheel) = WheelFile::read(files)? else { return Ok(None) };
+        Ok(Some(Membership::of(&wheel, &TimerLog::open(files)?, resume)?))
+    };
+    match read() {
+        Ok(Some(m)) => (Some(m), None),
+        Ok(None) => (None, Some("no wheel file: the next open rebuilds it from the log".into())),
+        Err(e) => (
+            None,
+            Some(format!("the wheel does not check out ({e}): the next open rebuilds it from the log")),
+        ),
+    }
+}
+
+impl Audit {
+    pub fn render(&self) -> String {
+        let c = &self.counts;
+        let mut t = Table::new(&["timed messages", ">count"]);
+        for (name, n) in [
+            ("timer messages", c.timer_messages),
+            ("delivered", c.delivered),
+            ("cancelled", c.cancelled),
+            ("pending", c.pending),
+            ("  of which awaiting replay", self.pending_by_replay),
+            ("lost", c.lost),
+            ("duplicated", c.duplicated),
+            ("early", c.early),
+            ("unsettled, not overdue", self.unsettled.len() as u64),
+        ] {
+            t.row(vec![name.into(), thousands(n)]);
+        }
+        let mut out = t.render(0);
+        out += &format!(
+            "reference time {} (the latest time in the commit log); lost = due over {} s before it\n",
+            utc_ms(self.reference_ms),
+            GRACE_MS / 1000
+        );
+        if let Some(note) = &self.wheel_note {
+            out += &format!("note: {note}\n");
+        }
+        for (what, list) in [
+            ("lost", &self.lost),
+            ("duplicated", &self.duplicated),
+            ("early", &self.early),
+            ("delivered and cancelled", &self.delivered_and_cancelled),
+            ("unsettled", &self.unsettled),
+        ] {
+            if list.is_empty() {
+                continue;
+            }
+            out += &format!("\n{what} ({}; the first {} shown)\n", list.len(), list.len().min(EXAMPLES));
+            let mut t = Table::new(&[">message offset", "topic", "deliver at (UTC)", "what"]);
+            for e in list.iter().take(EXAMPLES) {
+                t.row(vec![e.offset.to_string(), e.topic.clone(), utc_ms(e.deliver_at_ms), e.note.clone()]);
+            }
+            out += &t.render(2);
+        }
+        out += if c.failed() { "\nAUDIT FAILED\n" } else { "\naudit ok\n" };
+        out
+    }
+}

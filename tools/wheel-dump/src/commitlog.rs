@@ -1,0 +1,213 @@
+//! Reading the commit log (the truth) record by record, read-only.
+//!
+//! The scan follows the store's own rules: a record starts after a segment
+//! header, padding sends the scan to the next segment, and the log ends at
+//! the first all-zero header or the first record that does not check out.
+//! Whether such a record is a torn tail (normal, e.g. one being written by a
+//! live store) or damage in the middle is the caller's call: the store calls
+//! it damage when it lies below the checkpoint's `log durable`.
+
+use std::path::PathBuf;
+
+use delaywheel::CorruptionKind;
+use delaywheel::inspect::{self, FileKind, Record, RecordKind};
+
+use crate::error::Result;
+use crate::store_files::{ChunkReader, SequenceFile, StoreFiles, open_sequence};
+
+/// The commit log's segments, headers checked.
+pub struct CommitLog {
+    segments: Vec<SequenceFile>,
+    pub segment_size: u64,
+}
+
+/// Where and why a scan stopped.
+#[derive(Debug)]
+pub enum LogEnd {
+    /// An all-zero record header, or past the last segment: the normal end.
+    Clean { offset: u64 },
+    /// A record that does not check out: a torn tail or damage, see the module docs.
+    Invalid { offset: u64, file: PathBuf, position: u64, kind: CorruptionKind },
+}
+
+impl LogEnd {
+    pub fn offset(&self) -> u64 {
+        match self {
+            Self::Clean { offset } | Self::Invalid { offset, .. } => *offset,
+        }
+    }
+}
+
+/// What a scan found.
+#[derive(Debug, Default, Clone, Copy)]
+pub struct RecordCounts {
+    pub messages: u64,
+    pub timed: u64,
+    pub deliveries: u64,
+    pub cancels: u64,
+}
+
+impl CommitLog {
+    pub fn open(files: &StoreFiles) -> Result<Self> {
+        let (segments, size) = open_sequence(&files.segments, FileKind::CommitLog, |a| a, |a| a)?;
+        Ok(Self { segments, segment_size: size.unwrap_or(0) })
+    }
+
+    pub fn segments(&self) -> impl Iterator<Item = &SequenceFile> {
+        self.segments.iter()
+    }
+
+    /// The segment file and byte position of log offset `offset`.
+    pub fn locate(&self, offset: u64) -> (PathBuf, u64) {
+        let size = self.segment_size.max(1);
+        let base = offset - offset % size;
+        let path = match self.segments.iter().find(|s| s.first == base) {
+            Some(s) => s.file.path.clone(),
+            None => self
+                .segments
+                .first()
+                .map_or_else(PathBuf::new, |s| s.file.path.with_file_name(format!("{base:020}"))),
+        };
+        (path, offset - base)
+    }
+
+    /// Visits every record (padding excluded) in log order, from the first
+    /// segment to the end of the log.
+    pub fn scan(&self, mut visit: impl FnMut(u64, usize, Record) -> Result<()>) -> Result<LogEnd> {
+        let header_len = inspect::FILE_HEADER_LEN as u64;
+        let mut end = self.segments.first().map_or(header_len, |s| s.first + header_len);
+        // `end` is where the next record would start: after the last segment
+        // read, the start of the one that would follow it.
+        for segment in &self.segments {
+            let mut reader = ChunkReader::new(&segment.file);
+            let mut local = header_len;
+            loop {
+                let offset = segment.first + local;
+                let room = (self.segment_size - local) as usize;
+                if room < inspect::RECORD_HEADER_LEN {
+                    break;
+                }
+                let invalid =
+                    |kind| LogEnd::Invalid { offset, file: segment.file.path.clone(), position: local, kind };
+                let header = reader.get(local, inspect::RECORD_HEADER_LEN)?;
+                let frame = match inspect::record_frame(header, room) {
+                    Ok(Some(frame)) => frame,
+                    Ok(None) => return Ok(LogEnd::Clean { offset }),
+                    Err(kind) => return Ok(invalid(kind)),
+                };
+                let read_len =
+                    if frame.kind == RecordKind::Padding { inspect::RECORD_HEADER_LEN } else { frame.len };
+                let bytes = reader.get(local, read_len)?;
+                match inspect::decode_record(bytes, offset, frame) {
+                    Err(kind) => return Ok(invalid(kind)),
+                    Ok(Record::Padding) => break,
+                    Ok(record) => visit(offset, frame.len, record)?,
+                }
+                local += frame.len as u64;
+            }
+            // The next record starts the next segment.
+            end = segment.first + self.segment_size + header_len;
+        }
+        Ok(LogEnd::Clean { offset: end })
+    }
+}
+
+/// Facts about the log that several commands need, from one scan.
+pub struct LogFacts {
+    /// Every message record by offset.
+    pub messages: std::collections::HashMap<u64, MessageFacts>,
+    /// Delivery records in log order: (record offset, delivered at, message offset).
+    pub deliveries: Vec<(u64, u64, u64)>,
+    /// Cancel records in log order: (record offset, message offset, deliver at).
+    pub cancels: Vec<(u64, u64, u64)>,
+    pub topics: Vec<String>,
+    pub counts: RecordCounts,
+    pub end: LogEnd,
+    /// The latest time written in the log (store, delivery and cancel times), epoch ms.
+    pub newest_time_ms: u64,
+}
+
+/// What the indexes need to know about one message record.
+#[derive(Debug, Clone, Copy)]
+pub struct MessageFacts {
+    pub len: u32,
+    pub store_time_ms: u64,
+    pub deliver_at_ms: u64,
+    pub delay_level: u16,
+    pub queue_id: u32,
+    /// Index into [`LogFacts::topics`].
+    pub topic: u32,
+    pub tag_hash: u32,
+}
+
+impl LogFacts {
+    /// Scans the whole log.
+    pub fn gather(log: &CommitLog) -> Result<Self> {
+        let mut facts = Self {
+            messages: Default::default(),
+            deliveries: Vec::new(),
+            cancels: Vec::new(),
+            topics: Vec::new(),
+            counts: RecordCounts::default(),
+            end: LogEnd::Clean { offset: 0 },
+            newest_time_ms: 0,
+        };
+        let mut topic_ids = std::collections::HashMap::new();
+        facts.end = log.scan(|offset, len, record| {
+            facts.note(offset, len, record, &mut topic_ids);
+            Ok(())
+        })?;
+        Ok(facts)
+    }
+
+    fn note(
+        &mut self,
+        offset: u64,
+        len: usize,
+        record: Record,
+        topic_ids: &mut std::collections::HashMap<String, u32>,
+    ) {
+        match record {
+            Record::Message(m) => {
+                self.counts.messages += 1;
+                self.counts.timed += u64::from(m.deliver_at_ms != 0);
+                self.newest_time_ms = self.newest_time_ms.max(m.store_time_ms);
+                let next_id = self.topics.len() as u32;
+                let topic = *topic_ids.entry(m.topic.clone()).or_insert_with(|| {
+                    self.topics.push(m.topic.clone());
+                    next_id
+                });
+                let facts = MessageFacts {
+                    len: len as u32,
+                    store_time_ms: m.store_time_ms,
+                    deliver_at_ms: m.deliver_at_ms,
+                    delay_level: m.delay_level,
+                    queue_id: m.queue_id,
+                    topic,
+                    tag_hash: inspect::tag_hash(&m.tags),
+                };
+                self.messages.insert(offset, facts);
+            }
+            Record::Delivery(d) => {
+                self.counts.deliveries += 1;
+                self.newest_time_ms = self.newest_time_ms.max(d.delivered_at_ms);
+                self.deliveries.push((offset, d.delivered_at_ms, d.message_offset));
+            }
+            Record::Cancel(c) => {
+                self.counts.cancels += 1;
+                self.newest_time_ms = self.newest_time_ms.max(c.cancelled_at_ms);
+                self.cancels.push((offset, c.message_offset, c.deliver_at_ms));
+            }
+            Record::Padding => {}
+        }
+    }
+
+    pub fn topic(&self, m: &MessageFacts) -> &str {
+        &self.topics[m.topic as usize]
+    }
+
+    /// The timed message at `offset`, if that is one.
+    pub fn timed(&self, offset: u64) -> Option<&MessageFacts> {
+        self.messages.get(&offset).filter(|m| m.deliver_at_ms != 0)
+    }
+}

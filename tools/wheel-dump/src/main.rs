@@ -1,0 +1,228 @@
+//! `wheel-dump`: read-only inspection, verification and audit of a delaywheel
+//! store directory. Contract: `../shared/design.md` §6; formats: `wheel-format.md`.
+//!
+//! It reads with plain positioned reads (no maps, no `LOCK`), never creates,
+//! changes or removes a file, and may run beside a live store.
+//!
+//! Exit codes: 0 done (verify: no problem; audit: nothing lost, duplicated
+//! or early); 1 a problem found, or the directory is not a readable store;
+//! 2 bad arguments (one line on stderr).
+
+mod audit;
+mod commitlog;
+mod error;
+mod indexes;
+mod listing;
+mod output;
+mod store_files;
+mod summary;
+mod time;
+mod verify;
+mod wheel_view;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde::Serialize;
+
+use crate::error::{DumpError, Result};
+use crate::listing::Format;
+use crate::output::{SCHEMA_VERSION, json_line};
+use crate::store_files::StoreFiles;
+
+#[derive(Parser)]
+#[command(
+    name = "wheel-dump",
+    version,
+    about = "Inspect, verify and audit a delaywheel store directory, read-only",
+    after_help = "JSON: every subcommand prints one document with \"schema_version\": 1; slots, slot and \
+                  log print JSON lines (a first line {\"schema_version\":1,\"listing\":...}, then one \
+                  object per item).\nExit codes: 0 ok; 1 a problem found (verify, audit) or not a \
+                  readable store; 2 bad arguments."
+)]
+struct Cli {
+    /// The store directory.
+    dir: PathBuf,
+    #[command(subcommand)]
+    command: Option<Command>,
+    /// Print JSON instead of text.
+    #[arg(long, global = true)]
+    json: bool,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Files, sizes and versions, the checkpoint, pending timers per level and due time, queues (the default).
+    Summary {
+        /// Reference time of the due-time buckets, epoch ms (default: now).
+        #[arg(long, value_name = "EPOCH_MS")]
+        now: Option<u64>,
+    },
+    /// The non-empty wheel slots with their counts, optionally those overlapping [--from, --to].
+    Slots {
+        /// Epoch second: slots whose window ends before it are left out.
+        #[arg(long, value_name = "T")]
+        from: Option<u64>,
+        /// Epoch second: slots whose window starts after it are left out.
+        #[arg(long, value_name = "T")]
+        to: Option<u64>,
+    },
+    /// Every timer of epoch second T, on any level, with its topic and state.
+    Slot {
+        /// Epoch second.
+        #[arg(value_name = "T")]
+        second: u64,
+    },
+    /// Timer-log entries in order.
+    Log {
+        /// First entry index to print (index 0 is never used).
+        #[arg(long, value_name = "POS", default_value_t = 1)]
+        from: u64,
+    },
+    /// Both checkpoint slots, every field, and which one a store would use.
+    Checkpoint,
+    /// Every checksum and cross-reference; exit 1 naming the first problem by file and offset.
+    Verify,
+    /// Delivered, cancelled, pending or lost for every timed message; exit 1 if any is lost,
+    /// duplicated or early. Lost: due over 60 s before the latest time in the commit log.
+    Audit,
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) if e.use_stderr() => {
+            // One line, as the command-line contract asks; clap's usage errors are exit 2.
+            let first = e.to_string().lines().next().unwrap_or("bad arguments").to_string();
+            eprintln!("{first}");
+            return ExitCode::from(2);
+        }
+        Err(e) => {
+            let _ = e.print();
+            return ExitCode::SUCCESS;
+        }
+    };
+    match run(cli) {
+        Ok(code) => code,
+        // A reader that stopped reading (`| head`) is not an error.
+        Err(DumpError::Output(e)) if e.kind() == std::io::ErrorKind::BrokenPipe => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("wheel-dump: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    let files = StoreFiles::locate(&cli.dir)?;
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let format = if cli.json { Format::JsonLines } else { Format::Text };
+    let code = match cli.command.unwrap_or(Command::Summary { now: None }) {
+        Command::Summary { now } => {
+            let summary = summary::Summary::gather(&files, now.unwrap_or_else(now_ms))?;
+            if cli.json {
+                json_line(&mut out, &summary)?
+            } else {
+                write!(out, "{}", summary.render())?
+            }
+            ExitCode::SUCCESS
+        }
+        Command::Slots { from, to } => {
+            listing::slots(&files, from, to, format, &mut out).map(|()| ExitCode::SUCCESS)?
+        }
+        Command::Slot { second } => {
+            listing::slot(&files, second, format, &mut out).map(|()| ExitCode::SUCCESS)?
+        }
+        Command::Log { from } => listing::log(&files, from, format, &mut out).map(|()| ExitCode::SUCCESS)?,
+        Command::Checkpoint => listing::checkpoint(&files, cli.json, &mut out).map(|()| ExitCode::SUCCESS)?,
+        Command::Verify => report_verify(&files, cli.json, &mut out)?,
+        Command::Audit => {
+            let audit = audit::audit(&files)?;
+            if cli.json {
+                json_line(&mut out, &audit.counts)?
+            } else {
+                write!(out, "{}", audit.render())?
+            }
+            if audit.counts.failed() { ExitCode::from(1) } else { ExitCode::SUCCESS }
+        }
+    };
+    out.flush()?;
+    Ok(code)
+}
+
+/// Prints what `verify` found: the counts, or the first problem (exit 1).
+fn report_verify(files: &StoreFiles, json: bool, out: &mut impl Write) -> Result<ExitCode> {
+    #[derive(Serialize)]
+    struct Problem {
+        file: String,
+        offset: u64,
+        error: String,
+    }
+    #[derive(Serialize)]
+    struct Report {
+        schema_version: u32,
+        ok: bool,
+        checked: Option<verify::Checked>,
+        problem: Option<Problem>,
+    }
+    let (checked, problem) = match verify::verify(files) {
+        Ok(checked) => (Some(checked), None),
+        // Only what a store's bytes can be blamed for is a finding; failing to read is an error.
+        Err(e @ (DumpError::Corruption { .. } | DumpError::UnsupportedVersion { .. })) => {
+            let (file, offset) = e.location().expect("a corruption names its place");
+            (None, Some(Problem { file: file.display().to_string(), offset, error: e.to_string() }))
+        }
+        Err(e) => return Err(e),
+    };
+    let ok = problem.is_none();
+    if json {
+        json_line(out, &Report { schema_version: SCHEMA_VERSION, ok, checked, problem })?;
+    } else if let Some(p) = problem {
+        writeln!(out, "PROBLEM in {} at offset {}\n  {}", p.file, p.offset, p.error)?;
+    } else if let Some(c) = checked {
+        write!(out, "{}", render_checked(&c))?;
+    }
+    Ok(if ok { ExitCode::SUCCESS } else { ExitCode::from(1) })
+}
+
+fn render_checked(c: &verify::Checked) -> String {
+    use crate::output::thousands as n;
+    let mut out = String::from("ok: every checksum and cross-reference checked\n");
+    let mut t = output::Table::new(&["checked", ">count"]);
+    for (what, count) in [
+        ("checkpoint slots", c.checkpoint_slots),
+        ("file headers", c.file_headers),
+        ("commit-log records", c.records),
+        ("  messages", c.messages),
+        ("  of which timed", c.timed_messages),
+        ("  deliveries", c.deliveries),
+        ("  cancels", c.cancels),
+        ("timer-log entries", c.timer_log_entries),
+        ("wheel slots", c.wheel_slots),
+        ("  non-empty, chains walked", c.non_empty_slots),
+        ("  chain entries", c.chain_entries),
+        ("consume queues", c.consume_queues),
+        ("  entries", c.queue_entries),
+    ] {
+        t.row(vec![what.into(), n(count)]);
+    }
+    out += &t.render(2);
+    out += &format!("  the commit log ends at offset {}\n", c.log_end);
+    if let Some(torn) = &c.torn_tail {
+        out += &format!("  torn tail (past the checkpoint's log durable, not damage) {torn}\n");
+    }
+    if c.past_log_end > 0 {
+        out += &format!(
+            "  {} index entries name records past the log end read (a live store appending)\n",
+            c.past_log_end
+        );
+    }
+    out
+}
+
+fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}

@@ -1,0 +1,239 @@
+//! Finding a store's files and reading them read-only: `File::open` and
+//! positioned reads (`pread`), no maps, no `LOCK`, nothing ever written.
+//! A live store may be appending while we read; readers here never assume a
+//! file stands still beyond the bytes they read.
+
+use std::collections::BTreeMap;
+use std::fs::File;
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use delaywheel::CorruptionKind;
+use delaywheel::inspect::{self, FileHeader, FileKind, HeaderError};
+
+use crate::error::{DumpError, Result};
+
+/// Every file of a store directory, by role. Numbered files are keyed by
+/// the number in their name (a segment's start offset, a file's first index).
+#[derive(Debug)]
+pub struct StoreFiles {
+    pub dir: PathBuf,
+    pub checkpoint: PathBuf,
+    pub segments: BTreeMap<u64, PathBuf>,
+    pub queues: Vec<QueueFiles>,
+    pub wheel: PathBuf,
+    pub timer_log: BTreeMap<u64, PathBuf>,
+}
+
+/// The files of one consume queue.
+#[derive(Debug)]
+pub struct QueueFiles {
+    pub topic: String,
+    pub queue_id: u32,
+    pub files: BTreeMap<u64, PathBuf>,
+}
+
+impl StoreFiles {
+    /// Finds the files of the store in `dir`. A store has a `commitlog/` directory.
+    pub fn locate(dir: &Path) -> Result<Self> {
+        let not_a_store = |why: &str| DumpError::NotAStore { dir: dir.to_path_buf(), why: why.to_string() };
+        if !dir.is_dir() {
+            return Err(not_a_store("no such directory"));
+        }
+        let commitlog = dir.join("commitlog");
+        if !commitlog.is_dir() {
+            return Err(not_a_store("it has no commitlog/ directory"));
+        }
+        let mut queues = Vec::new();
+        let queue_root = dir.join("consumequeue");
+        for topic_dir in sorted_dirs(&queue_root)? {
+            let topic = file_name(&topic_dir);
+            for queue_dir in sorted_dirs(&topic_dir)? {
+                // A queue directory is named by its queue id; anything else is not ours.
+                let Ok(queue_id) = file_name(&queue_dir).parse::<u32>() else { continue };
+                queues.push(QueueFiles {
+                    topic: topic.clone(),
+                    queue_id,
+                    files: numbered_files(&queue_dir)?,
+                });
+            }
+        }
+        queues.sort_by(|a, b| (&a.topic, a.queue_id).cmp(&(&b.topic, b.queue_id)));
+        Ok(Self {
+            dir: dir.to_path_buf(),
+            checkpoint: dir.join("checkpoint"),
+            segments: numbered_files(&commitlog)?,
+            queues,
+            wheel: dir.join("timer").join("wheel"),
+            timer_log: numbered_files(&dir.join("timer").join("timerlog"))?,
+        })
+    }
+
+    /// The timer-log files as they are now. A live store creates them as it
+    /// goes, so a reader that has just read a wheel slot lists them again:
+    /// the slot may point into a file created after [`locate`](Self::locate).
+    pub fn timer_log_now(&self) -> Result<BTreeMap<u64, PathBuf>> {
+        numbered_files(&self.dir.join("timer").join("timerlog"))
+    }
+
+    /// `path` relative to the store directory, for listings.
+    pub fn relative(&self, path: &Path) -> String {
+        path.strip_prefix(&self.dir).unwrap_or(path).display().to_string()
+    }
+}
+
+fn file_name(path: &Path) -> String {
+    path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default()
+}
+
+/// Sub-directories of `dir`, sorted; none if `dir` does not exist.
+fn sorted_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
+    let mut out: Vec<PathBuf> = list(dir)?.into_iter().filter(|p| p.is_dir()).collect();
+    out.sort();
+    Ok(out)
+}
+
+/// The files of `dir` named by a 20-digit number (temporary and discarded files are skipped).
+pub fn numbered_files(dir: &Path) -> Result<BTreeMap<u64, PathBuf>> {
+    Ok(list(dir)?
+        .into_iter()
+        .filter_map(|path| inspect::parse_file_number(&file_name(&path)).map(|n| (n, path)))
+        .collect())
+}
+
+fn list(dir: &Path) -> Result<Vec<PathBuf>> {
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(DumpError::io("list", dir, e)),
+    };
+    entries.map(|e| e.map(|e| e.path()).map_err(|err| DumpError::io("list", dir, err))).collect()
+}
+
+/// A file opened read-only, read with `pread`.
+#[derive(Debug)]
+pub struct DataFile {
+    pub path: PathBuf,
+    file: File,
+    pub len: u64,
+}
+
+impl DataFile {
+    pub fn open(path: &Path) -> Result<Self> {
+        let file = File::open(path).map_err(|e| DumpError::io("open", path, e))?;
+        let len = file.metadata().map_err(|e| DumpError::io("stat", path, e))?.len();
+        Ok(Self { path: path.to_path_buf(), file, len })
+    }
+
+    /// Reads `len` bytes at `offset`; bytes past the file's end are a corruption
+    /// (every file of a store is created at its full size).
+    pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        let mut buf = vec![0u8; len];
+        self.file.read_exact_at(&mut buf, offset).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                let why = format!("{len} bytes at {offset} lie past the file's end ({} bytes)", self.len);
+                DumpError::bad_reference(&self.path, offset, why)
+            } else {
+                DumpError::io("read", &self.path, e)
+            }
+        })?;
+        Ok(buf)
+    }
+
+    /// Reads and checks the file header of a file of `kind`.
+    pub fn header(&self, kind: FileKind) -> Result<FileHeader> {
+        let bytes = self.read(0, inspect::FILE_HEADER_LEN)?;
+        inspect::decode_file_header(&bytes, kind).map_err(|e| match e {
+            HeaderError::Corrupt(kind) => DumpError::corruption(&self.path, 0, kind),
+            HeaderError::UnsupportedVersion { found, supported } => {
+                DumpError::UnsupportedVersion { file: self.path.clone(), found, supported }
+            }
+        })
+    }
+
+    /// Checks that the file is `expected` bytes long.
+    pub fn expect_len(&self, expected: u64) -> Result<()> {
+        if self.len != expected {
+            let kind = CorruptionKind::WrongSize { expected, found: self.len };
+            return Err(DumpError::corruption(&self.path, 0, kind));
+        }
+        Ok(())
+    }
+
+    /// Checks a header field against what the file's name or its neighbours say.
+    pub fn expect_field(&self, what: &str, found: u64, expected: u64) -> Result<()> {
+        if found != expected {
+            let why = format!("header says {what} {found}, expected {expected}");
+            return Err(DumpError::bad_reference(&self.path, 0, why));
+        }
+        Ok(())
+    }
+}
+
+/// Sequential reads of one file through a buffer, so a scan costs one
+/// `pread` per chunk rather than one per record.
+pub struct ChunkReader<'a> {
+    file: &'a DataFile,
+    start: u64,
+    buf: Vec<u8>,
+}
+
+/// Bytes read per `pread` by a [`ChunkReader`].
+const CHUNK: usize = 1 << 20;
+
+impl<'a> ChunkReader<'a> {
+    pub fn new(file: &'a DataFile) -> Self {
+        Self { file, start: 0, buf: Vec::new() }
+    }
+
+    /// The `len` bytes at `offset`.
+    pub fn get(&mut self, offset: u64, len: usize) -> Result<&[u8]> {
+        let end = offset + len as u64;
+        if offset < self.start || end > self.start + self.buf.len() as u64 {
+            let want = (len.max(CHUNK) as u64).min(self.file.len.saturating_sub(offset)).max(len as u64);
+            self.buf = self.file.read(offset, want as usize)?;
+            self.start = offset;
+        }
+        let at = (offset - self.start) as usize;
+        Ok(&self.buf[at..at + len])
+    }
+}
+
+/// One file of a numbered sequence, opened, with its header checked against its name.
+pub struct SequenceFile {
+    pub first: u64,
+    pub file: DataFile,
+}
+
+/// Opens a numbered file sequence (segments, timer-log or queue files) of
+/// `kind`: every header must be valid, agree on `a` (the segment size or the
+/// entries per file) and carry its name's number as `b`; the files must be
+/// contiguous (a gap is a missing file) and `size(a)` bytes each.
+pub fn open_sequence(
+    files: &BTreeMap<u64, PathBuf>,
+    kind: FileKind,
+    step: impl Fn(u64) -> u64,
+    size: impl Fn(u64) -> u64,
+) -> Result<(Vec<SequenceFile>, Option<u64>)> {
+    let mut out: Vec<SequenceFile> = Vec::new();
+    let mut a = None;
+    for (&first, path) in files {
+        let file = DataFile::open(path)?;
+        let header = file.header(kind)?;
+        let a_now = *a.get_or_insert(header.a);
+        file.expect_field("a", header.a, a_now)?;
+        file.expect_field("b", header.b, first)?;
+        if a_now == 0 {
+            return Err(DumpError::bad_reference(path, 0, "header says a is 0"));
+        }
+        file.expect_len(size(a_now))?;
+        if let Some(prev) = out.last()
+            && prev.first.checked_add(step(a_now)) != Some(first)
+        {
+            let missing = path.with_file_name(format!("{:020}", prev.first.saturating_add(step(a_now))));
+            return Err(DumpError::corruption(missing, 0, CorruptionKind::MissingFile));
+        }
+        out.push(SequenceFile { first, file });
+    }
+    Ok((out, a))
+}

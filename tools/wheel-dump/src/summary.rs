@@ -1,0 +1,280 @@
+//! `summary`: files and sizes, format versions, the checkpoint, pending
+//! timers per wheel level and per coming time bucket, the next due time,
+//! consume queues and their lengths. It reads headers, slot records and one
+//! chain, never the whole commit log, so it is quick on any store.
+
+use std::path::Path;
+
+use delaywheel::inspect::{self, FileKind};
+use delaywheel::{Checkpoint, HORIZON_LABELS};
+use serde::Serialize;
+
+use crate::error::Result;
+use crate::indexes::{CheckpointFile, ConsumeQueue, PlacedSlot, TimerLog, WheelFile, chain};
+use crate::output::{SCHEMA_VERSION, Table, thousands};
+use crate::store_files::{DataFile, StoreFiles};
+use crate::time::{utc_ms, utc_second};
+use crate::wheel_view::{Resume, live_slots};
+
+#[derive(Serialize)]
+pub struct Summary {
+    schema_version: u32,
+    dir: String,
+    files: Vec<FileInfo>,
+    /// The newest valid checkpoint, if any.
+    checkpoint: Option<CheckpointJson>,
+    /// Whether the next open resumes the indexes at the checkpoint (otherwise it rebuilds them).
+    resumes_at_checkpoint: bool,
+    /// Pending timers per level: live slot entries minus cancel entries.
+    pending_per_level: [u64; inspect::WHEEL_LEVELS],
+    pending_total: u64,
+    /// Reference time of the horizon buckets, epoch ms.
+    reference_ms: u64,
+    /// Pending timers due before reference + 5 s, 1 min, 5 min, 1 h, 1 d, and the rest.
+    pending_by_horizon: Vec<(String, u64)>,
+    next_due: Option<NextDue>,
+    consume_queues: Vec<QueueInfo>,
+}
+
+#[derive(Serialize)]
+struct FileInfo {
+    path: String,
+    bytes: u64,
+    /// Format version from the file header; `None` for files without one.
+    version: Option<u32>,
+}
+
+#[derive(Serialize)]
+pub struct CheckpointJson {
+    pub position: u64,
+    pub sequence: u64,
+    pub clean: bool,
+    pub log_durable: u64,
+    pub dispatched: u64,
+    pub written_at_ms: u64,
+    pub tick_second: u64,
+    pub delivery_scan_from: u64,
+    pub timer_log_end: u64,
+}
+
+impl CheckpointJson {
+    pub fn new(position: u64, cp: &Checkpoint) -> Self {
+        Self {
+            position,
+            sequence: cp.sequence,
+            clean: cp.clean,
+            log_durable: cp.log_durable,
+            dispatched: cp.dispatched,
+            written_at_ms: cp.written_at_ms,
+            tick_second: cp.tick_second,
+            delivery_scan_from: cp.delivery_scan_from,
+            timer_log_end: cp.timer_log_end,
+        }
+    }
+}
+
+#[derive(Serialize)]
+struct NextDue {
+    /// The earliest deliver time in the earliest live level-0 slot, or the
+    /// start of the earliest live coarser window (its timers are not due before).
+    at_ms: u64,
+    level: usize,
+    exact: bool,
+}
+
+#[derive(Serialize)]
+struct QueueInfo {
+    topic: String,
+    queue_id: u32,
+    entries: u64,
+    files: usize,
+}
+
+impl Summary {
+    pub fn gather(files: &StoreFiles, reference_ms: u64) -> Result<Self> {
+        let checkpoint = CheckpointFile::read(files)?;
+        let resume = Resume::new(files, &checkpoint);
+        let wheel = WheelFile::read(files)?;
+        let log = TimerLog::open(files)?;
+        let live = match &wheel {
+            Some(wheel) => live_slots(wheel, &resume)?,
+            None => Vec::new(),
+        };
+        let mut entries = [0u64; inspect::WHEEL_LEVELS];
+        let mut cancels = [0u64; inspect::WHEEL_LEVELS];
+        let mut horizon = vec![0u64; HORIZON_LABELS.len()];
+        for slot in &live {
+            entries[slot.level] += u64::from(slot.slot.count);
+            cancels[slot.level] += u64::from(slot.slot.cancels);
+            let due_ms = slot.start_second().saturating_mul(1000);
+            let bucket = inspect::HORIZONS_MS
+                .iter()
+                .position(|&ahead| due_ms < reference_ms.saturating_add(ahead))
+                .unwrap_or(inspect::HORIZONS_MS.len());
+            horizon[bucket] += u64::from(slot.net_timers());
+        }
+        let pending_per_level = inspect::net_pending(entries, cancels);
+        let next_due = match &wheel {
+            Some(wheel) => next_due(wheel, &log, &live)?,
+            None => None,
+        };
+        let mut queues = Vec::new();
+        for q in &files.queues {
+            let queue = ConsumeQueue::open(q)?;
+            queues.push(QueueInfo {
+                topic: q.topic.clone(),
+                queue_id: q.queue_id,
+                entries: queue.len()?,
+                files: queue.file_count(),
+            });
+        }
+        Ok(Self {
+            schema_version: SCHEMA_VERSION,
+            dir: files.dir.display().to_string(),
+            files: file_infos(files)?,
+            checkpoint: resume.checkpoint.map(|(position, cp)| CheckpointJson::new(position, &cp)),
+            resumes_at_checkpoint: resume.resumes,
+            pending_per_level,
+            pending_total: pending_per_level.iter().sum(),
+            reference_ms,
+            pending_by_horizon: HORIZON_LABELS.iter().map(|l| l.to_string()).zip(horizon).collect(),
+            next_due,
+            consume_queues: queues,
+        })
+    }
+
+    pub fn render(&self) -> String {
+        let mut out = format!("store {}\n\nfiles\n", self.dir);
+        let mut table = Table::new(&["path", ">bytes", ">version"]);
+        for f in &self.files {
+            let version = f.version.map_or("-".to_string(), |v| v.to_string());
+            table.row(vec![f.path.clone(), thousands(f.bytes), version]);
+        }
+        out += &table.render(2);
+        out += "\ncheckpoint\n";
+        match &self.checkpoint {
+            Some(cp) => out += &render_checkpoint(cp),
+            None => out += "  none valid: the next open rebuilds every index from the commit log\n",
+        }
+        if self.checkpoint.is_some() && !self.resumes_at_checkpoint {
+            out +=
+                "  an index directory is missing: the next open rebuilds every index from the commit log\n";
+        }
+        out += "\npending timers (live wheel slots, as of the checkpoint's tick second)\n";
+        let mut table = Table::new(&["level", ">slot covers", ">pending"]);
+        for (level, n) in self.pending_per_level.iter().enumerate() {
+            let covers = format!("{} s", thousands(1 << inspect::window_shift(level)));
+            table.row(vec![level.to_string(), covers, thousands(*n)]);
+        }
+        table.row(vec!["total".into(), String::new(), thousands(self.pending_total)]);
+        out += &table.render(2);
+        out += &format!("\npending by due time, from {}\n", utc_ms(self.reference_ms));
+        let mut table = Table::new(&["due within", ">pending"]);
+        for (label, n) in &self.pending_by_horizon {
+            table.row(vec![label.clone(), thousands(*n)]);
+        }
+        out += &table.render(2);
+        out += &match &self.next_due {
+            Some(d) if d.exact => {
+                format!("\nnext due  {}  {}  (level {})\n", d.at_ms, utc_ms(d.at_ms), d.level)
+            }
+            Some(d) => format!(
+                "\nnext due  not before {}  {}  (level {} window)\n",
+                d.at_ms,
+                utc_ms(d.at_ms),
+                d.level
+            ),
+            None => "\nnext due  nothing pending\n".to_string(),
+        };
+        out += "\nconsume queues\n";
+        let mut table = Table::new(&["topic", ">queue", ">entries", ">files"]);
+        for q in &self.consume_queues {
+            table.row(vec![
+                q.topic.clone(),
+                q.queue_id.to_string(),
+                thousands(q.entries),
+                q.files.to_string(),
+            ]);
+        }
+        out += &if table.is_empty() { "  none\n".to_string() } else { table.render(2) };
+        out
+    }
+}
+
+/// The checkpoint's fields as indented lines.
+pub fn render_checkpoint(cp: &CheckpointJson) -> String {
+    let mut t = Table::new(&["field", ">value", "meaning"]);
+    let clean = if cp.clean { "written by a clean close" } else { "not a clean close: recovery replays" };
+    t.row(vec!["clean".into(), if cp.clean { "yes" } else { "no" }.into(), clean.into()]);
+    let mut row =
+        |name: &str, value: u64, meaning: &str| t.row(vec![name.into(), value.to_string(), meaning.into()]);
+    row("position", cp.position, "byte position of the slot");
+    row("sequence", cp.sequence, "the valid slot with the highest sequence is used");
+    row("log durable", cp.log_durable, "commit-log bytes below were on disk");
+    row("dispatched", cp.dispatched, "records below are in the indexes");
+    row("written at", cp.written_at_ms, &utc_ms(cp.written_at_ms));
+    row("tick second", cp.tick_second, &utc_second(cp.tick_second));
+    row("delivery scan", cp.delivery_scan_from, "deliveries of pending timers lie at or after");
+    row("timer-log end", cp.timer_log_end, "next timer-log entry index");
+    t.render(2)
+}
+
+/// The earliest due time in the live slots: exact on level 0 (the chains of
+/// its earliest slots are read until one holds a timer not cancelled), a
+/// window start for coarser levels.
+fn next_due(wheel: &WheelFile, log: &TimerLog, live: &[PlacedSlot]) -> Result<Option<NextDue>> {
+    let mut level0: Vec<&PlacedSlot> = live.iter().filter(|s| s.level == 0).collect();
+    level0.sort_by_key(|s| s.start_second());
+    for slot in level0 {
+        let entries = chain(wheel, slot, |i| log.entry(i))?;
+        let cancelled: Vec<u64> =
+            entries.iter().filter(|(_, e)| e.cancel).map(|(_, e)| e.message_offset).collect();
+        let at_ms = entries
+            .iter()
+            .filter(|(_, e)| !e.cancel && !cancelled.contains(&e.message_offset))
+            .map(|(_, e)| e.deliver_at_ms)
+            .min();
+        if let Some(at_ms) = at_ms {
+            return Ok(Some(NextDue { at_ms, level: 0, exact: true }));
+        }
+    }
+    let earliest = |level: usize| {
+        live.iter().filter(|s| s.level == level && s.net_timers() > 0).map(PlacedSlot::start_second).min()
+    };
+    Ok([1, 2].into_iter().find_map(|level| {
+        earliest(level).map(|second| NextDue { at_ms: second.saturating_mul(1000), level, exact: false })
+    }))
+}
+
+/// Every file of the store with its size and, for data files, header version.
+fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
+    let mut out = Vec::new();
+    let mut add = |path: &Path, kind: Option<FileKind>| -> Result<()> {
+        if !path.is_file() {
+            return Ok(());
+        }
+        let file = DataFile::open(path)?;
+        let version = match kind {
+            Some(kind) => Some(file.header(kind)?.version),
+            None => None,
+        };
+        out.push(FileInfo { path: files.relative(path), bytes: file.len, version });
+        Ok(())
+    };
+    add(&files.dir.join("LOCK"), None)?;
+    add(&files.checkpoint, None)?;
+    add(&files.dir.join("consumer_offsets.json"), None)?;
+    for path in files.segments.values() {
+        add(path, Some(FileKind::CommitLog))?;
+    }
+    for queue in &files.queues {
+        for path in queue.files.values() {
+            add(path, Some(FileKind::ConsumeQueue))?;
+        }
+    }
+    add(&files.wheel, Some(FileKind::Wheel))?;
+    for path in files.timer_log.values() {
+        add(path, Some(FileKind::TimerLog))?;
+    }
+    Ok(out)
+}

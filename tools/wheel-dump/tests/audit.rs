@@ -1,0 +1,92 @@
+//! `audit`: the fate of every timed message, and exit 1 when one is lost,
+//! delivered twice or delivered early.
+
+mod common;
+
+use common::*;
+use delaywheel::inspect::Record;
+use serde_json::json;
+
+fn audit_json(dir: &std::path::Path) -> (i32, serde_json::Value) {
+    let out = dump(dir, &["audit", "--json"]);
+    (out.status.code().unwrap(), json(&out))
+}
+
+#[test]
+fn every_timer_delivered_passes() {
+    let dir = all_delivered(300);
+    let (code, doc) = audit_json(dir.path());
+    let expected = json!({"schema_version": 1, "timer_messages": 300, "delivered": 300, "cancelled": 0,
+        "pending": 0, "lost": 0, "duplicated": 0, "early": 0});
+    assert_eq!((code, doc), (0, expected));
+}
+
+#[test]
+fn delivered_cancelled_and_pending_are_told_apart() {
+    let h = healthy();
+    let (code, doc) = audit_json(h.path());
+    let expected = json!({"schema_version": 1, "timer_messages": 5, "delivered": 2, "cancelled": 1,
+        "pending": 2, "lost": 0, "duplicated": 0, "early": 0});
+    assert_eq!((code, doc), (0, expected));
+}
+
+/// The delivery record of the message at `message`, in the healthy fixture.
+fn delivery_of(dir: &std::path::Path, message: u64) -> Vec<u8> {
+    let (records, _) = records(dir);
+    let found =
+        records.into_iter().find(|(_, _, r)| matches!(r, Record::Delivery(d) if d.message_offset == message));
+    found.expect("a delivery record").1
+}
+
+#[test]
+fn a_copied_in_duplicate_delivery_fails() {
+    let h = healthy();
+    let copy = copy_of(h.path());
+    append_copy(copy.path(), delivery_of(copy.path(), h.a), |_| {});
+    let (code, doc) = audit_json(copy.path());
+    assert_eq!(
+        (code, &doc["duplicated"], &doc["delivered"], &doc["early"]),
+        (1, &json!(1), &json!(2), &json!(0))
+    );
+    let text = stdout(&dump(copy.path(), &["audit"]));
+    assert!(text.contains(&format!("{}  Orders", h.a)) && text.contains("AUDIT FAILED"), "{text}");
+}
+
+#[test]
+fn an_early_delivery_fails() {
+    let h = healthy();
+    let copy = copy_of(h.path());
+    // d is due at T0 + 2 h: a delivery record for it at T0 + 11 s is early.
+    append_copy(copy.path(), delivery_of(copy.path(), h.a), |bytes| {
+        bytes[20..28].copy_from_slice(&h.d.to_le_bytes()); // the message offset field
+    });
+    let (code, doc) = audit_json(copy.path());
+    assert_eq!(
+        (code, &doc["early"], &doc["delivered"], &doc["pending"]),
+        (1, &json!(1), &json!(3), &json!(1))
+    );
+}
+
+#[test]
+fn a_timer_missing_from_the_wheel_long_after_its_time_is_lost() {
+    let h = healthy();
+    let copy = copy_of(h.path());
+    // Zero the slot holding d (as if its index were lost), then move the
+    // reference time past d's deliver time + 60 s with a copied-in cancel of e
+    // whose cancelled-at is late: d is then overdue and in no live slot.
+    let position =
+        delaywheel::inspect::slot_position(delaywheel::inspect::slot_index(0, (T0 + 7_200_000) / 1000));
+    write_at(&copy.path().join("timer/wheel"), position, &[0; 32]);
+    let (records, _) = records(copy.path());
+    let cancel = records.into_iter().find(|(_, _, r)| matches!(r, Record::Cancel(_))).unwrap().1;
+    append_copy(copy.path(), cancel, |bytes| {
+        bytes[12..20].copy_from_slice(&(T0 + 3 * 3_600_000).to_le_bytes()); // cancelled at
+        bytes[20..28].copy_from_slice(&h.e.to_le_bytes());
+        bytes[28..36].copy_from_slice(&(T0 + 2 * 86_400_000).to_le_bytes());
+    });
+    let (code, doc) = audit_json(copy.path());
+    assert_eq!(
+        (code, &doc["lost"], &doc["cancelled"], &doc["pending"]),
+        (1, &json!(1), &json!(2), &json!(0))
+    );
+}

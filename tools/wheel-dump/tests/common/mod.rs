@@ -1,0 +1,201 @@
+//! Fixtures for the wheel-dump tests: stores written through the library
+//! with a manual clock (so every time and offset is the same on every run),
+//! copies of them with damage, and a way to run the binary.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+use delaywheel::inspect::{self, Record};
+use delaywheel::{Config, ManualClock, Message, Store};
+
+/// The epoch ms the fixtures start at (2023-11-14T22:13:20Z).
+pub const T0: u64 = 1_700_000_000_000;
+pub const TOPIC: &str = "Orders";
+
+/// Small files so everything is quick; one queue per topic; the flusher never
+/// checkpoints on its own, so the checkpoint is the one written by close.
+pub fn config(dir: &Path, clock: &ManualClock) -> Config {
+    Config::new(dir)
+        .with_segment_size(64 * 1024)
+        .with_queue_file_entries(64)
+        .with_timer_log_file_entries(64)
+        .with_max_body_bytes(8 * 1024)
+        .with_queues_per_topic(1)
+        .with_flush_interval(Duration::from_secs(3600))
+        .with_clock(clock.clone())
+}
+
+/// The healthy store most tests read, and the log offsets of its messages.
+pub struct Healthy {
+    pub dir: tempfile::TempDir,
+    /// Due at T0 + 5 s, delivered.
+    pub a: u64,
+    /// Legacy level 2 (5 s): due at T0 + 5 s too, delivered.
+    pub b: u64,
+    /// Due at T0 + 20 s, cancelled.
+    pub c: u64,
+    /// Legacy level 18 (2 h): pending on level 0.
+    pub d: u64,
+    /// Due at T0 + 2 days: pending on level 1.
+    pub e: u64,
+    /// An ordinary message.
+    pub m: u64,
+}
+
+impl Healthy {
+    pub fn path(&self) -> &Path {
+        self.dir.path()
+    }
+}
+
+/// Writes the healthy store: five timers and an ordinary message; two timers
+/// delivered at T0 + 11 s, one cancelled, two pending; closed cleanly.
+pub fn healthy() -> Healthy {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    let put = |m: Message| store.put(m).unwrap();
+    let a = put(Message::new(TOPIC, "a").key("order-1").deliver_at_ms(T0 + 5_000));
+    let b = put(Message::new(TOPIC, "b").delay_level(2));
+    let c = put(Message::new(TOPIC, "c").delay(Duration::from_secs(20)));
+    wait_until(|| store.stats().dispatch_lag_bytes == 0);
+    assert_eq!(store.cancel(c.handle().unwrap()).unwrap(), delaywheel::CancelOutcome::Cancelled);
+    let d = put(Message::new(TOPIC, "d").delay_level(18));
+    let e = put(Message::new(TOPIC, "e").deliver_at_ms(T0 + 2 * 86_400_000));
+    let m = put(Message::new(TOPIC, "hello").tags("paid"));
+    clock.set_ms(T0 + 11_000);
+    let mut consumer = store.consumer(TOPIC, 0).unwrap();
+    let mut got = 0;
+    let started = Instant::now();
+    while got < 3 && started.elapsed() < Duration::from_secs(10) {
+        got += consumer.poll(3, Duration::from_millis(200)).unwrap().len();
+    }
+    assert_eq!(got, 3, "the ordinary message and the two due timers");
+    // Let the ticking thread look at the clock again after the deliveries,
+    // so what close records does not depend on thread timing.
+    std::thread::sleep(Duration::from_millis(300));
+    store.close().unwrap();
+    let [a, b, c, d, e, m] = [a, b, c, d, e, m].map(|r| r.offset());
+    Healthy { dir, a, b, c, d, e, m }
+}
+
+/// A store where every one of `n` timers (due within 10 s) was delivered.
+pub fn all_delivered(n: u64) -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    for i in 0..n {
+        // Spread over 10 s without a random generator: a fixed permutation.
+        let delay = i * 7_919 % 10_000;
+        store.put(Message::new(TOPIC, format!("m{i}")).deliver_at_ms(T0 + delay)).unwrap();
+    }
+    clock.set_ms(T0 + 11_000);
+    let mut consumer = store.consumer(TOPIC, 0).unwrap();
+    let (mut got, started) = (0, Instant::now());
+    while got < n && started.elapsed() < Duration::from_secs(20) {
+        got += consumer.poll(n as usize, Duration::from_millis(200)).unwrap().len() as u64;
+    }
+    assert_eq!(got, n);
+    store.close().unwrap();
+    dir
+}
+
+pub fn wait_until(mut done: impl FnMut() -> bool) {
+    let started = Instant::now();
+    while !done() {
+        assert!(started.elapsed() < Duration::from_secs(10), "timed out");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Copies a store directory (to damage the copy).
+pub fn copy_dir(from: &Path, to: &Path) {
+    std::fs::create_dir_all(to).unwrap();
+    for entry in std::fs::read_dir(from).unwrap() {
+        let entry = entry.unwrap();
+        let target = to.join(entry.file_name());
+        if entry.file_type().unwrap().is_dir() {
+            copy_dir(&entry.path(), &target);
+        } else {
+            std::fs::copy(entry.path(), target).unwrap();
+        }
+    }
+}
+
+/// A copy of `from` in a new temporary directory.
+pub fn copy_of(from: &Path) -> tempfile::TempDir {
+    let copy = tempfile::tempdir().unwrap();
+    copy_dir(from, copy.path());
+    copy
+}
+
+/// Flips bit 0 of the byte at `offset` of `file`.
+pub fn flip_bit(file: &Path, offset: u64) {
+    let mut bytes = std::fs::read(file).unwrap();
+    bytes[offset as usize] ^= 1;
+    std::fs::write(file, bytes).unwrap();
+}
+
+/// Writes `bytes` at `offset` of `file`.
+pub fn write_at(file: &Path, offset: u64, bytes: &[u8]) {
+    use std::os::unix::fs::FileExt;
+    std::fs::OpenOptions::new().write(true).open(file).unwrap().write_all_at(bytes, offset).unwrap();
+}
+
+pub fn segment0(dir: &Path) -> PathBuf {
+    dir.join("commitlog").join(format!("{:020}", 0))
+}
+
+/// Every record of the first segment with its offset and bytes, decoded by
+/// the library, and the offset just past the last.
+pub fn records(dir: &Path) -> (Vec<(u64, Vec<u8>, Record)>, u64) {
+    let segment = std::fs::read(segment0(dir)).unwrap();
+    let mut at = inspect::FILE_HEADER_LEN;
+    let mut out = Vec::new();
+    while let Some(frame) = inspect::record_frame(&segment[at..], segment.len() - at).unwrap() {
+        let bytes = segment[at..at + frame.len].to_vec();
+        let record = inspect::decode_record(&bytes, at as u64, frame).unwrap();
+        out.push((at as u64, bytes, record));
+        at += frame.len;
+    }
+    (out, at as u64)
+}
+
+/// Appends a copy of the record `bytes` at the end of the log, with its CRC
+/// bound to the new offset (`wheel-format.md`: the CRC hashes the offset
+/// first, then bytes 4..len). `edit` may change the copy first.
+pub fn append_copy(dir: &Path, mut bytes: Vec<u8>, edit: impl FnOnce(&mut [u8])) -> u64 {
+    let (_, end) = records(dir);
+    edit(&mut bytes);
+    let crc = crc32c::crc32c_append(crc32c::crc32c(&end.to_le_bytes()), &bytes[4..]);
+    bytes[..4].copy_from_slice(&crc.to_le_bytes());
+    write_at(&segment0(dir), end, &bytes);
+    end
+}
+
+/// Runs `wheel-dump` with `args`.
+pub fn run(args: &[&str]) -> Output {
+    std::process::Command::new(env!("CARGO_BIN_EXE_wheel-dump")).args(args).output().unwrap()
+}
+
+/// Runs `wheel-dump DIR args...`.
+pub fn dump(dir: &Path, args: &[&str]) -> Output {
+    let mut all = vec![dir.to_str().unwrap()];
+    all.extend_from_slice(args);
+    run(&all)
+}
+
+pub fn stdout(out: &Output) -> String {
+    String::from_utf8(out.stdout.clone()).unwrap()
+}
+
+pub fn stderr(out: &Output) -> String {
+    String::from_utf8(out.stderr.clone()).unwrap()
+}
+
+/// Parses the single JSON document a command printed.
+pub fn json(out: &Output) -> serde_json::Value {
+    serde_json::from_str(stdout(out).trim()).unwrap_or_else(|e| panic!("{e}: {}", stdout(out)))
+}
