@@ -146,6 +146,16 @@ pub struct MessageRecord {
     pub key: String,
     pub tags: String,
     pub body_len: usize,
+    /// The bucket scheduler's copy of a delivered timed message (record flag
+    /// bit 0): indexed into its topic at once, never a timer itself.
+    pub rescheduled: bool,
+}
+
+impl MessageRecord {
+    /// Whether this record is a timer: timed, and not a bucket scheduler's copy.
+    pub fn is_timer(&self) -> bool {
+        self.deliver_at_ms != 0 && !self.rescheduled
+    }
 }
 
 /// A decoded delivery record: the timer of the message at `message_offset` fired.
@@ -219,6 +229,7 @@ fn decode_message(record: &[u8]) -> Result<MessageRecord, CorruptionKind> {
         key: view.key.to_string(),
         tags: view.tags.to_string(),
         body_len: view.body.len(),
+        rescheduled: view.rescheduled,
     })
 }
 

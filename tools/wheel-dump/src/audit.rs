@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogFacts};
-use crate::error::Result;
+use crate::error::{DumpError, Result};
 use crate::indexes::{CheckpointFile, TimerLog, WheelFile};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
 use crate::store_files::StoreFiles;
@@ -83,6 +83,10 @@ pub struct Example {
 const EXAMPLES: usize = 10;
 
 pub fn audit(files: &StoreFiles) -> Result<Audit> {
+    let marker = files.dir.join("schedule");
+    if marker.exists() {
+        return Err(DumpError::BucketStore { dir: files.dir.clone(), marker });
+    }
     let checkpoint = CheckpointFile::read(files)?;
     let resume = Resume::new(files, &checkpoint);
     let log = CommitLog::open(files)?;

@@ -170,7 +170,7 @@ impl LogFacts {
         match record {
             Record::Message(m) => {
                 self.counts.messages += 1;
-                self.counts.timed += u64::from(m.deliver_at_ms != 0);
+                self.counts.timed += u64::from(m.is_timer());
                 self.newest_time_ms = self.newest_time_ms.max(m.store_time_ms);
                 let next_id = self.topics.len() as u32;
                 let topic = *topic_ids.entry(m.topic.clone()).or_insert_with(|| {
@@ -180,7 +180,8 @@ impl LogFacts {
                 let facts = MessageFacts {
                     len: len as u32,
                     store_time_ms: m.store_time_ms,
-                    deliver_at_ms: m.deliver_at_ms,
+                    // A bucket scheduler's copy is an ordinary message of its topic.
+                    deliver_at_ms: if m.is_timer() { m.deliver_at_ms } else { 0 },
                     delay_level: m.delay_level,
                     queue_id: m.queue_id,
                     topic,

@@ -26,6 +26,14 @@ pub enum DumpError {
     #[error("{} has format version {found}, this tool reads version {supported}", file.display())]
     UnsupportedVersion { file: PathBuf, found: u32, supported: u32 },
 
+    /// The store's timers are held by the bucket scheduler, whose deliveries
+    /// are copies that do not name their originals: nothing to audit them by.
+    #[error(
+        "{} holds the bucket scheduler's timers (it has {}): audit reads the wheel's delivery records and cannot audit a bucket store",
+        dir.display(), marker.display()
+    )]
+    BucketStore { dir: PathBuf, marker: PathBuf },
+
     /// Writing to stdout failed (a closed pipe, for instance).
     #[error("writing the output: {0}")]
     Output(#[from] std::io::Error),

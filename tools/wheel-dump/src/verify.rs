@@ -270,6 +270,9 @@ fn check_queues(
                 return Err(bad(format!("log offset {} is not after the previous entry's {last}", e.log_offset)));
             }
             last = e.log_offset;
+            if q.topic == delaywheel::SCHEDULE_TOPIC {
+                return check_schedule_entry(facts, &e, bad);
+            }
             // The message the entry makes visible, with the time it became visible.
             let (message, visible_ms, len) = if e.timer_delivery {
                 let (when, m) = deliveries.get(&e.log_offset).copied().ok_or_else(|| bad(format!("log offset {} is not a delivery record", e.log_offset)))?;
@@ -306,6 +309,28 @@ fn check_queues(
         let why =
             format!("below the checkpoint's dispatched {dispatched} but no consume-queue entry points at it");
         return Err(DumpError::bad_reference(file, position, why));
+    }
+    Ok(())
+}
+
+/// An entry of the bucket scheduler's level queues (`SCHEDULE_TOPIC_XXXX`):
+/// it must point at a timed message, with that record's length and tag hash.
+/// Its time is the level's due time, which needs the store's level table to
+/// check, so it is only checked not to be before the message was stored.
+fn check_schedule_entry(
+    facts: &LogFacts,
+    e: &inspect::QueueEntry,
+    bad: impl Fn(String) -> DumpError,
+) -> Result<()> {
+    let m = facts
+        .timed(e.log_offset)
+        .ok_or_else(|| bad(format!("log offset {} is not a timed message record", e.log_offset)))?;
+    if e.record_len != m.len || e.tag_hash != m.tag_hash || e.flags != 0 || e.time_ms < m.store_time_ms {
+        let why = format!(
+            "length {}, time {}, tag hash {:#x}, flags {} where the record says {}, stored at {}, {:#x}, 0",
+            e.record_len, e.time_ms, e.tag_hash, e.flags, m.len, m.store_time_ms, m.tag_hash
+        );
+        return Err(bad(why));
     }
     Ok(())
 }

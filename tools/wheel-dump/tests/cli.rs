@@ -110,3 +110,30 @@ fn works_beside_a_live_store() {
     store.put(Message::new(TOPIC, "still writable")).unwrap();
     store.close().unwrap();
 }
+
+#[test]
+fn a_bucket_store_verifies_and_audit_says_it_cannot_audit_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store =
+        Store::open(config(dir.path(), &clock).with_scheduler(delaywheel::Scheduler::Buckets)).unwrap();
+    for level in 1..=3 {
+        store.put(Message::new(TOPIC, format!("l{level}")).delay_level(level)).unwrap();
+    }
+    clock.set_ms(T0 + 5_000);
+    let mut consumer = store.consumer(TOPIC, 0).unwrap();
+    let mut got = 0;
+    while got < 2 {
+        got += consumer.poll(2, std::time::Duration::from_secs(5)).unwrap().len();
+    }
+    drop(consumer);
+    store.close().unwrap();
+
+    let out = dump(dir.path(), &["verify", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr(&out));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["checked"]["queue_entries"], 5, "3 schedule entries and 2 delivered copies: {report}");
+    let out = dump(dir.path(), &["audit"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(stderr(&out).contains("cannot audit a bucket store"), "{}", stderr(&out));
+}
