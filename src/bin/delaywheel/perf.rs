@@ -40,6 +40,9 @@ pub struct PerfArgs {
     same_second: bool,
     #[arg(long, default_value_t = 1)]
     producers: usize,
+    /// Puts per second over all producers (0: as fast as they can).
+    #[arg(long, default_value_t = 0)]
+    rate: u64,
     #[arg(long, value_enum, default_value_t = SchedulerArg::Wheel)]
     scheduler: SchedulerArg,
     /// Fraction of messages to cancel after putting them.
@@ -276,10 +279,12 @@ fn put_all(
             let ids = (p * per_producer)..((p + 1) * per_producer).min(args.messages);
             let body_bytes = args.body_bytes;
             let cancel_ratio = args.cancel_ratio;
+            let pace = Pace::new(args.rate, args.producers as u64);
             std::thread::spawn(move || -> Result<u64, String> {
                 let mut rng = fastrand::Rng::with_seed(0x5eed ^ p);
                 let mut latest = 0;
-                for id in ids {
+                for (n, id) in ids.enumerate() {
+                    pace.wait(n as u64);
                     let mut body = BytesMut::with_capacity(body_bytes);
                     body.put_u64_le(id);
                     body.put_bytes(b'x', body_bytes - 8);
@@ -309,6 +314,28 @@ fn put_all(
         latest = latest.max(thread.join().map_err(|_| "a producer thread panicked")??);
     }
     Ok(latest)
+}
+
+/// A producer's schedule under `--rate`: put `n` is not made before `n / per_second`.
+struct Pace {
+    started: Instant,
+    per_second: u64,
+}
+
+impl Pace {
+    fn new(rate: u64, producers: u64) -> Self {
+        Self { started: Instant::now(), per_second: rate.div_ceil(producers) }
+    }
+
+    fn wait(&self, n: u64) {
+        if self.per_second == 0 {
+            return;
+        }
+        let due = Duration::from_secs_f64(n as f64 / self.per_second as f64);
+        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
+            std::thread::sleep(ahead);
+        }
+    }
 }
 
 /// The consumer's lateness histogram and its first and last delivery instants.
