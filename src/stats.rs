@@ -1,7 +1,9 @@
 //! What `Store::stats` reports.
 
 /// A snapshot of the store's counters and gauges. Wheel gauges are refreshed
-/// about once a second by the ticking thread.
+/// about once a second by the ticking thread; with the bucket scheduler,
+/// `pending` is refreshed every poll (100 ms) and the per-level, per-horizon,
+/// re-index and timer-log figures stay 0 (the buckets have none of them).
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub struct Stats {

@@ -91,7 +91,7 @@ struct Threads {
     buckets: Option<BucketThread>,
 }
 
-/// The bucket scheduler's thread, before and after it is started.
+/// The bucket scheduler's thread and the flag that stops it.
 struct BucketThread {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
