@@ -88,49 +88,40 @@ fn level_message(i: usize, levels: u16) -> Message {
     Message::new(TOPIC, format!("m{i}")).delay_level(1 + (i % usize::from(levels)) as u16)
 }
 
-fn enqueue(c: &mut Criterion) {
-    let mut group = c.benchmark_group("enqueue");
-    group.sample_size(10).throughput(Throughput::Elements(N as u64));
-    for (name, scheduler) in SCHEDULERS {
-        group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        let bench = Bench::open(scheduler);
-                        let started = Instant::now();
-                        (0..N).for_each(|i| bench.put(level_message(i, 18)));
-                        bench.wait_indexed();
-                        started.elapsed()
-                    })
-                    .sum()
-            })
+/// Runs `one_run` (a fresh store per run, returning the time it measured) as
+/// the group `name`, once per scheduler, side by side.
+fn compare(c: &mut Criterion, name: &str, elements: u64, one_run: impl Fn(Scheduler) -> Duration) {
+    let mut group = c.benchmark_group(name);
+    group.sample_size(10).throughput(Throughput::Elements(elements));
+    for (label, scheduler) in SCHEDULERS {
+        group.bench_function(BenchmarkId::from_parameter(label), |b| {
+            b.iter_custom(|iters| (0..iters).map(|_| one_run(scheduler)).sum())
         });
     }
     group.finish();
 }
 
+fn enqueue(c: &mut Criterion) {
+    compare(c, "enqueue", N as u64, |scheduler| {
+        let bench = Bench::open(scheduler);
+        let started = Instant::now();
+        (0..N).for_each(|i| bench.put(level_message(i, 18)));
+        bench.wait_indexed();
+        started.elapsed()
+    });
+}
+
 fn deliver(c: &mut Criterion) {
-    let mut group = c.benchmark_group("deliver");
-    group.sample_size(10).throughput(Throughput::Elements(N as u64));
-    for (name, scheduler) in SCHEDULERS {
-        group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        let bench = Bench::open(scheduler);
-                        (0..N).for_each(|i| bench.put(level_message(i, 1)));
-                        bench.wait_indexed();
-                        let mut consumer = bench.store.consumer(TOPIC, 0).expect("consumer");
-                        let started = Instant::now();
-                        bench.clock.advance_ms(1_000);
-                        take(&mut consumer, N);
-                        started.elapsed()
-                    })
-                    .sum()
-            })
-        });
-    }
-    group.finish();
+    compare(c, "deliver", N as u64, |scheduler| {
+        let bench = Bench::open(scheduler);
+        (0..N).for_each(|i| bench.put(level_message(i, 1)));
+        bench.wait_indexed();
+        let mut consumer = bench.store.consumer(TOPIC, 0).expect("consumer");
+        let started = Instant::now();
+        bench.clock.advance_ms(1_000);
+        take(&mut consumer, N);
+        started.elapsed()
+    });
 }
 
 /// Levels 1 to 17 of the default table: 1 s to 1 h.
@@ -141,14 +132,7 @@ const MIXED_PER_STEP: usize = 2_000;
 
 fn mixed(c: &mut Criterion) {
     let table: Vec<u64> = delaywheel::DelayLevels::default().delays().map(|d| d.as_millis() as u64).collect();
-    let mut group = c.benchmark_group("mixed_hour");
-    group.sample_size(10).throughput(Throughput::Elements(MIXED_STEPS * MIXED_PER_STEP as u64));
-    for (name, scheduler) in SCHEDULERS {
-        group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            b.iter_custom(|iters| (0..iters).map(|_| mixed_hour(scheduler, &table)).sum())
-        });
-    }
-    group.finish();
+    compare(c, "mixed_hour", MIXED_STEPS * MIXED_PER_STEP as u64, |scheduler| mixed_hour(scheduler, &table));
 }
 
 /// One simulated hour: each step puts a batch, moves the clock on and takes
@@ -174,31 +158,18 @@ fn mixed_hour(scheduler: Scheduler, table: &[u64]) -> Duration {
 }
 
 fn arbitrary(c: &mut Criterion) {
-    let mut group = c.benchmark_group("arbitrary");
-    group.sample_size(10).throughput(Throughput::Elements(N as u64));
-    for (name, scheduler) in SCHEDULERS {
-        group.bench_function(BenchmarkId::from_parameter(name), |b| {
-            b.iter_custom(|iters| {
-                (0..iters)
-                    .map(|_| {
-                        let bench = Bench::open(scheduler);
-                        let mut rng = fastrand::Rng::with_seed(7);
-                        let started = Instant::now();
-                        for i in 0..N {
-                            bench.put(
-                                Message::new(TOPIC, format!("m{i}")).deliver_at_ms(T0 + rng.u64(0..60_000)),
-                            );
-                        }
-                        let mut consumer = bench.store.consumer(TOPIC, 0).expect("consumer");
-                        bench.clock.advance_ms(120_000);
-                        take(&mut consumer, N);
-                        started.elapsed()
-                    })
-                    .sum()
-            })
-        });
-    }
-    group.finish();
+    compare(c, "arbitrary", N as u64, |scheduler| {
+        let bench = Bench::open(scheduler);
+        let mut rng = fastrand::Rng::with_seed(7);
+        let started = Instant::now();
+        for i in 0..N {
+            bench.put(Message::new(TOPIC, format!("m{i}")).deliver_at_ms(T0 + rng.u64(0..60_000)));
+        }
+        let mut consumer = bench.store.consumer(TOPIC, 0).expect("consumer");
+        bench.clock.advance_ms(120_000);
+        take(&mut consumer, N);
+        started.elapsed()
+    });
     print_real_lateness();
 }
 
