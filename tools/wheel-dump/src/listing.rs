@@ -30,6 +30,17 @@ struct Header<'a> {
     tick_second: Option<u64>,
 }
 
+/// A listing as JSON lines: the header line, then one line per item.
+fn json_lines(
+    out: &mut impl Write,
+    listing: &str,
+    tick_second: Option<u64>,
+    lines: &[impl Serialize],
+) -> std::io::Result<()> {
+    json_line(out, &Header { schema_version: SCHEMA_VERSION, listing, tick_second })?;
+    lines.iter().try_for_each(|line| json_line(out, line))
+}
+
 // --------------------------------------------------------------------- slots
 
 #[derive(Serialize)]
@@ -73,19 +84,7 @@ pub fn slots(
     slots.sort_by_key(|s| (s.start_second(), s.level));
     let lines: Vec<SlotLine> = slots.iter().map(|s| slot_line(s, resume.is_live(s))).collect();
     match format {
-        Format::JsonLines => {
-            json_line(
-                out,
-                &Header {
-                    schema_version: SCHEMA_VERSION,
-                    listing: "slots",
-                    tick_second: resume.tick_second(),
-                },
-            )?;
-            for line in &lines {
-                json_line(out, line)?;
-            }
-        }
+        Format::JsonLines => json_lines(out, "slots", resume.tick_second(), &lines)?,
         Format::Text => {
             let mut t = Table::new(&[
                 "level",
@@ -223,19 +222,7 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
         }
     }
     match format {
-        Format::JsonLines => {
-            json_line(
-                out,
-                &Header {
-                    schema_version: SCHEMA_VERSION,
-                    listing: "slot",
-                    tick_second: resume.tick_second(),
-                },
-            )?;
-            for line in &lines {
-                json_line(out, line)?;
-            }
-        }
+        Format::JsonLines => json_lines(out, "slot", resume.tick_second(), &lines)?,
         Format::Text => {
             writeln!(out, "second {second}  {}", utc_second(second))?;
             let mut t = Table::new(&[
