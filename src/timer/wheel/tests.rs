@@ -232,3 +232,21 @@ fn slot_golden_bytes_match_wheel_format_md() {
     assert!(Slot::decode(&bytes, 4).is_err(), "bound to its index");
     assert_eq!(Slot::decode(&[0u8; SLOT_LEN], 3), Ok(Slot::default()), "zeros are an empty slot");
 }
+
+#[test]
+fn pending_by_due_time_counts_every_horizon_and_survives_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    // Horizons: 5 s, 1 min, 1 h, 1 day, beyond.
+    let bounds = [5_000, 60_000, HOUR, DAY].map(|ahead| START_MS + ahead);
+    let aheads = [2_000, 3_000, 30_000, 20 * 60_000, 5 * HOUR, 30 * DAY, 10 * YEAR];
+    for (i, ahead) in aheads.iter().enumerate() {
+        w.insert(timer(START_MS + ahead, 32 + i as u64 * 64)).unwrap();
+    }
+    let want = vec![2, 1, 1, 1, 2];
+    assert_eq!(w.pending_by_due_time(&bounds).unwrap(), want);
+    let resume = Resume { tick_second: w.tick_second() };
+    drop(w);
+    let again = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), Settled::default(), 0).unwrap();
+    assert_eq!(again.pending_by_due_time(&bounds).unwrap(), want, "read back from the wheel file");
+}
