@@ -119,6 +119,7 @@ impl Store {
         let lock = lock_dir(&dir)?;
         let _span = tracing::info_span!("open", dir = %dir.display()).entered();
 
+        check_scheduler(&dir, config.scheduler)?;
         let recovered = recover(&config)?;
         let Recovered { log, report, replay_from, mut checkpoint, wheel, delivery_scan_from } = recovered;
         let queues =
@@ -492,6 +493,28 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
         at = next;
     }
     Ok(settled)
+}
+
+/// Refuses to open a store with the other scheduler than the one it was
+/// written with: the pending timers of one are not in the other's index, so
+/// they would silently never fire. A store written by the buckets has a
+/// `schedule/` directory; one with log segments and none is the wheel's.
+fn check_scheduler(dir: &Path, scheduler: Scheduler) -> Result<()> {
+    let bucket_store = dir.join("schedule").exists();
+    let has_log = std::fs::read_dir(dir.join("commitlog")).is_ok_and(|mut entries| entries.next().is_some());
+    let written_with = match (bucket_store, has_log) {
+        (true, _) => Scheduler::Buckets,
+        (false, true) => Scheduler::Wheel,
+        (false, false) => return Ok(()),
+    };
+    if written_with != scheduler {
+        let why = format!(
+            "{} was written with Scheduler::{written_with:?}; open it with that scheduler",
+            dir.display()
+        );
+        return Err(Error::invalid("scheduler", why));
+    }
+    Ok(())
 }
 
 /// The bucket scheduler's front and its poller, with each level's queue and

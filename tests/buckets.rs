@@ -184,3 +184,23 @@ proptest! {
         prop_assert_eq!(wheel, buckets);
     }
 }
+
+#[test]
+fn a_store_refuses_the_other_scheduler_than_the_one_it_was_written_with() {
+    for (written, other) in [(Scheduler::Wheel, Scheduler::Buckets), (Scheduler::Buckets, Scheduler::Wheel)] {
+        let dir = tempfile::tempdir().unwrap();
+        let clock = ManualClock::new(T0);
+        let config = |s| small_config(dir.path()).with_clock(clock.clone()).with_scheduler(s);
+        let store = Store::open(config(written)).unwrap();
+        store.put(Message::new("T", "later").delay_level(3)).unwrap();
+        store.close().unwrap();
+        let err = Store::open(config(other)).err().expect("the other scheduler is refused");
+        assert!(matches!(err, Error::Invalid { .. }), "{err}");
+        assert!(err.to_string().contains(&format!("written with Scheduler::{written:?}")), "{err}");
+        let store = Store::open(config(written)).unwrap();
+        assert_eq!(store.stats().delivered, 0);
+        let mut consumer = store.consumer("T", 0).unwrap();
+        clock.set_ms(T0 + 10_000);
+        assert_eq!(bodies(&consumer.poll(1, Duration::from_secs(5)).unwrap()), ["later"], "{written:?}");
+    }
+}
