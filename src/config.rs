@@ -68,6 +68,35 @@ pub struct Config {
     pub(crate) schedule_offsets_interval: Duration,
     pub(crate) max_index_lag: u64,
     pub(crate) put_timeout: Duration,
+    pub(crate) retention: Retention,
+}
+
+/// When commit-log segments may be deleted. A segment is deleted oldest first,
+/// never the one being appended to, and only once everything in it is indexed
+/// and checkpointed; its pending timers are first moved to the relocation area
+/// (see `wheel-format.md`), so no pending timer is ever lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Retention {
+    /// Keep a segment at least this long after it was filled (`None`: no age limit).
+    pub keep_for: Option<Duration>,
+    /// Keep the commit log (segments and relocated copies) under this many
+    /// bytes, deleting the oldest segments early if needed (`None`: no cap).
+    /// When nothing can be deleted, `put` waits up to the put timeout and then
+    /// fails with `Error::SizeCap`.
+    pub max_log_bytes: Option<u64>,
+    /// How often the retention thread looks for work.
+    pub check_interval: Duration,
+}
+
+impl Default for Retention {
+    /// 72 hours, no size cap, checked every 10 s.
+    fn default() -> Self {
+        Self {
+            keep_for: Some(Duration::from_secs(72 * 3600)),
+            max_log_bytes: None,
+            check_interval: Duration::from_secs(10),
+        }
+    }
 }
 
 /// The smallest segment size accepted (tests use it to roll segments quickly).
@@ -97,7 +126,16 @@ impl Config {
             schedule_offsets_interval: Duration::from_secs(10),
             max_index_lag: 256 << 20,
             put_timeout: Duration::from_secs(10),
+            retention: Retention::default(),
         }
+    }
+
+    /// When commit-log segments are deleted (default: 72 h after they are
+    /// filled, no size cap). Applies to the wheel scheduler; the bucket
+    /// baseline keeps every segment.
+    pub fn with_retention(mut self, retention: Retention) -> Self {
+        self.retention = retention;
+        self
     }
 
     /// The legacy delay-level table, e.g. `"1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"`
@@ -242,6 +280,15 @@ impl Config {
         if self.flush_interval.is_zero() {
             return Err(Error::invalid("flush interval", "must be positive"));
         }
+        if self.retention.check_interval.is_zero() {
+            return Err(Error::invalid("retention check interval", "must be positive"));
+        }
+        if let Some(cap) = self.retention.max_log_bytes
+            && cap < 2 * self.segment_size
+        {
+            let why = format!("{cap} bytes cannot hold two {}-byte segments", self.segment_size);
+            return Err(Error::invalid("retention size cap", why));
+        }
         Ok(())
     }
 }
@@ -259,6 +306,7 @@ impl std::fmt::Debug for Config {
             .field("recovery_mode", &self.recovery_mode)
             .field("delay_levels", &self.delay_levels)
             .field("scheduler", &self.scheduler)
+            .field("retention", &self.retention)
             .finish_non_exhaustive()
     }
 }

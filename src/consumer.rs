@@ -16,6 +16,7 @@ use crate::consume_queue::{ConsumeQueue, FLAG_TIMER_DELIVERY};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::message::ConsumedMessage;
 use crate::mmap::sync_parent_dir;
+use crate::retention::Counters;
 
 /// A reader of one consume queue on behalf of a consumer group.
 pub struct Consumer {
@@ -27,6 +28,8 @@ pub struct Consumer {
     group: String,
     next: u64,
     wake: Receiver<()>,
+    /// Where skipped entries are counted.
+    retention: Arc<Counters>,
 }
 
 impl Consumer {
@@ -35,12 +38,13 @@ impl Consumer {
         queue: Arc<ConsumeQueue>,
         offsets: Arc<OffsetStore>,
         group: &str,
+        retention: Arc<Counters>,
     ) -> Self {
         // Subscribe before reading the committed offset, so no append is missed.
         let wake = queue.subscribe();
         let next = offsets.get(group, queue.topic(), queue.queue_id()).unwrap_or(0);
         let topic = Arc::from(queue.topic());
-        Self { topic, log, queue, offsets, group: group.to_string(), next, wake }
+        Self { topic, log, queue, offsets, group: group.to_string(), next, wake, retention }
     }
 
     /// Up to `max` messages from the current position, waiting at most `timeout`
@@ -51,8 +55,18 @@ impl Consumer {
             let available = self.queue.len();
             if self.next < available {
                 let upto = available.min(self.next.saturating_add(max as u64));
-                let messages = (self.next..upto).map(|i| self.read(i)).collect::<Result<Vec<_>>>()?;
+                let mut messages = Vec::with_capacity((upto - self.next) as usize);
+                for index in self.next..upto {
+                    match self.read(index) {
+                        Ok(message) => messages.push(message),
+                        Err(Error::Reclaimed { offset }) => self.skip_reclaimed(index, offset),
+                        Err(e) => return Err(e),
+                    }
+                }
                 self.next = upto;
+                if messages.is_empty() {
+                    continue;
+                }
                 return Ok(messages);
             }
             let left = deadline.saturating_duration_since(Instant::now());
@@ -64,6 +78,20 @@ impl Consumer {
                 return Ok(Vec::new());
             }
         }
+    }
+
+    /// Retention deleted the record of entry `index` before this consumer
+    /// read it: the normal trade-off of a message queue. It is counted and
+    /// logged, and the consumer moves on to the oldest retained entry.
+    fn skip_reclaimed(&self, index: u64, offset: u64) {
+        self.retention.consumer_skipped.fetch_add(1, Ordering::Relaxed);
+        tracing::warn!(
+            topic = %self.topic,
+            queue = self.queue.queue_id(),
+            index,
+            offset,
+            "skipped an entry whose record retention deleted"
+        );
     }
 
     fn read(&self, index: u64) -> Result<ConsumedMessage> {

@@ -116,8 +116,9 @@ impl Dispatcher {
                 })?;
                 queue.map(Some)
             }
-            // Padding is skipped; cancels were applied by the ticker that wrote them.
-            RecordKind::Cancel | RecordKind::Padding => Ok(None),
+            // Padding is skipped; cancels were applied by the ticker that wrote
+            // them; a relocation changes where a message's bytes are, not its timer.
+            RecordKind::Cancel | RecordKind::Relocation | RecordKind::Padding => Ok(None),
         }
     }
 

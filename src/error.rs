@@ -49,6 +49,20 @@ pub enum Error {
     #[error("invalid {what}: {reason}")]
     Invalid { what: &'static str, reason: String },
 
+    /// Retention deleted the segment of the record at this commit-log offset,
+    /// and the record was not a pending timer (so it was not relocated), or
+    /// its relocated copy's window has passed and was deleted too.
+    #[error("the record at commit-log offset {offset} was deleted by retention")]
+    Reclaimed { offset: u64 },
+
+    /// Retention cannot bring the commit log under its size cap: every byte
+    /// left is in segments it may not delete yet (not yet indexed or
+    /// checkpointed) or in pending timers' copies. Nothing was written.
+    #[error(
+        "the commit log is at its size cap of {cap} bytes ({used} used) and nothing more can be reclaimed yet"
+    )]
+    SizeCap { cap: u64, used: u64 },
+
     /// The store is closed or closing.
     #[error("store is closed")]
     Closed,

@@ -17,6 +17,7 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
 use crate::error::Result;
+use crate::retention::Floor;
 use crate::timer::tick::{WheelCheckpoint, WheelShared};
 
 /// What the flusher's channel carries.
@@ -36,6 +37,8 @@ pub(crate) struct Flusher {
     pub dispatched: Arc<AtomicU64>,
     pub clock: Arc<dyn Clock>,
     pub interval: Duration,
+    /// Told of every checkpoint written, for retention.
+    pub floor: Arc<Floor>,
 }
 
 impl Flusher {
@@ -111,7 +114,8 @@ impl Flusher {
             || (last.log_durable, last.dispatched, last.tick_second)
                 != (log_durable, dispatched, cp.tick_second)
         {
-            self.checkpoint.write(cp)?;
+            let written = self.checkpoint.write(cp)?;
+            self.floor.record(&written);
         }
         Ok(())
     }

@@ -27,6 +27,10 @@ pub(crate) const CONSUME_QUEUE_MAGIC: [u8; 8] = *b"DWCQUE\0\0";
 pub(crate) const TIMER_LOG_MAGIC: [u8; 8] = *b"DWTLOG\0\0";
 /// Magic of the wheel file.
 pub(crate) const WHEEL_MAGIC: [u8; 8] = *b"DWWHEL\0\0";
+/// Magic of a relocation-area window file (copies of relocated timers).
+pub(crate) const RELOCATED_MAGIC: [u8; 8] = *b"DWRELO\0\0";
+/// Magic of the relocation area's index.
+pub(crate) const RELOCATION_INDEX_MAGIC: [u8; 8] = *b"DWRIDX\0\0";
 /// The only format version this build reads and writes.
 pub(crate) const FORMAT_VERSION: u32 = 1;
 

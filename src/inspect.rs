@@ -15,6 +15,7 @@
 use crate::checkpoint::Checkpoint;
 use crate::commitlog::record::{
     self, CancelView, DeliveryView, FrameError, MessageView, RECORD_HEADER_LEN as RECORD_HEADER,
+    RelocationView,
 };
 use crate::error::CorruptionKind;
 use crate::format::{self, HeaderProblem};
@@ -101,6 +102,8 @@ pub enum RecordKind {
     Message,
     Delivery,
     Cancel,
+    /// Retention relocated a segment's pending timers and deleted the segment.
+    Relocation,
     /// Filler to the end of the segment: the next record starts the next segment.
     Padding,
 }
@@ -129,6 +132,7 @@ fn kind_of(kind: record::RecordKind) -> RecordKind {
         record::RecordKind::Message => RecordKind::Message,
         record::RecordKind::Delivery => RecordKind::Delivery,
         record::RecordKind::Cancel => RecordKind::Cancel,
+        record::RecordKind::Relocation => RecordKind::Relocation,
         record::RecordKind::Padding => RecordKind::Padding,
     }
 }
@@ -174,12 +178,26 @@ pub struct CancelRecord {
     pub deliver_at_ms: u64,
 }
 
+/// A decoded relocation record: the `timers` pending timers and the
+/// `cancels` cancels of timers not yet due of the segment starting at
+/// `segment_base` (`bytes` of records in all) were copied to the relocation
+/// area, after which the segment was deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelocationRecord {
+    pub relocated_at_ms: u64,
+    pub segment_base: u64,
+    pub timers: u64,
+    pub cancels: u64,
+    pub bytes: u64,
+}
+
 /// A decoded, checksummed record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record {
     Message(MessageRecord),
     Delivery(DeliveryRecord),
     Cancel(CancelRecord),
+    Relocation(RelocationRecord),
     Padding,
 }
 
@@ -207,6 +225,16 @@ pub fn decode_record(bytes: &[u8], offset: u64, frame: RecordFrame) -> Result<Re
                 cancelled_at_ms: c.cancelled_at_ms,
                 message_offset: c.message_offset,
                 deliver_at_ms: c.deliver_at_ms,
+            })
+        }
+        RecordKind::Relocation => {
+            let r = RelocationView::parse(record)?;
+            Record::Relocation(RelocationRecord {
+                relocated_at_ms: r.relocated_at_ms,
+                segment_base: r.segment_base,
+                timers: r.timers,
+                cancels: r.cancels,
+                bytes: r.bytes,
             })
         }
         RecordKind::Padding => Record::Padding,

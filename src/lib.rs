@@ -36,6 +36,7 @@ mod format;
 pub mod inspect;
 mod message;
 mod mmap;
+mod retention;
 mod schedule;
 mod scheduling;
 mod stats;
@@ -45,14 +46,15 @@ mod timer;
 pub use checkpoint::Checkpoint;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commitlog::RecoveryReport;
-pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode, Scheduler};
+pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
 pub use consumer::Consumer;
 pub use error::{CorruptionKind, Error, Result};
 pub use message::MAX_DELIVER_AT_MS;
 pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt,
 };
+pub use retention::ReclaimReport;
 pub use schedule::SCHEDULE_TOPIC;
-pub use stats::{HORIZON_LABELS, Lateness, Stats};
+pub use stats::{DiskUsage, HORIZON_LABELS, Lateness, RetentionStats, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

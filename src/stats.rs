@@ -33,6 +33,41 @@ pub struct Stats {
     pub dispatch_lag_bytes: u64,
     /// How many times the wheel gauges have been refreshed since open.
     pub refreshes: u64,
+    /// Bytes on disk per kind of file.
+    pub disk: DiskUsage,
+    /// What retention did since open, and where the log now starts.
+    pub retention: RetentionStats,
+}
+
+/// Bytes on disk per kind of file.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct DiskUsage {
+    /// Commit-log segment files (truth).
+    pub commit_log: u64,
+    /// Relocated copies of pending timers and their index (truth).
+    pub relocated: u64,
+    /// Consume-queue files (index).
+    pub consume_queues: u64,
+    /// The wheel file and the timer log (index).
+    pub timer_index: u64,
+}
+
+/// Retention's counters since open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct RetentionStats {
+    /// Offset of the first record of the oldest segment still on disk.
+    pub oldest_retained_offset: u64,
+    pub segments_deleted: u64,
+    /// Pending timers copied to the relocation area.
+    pub relocated_timers: u64,
+    /// Bytes of those copies.
+    pub relocated_bytes: u64,
+    /// Relocation window files deleted after their timers fired.
+    pub windows_deleted: u64,
+    /// Consume-queue entries consumers skipped because retention deleted their records.
+    pub consumer_skipped: u64,
 }
 
 /// Labels of [`Stats::pending_by_horizon`].

@@ -34,9 +34,10 @@ use crate::dispatcher::Dispatcher;
 use crate::error::{Error, Result};
 use crate::flusher::{FlushSignal, Flusher};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
+use crate::retention::{Counters, Floor, ReclaimReport, Retainer, is_size_cap};
 use crate::schedule::{BucketScheduling, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::scheduling::{Scheduling, WheelScheduling};
-use crate::stats::{Lateness, Stats};
+use crate::stats::{DiskUsage, Lateness, RetentionStats, Stats};
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
 use crate::timer::wheel::{Resume, Settled, Timer, Wheel};
@@ -63,6 +64,9 @@ pub struct Store {
     dispatched: Arc<AtomicU64>,
     threads: Option<Threads>,
     recovery: RecoveryReport,
+    /// Deletes old segments (wheel scheduler only; the bucket baseline keeps all).
+    retainer: Option<Arc<Retainer>>,
+    retention: Arc<Counters>,
     _lock: File,
 }
 
@@ -71,6 +75,7 @@ struct Wakes {
     dispatch: Sender<()>,
     prefault: Sender<()>,
     flush: Sender<FlushSignal>,
+    retention: Sender<()>,
 }
 
 /// The background threads, each with one job and a name.
@@ -88,11 +93,13 @@ struct Threads {
     /// `delaywheel-flush`: syncs to disk and writes checkpoints.
     flusher: JoinHandle<Result<()>>,
     /// `delaywheel-schedule` (bucket scheduler only): polls the level queues.
-    buckets: Option<BucketThread>,
+    buckets: Option<Worker>,
+    /// `delaywheel-retention` (wheel scheduler only): deletes old segments.
+    retention: Option<Worker>,
 }
 
-/// The bucket scheduler's thread and the flag that stops it.
-struct BucketThread {
+/// An optional thread and the flag that stops it.
+struct Worker {
     stop: Arc<AtomicBool>,
     handle: JoinHandle<()>,
 }
@@ -134,8 +141,12 @@ impl Store {
             delivery_scan_from,
             timer_log_end: wheel.timer_log_end(),
         };
+        let floor = Arc::new(Floor::default());
+        if let Some(last) = checkpoint.last() {
+            floor.record(&last);
+        }
         // Clear the clean flag (and record the replay start) before anything is appended.
-        checkpoint.write(Checkpoint {
+        let written = checkpoint.write(Checkpoint {
             log_durable: log.durable_end(),
             dispatched: replay_from,
             written_at_ms: now_ms,
@@ -144,11 +155,13 @@ impl Store {
             timer_log_end: wheel_checkpoint.timer_log_end,
             ..Default::default()
         })?;
+        floor.record(&written);
         let shared = Arc::new(WheelShared::new(wheel_checkpoint));
 
         let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
         let (prefault, prefault_rx) = crossbeam_channel::bounded(1);
         let (flush, flush_rx) = crossbeam_channel::bounded(1);
+        let (retention_wake, retention_rx) = crossbeam_channel::bounded(1);
         let (wheel_tx, wheel_rx) = crossbeam_channel::bounded(WHEEL_QUEUE);
         let dispatched = Arc::new(AtomicU64::new(replay_from));
         let replay_end = log.write_end();
@@ -196,15 +209,28 @@ impl Store {
             dispatched,
             clock: Arc::clone(&config.clock),
             interval: config.flush_interval,
+            floor: Arc::clone(&floor),
         };
+        let counters = Arc::new(Counters::default());
+        let retainer = (config.scheduler == Scheduler::Wheel).then(|| {
+            log.set_size_cap(config.retention.max_log_bytes);
+            Arc::new(Retainer {
+                log: Arc::clone(&log),
+                clock: Arc::clone(&config.clock),
+                policy: config.retention,
+                floor,
+                counters: Arc::clone(&counters),
+                running: Default::default(),
+            })
+        });
         let threads = spawn_threads(
             dispatcher,
             dispatch_rx,
             (ticker, wheel_rx),
             prefault_rx,
-            flusher,
-            flush_rx,
+            (flusher, flush_rx),
             poller,
+            retainer.clone().map(|r| (r, retention_rx)),
         )?;
         tracing::info!(end = report.end, replay_from, scheduler = ?config.scheduler, "store open");
         Ok(Self {
@@ -215,11 +241,13 @@ impl Store {
             offsets,
             wheel: shared,
             accepting: RwLock::new(true),
-            wakes: Wakes { dispatch, prefault, flush },
+            wakes: Wakes { dispatch, prefault, flush, retention: retention_wake },
             scheduler,
             dispatched: dispatch_progress,
             threads: Some(threads),
             recovery: report,
+            retainer,
+            retention: counters,
             _lock: lock,
         })
     }
@@ -245,9 +273,15 @@ impl Store {
         let (deliver_at_ms, delay_level) = message.resolve_timing(store_time_ms, &self.levels)?;
         let timing = Timing { deliver_at_ms, delay_level };
         let len = message_len(&message);
-        let (offset, prefault) = self.log.append(len, |buf, offset| {
-            encode_message(buf, offset, &message, queue_id, store_time_ms, timing);
-        })?;
+        let append = || {
+            self.log.append(len, |buf, offset| {
+                encode_message(buf, offset, &message, queue_id, store_time_ms, timing);
+            })
+        };
+        let (offset, prefault) = match append() {
+            Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
+            appended => appended?,
+        };
         drop(accepting);
         let _ = self.wakes.dispatch.try_send(());
         if prefault {
@@ -275,10 +309,11 @@ impl Store {
         self.scheduler.cancel(timer)
     }
 
-    /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`.
+    /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`
+    /// (or, once retention deleted its segment, its relocated copy).
     /// A handle is user input: anything unreadable there is simply not found.
     fn is_timer(&self, handle: Handle) -> bool {
-        if handle.offset < self.log.start() || handle.offset >= self.log.write_end() {
+        if handle.offset >= self.log.write_end() {
             return false;
         }
         let found = self.log.visit_checked(handle.offset, |at, kind, bytes| {
@@ -310,6 +345,36 @@ impl Store {
         Ok(())
     }
 
+    /// Back-pressure at the size cap: wakes retention and retries `append`
+    /// until it fits or the put timeout passes, then returns the cap error.
+    fn wait_for_retention(
+        &self,
+        append: impl Fn() -> Result<(u64, bool)>,
+        mut last: Error,
+    ) -> Result<(u64, bool)> {
+        let started = std::time::Instant::now();
+        while started.elapsed() < self.config.put_timeout {
+            let _ = self.wakes.retention.try_send(());
+            std::thread::sleep(Duration::from_millis(2));
+            match append() {
+                Err(e) if is_size_cap(&e) => last = e,
+                appended => return appended,
+            }
+        }
+        Err(last)
+    }
+
+    /// Runs one retention pass now (the retention thread also runs one every
+    /// check interval): deletes the segments the policy allows, relocating
+    /// their pending timers first, and the relocation windows whose timers
+    /// have fired. The bucket scheduler keeps every segment.
+    pub fn reclaim(&self) -> Result<ReclaimReport> {
+        match &self.retainer {
+            Some(retainer) => retainer.pass(),
+            None => Ok(ReclaimReport::default()),
+        }
+    }
+
     /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`].
     pub fn consumer(&self, topic: &str, queue_id: u32) -> Result<Consumer> {
         self.consumer_in_group(DEFAULT_GROUP, topic, queue_id)
@@ -324,7 +389,13 @@ impl Store {
             return Err(Error::invalid("queue id", why));
         }
         let queue = self.queues.get_or_create(topic, queue_id);
-        Ok(Consumer::new(Arc::clone(&self.log), queue, Arc::clone(&self.offsets), group))
+        Ok(Consumer::new(
+            Arc::clone(&self.log),
+            queue,
+            Arc::clone(&self.offsets),
+            group,
+            Arc::clone(&self.retention),
+        ))
     }
 
     /// Counters and gauges: pending timers (per level and per coming horizon),
@@ -332,6 +403,21 @@ impl Store {
     pub fn stats(&self) -> Stats {
         let timers = self.scheduler.stats();
         let wheel_files = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner()).disk_bytes;
+        let disk = DiskUsage {
+            commit_log: self.log.disk_bytes(),
+            relocated: self.log.relocated().disk_bytes().unwrap_or(0),
+            consume_queues: self.queues.disk_bytes(),
+            timer_index: wheel_files,
+        };
+        let counter = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let retention = RetentionStats {
+            oldest_retained_offset: self.log.start(),
+            segments_deleted: counter(&self.retention.segments_deleted),
+            relocated_timers: counter(&self.retention.relocated_timers),
+            relocated_bytes: counter(&self.retention.relocated_bytes),
+            windows_deleted: counter(&self.retention.windows_deleted),
+            consumer_skipped: counter(&self.retention.consumer_skipped),
+        };
         Stats {
             pending: timers.pending,
             pending_per_level: timers.pending_per_level,
@@ -340,11 +426,13 @@ impl Store {
             early: timers.early,
             reindexed: timers.reindexed,
             lateness_ms: Lateness::from_histogram(&timers.lateness_ms),
-            disk_bytes: self.log.disk_bytes() + self.queues.disk_bytes() + wheel_files,
+            disk_bytes: disk.commit_log + disk.relocated + disk.consume_queues + disk.timer_index,
             timer_log_entries: timers.timer_log_entries,
             log_bytes: self.log.write_end().saturating_sub(self.log.start()),
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
             refreshes: timers.refreshes,
+            disk,
+            retention,
         }
     }
 
@@ -380,6 +468,12 @@ impl Store {
             return Ok(());
         };
         *self.accepting.write().unwrap_or_else(|e| e.into_inner()) = false;
+        // Retention first: it appends relocation records and deletes files.
+        let retention = threads.retention.map(|r| {
+            r.stop.store(true, Ordering::Release);
+            let _ = self.wakes.retention.try_send(());
+            r.handle.join()
+        });
         // The dispatcher first (it feeds the ticker), then the ticker (it
         // appends deliveries), then the log, then the final flush.
         threads.stop_dispatch.store(true, Ordering::Release);
@@ -398,7 +492,13 @@ impl Store {
         let _ = self.wakes.flush.send(FlushSignal::Stop);
         let flushed = threads.flusher.join();
         let buckets_panicked = buckets.is_some_and(|joined| joined.is_err());
-        if dispatcher.is_err() || ticker.is_err() || prefaulter.is_err() || buckets_panicked {
+        let retention_panicked = retention.is_some_and(|joined| joined.is_err());
+        if dispatcher.is_err()
+            || ticker.is_err()
+            || prefaulter.is_err()
+            || buckets_panicked
+            || retention_panicked
+        {
             return Err(Error::invalid("shutdown", "a background thread panicked"));
         }
         flushed.unwrap_or_else(|_| Err(Error::invalid("shutdown", "the flusher thread panicked")))?;
@@ -449,16 +549,60 @@ fn recover(config: &Config) -> Result<Recovered> {
         Err(Error::Corruption { .. }) if resume.is_some() => None,
         Err(e) => return Err(e),
     };
-    let (wheel, replay_from, scan_from) = match resumed {
-        Some(wheel) => (wheel, replay_from, scan_from),
+    // A wheel built afresh (`true`) knows nothing of relocated timers yet.
+    let (mut wheel, replay_from, scan_from, fresh) = match resumed {
+        Some(wheel) => (wheel, replay_from, scan_from, resume.is_none()),
         None => {
             // The wheel files are newer than what they chain to (a power loss
             // tore them): rebuild every index from the start of the log.
             tracing::warn!(dir = %dir.display(), "the wheel is damaged; rebuilding the indexes from the commit log");
-            (open_wheel(None, log.start())?, log.start(), log.start())
+            (open_wheel(None, log.start())?, log.start(), log.start(), true)
         }
     };
+    if fresh {
+        restore_relocated(&mut wheel, &log, last.map_or(0, |cp| cp.tick_second))?;
+    }
     Ok(Recovered { log, report, replay_from, checkpoint, wheel, delivery_scan_from: scan_from })
+}
+
+/// Indexes, into a wheel built afresh, the relocated timers that may still
+/// be pending (due at or after `tick_second`, before which the checkpoint
+/// vouches every timer fired) and then their relocated cancels: the replay
+/// that follows starts at the oldest segment and cannot see them.
+fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Result<()> {
+    let area = log.relocated();
+    let _span = tracing::info_span!("restore_relocated", copies = area.entries()).entered();
+    let from_ms = tick_second.saturating_mul(1000);
+    let mut cancels = Vec::new();
+    for i in 0..area.entries() {
+        let entry = area.entry(i)?;
+        if entry.deliver_at_ms < from_ms {
+            continue;
+        }
+        let record = match log.read(entry.original_offset) {
+            Ok(record) => record,
+            // Its window was deleted: all of its timers had fired.
+            Err(Error::Reclaimed { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.original_offset };
+        match record.kind {
+            RecordKind::Message => wheel.insert(timer)?,
+            RecordKind::Cancel => {
+                let cancel =
+                    CancelView::parse(&record.bytes).map_err(|k| log.corruption_at(record.offset, k))?;
+                cancels.push(Timer {
+                    deliver_at_ms: cancel.deliver_at_ms,
+                    message_offset: cancel.message_offset,
+                });
+            }
+            _ => {}
+        }
+    }
+    for timer in cancels {
+        wheel.cancel(timer)?;
+    }
+    Ok(())
 }
 
 /// The timers that fired or were cancelled, from the delivery and cancel
@@ -578,9 +722,9 @@ fn spawn_threads(
     dispatch_wake: Receiver<()>,
     (ticker, wheel_commands): (Ticker, Receiver<WheelCommand>),
     prefault_wake: Receiver<()>,
-    flusher: Flusher,
-    flush_signals: Receiver<FlushSignal>,
+    (flusher, flush_signals): (Flusher, Receiver<FlushSignal>),
     poller: Option<(Poller, Receiver<ScheduleCommand>)>,
+    retainer: Option<(Arc<Retainer>, Receiver<()>)>,
 ) -> Result<Threads> {
     let spawn = |name: &str| std::thread::Builder::new().name(format!("delaywheel-{name}"));
     let spawn_err = |e| Error::io("spawn thread", "delaywheel", e);
@@ -625,7 +769,16 @@ fn spawn_threads(
             let stopping = Arc::clone(&stop);
             let handle =
                 spawn("schedule").spawn(move || poller.run(commands, stopping)).map_err(spawn_err)?;
-            Some(BucketThread { stop, handle })
+            Some(Worker { stop, handle })
+        }
+        None => None,
+    };
+    let retention = match retainer {
+        Some((retainer, wake)) => {
+            let stop = Arc::new(AtomicBool::new(false));
+            let stopping = Arc::clone(&stop);
+            let handle = spawn("retention").spawn(move || retainer.run(wake, stopping)).map_err(spawn_err)?;
+            Some(Worker { stop, handle })
         }
         None => None,
     };
@@ -638,6 +791,7 @@ fn spawn_threads(
         prefaulter,
         flusher,
         buckets,
+        retention,
     })
 }
 

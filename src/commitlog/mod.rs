@@ -9,6 +9,7 @@
 
 pub(crate) mod record;
 mod recovery;
+pub(crate) mod relocated;
 mod segment;
 
 use std::collections::BTreeMap;
@@ -26,6 +27,10 @@ use crate::mmap::{MapWriter, Mapped, PREFAULT_CHUNK};
 /// How far ahead of the writer the prefaulter keeps pages ready.
 const PREFAULT_AHEAD: usize = 32 << 20;
 use record::{Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding};
+use relocated::RelocationArea;
+
+/// The relocation area's directory inside the commit log's.
+pub(crate) const RELOCATED_DIR: &str = "relocated";
 
 /// How much of a record a read checks.
 #[derive(Clone, Copy)]
@@ -67,6 +72,10 @@ pub(crate) struct CommitLog {
     closed: AtomicBool,
     /// Bytes that must stay free beside a new segment, for the indexes.
     disk_reserve: u64,
+    /// Where retention moved the pending timers of deleted segments.
+    relocated: RelocationArea,
+    /// Retention's cap on segments plus relocated copies, in bytes (0: none).
+    size_cap: AtomicU64,
 }
 
 /// The segment being appended to.
@@ -95,6 +104,7 @@ impl CommitLog {
     ) -> Result<(Self, RecoveryReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let recovered = recovery::recover(dir, segment_size, plan)?;
+        let relocated = RelocationArea::open(&dir.join(RELOCATED_DIR), recovered.segments_start())?;
         let log = Self {
             dir: dir.to_path_buf(),
             segment_size,
@@ -108,6 +118,8 @@ impl CommitLog {
             poison_reason: Mutex::new(String::new()),
             closed: AtomicBool::new(false),
             disk_reserve,
+            relocated,
+            size_cap: AtomicU64::new(0),
         };
         Ok((log, recovered.report))
     }
@@ -169,6 +181,7 @@ impl CommitLog {
     fn roll(&self, tail: &mut Tail, reserved: bool) -> Result<()> {
         let next_base = tail.base + self.segment_size;
         if !reserved {
+            self.check_size_cap()?;
             self.check_free_space()?;
         }
         let next = segment::create(&self.dir, next_base, self.segment_size)?;
@@ -181,6 +194,26 @@ impl CommitLog {
         self.segments.write().unwrap_or_else(|e| e.into_inner()).insert(next_base, Arc::clone(next.shared()));
         tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
         *tail = Tail { writer: next, base: next_base, end: next_base + FILE_HEADER_LEN as u64 };
+        Ok(())
+    }
+
+    /// Caps segments plus relocated copies at `bytes` for appends that may be
+    /// refused (puts); `None` removes the cap.
+    pub fn set_size_cap(&self, bytes: Option<u64>) {
+        self.size_cap.store(bytes.unwrap_or(0), Ordering::Release);
+    }
+
+    /// Refuses a new segment that would take the log over its size cap:
+    /// retention must delete an old one first.
+    fn check_size_cap(&self) -> Result<()> {
+        let cap = self.size_cap.load(Ordering::Acquire);
+        if cap == 0 {
+            return Ok(());
+        }
+        let used = self.disk_bytes() + self.relocated.disk_bytes()?;
+        if used + self.segment_size > cap {
+            return Err(Error::SizeCap { cap, used });
+        }
         Ok(())
     }
 
@@ -210,7 +243,10 @@ impl CommitLog {
     pub fn read(&self, offset: u64) -> Result<Record> {
         let mut at = offset;
         loop {
-            let (seg, local, frame) = self.locate(at, Verify::Checksum)?;
+            let (seg, local, frame) = match self.locate(at, Verify::Checksum) {
+                Ok(found) => found,
+                Err(e) => return self.read_relocated(at, e),
+            };
             at = self.normalize(at);
             if frame.kind == RecordKind::Padding {
                 at = self.next_segment_start(at);
@@ -249,7 +285,14 @@ impl CommitLog {
         verify: Verify,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        let (seg, local, frame) = self.locate(offset, verify)?;
+        let (seg, local, frame) = match self.locate(offset, verify) {
+            Ok(found) => found,
+            Err(e) => {
+                let record = self.read_relocated(offset, e)?;
+                let next = self.normalize(record.offset + record.bytes.len() as u64);
+                return Ok((f(record.offset, record.kind, &record.bytes), next));
+            }
+        };
         let at = self.normalize(offset);
         let bytes = seg.read(local, frame.len).expect("a checked frame lies in published bytes");
         let next = match frame.kind {
@@ -257,6 +300,74 @@ impl CommitLog {
             _ => self.normalize(at + frame.len as u64),
         };
         Ok((f(at, frame.kind, bytes), next))
+    }
+
+    /// After `failed` to find the record at `offset` in a segment: if retention
+    /// deleted its segment, the record's relocated copy (checked against its
+    /// original offset), or [`Error::Reclaimed`] if it was not pending then.
+    fn read_relocated(&self, offset: u64, failed: Error) -> Result<Record> {
+        let at = self.normalize(offset);
+        if at >= self.start() {
+            return Err(failed);
+        }
+        let reclaimed = || Error::Reclaimed { offset: at };
+        let entry = self.relocated.find(at)?.ok_or_else(reclaimed)?;
+        let bytes = self.relocated.read(&entry)?.ok_or_else(reclaimed)?;
+        let frame = check_frame(&bytes, at).map_err(|e| {
+            let path = self.relocated.window_file(entry.window());
+            let kind = match e {
+                FrameError::Empty => CorruptionKind::BadFrame("zero bytes where a copy should be".into()),
+                FrameError::Invalid(kind) => kind,
+            };
+            Error::corruption(path, entry.position, kind)
+        })?;
+        if frame.len != bytes.len() {
+            let why = format!("copy of {} bytes holds a record of {}", bytes.len(), frame.len);
+            let path = self.relocated.window_file(entry.window());
+            return Err(Error::corruption(path, entry.position, CorruptionKind::BadFrame(why)));
+        }
+        Ok(Record { offset: at, kind: frame.kind, bytes })
+    }
+
+    /// The relocation area.
+    pub fn relocated(&self) -> &RelocationArea {
+        &self.relocated
+    }
+
+    /// Base offsets of the segments on disk, oldest first.
+    pub fn segment_bases(&self) -> Vec<u64> {
+        self.segments.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+    }
+
+    pub fn segment_size(&self) -> u64 {
+        self.segment_size
+    }
+
+    /// Base offset of the segment being appended to.
+    pub fn tail_base(&self) -> u64 {
+        let end = self.write_end();
+        end - end % self.segment_size
+    }
+
+    /// Deletes the oldest segment, which must start at `base` and not be the
+    /// one being appended to. Readers holding its map keep reading it; new
+    /// reads of its records go to the relocation area.
+    pub fn delete_oldest_segment(&self, base: u64) -> Result<()> {
+        let _tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        {
+            let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+            let oldest = segments.keys().next().copied();
+            if oldest != Some(base) || base + self.segment_size > self.tail_base() {
+                let why = format!("segment {base} is not the oldest full segment (oldest {oldest:?})");
+                return Err(Error::invalid("retention", why));
+            }
+            segments.remove(&base);
+        }
+        let path = segment::segment_path(&self.dir, base);
+        std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+        crate::mmap::sync_dir(&self.dir)?;
+        tracing::info!(segment = %path.display(), "deleted a commit-log segment");
+        Ok(())
     }
 
     fn next_segment_start(&self, offset: u64) -> u64 {

@@ -52,6 +52,8 @@ pub(crate) enum RecordKind {
     Delivery = 2,
     /// A timer's cancellation: names the message record it cancels.
     Cancel = 3,
+    /// Retention moved a segment's pending timers to the relocation area and deleted it.
+    Relocation = 4,
     /// Filler from here to the end of the segment; the next record starts the next segment.
     Padding = 0xFF,
 }
@@ -62,6 +64,7 @@ impl RecordKind {
             1 => Some(Self::Message),
             2 => Some(Self::Delivery),
             3 => Some(Self::Cancel),
+            4 => Some(Self::Relocation),
             0xFF => Some(Self::Padding),
             _ => None,
         }
@@ -235,6 +238,60 @@ impl CancelView {
     }
 }
 
+// Relocation body layout, after the frame header.
+const R_RELOCATED_AT: usize = RECORD_HEADER_LEN;
+const R_SEGMENT: usize = R_RELOCATED_AT + 8;
+const R_TIMERS: usize = R_SEGMENT + 8;
+const R_CANCELS: usize = R_TIMERS + 8;
+const R_BYTES: usize = R_CANCELS + 8;
+/// Length of a relocation record.
+pub(crate) const RELOCATION_LEN: usize = R_BYTES + 8;
+
+/// A decoded relocation record: at `relocated_at_ms`, the `timers` pending
+/// timers and the `cancels` cancels of timers not yet due of the segment
+/// starting at `segment_base` (`bytes` of records in all) were copied to the
+/// relocation area, and the segment is then deleted.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct RelocationView {
+    pub relocated_at_ms: u64,
+    pub segment_base: u64,
+    pub timers: u64,
+    pub cancels: u64,
+    pub bytes: u64,
+}
+
+impl RelocationView {
+    pub fn encode(&self, buf: &mut [u8], offset: u64) {
+        write_header(buf, RecordKind::Relocation, RELOCATION_LEN);
+        put_u64(buf, R_RELOCATED_AT, self.relocated_at_ms);
+        put_u64(buf, R_SEGMENT, self.segment_base);
+        put_u64(buf, R_TIMERS, self.timers);
+        put_u64(buf, R_CANCELS, self.cancels);
+        put_u64(buf, R_BYTES, self.bytes);
+        seal(buf, offset, RELOCATION_LEN);
+    }
+
+    pub fn parse(record: &[u8]) -> Result<Self, CorruptionKind> {
+        if record.len() != RELOCATION_LEN {
+            return Err(CorruptionKind::BadFrame(format!("relocation record of {} bytes", record.len())));
+        }
+        Ok(Self {
+            relocated_at_ms: get_u64(record, R_RELOCATED_AT),
+            segment_base: get_u64(record, R_SEGMENT),
+            timers: get_u64(record, R_TIMERS),
+            cancels: get_u64(record, R_CANCELS),
+            bytes: get_u64(record, R_BYTES),
+        })
+    }
+}
+
+/// The time every record but padding carries first in its body: a message's
+/// store time, a delivery's, a cancel's or a relocation's time.
+pub(crate) fn record_time_ms(kind: RecordKind, record: &[u8]) -> Option<u64> {
+    (kind != RecordKind::Padding && record.len() >= RECORD_HEADER_LEN + 8)
+        .then(|| get_u64(record, RECORD_HEADER_LEN))
+}
+
 /// The timing fields a message record carries (zero for an ordinary message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Timing {
@@ -382,6 +439,12 @@ impl<'a> MessageView<'a> {
     }
 
     /// The properties, decoded; malformed blocks are corruption.
+    /// When a timer is due: `None` for an ordinary message and for the
+    /// bucket scheduler's copy of a delivered one (indexed at once).
+    pub fn timer_deliver_at_ms(&self) -> Option<u64> {
+        (self.timing.deliver_at_ms != 0 && !self.rescheduled).then_some(self.timing.deliver_at_ms)
+    }
+
     pub fn properties(&self) -> Result<Vec<(String, String)>, CorruptionKind> {
         let bad = || CorruptionKind::BadFrame("message record: malformed properties".into());
         let mut out = Vec::new();
@@ -478,6 +541,39 @@ mod tests {
                 "f469e5cf8b010000",
                 "2000000000000000",
                 "e86be5cf8b010000"
+            )
+        );
+    }
+
+    #[test]
+    fn relocation_golden_bytes_match_wheel_format_md() {
+        let view = RelocationView {
+            relocated_at_ms: 1_700_000_002_000,
+            segment_base: 0,
+            timers: 2,
+            cancels: 1,
+            bytes: 300,
+        };
+        let mut buf = [0u8; RELOCATION_LEN];
+        view.encode(&mut buf, 1 << 20);
+        assert_eq!(
+            check_frame(&buf, 1 << 20),
+            Ok(Frame { kind: RecordKind::Relocation, len: RELOCATION_LEN })
+        );
+        assert_eq!(RelocationView::parse(&buf), Ok(view));
+        assert_eq!(record_time_ms(RecordKind::Relocation, &buf), Some(1_700_000_002_000));
+        assert_eq!(
+            hex(&buf[4..]),
+            concat!(
+                "34000000",
+                "04",
+                "01",
+                "0000",
+                "d06fe5cf8b010000",
+                "0000000000000000",
+                "0200000000000000",
+                "0100000000000000",
+                "2c01000000000000"
             )
         );
     }

@@ -45,6 +45,7 @@ pub struct RecordCounts {
     pub timed: u64,
     pub deliveries: u64,
     pub cancels: u64,
+    pub relocations: u64,
 }
 
 impl CommitLog {
@@ -198,6 +199,10 @@ impl LogFacts {
                 self.counts.cancels += 1;
                 self.newest_time_ms = self.newest_time_ms.max(c.cancelled_at_ms);
                 self.cancels.push((offset, c.message_offset, c.deliver_at_ms));
+            }
+            Record::Relocation(r) => {
+                self.counts.relocations += 1;
+                self.newest_time_ms = self.newest_time_ms.max(r.relocated_at_ms);
             }
             Record::Padding => {}
         }

@@ -1,0 +1,468 @@
+//! The relocation area: where retention moves the pending timers of a
+//! commit-log segment it is about to delete. It is part of the commit log,
+//! hence truth, not an index: after the segment is gone these copies are the
+//! only bytes of those messages.
+//!
+//! ```text
+//! relocated/index                  entries sorted by original offset
+//! relocated/<window start second>  the copies of timers due in that window
+//! ```
+//!
+//! A copy is the original record byte for byte, so its checksum still binds
+//! it to its original commit-log offset: the message keeps its identity (its
+//! offset), its handle and its `deliver_at_ms`, and every reader checks it
+//! exactly as it checked the original. Copies are grouped in windows of
+//! [`WINDOW_SECS`] by deliver time, so a copy is never moved again: a window
+//! file is deleted whole once its window has passed (plus the retention
+//! time, for slow consumers).
+//!
+//! The index holds one 32-byte entry per copy,
+//! `original_offset u64 | deliver_at_ms u64 | position u64 | len u32 | crc32c u32`
+//! (the CRC over the entry's byte position followed by bytes 0..28), appended
+//! in original-offset order: segments are relocated oldest first, each in
+//! record order, so a lookup is a binary search. Recovery rule: an entry
+//! whose original offset lies in a segment that still exists belongs to a
+//! relocation that did not finish (the segment is deleted only after its
+//! copies are synced and the relocation record is durable); such entries are
+//! cut from the tail of the index, and the next pass copies that segment
+//! again. Bytes after the last indexed copy in a window file are such
+//! leftovers too; they are never read.
+
+use std::collections::BTreeMap;
+use std::fs::{File, OpenOptions};
+use std::io::{BufWriter, Write};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use bytes::Bytes;
+
+use crate::error::{CorruptionKind, Error, Result};
+use crate::format::{
+    FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header, crc_at, get_u32,
+    get_u64, numbered_file_name, parse_numbered_file_name, put_u32, put_u64,
+};
+use crate::mmap::sync_dir;
+
+/// Seconds of deliver time one window file covers: 2^20 s, about 12 days,
+/// so timers spread over 10 years fill about 300 files.
+pub(crate) const WINDOW_SECS: u64 = 1 << 20;
+/// Bytes per index entry.
+pub(crate) const INDEX_ENTRY_LEN: usize = 32;
+const I_ORIGINAL: usize = 0;
+const I_DELIVER_AT: usize = I_ORIGINAL + 8;
+const I_POSITION: usize = I_DELIVER_AT + 8;
+const I_LEN: usize = I_POSITION + 8;
+const I_CRC: usize = I_LEN + 4;
+const _: () = assert!(I_CRC + 4 == INDEX_ENTRY_LEN);
+
+/// One index entry: where the copy of the record at `original_offset` is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct IndexEntry {
+    pub original_offset: u64,
+    pub deliver_at_ms: u64,
+    /// Byte position of the copy in its window file.
+    pub position: u64,
+    pub len: u32,
+}
+
+impl IndexEntry {
+    /// Encodes the entry stored at byte `at` of the index file.
+    pub fn encode(&self, at: u64) -> [u8; INDEX_ENTRY_LEN] {
+        let mut out = [0u8; INDEX_ENTRY_LEN];
+        put_u64(&mut out, I_ORIGINAL, self.original_offset);
+        put_u64(&mut out, I_DELIVER_AT, self.deliver_at_ms);
+        put_u64(&mut out, I_POSITION, self.position);
+        put_u32(&mut out, I_LEN, self.len);
+        let crc = crc_at(at, &out[..I_CRC]);
+        put_u32(&mut out, I_CRC, crc);
+        out
+    }
+
+    pub fn decode(bytes: &[u8], at: u64) -> std::result::Result<Self, CorruptionKind> {
+        if bytes.len() < INDEX_ENTRY_LEN {
+            return Err(CorruptionKind::BadFrame(format!("index entry of {} bytes", bytes.len())));
+        }
+        let stored = get_u32(bytes, I_CRC);
+        let computed = crc_at(at, &bytes[..I_CRC]);
+        if stored != computed {
+            return Err(CorruptionKind::ChecksumMismatch { stored, computed });
+        }
+        Ok(Self {
+            original_offset: get_u64(bytes, I_ORIGINAL),
+            deliver_at_ms: get_u64(bytes, I_DELIVER_AT),
+            position: get_u64(bytes, I_POSITION),
+            len: get_u32(bytes, I_LEN),
+        })
+    }
+
+    /// The window file the copy is in.
+    pub fn window(&self) -> u64 {
+        window_of(self.deliver_at_ms)
+    }
+}
+
+/// The start second of the window that holds timers due at `deliver_at_ms`.
+pub(crate) fn window_of(deliver_at_ms: u64) -> u64 {
+    let sec = deliver_at_ms / 1000;
+    sec - sec % WINDOW_SECS
+}
+
+/// The relocation area of one store.
+pub(crate) struct RelocationArea {
+    dir: PathBuf,
+    index: File,
+    /// Bytes of the index file (header included) that readers may search.
+    index_len: AtomicU64,
+    /// Serialises relocation passes and window deletions.
+    writer: Mutex<()>,
+}
+
+/// What one relocation pass copied.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(crate) struct Copied {
+    /// Messages of pending timers.
+    pub timers: u64,
+    /// Cancel records of timers not yet due.
+    pub cancels: u64,
+    /// Bytes of both.
+    pub bytes: u64,
+}
+
+/// A pass in progress: copies buffered per window, index entries in order.
+pub(crate) struct Pass<'a> {
+    area: &'a RelocationArea,
+    windows: BTreeMap<u64, (BufWriter<File>, u64)>,
+    entries: Vec<IndexEntry>,
+    copied: Copied,
+}
+
+impl RelocationArea {
+    /// Opens (creating) the area in `dir`. `log_start` is the first offset of
+    /// the oldest segment still on disk: index entries at or after it are
+    /// leftovers of an unfinished pass and are cut.
+    pub fn open(dir: &Path, log_start: u64) -> Result<Self> {
+        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        let path = dir.join("index");
+        let index = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let len = index.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+        if len < FILE_HEADER_LEN as u64 {
+            let header =
+                FileHeader::new(RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS).encode();
+            index.write_all_at(&header, 0).map_err(|e| Error::io("write", &path, e))?;
+            index.set_len(FILE_HEADER_LEN as u64).map_err(|e| Error::io("truncate", &path, e))?;
+            index.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+            sync_dir(dir)?;
+        } else {
+            let mut header = [0u8; FILE_HEADER_LEN];
+            index.read_exact_at(&mut header, 0).map_err(|e| Error::io("read", &path, e))?;
+            check_file_header(&path, &header, RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS)?;
+        }
+        let area = Self {
+            dir: dir.to_path_buf(),
+            index,
+            index_len: AtomicU64::new(FILE_HEADER_LEN as u64),
+            writer: Mutex::new(()),
+        };
+        area.cut_unfinished(len.max(FILE_HEADER_LEN as u64), log_start)?;
+        Ok(area)
+    }
+
+    fn index_path(&self) -> PathBuf {
+        self.dir.join("index")
+    }
+
+    fn window_path(&self, window: u64) -> PathBuf {
+        self.dir.join(numbered_file_name(window))
+    }
+
+    /// Path of the window file that starts at second `window`.
+    pub fn window_file(&self, window: u64) -> PathBuf {
+        self.window_path(window)
+    }
+
+    /// Walks back from the index's end over torn entries and entries of
+    /// segments that still exist, and cuts them: only the last pass can have
+    /// left any, so this reads a few entries, not the whole index.
+    fn cut_unfinished(&self, file_len: u64, log_start: u64) -> Result<()> {
+        let header = FILE_HEADER_LEN as u64;
+        let whole = header + (file_len - header) / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
+        let mut end = whole;
+        while end > header {
+            let at = end - INDEX_ENTRY_LEN as u64;
+            match self.read_entry(at) {
+                Ok(entry) if entry.original_offset < log_start => break,
+                _ => end = at,
+            }
+        }
+        if end != file_len {
+            tracing::warn!(
+                index = %self.index_path().display(),
+                cut_bytes = file_len - end,
+                "cutting index entries of an unfinished relocation"
+            );
+            let path = self.index_path();
+            self.index.set_len(end).map_err(|e| Error::io("truncate", &path, e))?;
+            self.index.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+        }
+        self.index_len.store(end, Ordering::Release);
+        Ok(())
+    }
+
+    fn read_entry(&self, at: u64) -> Result<IndexEntry> {
+        let path = self.index_path();
+        let mut bytes = [0u8; INDEX_ENTRY_LEN];
+        self.index.read_exact_at(&mut bytes, at).map_err(|e| Error::io("read", &path, e))?;
+        IndexEntry::decode(&bytes, at).map_err(|kind| Error::corruption(&path, at, kind))
+    }
+
+    /// Number of copies indexed (delivered ones included, until compaction).
+    pub fn entries(&self) -> u64 {
+        (self.index_len.load(Ordering::Acquire) - FILE_HEADER_LEN as u64) / INDEX_ENTRY_LEN as u64
+    }
+
+    /// The `i`-th index entry, in original-offset order.
+    pub fn entry(&self, i: u64) -> Result<IndexEntry> {
+        self.read_entry(FILE_HEADER_LEN as u64 + i * INDEX_ENTRY_LEN as u64)
+    }
+
+    /// The index entry of the copy of the record at `original_offset`, if any.
+    pub fn find(&self, original_offset: u64) -> Result<Option<IndexEntry>> {
+        let (mut lo, mut hi) = (0, self.entries());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            let entry = self.entry(mid)?;
+            match entry.original_offset.cmp(&original_offset) {
+                std::cmp::Ordering::Less => lo = mid + 1,
+                std::cmp::Ordering::Greater => hi = mid,
+                std::cmp::Ordering::Equal => return Ok(Some(entry)),
+            }
+        }
+        Ok(None)
+    }
+
+    /// The bytes of the copy `entry` names, or `None` if its window file was
+    /// deleted (its window passed more than the retention time ago).
+    pub fn read(&self, entry: &IndexEntry) -> Result<Option<Bytes>> {
+        let path = self.window_path(entry.window());
+        let file = match File::open(&path) {
+            Ok(file) => file,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
+            Err(e) => return Err(Error::io("open", &path, e)),
+        };
+        let mut bytes = vec![0u8; entry.len as usize];
+        file.read_exact_at(&mut bytes, entry.position).map_err(|e| {
+            if e.kind() == std::io::ErrorKind::UnexpectedEof {
+                let why = format!("a copy of {} bytes runs past the end of the file", entry.len);
+                Error::corruption(&path, entry.position, CorruptionKind::BadReference(why))
+            } else {
+                Error::io("read", &path, e)
+            }
+        })?;
+        Ok(Some(Bytes::from(bytes)))
+    }
+
+    /// Starts a relocation pass. Only one runs at a time.
+    pub fn begin(&self) -> (std::sync::MutexGuard<'_, ()>, Pass<'_>) {
+        let guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let pass =
+            Pass { area: self, windows: BTreeMap::new(), entries: Vec::new(), copied: Copied::default() };
+        (guard, pass)
+    }
+
+    /// Window files and their sizes, oldest window first.
+    pub fn windows(&self) -> Result<Vec<(u64, u64)>> {
+        let mut out = Vec::new();
+        let entries = std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))?;
+        for entry in entries {
+            let entry = entry.map_err(|e| Error::io("list", &self.dir, e))?;
+            if let Some(window) = parse_numbered_file_name(&entry.file_name().to_string_lossy()) {
+                let len = entry.metadata().map_err(|e| Error::io("stat", entry.path(), e))?.len();
+                out.push((window, len));
+            }
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Deletes the window files whose whole window ends at or before
+    /// `before_sec`. Returns how many and their bytes.
+    pub fn delete_windows_before(&self, before_sec: u64) -> Result<(u64, u64)> {
+        let _guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut deleted = (0, 0);
+        for (window, len) in self.windows()? {
+            if window + WINDOW_SECS > before_sec {
+                break;
+            }
+            let path = self.window_path(window);
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            tracing::info!(file = %path.display(), "deleted a relocation window whose timers have all fired");
+            deleted = (deleted.0 + 1, deleted.1 + len);
+        }
+        if deleted.0 > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Bytes of the area on disk: window files and the index.
+    pub fn disk_bytes(&self) -> Result<u64> {
+        let windows: u64 = self.windows()?.iter().map(|(_, len)| len).sum();
+        Ok(windows + self.index_len.load(Ordering::Acquire))
+    }
+}
+
+impl Pass<'_> {
+    /// Copies one record (`bytes`, found at `original_offset`, due at `deliver_at_ms`):
+    /// a pending timer's message, or (`cancel`) the cancel of one.
+    pub fn copy(
+        &mut self,
+        original_offset: u64,
+        cancel: bool,
+        deliver_at_ms: u64,
+        bytes: &[u8],
+    ) -> Result<()> {
+        let window = window_of(deliver_at_ms);
+        let (writer, position) = match self.windows.entry(window) {
+            std::collections::btree_map::Entry::Occupied(o) => o.into_mut(),
+            std::collections::btree_map::Entry::Vacant(v) => {
+                let opened = self.area.open_window(window)?;
+                v.insert(opened)
+            }
+        };
+        let path = self.area.window_path(window);
+        writer.write_all(bytes).map_err(|e| Error::io("write", &path, e))?;
+        self.entries.push(IndexEntry {
+            original_offset,
+            deliver_at_ms,
+            position: *position,
+            len: bytes.len() as u32,
+        });
+        *position += bytes.len() as u64;
+        if cancel {
+            self.copied.cancels += 1;
+        } else {
+            self.copied.timers += 1;
+        }
+        self.copied.bytes += bytes.len() as u64;
+        Ok(())
+    }
+
+    /// Makes the copies durable and indexes them; the caller may then write
+    /// the relocation record and delete the segment.
+    pub fn finish(self) -> Result<Copied> {
+        for (window, (writer, _)) in self.windows {
+            let path = self.area.window_path(window);
+            let file = writer.into_inner().map_err(|e| Error::io("write", &path, e.into_error()))?;
+            file.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+        }
+        sync_dir(&self.area.dir)?;
+        let path = self.area.index_path();
+        let mut at = self.area.index_len.load(Ordering::Acquire);
+        let mut bytes = Vec::with_capacity(self.entries.len() * INDEX_ENTRY_LEN);
+        for entry in &self.entries {
+            bytes.extend_from_slice(&entry.encode(at));
+            at += INDEX_ENTRY_LEN as u64;
+        }
+        let from = self.area.index_len.load(Ordering::Acquire);
+        self.area.index.write_all_at(&bytes, from).map_err(|e| Error::io("write", &path, e))?;
+        self.area.index.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        self.area.index_len.store(at, Ordering::Release);
+        Ok(self.copied)
+    }
+}
+
+impl RelocationArea {
+    /// Opens a window file for appending, creating it with its header; returns
+    /// it and the position the next copy lands at.
+    fn open_window(&self, window: u64) -> Result<(BufWriter<File>, u64)> {
+        let path = self.window_path(window);
+        let mut file = OpenOptions::new()
+            .read(true)
+            .append(true)
+            .create(true)
+            .open(&path)
+            .map_err(|e| Error::io("open", &path, e))?;
+        let mut len = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+        if len == 0 {
+            let header = FileHeader::new(RELOCATED_MAGIC, WINDOW_SECS, window).encode();
+            file.write_all(&header).map_err(|e| Error::io("write", &path, e))?;
+            len = FILE_HEADER_LEN as u64;
+        } else {
+            let mut header = [0u8; FILE_HEADER_LEN];
+            file.read_exact_at(&mut header, 0).map_err(|e| Error::io("read", &path, e))?;
+            check_file_header(&path, &header, RELOCATED_MAGIC, WINDOW_SECS, window)?;
+        }
+        Ok((BufWriter::with_capacity(1 << 20, file), len))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn index_entry_golden_bytes_match_wheel_format_md() {
+        let entry = IndexEntry { original_offset: 0x40, deliver_at_ms: 1_000, position: 32, len: 100 };
+        let bytes = entry.encode(32);
+        // The same hex stands in wheel-format.md, "Retention and the relocation area".
+        assert_eq!(
+            crate::format::hex(&bytes[..28]),
+            concat!("4000000000000000", "e803000000000000", "2000000000000000", "64000000")
+        );
+        assert_eq!(IndexEntry::decode(&bytes, 32), Ok(entry));
+        assert!(IndexEntry::decode(&bytes, 64).is_err(), "the CRC binds the entry to its place");
+    }
+
+    #[test]
+    fn copies_are_found_by_original_offset_and_unfinished_passes_are_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = RelocationArea::open(dir.path(), 0).unwrap();
+        let (guard, mut pass) = area.begin();
+        pass.copy(100, false, 5_000_000_000, b"first").unwrap();
+        pass.copy(200, false, 9_000_000_000_000, b"second").unwrap();
+        assert_eq!(pass.finish().unwrap(), Copied { timers: 2, cancels: 0, bytes: 11 });
+        drop(guard);
+        let found = area.find(200).unwrap().unwrap();
+        assert_eq!(area.read(&found).unwrap().unwrap().as_ref(), b"second");
+        assert_eq!(area.find(150).unwrap(), None);
+
+        // Reopened with the segment of offset 200 still present: its copy is cut.
+        drop(area);
+        let area = RelocationArea::open(dir.path(), 150).unwrap();
+        assert_eq!(area.entries(), 1);
+        assert!(area.find(200).unwrap().is_none());
+        assert!(area.find(100).unwrap().is_some());
+
+        // Windows that have passed are deleted; their copies read as gone.
+        let entry = area.find(100).unwrap().unwrap();
+        let (files, _) = area.delete_windows_before(u64::MAX / 2).unwrap();
+        assert_eq!(files, 2);
+        assert_eq!(area.read(&entry).unwrap(), None);
+    }
+
+    #[test]
+    fn a_flipped_bit_in_the_index_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = RelocationArea::open(dir.path(), 0).unwrap();
+        let (guard, mut pass) = area.begin();
+        for offset in [100, 200, 300] {
+            pass.copy(offset, false, 5_000_000_000, b"x").unwrap();
+        }
+        pass.finish().unwrap();
+        drop(guard);
+        let path = dir.path().join("index");
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[FILE_HEADER_LEN + INDEX_ENTRY_LEN + 3] ^= 1;
+        std::fs::write(&path, bytes).unwrap();
+        let err = area.find(200).unwrap_err().to_string();
+        assert!(err.contains("index") && err.contains("offset 64"), "{err}");
+    }
+}

@@ -1,0 +1,252 @@
+//! Retention: deletes old commit-log segments without losing a pending timer.
+//!
+//! A segment may go once it is full, older than [`Retention::keep_for`] (or
+//! the log is over [`Retention::max_log_bytes`]), and wholly below the
+//! *floor*: the oldest position the last two checkpoints may replay or scan
+//! from, so no recovery (not even one falling back to the previous checkpoint)
+//! needs its records. Its pending timers — timed messages due at or after the
+//! floor's tick second — are first copied to the relocation area
+//! (`commitlog/relocated/`, see `relocated.rs`), then a relocation record is
+//! made durable, then the segment is deleted. A copy keeps its original
+//! offset, so the wheel, handles and delivery records still name it; it is
+//! never copied again: its window file is deleted whole once its timers have
+//! fired and the retention time has passed.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use crossbeam_channel::Receiver;
+
+use crate::checkpoint::Checkpoint;
+use crate::clock::Clock;
+use crate::commitlog::CommitLog;
+use crate::commitlog::record::{
+    CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, record_time_ms,
+};
+use crate::commitlog::relocated::{Copied, WINDOW_SECS};
+use crate::config::Retention;
+use crate::error::{Error, Result};
+use crate::format::FILE_HEADER_LEN;
+
+/// What recovery may still need: nothing below `log_offset`, and no timer
+/// due before `tick_second` (all of those have fired or were cancelled).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Mark {
+    pub log_offset: u64,
+    pub tick_second: u64,
+}
+
+impl Mark {
+    fn of(cp: &Checkpoint) -> Self {
+        Self { log_offset: cp.dispatched.min(cp.delivery_scan_from), tick_second: cp.tick_second }
+    }
+}
+
+/// The floor below which retention may delete: the lower of the last two
+/// checkpoints written, since a torn checkpoint falls back to the previous one.
+#[derive(Debug, Default)]
+pub(crate) struct Floor {
+    last_two: Mutex<[Option<Mark>; 2]>,
+}
+
+impl Floor {
+    /// Records a checkpoint that is on disk.
+    pub fn record(&self, cp: &Checkpoint) {
+        let mut last_two = self.last_two.lock().unwrap_or_else(|e| e.into_inner());
+        *last_two = [Some(Mark::of(cp)), last_two[0]];
+    }
+
+    /// The floor, once two checkpoints are known.
+    pub fn get(&self) -> Option<Mark> {
+        let last_two = self.last_two.lock().unwrap_or_else(|e| e.into_inner());
+        let [Some(a), Some(b)] = *last_two else { return None };
+        Some(Mark {
+            log_offset: a.log_offset.min(b.log_offset),
+            tick_second: a.tick_second.min(b.tick_second),
+        })
+    }
+}
+
+/// Counters of what retention did since open (and consumers skipped).
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub segments_deleted: AtomicU64,
+    pub relocated_timers: AtomicU64,
+    pub relocated_bytes: AtomicU64,
+    pub windows_deleted: AtomicU64,
+    /// Consume-queue entries consumers skipped because retention deleted their records.
+    pub consumer_skipped: AtomicU64,
+}
+
+/// What one retention pass did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ReclaimReport {
+    /// Commit-log segments deleted.
+    pub segments_deleted: u64,
+    /// Pending timers copied to the relocation area (each once, ever).
+    pub timers_relocated: u64,
+    /// Bytes of those copies.
+    pub bytes_relocated: u64,
+    /// Relocation window files deleted after their timers fired.
+    pub windows_deleted: u64,
+}
+
+/// Decides what to delete and deletes it. Shared by the retention thread
+/// and `Store::reclaim`; one pass runs at a time.
+pub(crate) struct Retainer {
+    pub log: Arc<CommitLog>,
+    pub clock: Arc<dyn Clock>,
+    pub policy: Retention,
+    pub floor: Arc<Floor>,
+    pub counters: Arc<Counters>,
+    pub running: Mutex<()>,
+}
+
+impl Retainer {
+    /// The `delaywheel-retention` thread's body: a pass every check interval
+    /// or when woken (a put found the log at its size cap).
+    pub fn run(self: Arc<Self>, wake: Receiver<()>, stop: Arc<AtomicBool>) {
+        while !stop.load(Ordering::Acquire) {
+            if let Err(e) = self.pass() {
+                // Nothing was deleted that is still needed; the next pass retries.
+                tracing::error!(error = %e, "retention pass failed");
+            }
+            let _ = wake.recv_timeout(self.policy.check_interval);
+        }
+    }
+
+    /// Deletes every segment and relocation window that may go now.
+    pub fn pass(&self) -> Result<ReclaimReport> {
+        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
+        let _span = tracing::debug_span!("retention", floor = floor.log_offset).entered();
+        let mut report = ReclaimReport::default();
+        while let Some(base) = self.next_segment(floor)? {
+            let copied = self.relocate_and_delete(base, floor)?;
+            report.segments_deleted += 1;
+            report.timers_relocated += copied.timers;
+            report.bytes_relocated += copied.bytes;
+        }
+        report.windows_deleted = self.delete_passed_windows(floor)?;
+        Ok(report)
+    }
+
+    /// The oldest segment, if it may be deleted now.
+    fn next_segment(&self, floor: Mark) -> Result<Option<u64>> {
+        let size = self.log.segment_size();
+        let Some(&base) = self.log.segment_bases().first() else { return Ok(None) };
+        let full_and_checkpointed = base + size <= self.log.tail_base() && base + size <= floor.log_offset;
+        if !full_and_checkpointed {
+            return Ok(None);
+        }
+        if self.over_cap()? {
+            return Ok(Some(base));
+        }
+        let expired = match (self.policy.keep_for, self.filled_at_ms(base)) {
+            (Some(keep), Some(filled)) => {
+                filled.saturating_add(keep.as_millis() as u64) <= self.clock.now_ms()
+            }
+            _ => false,
+        };
+        Ok(expired.then_some(base))
+    }
+
+    /// Whether the log (segments and relocated copies) leaves no room for one
+    /// more segment under the cap.
+    fn over_cap(&self) -> Result<bool> {
+        let Some(cap) = self.policy.max_log_bytes else { return Ok(false) };
+        let used = self.log.disk_bytes() + self.log.relocated().disk_bytes()?;
+        Ok(used + self.log.segment_size() > cap)
+    }
+
+    /// When the segment at `base` was filled: the time of the next segment's first record.
+    fn filled_at_ms(&self, base: u64) -> Option<u64> {
+        let next = base + self.log.segment_size() + FILE_HEADER_LEN as u64;
+        if next >= self.log.write_end() {
+            return None;
+        }
+        self.log
+            .visit_trusted(next, |_, kind, bytes| record_time_ms(kind, bytes))
+            .ok()
+            .and_then(|(time, _)| time)
+    }
+
+    /// Copies the pending timers of the segment at `base` (the oldest), makes
+    /// the copies and a relocation record durable, then deletes the segment.
+    fn relocate_and_delete(&self, base: u64, floor: Mark) -> Result<Copied> {
+        let _span = tracing::info_span!("relocate", segment = base).entered();
+        let size = self.log.segment_size();
+        let pending_from_ms = floor.tick_second.saturating_mul(1000);
+        let (guard, mut pass) = self.log.relocated().begin();
+        let mut at = base + FILE_HEADER_LEN as u64;
+        while at < base + size && at < self.log.write_end() {
+            let (copied, next) = self.log.visit_checked(at, |offset, kind, bytes| {
+                let corrupt = |kind| self.log.corruption_at(offset, kind);
+                let pending_at = match kind {
+                    RecordKind::Message => MessageView::parse(bytes)
+                        .map_err(corrupt)?
+                        .timer_deliver_at_ms()
+                        .filter(|&at| at >= pending_from_ms),
+                    // A cancel of a timer not yet due goes along: a wheel
+                    // rebuilt from the log must still see it.
+                    RecordKind::Cancel => Some(CancelView::parse(bytes).map_err(corrupt)?.deliver_at_ms)
+                        .filter(|&at| at >= pending_from_ms),
+                    _ => None,
+                };
+                match pending_at {
+                    Some(deliver_at_ms) => {
+                        pass.copy(offset, kind == RecordKind::Cancel, deliver_at_ms, bytes)
+                    }
+                    None => Ok(()),
+                }
+            })?;
+            copied?;
+            at = next;
+        }
+        let copied = pass.finish()?;
+        drop(guard);
+        let record = RelocationView {
+            relocated_at_ms: self.clock.now_ms(),
+            segment_base: base,
+            timers: copied.timers,
+            cancels: copied.cancels,
+            bytes: copied.bytes,
+        };
+        self.log.append_reserved(RELOCATION_LEN, |buf, offset| record.encode(buf, offset))?;
+        // The copies are synced; the record must be too before the original goes.
+        self.log.flush()?;
+        self.log.delete_oldest_segment(base)?;
+        self.counters.segments_deleted.fetch_add(1, Ordering::Relaxed);
+        self.counters.relocated_timers.fetch_add(copied.timers, Ordering::Relaxed);
+        self.counters.relocated_bytes.fetch_add(copied.bytes, Ordering::Relaxed);
+        tracing::info!(
+            segment = base,
+            timers = copied.timers,
+            cancels = copied.cancels,
+            bytes = copied.bytes,
+            "segment reclaimed"
+        );
+        Ok(copied)
+    }
+
+    /// Deletes relocation windows whose timers have all fired (the window
+    /// ends at or before the floor's tick second) and that are older than the
+    /// retention time, so consumers behind by less than it still find them.
+    fn delete_passed_windows(&self, floor: Mark) -> Result<u64> {
+        let keep_secs = self.policy.keep_for.map_or(0, |keep| keep.as_secs());
+        let now_sec = self.clock.now_ms() / 1000;
+        let before = floor.tick_second.min(now_sec.saturating_sub(keep_secs));
+        if before < WINDOW_SECS {
+            return Ok(0);
+        }
+        let (files, _) = self.log.relocated().delete_windows_before(before)?;
+        self.counters.windows_deleted.fetch_add(files, Ordering::Relaxed);
+        Ok(files)
+    }
+}
+
+/// Whether `e` means retention is the reason a put could not be written.
+pub(crate) fn is_size_cap(e: &Error) -> bool {
+    matches!(e, Error::SizeCap { .. })
+}

@@ -1,0 +1,235 @@
+//! Retention through the public API, with a manual clock and 64 KiB segments:
+//! old segments are deleted, pending timers are relocated once and still fire
+//! exactly once at their millisecond, handles still cancel, consumers skip
+//! what was deleted, and the size cap never deletes a pending timer.
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use common::*;
+use delaywheel::{
+    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, Retention, Store,
+};
+
+const MINUTE: u64 = 60_000;
+const HOUR: u64 = 60 * MINUTE;
+const DAY: u64 = 24 * HOUR;
+const YEAR: u64 = 365 * DAY;
+const SEGMENT: u64 = 64 * 1024;
+const FILLER: usize = 1_000;
+
+fn config(dir: &std::path::Path, clock: &ManualClock, retention: Retention) -> Config {
+    small_config(dir)
+        .with_clock(clock.clone())
+        .with_flush_interval(Duration::from_millis(5))
+        .with_retention(retention)
+}
+
+fn keep_for(keep: Duration) -> Retention {
+    Retention { keep_for: Some(keep), max_log_bytes: None, check_interval: Duration::from_secs(3600) }
+}
+
+/// Timers put and not yet seen delivered, by deliver time; and their handles.
+#[derive(Default)]
+struct Model {
+    pending: BTreeMap<u64, Vec<String>>,
+    handles: BTreeMap<String, Handle>,
+}
+
+impl Model {
+    fn put(&mut self, store: &Store, body: String, at: u64) {
+        let receipt = store.put(Message::new("T", body.clone()).queue_id(0).deliver_at_ms(at)).unwrap();
+        self.handles.insert(body.clone(), receipt.handle().unwrap());
+        self.pending.entry(at).or_default().push(body);
+    }
+
+    fn cancel(&mut self, store: &Store, body: &str) {
+        let handle = self.handles[body];
+        assert_eq!(store.cancel(handle).unwrap(), CancelOutcome::Cancelled, "{body}");
+        let due = self.pending.get_mut(&handle.deliver_at_ms).unwrap();
+        due.retain(|b| b != body);
+        if due.is_empty() {
+            self.pending.remove(&handle.deliver_at_ms);
+        }
+    }
+
+    /// Moves the clock to `target`, stopping at every deliver time on the way:
+    /// each timer must arrive exactly then, once.
+    fn advance_to(&mut self, clock: &ManualClock, consumer: &mut Consumer, target: u64) {
+        while let Some((&due, _)) = self.pending.first_key_value().filter(|(due, _)| **due <= target) {
+            let want = self.pending.remove(&due).unwrap();
+            clock.set_ms(due);
+            let got = drain(consumer, want.len());
+            let mut got_bodies = bodies(&got);
+            got_bodies.sort();
+            let mut want = want;
+            want.sort();
+            assert_eq!(got_bodies, want, "due at {due}");
+            for m in &got {
+                assert_eq!(m.delivered_at_ms(), due, "{:?} fired at its millisecond", m.body());
+            }
+        }
+        clock.set_ms(target);
+        assert!(consumer.poll(1, Duration::from_millis(20)).unwrap().is_empty(), "nothing else fired");
+    }
+}
+
+/// (original offset, deliver time) of every copy in the relocation index,
+/// read from the file as `wheel-format.md` lays it out.
+fn relocation_index(dir: &std::path::Path) -> Vec<(u64, u64)> {
+    let bytes = std::fs::read(dir.join("commitlog/relocated/index")).unwrap();
+    let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().unwrap());
+    (32..bytes.len()).step_by(32).map(|at| (u64_at(at), u64_at(at + 8))).collect()
+}
+
+fn fill(store: &Store, round: usize) {
+    for i in 0..100 {
+        let body = format!("f{round}-{i}-{}", "x".repeat(FILLER));
+        store.put(Message::new("F", body).queue_id(0)).unwrap();
+    }
+}
+
+/// Lets the flusher checkpoint what was put, so retention's floor moves past it.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(60));
+}
+
+#[test]
+fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let mut store = Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let mut model = Model::default();
+    let rounds = 24;
+    let mut max_log_bytes = 0;
+    // Counters restart with the store: what the first one did.
+    let mut before_restart = (0, 0);
+    for round in 0..rounds {
+        let now = clock.now_ms();
+        model.put(&store, format!("minute-{round}"), now + MINUTE + round as u64);
+        model.put(&store, format!("day-{round}"), now + DAY + round as u64);
+        model.put(&store, format!("decade-{round}"), now + 10 * YEAR + round as u64);
+        fill(&store, round);
+        settle();
+        model.advance_to(&clock, &mut consumer, now + 2 * HOUR);
+        settle();
+        store.reclaim().unwrap();
+        max_log_bytes = max_log_bytes.max(store.stats().disk.commit_log);
+        if round == rounds / 2 {
+            // The relocation area and the wheel survive a restart.
+            consumer.commit();
+            drop(consumer);
+            let r = store.stats().retention;
+            before_restart = (r.segments_deleted, r.relocated_timers);
+            store.close().unwrap();
+            store = Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+            consumer = store.consumer("T", 0).unwrap();
+        }
+    }
+    let r = store.stats().retention;
+    let (deleted, relocated) = (before_restart.0 + r.segments_deleted, before_restart.1 + r.relocated_timers);
+    let written = rounds as u64 * 100 * FILLER as u64;
+    assert!(deleted >= 30, "{deleted} segments deleted");
+    assert!(
+        max_log_bytes <= 8 * SEGMENT,
+        "the log stays bounded: {max_log_bytes} bytes for {written} written"
+    );
+    // Every decade timer was pending when its segment went; the day timers
+    // only if their segment went within the day. None was copied twice.
+    let copies = relocation_index(dir.path());
+    assert_eq!(copies.len() as u64, relocated);
+    assert!(copies.windows(2).all(|w| w[0].0 < w[1].0), "no message was copied twice: {copies:?}");
+    let decades = copies.iter().filter(|(_, at)| *at > T0 + YEAR).count();
+    assert!(decades >= rounds - 2, "{decades} decade timers relocated: {copies:?}");
+
+    // Handles from before the relocation still cancel.
+    for round in [0, 5, 17] {
+        model.cancel(&store, &format!("decade-{round}"));
+    }
+    let last = *model.pending.last_key_value().unwrap().0;
+    model.advance_to(&clock, &mut consumer, last + 1);
+    assert!(model.pending.is_empty());
+
+    // The fillers nobody read were deleted: a consumer skips them and gets the rest.
+    assert_eq!(store.stats().retention.consumer_skipped, 0, "the timer consumer kept up");
+    let mut fillers = store.consumer("F", 0).unwrap();
+    let got = drain_idle(&mut fillers, rounds * 100, Duration::from_millis(300));
+    let skipped = store.stats().retention.consumer_skipped;
+    assert!(skipped > 0);
+    assert_eq!(got.len() as u64 + skipped, rounds as u64 * 100, "each filler read or skipped once");
+}
+
+#[test]
+fn the_size_cap_refuses_puts_rather_than_delete_a_pending_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let retention = Retention {
+        keep_for: None,
+        max_log_bytes: Some(6 * SEGMENT),
+        check_interval: Duration::from_secs(3600),
+    };
+    let config = config(dir.path(), &clock, retention).with_put_timeout(Duration::from_millis(300));
+    let store = Store::open(config).unwrap();
+    // Only far timers: every byte retention could reclaim must be relocated,
+    // and the copies count against the cap too.
+    let mut put = 0;
+    let err = loop {
+        let body = format!("far-{put}-{}", "y".repeat(FILLER));
+        match store.put(Message::new("T", body).queue_id(0).deliver_at_ms(T0 + YEAR + put)) {
+            Ok(_) => put += 1,
+            Err(e) => break e,
+        }
+        if put % 50 == 0 {
+            settle();
+        }
+        assert!(put < 10_000, "the cap never bit");
+    };
+    assert!(matches!(err, Error::SizeCap { .. }), "{err}");
+    assert!(err.to_string().contains("size cap"), "{err}");
+    let stats = store.stats();
+    assert!(stats.disk.commit_log + stats.disk.relocated <= 6 * SEGMENT + SEGMENT, "{:?}", stats.disk);
+
+    // Every acknowledged timer is still there and fires once.
+    clock.set_ms(T0 + YEAR + put);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let got = drain(&mut consumer, put as usize);
+    let mut seen: Vec<u64> = got.iter().map(|m| m.deliver_at_ms().unwrap() - T0 - YEAR).collect();
+    seen.sort_unstable();
+    assert_eq!(seen, (0..put).collect::<Vec<_>>());
+}
+
+#[test]
+fn a_wheel_rebuilt_from_the_log_finds_relocated_timers_and_their_cancels() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let open = || Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+    let store = open();
+    let mut model = Model::default();
+    model.put(&store, "kept".into(), T0 + 10 * YEAR);
+    model.put(&store, "cancelled".into(), T0 + 10 * YEAR + 1);
+    fill(&store, 0);
+    model.cancel(&store, "cancelled");
+    fill(&store, 1);
+    fill(&store, 2);
+    settle();
+    clock.set_ms(T0 + 2 * HOUR);
+    settle();
+    store.reclaim().unwrap();
+    let copies = relocation_index(dir.path());
+    assert_eq!(
+        copies.iter().map(|(_, at)| at - T0 - 10 * YEAR).collect::<Vec<_>>(),
+        [0, 1, 1],
+        "both timers and the cancel were relocated: {copies:?}"
+    );
+    store.close().unwrap();
+
+    // Lose the wheel: it is rebuilt from the log, which no longer holds them.
+    std::fs::remove_dir_all(dir.path().join("timer")).unwrap();
+    let store = open();
+    let mut consumer = store.consumer("T", 0).unwrap();
+    model.advance_to(&clock, &mut consumer, T0 + 10 * YEAR + 1_000);
+    assert!(model.pending.is_empty());
+}
