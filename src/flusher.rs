@@ -5,6 +5,7 @@
 //! for exactly what was synced. In sync flush mode a put wakes it at once and
 //! waits; every put that arrived meanwhile is covered by the same sync (group commit).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -16,8 +17,10 @@ use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
+use crate::consumer::write_atomically;
 use crate::error::Result;
 use crate::retention::Floor;
+use crate::retention::pending::SegmentCounts;
 use crate::timer::tick::{WheelCheckpoint, WheelShared};
 
 /// What the flusher's channel carries.
@@ -39,7 +42,13 @@ pub(crate) struct Flusher {
     pub interval: Duration,
     /// Told of every checkpoint written, for retention.
     pub floor: Arc<Floor>,
+    /// `timer/segment_pending`, and when it was last written.
+    pub counts_path: PathBuf,
+    pub counts_written: Instant,
 }
+
+/// How often the segment counts are persisted at most.
+const COUNTS_INTERVAL: Duration = Duration::from_secs(1);
 
 impl Flusher {
     /// The thread's body; returns the result of the final flush.
@@ -66,20 +75,32 @@ impl Flusher {
         }
     }
 
-    /// Syncs the files of the ticker's latest snapshot; returns the newest snapshot synced.
-    fn sync_wheel(&self) -> Result<WheelCheckpoint> {
+    /// Syncs the files of the ticker's latest snapshot; returns the newest
+    /// snapshot synced and its segment counts.
+    fn sync_wheel(&self) -> Result<(WheelCheckpoint, Arc<SegmentCounts>)> {
         let to_sync = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
         let mut synced = self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some((snapshot, files)) = to_sync {
-            for file in files {
+        if let Some(snapshot) = to_sync {
+            for file in snapshot.files {
                 if let Err(e) = file.flush(0, file.len()) {
                     self.log.poison(&e.to_string());
                     return Err(e);
                 }
             }
-            *synced = snapshot;
+            *synced = (snapshot.checkpoint, snapshot.counts);
         }
-        Ok(*synced)
+        Ok(synced.clone())
+    }
+
+    /// Persists the segment counts now and then (they are an index: a
+    /// restart from older counts scans the segments they did not see).
+    fn write_counts(&mut self, counts: &SegmentCounts, covered_below: u64, now: bool) -> Result<()> {
+        if !now && self.counts_written.elapsed() < COUNTS_INTERVAL {
+            return Ok(());
+        }
+        write_atomically(&self.counts_path, &counts.encode(covered_below))?;
+        self.counts_written = Instant::now();
+        Ok(())
     }
 
     /// Syncs log, indexes and offsets, then checkpoints what was synced.
@@ -87,7 +108,7 @@ impl Flusher {
         let _span = tracing::debug_span!("flush", clean).entered();
         // Read the dispatcher's progress first: the indexes it vouches for are
         // then all in memory, and the log sync below covers the records.
-        let wheel = self.sync_wheel()?;
+        let (wheel, counts) = self.sync_wheel()?;
         // A record counts as dispatched once its queue entry or its timer is indexed.
         let dispatched = self.dispatched.load(Ordering::Acquire).min(wheel.indexed);
         let offsets = self.offsets.snapshot();
@@ -99,6 +120,8 @@ impl Flusher {
         if let Some(offsets) = offsets {
             self.offsets.write(&offsets)?;
         }
+        // The log is synced past the snapshot: its counts' deliveries and cancels are durable.
+        self.write_counts(&counts, wheel.indexed, clean)?;
         let cp = Checkpoint {
             log_durable,
             dispatched,
@@ -115,7 +138,7 @@ impl Flusher {
                 != (log_durable, dispatched, cp.tick_second)
         {
             let written = self.checkpoint.write(cp)?;
-            self.floor.record(&written);
+            self.floor.record(&written, counts);
         }
         Ok(())
     }

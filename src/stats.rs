@@ -54,7 +54,7 @@ pub struct DiskUsage {
 }
 
 /// Retention's counters since open.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct RetentionStats {
     /// Offset of the first record of the oldest segment still on disk.
@@ -66,6 +66,12 @@ pub struct RetentionStats {
     pub relocated_bytes: u64,
     /// Relocation window files deleted after their timers fired.
     pub windows_deleted: u64,
+    /// Segments deleted without being read, because their count of pending timers was 0.
+    pub deleted_unread: u64,
+    /// Pending timers per segment (start offset, count) as of the wheel's last
+    /// sync; segments not listed hold none. A count may be too high after a
+    /// restart (a timer indexed twice by the replay), never too low.
+    pub pending_by_segment: Vec<(u64, u64)>,
     /// Consume-queue entries consumers skipped because retention deleted their records.
     pub consumer_skipped: u64,
 }

@@ -34,6 +34,7 @@ use crate::dispatcher::Dispatcher;
 use crate::error::{Error, Result};
 use crate::flusher::{FlushSignal, Flusher};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
+use crate::retention::pending::{FILE_NAME as SEGMENT_COUNTS_FILE, SegmentCounts};
 use crate::retention::{Counters, Floor, ReclaimReport, Retainer, is_size_cap};
 use crate::schedule::{BucketScheduling, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::scheduling::{Scheduling, WheelScheduling};
@@ -113,6 +114,8 @@ struct Recovered {
     wheel: Wheel,
     /// Where the scan for settled timers started; it stays the scan start until the ticker moves on.
     delivery_scan_from: u64,
+    /// The wheel was built afresh (and the replay starts at the oldest segment).
+    fresh: bool,
 }
 
 impl Store {
@@ -128,7 +131,16 @@ impl Store {
 
         check_scheduler(&dir, config.scheduler)?;
         let recovered = recover(&config)?;
-        let Recovered { log, report, replay_from, mut checkpoint, wheel, delivery_scan_from } = recovered;
+        let Recovered { log, report, replay_from, mut checkpoint, wheel, delivery_scan_from, fresh } =
+            recovered;
+        let timer_dir = dir.join("timer");
+        // Segment counts: rebuilt by the replay; a fresh wheel's replay sees every segment.
+        let counts = if fresh {
+            SegmentCounts::new(config.segment_size)
+        } else {
+            SegmentCounts::load(&timer_dir, config.segment_size, replay_from)
+        };
+        let open_counts = Arc::new(counts.clone());
         let queues =
             Arc::new(QueueRegistry::open(&dir.join("consumequeue"), config.queue_file_entries, replay_from)?);
         let offsets = Arc::new(OffsetStore::open(&dir.join("consumer_offsets.json"))?);
@@ -143,7 +155,7 @@ impl Store {
         };
         let floor = Arc::new(Floor::default());
         if let Some(last) = checkpoint.last() {
-            floor.record(&last);
+            floor.record(&last, Arc::clone(&open_counts));
         }
         // Clear the clean flag (and record the replay start) before anything is appended.
         let written = checkpoint.write(Checkpoint {
@@ -155,8 +167,8 @@ impl Store {
             timer_log_end: wheel_checkpoint.timer_log_end,
             ..Default::default()
         })?;
-        floor.record(&written);
-        let shared = Arc::new(WheelShared::new(wheel_checkpoint));
+        floor.record(&written, Arc::clone(&open_counts));
+        let shared = Arc::new(WheelShared::new(wheel_checkpoint, open_counts));
 
         let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
         let (prefault, prefault_rx) = crossbeam_channel::bounded(1);
@@ -198,6 +210,7 @@ impl Store {
             deliver: config.deliver,
             indexed: replay_from,
             deferred_cancels: Vec::new(),
+            counts,
             replay_end,
         };
         let flusher = Flusher {
@@ -210,6 +223,8 @@ impl Store {
             clock: Arc::clone(&config.clock),
             interval: config.flush_interval,
             floor: Arc::clone(&floor),
+            counts_path: timer_dir.join(SEGMENT_COUNTS_FILE),
+            counts_written: std::time::Instant::now(),
         };
         let counters = Arc::new(Counters::default());
         let retainer = (config.scheduler == Scheduler::Wheel).then(|| {
@@ -416,6 +431,15 @@ impl Store {
             relocated_timers: counter(&self.retention.relocated_timers),
             relocated_bytes: counter(&self.retention.relocated_bytes),
             windows_deleted: counter(&self.retention.windows_deleted),
+            deleted_unread: counter(&self.retention.deleted_unread),
+            pending_by_segment: self
+                .wheel
+                .synced
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .1
+                .iter()
+                .collect(),
             consumer_skipped: counter(&self.retention.consumer_skipped),
         };
         Stats {
@@ -562,7 +586,7 @@ fn recover(config: &Config) -> Result<Recovered> {
     if fresh {
         restore_relocated(&mut wheel, &log, last.map_or(0, |cp| cp.tick_second))?;
     }
-    Ok(Recovered { log, report, replay_from, checkpoint, wheel, delivery_scan_from: scan_from })
+    Ok(Recovered { log, report, replay_from, checkpoint, wheel, delivery_scan_from: scan_from, fresh })
 }
 
 /// Indexes, into a wheel built afresh, the relocated timers that may still
@@ -587,7 +611,10 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
         };
         let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.original_offset };
         match record.kind {
-            RecordKind::Message => wheel.insert(timer)?,
+            RecordKind::Message => {
+                // Not counted per segment: its segment is gone.
+                wheel.insert(timer)?;
+            }
             RecordKind::Cancel => {
                 let cancel =
                     CancelView::parse(&record.bytes).map_err(|k| log.corruption_at(record.offset, k))?;

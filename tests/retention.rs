@@ -106,7 +106,7 @@ fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
     let rounds = 24;
     let mut max_log_bytes = 0;
     // Counters restart with the store: what the first one did.
-    let mut before_restart = (0, 0);
+    let mut before_restart = (0, 0, 0);
     for round in 0..rounds {
         let now = clock.now_ms();
         model.put(&store, format!("minute-{round}"), now + MINUTE + round as u64);
@@ -123,7 +123,7 @@ fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
             consumer.commit();
             drop(consumer);
             let r = store.stats().retention;
-            before_restart = (r.segments_deleted, r.relocated_timers);
+            before_restart = (r.segments_deleted, r.relocated_timers, r.deleted_unread);
             store.close().unwrap();
             store = Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
             consumer = store.consumer("T", 0).unwrap();
@@ -132,6 +132,9 @@ fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
     let r = store.stats().retention;
     let (deleted, relocated) = (before_restart.0 + r.segments_deleted, before_restart.1 + r.relocated_timers);
     let written = rounds as u64 * 100 * FILLER as u64;
+    // Segments of fillers only are deleted without a read: their counts said 0.
+    let unread = before_restart.2 + r.deleted_unread;
+    assert!(unread > 0 && unread < deleted, "{unread} of {deleted} deleted unread");
     assert!(deleted >= 30, "{deleted} segments deleted");
     assert!(
         max_log_bytes <= 8 * SEGMENT,

@@ -15,6 +15,7 @@ use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_d
 use crate::error::Result;
 use crate::message::CancelOutcome;
 use crate::mmap::Mapped;
+use crate::retention::pending::SegmentCounts;
 use crate::stats::TimerStats;
 use crate::timer::wheel::{CancelState, CancelTarget, Timer, Wheel};
 
@@ -52,22 +53,29 @@ pub(crate) struct WheelCheckpoint {
     pub timer_log_end: u64,
 }
 
+/// A snapshot of the wheel the flusher makes durable: what a checkpoint may
+/// vouch for, the files to sync first, and the per-segment pending counts.
+pub(crate) struct WheelSnapshot {
+    pub checkpoint: WheelCheckpoint,
+    pub files: Vec<Arc<Mapped>>,
+    pub counts: Arc<SegmentCounts>,
+}
+
 /// State shared between the ticking thread and the rest of the store.
 pub(crate) struct WheelShared {
-    /// The ticker's latest snapshot and the files that must be synced before
-    /// a checkpoint may claim it (the flusher syncs them, off the ticker's path).
-    pub to_sync: Mutex<Option<(WheelCheckpoint, Vec<Arc<Mapped>>)>>,
-    /// The latest snapshot whose files have been synced.
-    pub synced: Mutex<WheelCheckpoint>,
+    /// The ticker's latest snapshot (the flusher syncs its files, off the ticker's path).
+    pub to_sync: Mutex<Option<WheelSnapshot>>,
+    /// The latest snapshot whose files have been synced, and its counts.
+    pub synced: Mutex<(WheelCheckpoint, Arc<SegmentCounts>)>,
     pub stats: Arc<Mutex<TimerStats>>,
     pub failed: AtomicBool,
 }
 
 impl WheelShared {
-    pub fn new(checkpoint: WheelCheckpoint) -> Self {
+    pub fn new(checkpoint: WheelCheckpoint, counts: Arc<SegmentCounts>) -> Self {
         Self {
             to_sync: Mutex::new(None),
-            synced: Mutex::new(checkpoint),
+            synced: Mutex::new((checkpoint, counts)),
             stats: Arc::new(Mutex::new(TimerStats::new())),
             failed: AtomicBool::new(false),
         }
@@ -88,6 +96,8 @@ pub(crate) struct Ticker {
     pub indexed: u64,
     /// Cancels of timers the dispatcher has not sent yet.
     pub deferred_cancels: Vec<(Timer, Sender<Result<CancelOutcome>>)>,
+    /// Pending timers per commit-log segment, for retention.
+    pub counts: SegmentCounts,
     /// The commit-log end at open: nothing is delivered until the replay of
     /// the records before it has reached the wheel, so a timer indexed twice
     /// (once before a crash, once by the replay) has both copies in place
@@ -142,7 +152,12 @@ impl Ticker {
 
     fn handle(&mut self, command: WheelCommand) -> Result<()> {
         match command {
-            WheelCommand::Insert(timer) => self.wheel.insert(timer),
+            WheelCommand::Insert(timer) => {
+                if self.wheel.insert(timer)? {
+                    self.counts.indexed(timer.message_offset);
+                }
+                Ok(())
+            }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
                 let ready: Vec<_> = {
@@ -177,7 +192,11 @@ impl Ticker {
                     .append_reserved(CANCEL_LEN, |buf, offset| {
                         encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);
                     })
-                    .and_then(|_| self.wheel.apply_cancel(timer, target))
+                    .and_then(|(cancel_offset, _)| {
+                        let state = self.wheel.apply_cancel(timer, target)?;
+                        self.count_cancel(timer, cancel_offset);
+                        Ok(state)
+                    })
                     .map(|state| match state {
                         CancelState::Cancelled => CancelOutcome::Cancelled,
                         CancelState::AlreadyDelivered => CancelOutcome::AlreadyDelivered,
@@ -190,6 +209,14 @@ impl Ticker {
             return Err(crate::error::Error::invalid("cancel", "the wheel could not record a cancel"));
         }
         Ok(())
+    }
+
+    /// A cancel settles its timer, and its record stays of use until the
+    /// timer's time has passed: retention relocates such a cancel (a timer
+    /// relocated with its cancelled message must not fire from a rebuilt wheel).
+    fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
+        self.counts.settled(timer.message_offset);
+        self.counts.cancel_recorded(cancel_offset);
     }
 
     /// How long to sleep: until the next timer is due or the next second
@@ -214,6 +241,7 @@ impl Ticker {
                     encode_delivery(buf, offset, now_ms, timer.message_offset);
                 })?;
                 stats.lateness_ms.saturating_record(now_ms - timer.deliver_at_ms);
+                self.counts.settled(timer.message_offset);
             }
             stats.delivered += due.len() as u64;
             let _ = self.dispatch_wake.try_send(());
@@ -231,7 +259,10 @@ impl Ticker {
             timer_log_end: self.wheel.timer_log_end(),
         };
         let files = self.wheel.files_to_sync();
-        *self.shared.to_sync.lock().unwrap_or_else(|e| e.into_inner()) = Some((snapshot, files));
+        self.counts.forget_below(self.log.start());
+        let counts = Arc::new(self.counts.clone());
+        *self.shared.to_sync.lock().unwrap_or_else(|e| e.into_inner()) =
+            Some(WheelSnapshot { checkpoint: snapshot, files, counts });
         Ok(())
     }
 

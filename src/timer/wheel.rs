@@ -419,11 +419,12 @@ impl Wheel {
 
     /// Indexes a timer. A timer due in a second already loaded is recorded in
     /// the newest loaded second's slot (so a restart finds it again) and handed
-    /// to the loaded timers at once.
-    pub fn insert(&mut self, timer: Timer) -> Result<()> {
+    /// to the loaded timers at once. Returns `false` if it was not indexed:
+    /// it fired or was cancelled before a restart.
+    pub fn insert(&mut self, timer: Timer) -> Result<bool> {
         if self.settled.contains(&timer.message_offset) {
             // Fired or cancelled before a restart: the replay sends it again.
-            return Ok(());
+            return Ok(false);
         }
         let sec = timer.deliver_at_ms / 1000;
         if sec <= self.loaded_through {
@@ -438,19 +439,19 @@ impl Wheel {
                 self.append_to_slot(0, second, timer, false)?;
             }
             self.loaded.add_late(second, self.loaded_through_mark, timer);
-            return Ok(());
+            return Ok(true);
         }
         if let Some(prefetch) = &mut self.prefetch
             && prefetch.second == sec
         {
             // The walk started below this entry, so it is not read twice.
             prefetch.timers.push(timer);
-            return self.append_to_slot(0, sec, timer, false);
+            return self.append_to_slot(0, sec, timer, false).map(|()| true);
         }
         let (level, window) = self.place(sec).expect("a second not yet loaded");
         self.append_to_slot(level, window, timer, false)?;
         self.unloaded[level] += 1;
-        Ok(())
+        Ok(true)
     }
 
     fn place(&self, sec: u64) -> Option<(usize, u64)> {

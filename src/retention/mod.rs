@@ -12,6 +12,8 @@
 //! never copied again: its window file is deleted whole once its timers have
 //! fired and the retention time has passed.
 
+pub(crate) mod pending;
+
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -27,18 +29,22 @@ use crate::commitlog::relocated::{Copied, WINDOW_SECS};
 use crate::config::Retention;
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
+use pending::SegmentCounts;
 
 /// What recovery may still need: nothing below `log_offset`, and no timer
-/// due before `tick_second` (all of those have fired or were cancelled).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// due before `tick_second` (all of those have fired or were cancelled);
+/// and how many timers each segment still held, as of a moment whose
+/// deliveries and cancels were durable.
+#[derive(Debug, Clone)]
 pub(crate) struct Mark {
     pub log_offset: u64,
     pub tick_second: u64,
+    pub counts: Arc<SegmentCounts>,
 }
 
 impl Mark {
-    fn of(cp: &Checkpoint) -> Self {
-        Self { log_offset: cp.dispatched.min(cp.delivery_scan_from), tick_second: cp.tick_second }
+    fn of(cp: &Checkpoint, counts: Arc<SegmentCounts>) -> Self {
+        Self { log_offset: cp.dispatched.min(cp.delivery_scan_from), tick_second: cp.tick_second, counts }
     }
 }
 
@@ -50,19 +56,23 @@ pub(crate) struct Floor {
 }
 
 impl Floor {
-    /// Records a checkpoint that is on disk.
-    pub fn record(&self, cp: &Checkpoint) {
+    /// Records a checkpoint that is on disk, with the segment counts of the
+    /// wheel snapshot it vouches for (the log was synced after that snapshot).
+    pub fn record(&self, cp: &Checkpoint, counts: Arc<SegmentCounts>) {
         let mut last_two = self.last_two.lock().unwrap_or_else(|e| e.into_inner());
-        *last_two = [Some(Mark::of(cp)), last_two[0]];
+        let previous = last_two[0].take();
+        *last_two = [Some(Mark::of(cp, counts)), previous];
     }
 
-    /// The floor, once two checkpoints are known.
+    /// The floor, once two checkpoints are known, with the older one's
+    /// counts (a segment's count only falls once it is below the floor).
     pub fn get(&self) -> Option<Mark> {
         let last_two = self.last_two.lock().unwrap_or_else(|e| e.into_inner());
-        let [Some(a), Some(b)] = *last_two else { return None };
+        let [Some(newer), Some(older)] = &*last_two else { return None };
         Some(Mark {
-            log_offset: a.log_offset.min(b.log_offset),
-            tick_second: a.tick_second.min(b.tick_second),
+            log_offset: newer.log_offset.min(older.log_offset),
+            tick_second: newer.tick_second.min(older.tick_second),
+            counts: Arc::clone(&older.counts),
         })
     }
 }
@@ -74,6 +84,8 @@ pub(crate) struct Counters {
     pub relocated_timers: AtomicU64,
     pub relocated_bytes: AtomicU64,
     pub windows_deleted: AtomicU64,
+    /// Segments deleted without reading them: their count said no timer was pending.
+    pub deleted_unread: AtomicU64,
     /// Consume-queue entries consumers skipped because retention deleted their records.
     pub consumer_skipped: AtomicU64,
 }
@@ -122,18 +134,18 @@ impl Retainer {
         let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
         let _span = tracing::debug_span!("retention", floor = floor.log_offset).entered();
         let mut report = ReclaimReport::default();
-        while let Some(base) = self.next_segment(floor)? {
-            let copied = self.relocate_and_delete(base, floor)?;
+        while let Some(base) = self.next_segment(&floor)? {
+            let copied = self.relocate_and_delete(base, &floor)?;
             report.segments_deleted += 1;
             report.timers_relocated += copied.timers;
             report.bytes_relocated += copied.bytes;
         }
-        report.windows_deleted = self.delete_passed_windows(floor)?;
+        report.windows_deleted = self.delete_passed_windows(&floor)?;
         Ok(report)
     }
 
     /// The oldest segment, if it may be deleted now.
-    fn next_segment(&self, floor: Mark) -> Result<Option<u64>> {
+    fn next_segment(&self, floor: &Mark) -> Result<Option<u64>> {
         let size = self.log.segment_size();
         let Some(&base) = self.log.segment_bases().first() else { return Ok(None) };
         let full_and_checkpointed = base + size <= self.log.tail_base() && base + size <= floor.log_offset;
@@ -174,8 +186,41 @@ impl Retainer {
 
     /// Copies the pending timers of the segment at `base` (the oldest), makes
     /// the copies and a relocation record durable, then deletes the segment.
-    fn relocate_and_delete(&self, base: u64, floor: Mark) -> Result<Copied> {
+    fn relocate_and_delete(&self, base: u64, floor: &Mark) -> Result<Copied> {
         let _span = tracing::info_span!("relocate", segment = base).entered();
+        let copied = match floor.counts.pending_in(base) {
+            Some(0) => {
+                self.counters.deleted_unread.fetch_add(1, Ordering::Relaxed);
+                Copied::default()
+            }
+            _ => self.copy_pending(base, floor)?,
+        };
+        let record = RelocationView {
+            relocated_at_ms: self.clock.now_ms(),
+            segment_base: base,
+            timers: copied.timers,
+            cancels: copied.cancels,
+            bytes: copied.bytes,
+        };
+        self.log.append_reserved(RELOCATION_LEN, |buf, offset| record.encode(buf, offset))?;
+        // The copies are synced; the record must be too before the original goes.
+        self.log.flush()?;
+        self.log.delete_oldest_segment(base)?;
+        self.counters.segments_deleted.fetch_add(1, Ordering::Relaxed);
+        self.counters.relocated_timers.fetch_add(copied.timers, Ordering::Relaxed);
+        self.counters.relocated_bytes.fetch_add(copied.bytes, Ordering::Relaxed);
+        tracing::info!(
+            segment = base,
+            timers = copied.timers,
+            cancels = copied.cancels,
+            bytes = copied.bytes,
+            "segment reclaimed"
+        );
+        Ok(copied)
+    }
+
+    /// Reads the segment at `base` and copies (and syncs) what a pending timer needs.
+    fn copy_pending(&self, base: u64, floor: &Mark) -> Result<Copied> {
         let size = self.log.segment_size();
         let pending_from_ms = floor.tick_second.saturating_mul(1000);
         let (guard, mut pass) = self.log.relocated().begin();
@@ -206,34 +251,13 @@ impl Retainer {
         }
         let copied = pass.finish()?;
         drop(guard);
-        let record = RelocationView {
-            relocated_at_ms: self.clock.now_ms(),
-            segment_base: base,
-            timers: copied.timers,
-            cancels: copied.cancels,
-            bytes: copied.bytes,
-        };
-        self.log.append_reserved(RELOCATION_LEN, |buf, offset| record.encode(buf, offset))?;
-        // The copies are synced; the record must be too before the original goes.
-        self.log.flush()?;
-        self.log.delete_oldest_segment(base)?;
-        self.counters.segments_deleted.fetch_add(1, Ordering::Relaxed);
-        self.counters.relocated_timers.fetch_add(copied.timers, Ordering::Relaxed);
-        self.counters.relocated_bytes.fetch_add(copied.bytes, Ordering::Relaxed);
-        tracing::info!(
-            segment = base,
-            timers = copied.timers,
-            cancels = copied.cancels,
-            bytes = copied.bytes,
-            "segment reclaimed"
-        );
         Ok(copied)
     }
 
     /// Deletes relocation windows whose timers have all fired (the window
     /// ends at or before the floor's tick second) and that are older than the
     /// retention time, so consumers behind by less than it still find them.
-    fn delete_passed_windows(&self, floor: Mark) -> Result<u64> {
+    fn delete_passed_windows(&self, floor: &Mark) -> Result<u64> {
         let keep_secs = self.policy.keep_for.map_or(0, |keep| keep.as_secs());
         let now_sec = self.clock.now_ms() / 1000;
         let before = floor.tick_second.min(now_sec.saturating_sub(keep_secs));

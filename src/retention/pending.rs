@@ -1,0 +1,191 @@
+//! How many pending timers each commit-log segment holds, so retention
+//! deletes a segment without reading it when none is left.
+//!
+//! The ticking thread keeps the counts: +1 when a timer is indexed, -1 when
+//! it fires or is cancelled, and +1 in the segment of each cancel record
+//! (so it is scanned, and the cancel relocated with its timer). A count may be too high (a timer indexed twice
+//! by a replay, one delivered just before a crash), which only costs a scan;
+//! it is never too low, which is what makes skipping the scan safe:
+//! * retention uses the counts of a snapshot whose deliveries and cancels
+//!   were already durable in the log (see `Floor`);
+//! * segments whose inserts the counts may have missed (after a restart from
+//!   a counts file older than the checkpoint, or without one) are *unknown*
+//!   and always scanned.
+//!
+//! The counts are an index: persisted now and then to `timer/segment_pending`
+//! (layout in `wheel-format.md`), rebuilt by the replay after a restart, and
+//! treated as unknown if the file is missing or damaged.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::Path;
+
+use crate::format::{FILE_HEADER_LEN, FileHeader, SEGMENT_PENDING_MAGIC, get_u64, put_u64};
+
+/// The counts file's name inside `timer/`.
+pub(crate) const FILE_NAME: &str = "segment_pending";
+
+/// Pending timers per segment (by segment base offset).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct SegmentCounts {
+    segment_size: u64,
+    counts: BTreeMap<u64, u64>,
+    /// Log offsets whose segments' counts may miss inserts: scanned, never skipped.
+    unknown: Range<u64>,
+}
+
+impl SegmentCounts {
+    /// Counts that know every segment (a wheel built from the whole log).
+    pub fn new(segment_size: u64) -> Self {
+        Self { segment_size, counts: BTreeMap::new(), unknown: 0..0 }
+    }
+
+    fn base(&self, offset: u64) -> u64 {
+        offset - offset % self.segment_size
+    }
+
+    /// A timer of the message at `offset` was indexed.
+    pub fn indexed(&mut self, offset: u64) {
+        *self.counts.entry(self.base(offset)).or_default() += 1;
+    }
+
+    /// The timer of the message at `offset` fired or was cancelled.
+    pub fn settled(&mut self, offset: u64) {
+        let base = self.base(offset);
+        if let Some(count) = self.counts.get_mut(&base) {
+            *count = count.saturating_sub(1);
+            if *count == 0 {
+                self.counts.remove(&base);
+            }
+        }
+    }
+
+    /// A cancel record at `offset` cancels a timer not yet due: its segment
+    /// must be scanned before deletion (the cancel is relocated if the timer
+    /// is still ahead then). Never decremented: it only costs that scan.
+    pub fn cancel_recorded(&mut self, offset: u64) {
+        self.indexed(offset);
+    }
+
+    /// Pending timers in the segment at `base`; `None` if the counts may have missed some.
+    pub fn pending_in(&self, base: u64) -> Option<u64> {
+        let overlaps_unknown = base < self.unknown.end && self.unknown.start < base + self.segment_size;
+        (!overlaps_unknown).then(|| self.counts.get(&base).copied().unwrap_or(0))
+    }
+
+    /// Segments with pending timers, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
+        self.counts.iter().map(|(&base, &count)| (base, count))
+    }
+
+    /// Drops the counts of segments below `start` (deleted).
+    pub fn forget_below(&mut self, start: u64) {
+        self.counts = self.counts.split_off(&self.base(start));
+    }
+
+    /// The file's bytes: these counts cover every insert below `covered_below`.
+    pub fn encode(&self, covered_below: u64) -> Vec<u8> {
+        let header = FileHeader::new(SEGMENT_PENDING_MAGIC, covered_below, self.counts.len() as u64);
+        let mut out = header.encode().to_vec();
+        let mut field = |value: u64| {
+            let mut bytes = [0u8; 8];
+            put_u64(&mut bytes, 0, value);
+            out.extend_from_slice(&bytes);
+        };
+        field(self.unknown.start);
+        field(self.unknown.end);
+        for (&base, &count) in &self.counts {
+            field(base);
+            field(count);
+        }
+        let crc = crc32c::crc32c(&out[FILE_HEADER_LEN..]);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    /// Decodes a counts file; `None` if it is not a valid one.
+    pub fn decode(bytes: &[u8], segment_size: u64) -> Option<(Self, u64)> {
+        let header = FileHeader::decode(bytes, SEGMENT_PENDING_MAGIC).ok()?;
+        let entries = usize::try_from(header.b).ok()?;
+        let body_len = entries.checked_mul(16)?.checked_add(16)?;
+        let body = bytes.get(FILE_HEADER_LEN..FILE_HEADER_LEN + body_len)?;
+        let crc = bytes.get(FILE_HEADER_LEN + body_len..FILE_HEADER_LEN + body_len + 4)?;
+        if crc32c::crc32c(body).to_le_bytes() != crc {
+            return None;
+        }
+        let unknown = get_u64(body, 0)..get_u64(body, 8);
+        let counts = (0..entries).map(|i| (get_u64(body, 16 + 16 * i), get_u64(body, 24 + 16 * i))).collect();
+        Some((Self { segment_size, counts, unknown }, header.a))
+    }
+
+    /// The counts a resumed wheel starts from: the file's, with the segments
+    /// of inserts it did not see and the replay will not repeat (from its
+    /// coverage up to `replay_from`) marked unknown. No valid file: every
+    /// segment below `replay_from` is unknown.
+    pub fn load(dir: &Path, segment_size: u64, replay_from: u64) -> Self {
+        let path = dir.join(FILE_NAME);
+        let loaded = std::fs::read(&path).ok().and_then(|bytes| Self::decode(&bytes, segment_size));
+        let Some((mut counts, covered_below)) = loaded else {
+            tracing::info!(file = %path.display(), "no segment counts; old segments will be scanned before deletion");
+            return Self { unknown: 0..replay_from, ..Self::new(segment_size) };
+        };
+        if covered_below < replay_from {
+            let gap = covered_below..replay_from;
+            counts.unknown = if counts.unknown.is_empty() {
+                gap
+            } else {
+                counts.unknown.start.min(gap.start)..counts.unknown.end.max(gap.end)
+            };
+        }
+        counts
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_follow_inserts_and_settlements_and_never_go_below_zero() {
+        let mut counts = SegmentCounts::new(1000);
+        counts.indexed(1_500);
+        counts.indexed(1_700);
+        counts.indexed(2_100);
+        counts.settled(1_500);
+        counts.settled(9_999);
+        assert_eq!(counts.pending_in(1_000), Some(1));
+        assert_eq!(counts.pending_in(2_000), Some(1));
+        assert_eq!(counts.pending_in(3_000), Some(0));
+        counts.settled(1_700);
+        counts.settled(1_700);
+        assert_eq!(counts.pending_in(1_000), Some(0));
+        counts.forget_below(2_000);
+        assert_eq!(counts.iter().collect::<Vec<_>>(), [(2_000, 1)]);
+    }
+
+    #[test]
+    fn the_file_round_trips_and_gaps_become_unknown() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut counts = SegmentCounts::new(1000);
+        counts.indexed(1_500);
+        counts.indexed(5_500);
+        std::fs::write(dir.path().join(FILE_NAME), counts.encode(4_000)).unwrap();
+
+        let same = SegmentCounts::load(dir.path(), 1000, 3_000);
+        assert_eq!(same, counts, "replay starts below the coverage: nothing unknown");
+        let gap = SegmentCounts::load(dir.path(), 1000, 6_200);
+        assert_eq!(gap.pending_in(1_000), Some(1));
+        assert_eq!(gap.pending_in(3_000), Some(0));
+        for base in [4_000, 5_000, 6_000] {
+            assert_eq!(gap.pending_in(base), None, "inserts in 4000..6200 were not counted");
+        }
+
+        let mut bytes = counts.encode(4_000);
+        let last = bytes.len() - 6;
+        bytes[last] ^= 1;
+        std::fs::write(dir.path().join(FILE_NAME), bytes).unwrap();
+        let damaged = SegmentCounts::load(dir.path(), 1000, 3_000);
+        assert_eq!(damaged.pending_in(1_000), None, "a damaged file knows nothing");
+        assert_eq!(damaged.pending_in(3_000), Some(0), "segments the replay counts are known");
+    }
+}
