@@ -201,6 +201,47 @@ impl ConsumeQueue {
         })
     }
 
+    /// Index of the oldest entry still on disk (retention deletes whole
+    /// files of entries whose records it deleted).
+    pub fn first_index(&self) -> u64 {
+        let files = self.files.read().unwrap_or_else(|e| e.into_inner());
+        files.keys().next().map_or(self.len(), |file_no| file_no * self.per_file)
+    }
+
+    /// Deletes the oldest files whose entries all point below `log_start`
+    /// (records retention deleted), never the file being appended to.
+    /// Returns how many it deleted.
+    pub fn delete_files_below(&self, log_start: u64) -> Result<u64> {
+        let writing = self.writer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(no, _)| *no);
+        let candidates: Vec<(u64, Arc<Mapped>)> = {
+            let files = self.files.read().unwrap_or_else(|e| e.into_inner());
+            files.iter().map(|(no, file)| (*no, Arc::clone(file))).collect()
+        };
+        let mut deleted = 0;
+        for (file_no, file) in candidates {
+            let last = (file_no + 1) * self.per_file - 1;
+            if writing.is_none_or(|w| file_no >= w) || last >= self.len() {
+                break;
+            }
+            let at = self.position(last).1;
+            let points_below = file
+                .read(at, ENTRY_LEN)
+                .and_then(|bytes| Entry::decode(bytes, last).ok())
+                .is_some_and(|entry| entry.log_offset < log_start);
+            if !points_below {
+                break;
+            }
+            self.files.write().unwrap_or_else(|e| e.into_inner()).remove(&file_no);
+            let path = self.file_path(file_no);
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            deleted += 1;
+        }
+        if deleted > 0 {
+            sync_dir(&self.dir)?;
+        }
+        Ok(deleted)
+    }
+
     /// Wakes every consumer waiting on this queue.
     pub fn notify(&self) {
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
@@ -306,9 +347,15 @@ impl ConsumeQueue {
             )?;
             writers.insert(first / self.per_file, writer);
         }
+        // Contiguous from the oldest: retention deletes files from the front only.
+        let first = writers.keys().next().copied().unwrap_or(0);
         for (i, &file_no) in writers.keys().enumerate() {
-            if file_no != i as u64 {
-                return Err(Error::corruption(self.file_path(i as u64), 0, CorruptionKind::MissingFile));
+            if file_no != first + i as u64 {
+                return Err(Error::corruption(
+                    self.file_path(first + i as u64),
+                    0,
+                    CorruptionKind::MissingFile,
+                ));
             }
         }
         Ok(writers)
@@ -319,13 +366,14 @@ impl ConsumeQueue {
 /// records below it were on disk when the checkpoint was written, so the
 /// predicate "invalid or at/after `trusted_end`" is false then true: binary search.
 fn trusted_len(writers: &BTreeMap<u64, MapWriter>, per_file: u64, trusted_end: u64) -> u64 {
-    let capacity = writers.len() as u64 * per_file;
+    let first = writers.keys().next().map_or(0, |file_no| file_no * per_file);
+    let capacity = first + writers.len() as u64 * per_file;
     let trusted = |index: u64| {
         let file = &writers[&(index / per_file)];
         let at = FILE_HEADER_LEN + (index % per_file) as usize * ENTRY_LEN;
         Entry::decode(file.view(at, ENTRY_LEN), index).is_ok_and(|e| e.log_offset < trusted_end)
     };
-    let (mut lo, mut hi) = (0, capacity);
+    let (mut lo, mut hi) = (first, capacity);
     while lo < hi {
         let mid = lo + (hi - lo) / 2;
         if trusted(mid) { lo = mid + 1 } else { hi = mid }
@@ -381,6 +429,12 @@ impl QueueRegistry {
 
     pub fn flush_all(&self) -> Result<()> {
         self.all().iter().try_for_each(|q| q.flush())
+    }
+
+    /// Deletes, in every queue, the files whose entries all point below
+    /// `log_start`. Returns how many.
+    pub fn delete_files_below(&self, log_start: u64) -> Result<u64> {
+        self.all().iter().try_fold(0, |sum, q| Ok(sum + q.delete_files_below(log_start)?))
     }
 
     pub fn disk_bytes(&self) -> u64 {

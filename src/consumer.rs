@@ -53,6 +53,7 @@ impl Consumer {
         let deadline = Instant::now() + timeout;
         loop {
             let available = self.queue.len();
+            self.skip_deleted_files();
             if self.next < available {
                 let upto = available.min(self.next.saturating_add(max as u64));
                 let mut messages = Vec::with_capacity((upto - self.next) as usize);
@@ -77,6 +78,24 @@ impl Consumer {
             if self.wake.recv_timeout(left).is_err() {
                 return Ok(Vec::new());
             }
+        }
+    }
+
+    /// Retention deleted the queue's files up to the oldest entry still on
+    /// disk: a consumer behind it starts there, counting what it skipped.
+    fn skip_deleted_files(&mut self) {
+        let first = self.queue.first_index();
+        if self.next < first {
+            let skipped = first - self.next;
+            self.retention.consumer_skipped.fetch_add(skipped, Ordering::Relaxed);
+            tracing::warn!(
+                topic = %self.topic,
+                queue = self.queue.queue_id(),
+                from = self.next,
+                to = first,
+                "skipped entries whose records retention deleted"
+            );
+            self.next = first;
         }
     }
 

@@ -66,6 +66,8 @@ pub struct RetentionStats {
     pub relocated_bytes: u64,
     /// Relocation window files deleted after their timers fired.
     pub windows_deleted: u64,
+    /// Consume-queue files deleted because all their entries pointed at deleted records.
+    pub queue_files_deleted: u64,
     /// Segments deleted without being read, because their count of pending timers was 0.
     pub deleted_unread: u64,
     /// Pending timers per segment (start offset, count) as of the wheel's last

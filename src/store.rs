@@ -231,6 +231,7 @@ impl Store {
             log.set_size_cap(config.retention.max_log_bytes);
             Arc::new(Retainer {
                 log: Arc::clone(&log),
+                queues: Arc::clone(&queues),
                 clock: Arc::clone(&config.clock),
                 policy: config.retention,
                 floor,
@@ -431,6 +432,7 @@ impl Store {
             relocated_timers: counter(&self.retention.relocated_timers),
             relocated_bytes: counter(&self.retention.relocated_bytes),
             windows_deleted: counter(&self.retention.windows_deleted),
+            queue_files_deleted: counter(&self.retention.queue_files_deleted),
             deleted_unread: counter(&self.retention.deleted_unread),
             pending_by_segment: self
                 .wheel

@@ -132,6 +132,14 @@ fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
     let r = store.stats().retention;
     let (deleted, relocated) = (before_restart.0 + r.segments_deleted, before_restart.1 + r.relocated_timers);
     let written = rounds as u64 * 100 * FILLER as u64;
+    // Queue files that only pointed at deleted records went with them.
+    let queue_file = 32 + 64 * 32;
+    let queues = store.stats().disk.consume_queues;
+    assert!(r.queue_files_deleted > 0, "{r:?}");
+    assert!(
+        queues <= 16 * queue_file,
+        "{queues} bytes of consume queues for 2,400 fillers in 64-entry files"
+    );
     // Segments of fillers only are deleted without a read: their counts said 0.
     let unread = before_restart.2 + r.deleted_unread;
     assert!(unread > 0 && unread < deleted, "{unread} of {deleted} deleted unread");

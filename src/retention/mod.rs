@@ -27,6 +27,7 @@ use crate::commitlog::record::{
 };
 use crate::commitlog::relocated::{Copied, WINDOW_SECS};
 use crate::config::Retention;
+use crate::consume_queue::QueueRegistry;
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
 use pending::SegmentCounts;
@@ -84,6 +85,7 @@ pub(crate) struct Counters {
     pub relocated_timers: AtomicU64,
     pub relocated_bytes: AtomicU64,
     pub windows_deleted: AtomicU64,
+    pub queue_files_deleted: AtomicU64,
     /// Segments deleted without reading them: their count said no timer was pending.
     pub deleted_unread: AtomicU64,
     /// Consume-queue entries consumers skipped because retention deleted their records.
@@ -102,12 +104,15 @@ pub struct ReclaimReport {
     pub bytes_relocated: u64,
     /// Relocation window files deleted after their timers fired.
     pub windows_deleted: u64,
+    /// Consume-queue files deleted because every entry in them pointed at deleted records.
+    pub queue_files_deleted: u64,
 }
 
 /// Decides what to delete and deletes it. Shared by the retention thread
 /// and `Store::reclaim`; one pass runs at a time.
 pub(crate) struct Retainer {
     pub log: Arc<CommitLog>,
+    pub queues: Arc<QueueRegistry>,
     pub clock: Arc<dyn Clock>,
     pub policy: Retention,
     pub floor: Arc<Floor>,
@@ -139,6 +144,10 @@ impl Retainer {
             report.segments_deleted += 1;
             report.timers_relocated += copied.timers;
             report.bytes_relocated += copied.bytes;
+        }
+        if report.segments_deleted > 0 {
+            report.queue_files_deleted = self.queues.delete_files_below(self.log.start())?;
+            self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
         report.windows_deleted = self.delete_passed_windows(&floor)?;
         Ok(report)
