@@ -4,6 +4,7 @@
 mod demo;
 mod ops;
 mod perf;
+mod retention_sim;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -31,6 +32,8 @@ enum Command {
     Drain(ops::DrainArgs),
     /// Opens a store (recovering it) without delivering, reports, closes it.
     Recover(ops::RecoverArgs),
+    /// Weeks of steady traffic on a manual clock: what retention keeps and copies.
+    RetentionSim(retention_sim::RetentionSimArgs),
 }
 
 fn main() -> ExitCode {
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(args),
         Command::Drain(args) => ops::drain(args),
         Command::Recover(args) => ops::recover(args),
+        Command::RetentionSim(args) => retention_sim::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
