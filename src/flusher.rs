@@ -138,7 +138,7 @@ impl Flusher {
                 != (log_durable, dispatched, cp.tick_second)
         {
             let written = self.checkpoint.write(cp)?;
-            self.floor.record(&written, counts);
+            self.floor.record(&written, wheel.log_end, counts);
         }
         Ok(())
     }

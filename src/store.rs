@@ -152,10 +152,11 @@ impl Store {
             tick_second: wheel.tick_second(),
             delivery_scan_from,
             timer_log_end: wheel.timer_log_end(),
+            log_end: log.write_end(),
         };
         let floor = Arc::new(Floor::default());
         if let Some(last) = checkpoint.last() {
-            floor.record(&last, Arc::clone(&open_counts));
+            floor.record(&last, log.write_end(), Arc::clone(&open_counts));
         }
         // Clear the clean flag (and record the replay start) before anything is appended.
         let written = checkpoint.write(Checkpoint {
@@ -167,7 +168,7 @@ impl Store {
             timer_log_end: wheel_checkpoint.timer_log_end,
             ..Default::default()
         })?;
-        floor.record(&written, Arc::clone(&open_counts));
+        floor.record(&written, log.write_end(), Arc::clone(&open_counts));
         let shared = Arc::new(WheelShared::new(wheel_checkpoint, open_counts));
 
         let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
@@ -211,6 +212,7 @@ impl Store {
             indexed: replay_from,
             deferred_cancels: Vec::new(),
             counts,
+            keep_ms: config.retention.keep_for.map_or(0, |keep| keep.as_millis() as u64),
             replay_end,
         };
         let flusher = Flusher {
@@ -237,6 +239,8 @@ impl Store {
                 floor,
                 counters: Arc::clone(&counters),
                 running: Default::default(),
+                opened_at_ms: now_ms,
+                open_tick_second: wheel_checkpoint.tick_second,
             })
         });
         let threads = spawn_threads(

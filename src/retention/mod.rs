@@ -4,13 +4,16 @@
 //! the log is over [`Retention::max_log_bytes`]), and wholly below the
 //! *floor*: the oldest position the last two checkpoints may replay or scan
 //! from, so no recovery (not even one falling back to the previous checkpoint)
-//! needs its records. Its pending timers — timed messages due at or after the
-//! floor's tick second — are first copied to the relocation area
-//! (`commitlog/relocated/`, see `relocated.rs`), then a relocation record is
-//! made durable, then the segment is deleted. A copy keeps its original
-//! offset, so the wheel, handles and delivery records still name it; it is
-//! never copied again: its window file is deleted whole once its timers have
-//! fired and the retention time has passed.
+//! needs its records. The records a timer may still need — it has not fired,
+//! or its delivery is not indexed yet, or it fired less than the retention
+//! time ago — are first copied to the relocation area (`commitlog/relocated/`,
+//! see `relocated.rs`), then a relocation record is made durable, then the
+//! segment is deleted. A copy keeps its original offset, so the wheel,
+//! handles and delivery records still name it; it is never copied again: its
+//! window file is deleted whole once its timers have fired and the retention
+//! time has passed. Per-segment counts (`pending.rs`) let a segment with
+//! nothing pending go unread, and keep one whose near timers fired recently
+//! until consumers had the retention time to read them.
 
 pub(crate) mod pending;
 
@@ -25,56 +28,77 @@ use crate::commitlog::CommitLog;
 use crate::commitlog::record::{
     CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, record_time_ms,
 };
-use crate::commitlog::relocated::{Copied, WINDOW_SECS};
+use crate::commitlog::relocated::Copied;
 use crate::config::Retention;
 use crate::consume_queue::QueueRegistry;
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
 use pending::SegmentCounts;
 
-/// What recovery may still need: nothing below `log_offset`, and no timer
-/// due before `tick_second` (all of those have fired or were cancelled);
-/// and how many timers each segment still held, as of a moment whose
-/// deliveries and cancels were durable.
+/// What retention may not delete, as of the checkpoints written so far.
 #[derive(Debug, Clone)]
 pub(crate) struct Mark {
+    /// No record below this offset is needed by a recovery (the lower
+    /// `min(dispatched, delivery scan from)` of the last two checkpoints).
     pub log_offset: u64,
-    pub tick_second: u64,
+    /// Every timer due before this second has fired or was cancelled, and
+    /// the dispatcher has indexed its delivery record (it lies below `log_offset`).
+    pub settled_before_second: u64,
+    /// Pending timers per segment, as of a moment whose deliveries and
+    /// cancels were durable (the older of the last two checkpoints).
     pub counts: Arc<SegmentCounts>,
 }
 
-impl Mark {
-    fn of(cp: &Checkpoint, counts: Arc<SegmentCounts>) -> Self {
-        Self { log_offset: cp.dispatched.min(cp.delivery_scan_from), tick_second: cp.tick_second, counts }
-    }
+/// One checkpoint written: its floor, its tick second, the log end when its
+/// wheel snapshot was taken, and that snapshot's counts.
+#[derive(Debug, Clone)]
+struct Written {
+    log_offset: u64,
+    tick_second: u64,
+    log_end: u64,
+    counts: Arc<SegmentCounts>,
 }
 
-/// The floor below which retention may delete: the lower of the last two
-/// checkpoints written, since a torn checkpoint falls back to the previous one.
+/// How many checkpoints the floor remembers to find a tick second whose
+/// deliveries are all indexed.
+const HISTORY: usize = 64;
+
+/// Tells retention what it may delete, from the checkpoints written.
 #[derive(Debug, Default)]
 pub(crate) struct Floor {
-    last_two: Mutex<[Option<Mark>; 2]>,
+    /// The newest last.
+    written: Mutex<std::collections::VecDeque<Written>>,
 }
 
 impl Floor {
-    /// Records a checkpoint that is on disk, with the segment counts of the
-    /// wheel snapshot it vouches for (the log was synced after that snapshot).
-    pub fn record(&self, cp: &Checkpoint, counts: Arc<SegmentCounts>) {
-        let mut last_two = self.last_two.lock().unwrap_or_else(|e| e.into_inner());
-        let previous = last_two[0].take();
-        *last_two = [Some(Mark::of(cp, counts)), previous];
+    /// Records a checkpoint that is on disk, with the log end at its wheel
+    /// snapshot and the snapshot's segment counts (the log was synced after it).
+    pub fn record(&self, cp: &Checkpoint, log_end: u64, counts: Arc<SegmentCounts>) {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if written.len() == HISTORY {
+            written.pop_front();
+        }
+        let log_offset = cp.dispatched.min(cp.delivery_scan_from);
+        written.push_back(Written { log_offset, tick_second: cp.tick_second, log_end, counts });
     }
 
-    /// The floor, once two checkpoints are known, with the older one's
-    /// counts (a segment's count only falls once it is below the floor).
+    /// The floor, once two checkpoints are known. A torn checkpoint falls
+    /// back to the previous one, so the lower of the last two counts.
     pub fn get(&self) -> Option<Mark> {
-        let last_two = self.last_two.lock().unwrap_or_else(|e| e.into_inner());
-        let [Some(newer), Some(older)] = &*last_two else { return None };
-        Some(Mark {
-            log_offset: newer.log_offset.min(older.log_offset),
-            tick_second: newer.tick_second.min(older.tick_second),
-            counts: Arc::clone(&older.counts),
-        })
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let [.., older, newer] = written.make_contiguous() else { return None };
+        let (older, newer) = (older.clone(), newer.clone());
+        let log_offset = newer.log_offset.min(older.log_offset);
+        // The newest tick second whose deliveries all lie below the floor: the
+        // dispatcher still reads the message of any delivery above it.
+        let settled_before_second = written
+            .iter()
+            .filter(|w| w.log_end <= log_offset)
+            .map(|w| w.tick_second)
+            .max()
+            .unwrap_or(0)
+            .min(newer.tick_second.min(older.tick_second));
+        Some(Mark { log_offset, settled_before_second, counts: Arc::clone(&older.counts) })
     }
 }
 
@@ -118,6 +142,11 @@ pub(crate) struct Retainer {
     pub floor: Arc<Floor>,
     pub counters: Arc<Counters>,
     pub running: Mutex<()>,
+    /// When the store was opened, and the first second the wheel had not
+    /// delivered then: timers due since may fire in this session, long after
+    /// their time (after downtime), and stay readable the retention time after.
+    pub opened_at_ms: u64,
+    pub open_tick_second: u64,
 }
 
 impl Retainer {
@@ -138,9 +167,10 @@ impl Retainer {
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
         let _span = tracing::debug_span!("retention", floor = floor.log_offset).entered();
+        let needed_from_ms = self.needed_from_ms(&floor);
         let mut report = ReclaimReport::default();
-        while let Some(base) = self.next_segment(&floor)? {
-            let copied = self.relocate_and_delete(base, &floor)?;
+        while let Some(base) = self.next_segment(&floor, needed_from_ms)? {
+            let copied = self.relocate_and_delete(base, &floor, needed_from_ms)?;
             report.segments_deleted += 1;
             report.timers_relocated += copied.timers;
             report.bytes_relocated += copied.bytes;
@@ -149,12 +179,26 @@ impl Retainer {
             report.queue_files_deleted = self.queues.delete_files_below(self.log.start())?;
             self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
-        report.windows_deleted = self.delete_passed_windows(&floor)?;
+        report.windows_deleted = self.delete_passed_windows(needed_from_ms)?;
         Ok(report)
     }
 
+    /// Timers due at or after this may still be needed, so their records are
+    /// kept (relocated): not fired yet, or fired but their delivery not yet
+    /// indexed, or fired less than the retention time ago (a consumer may
+    /// still read the message), or due since this open less than the
+    /// retention time ago (after downtime they fire at the open, late).
+    fn needed_from_ms(&self, floor: &Mark) -> u64 {
+        let keep_ms = self.policy.keep_for.map_or(0, |keep| keep.as_millis() as u64);
+        let from = floor.settled_before_second.saturating_mul(1000).saturating_sub(keep_ms);
+        if self.clock.now_ms() < self.opened_at_ms.saturating_add(keep_ms) {
+            return from.min(self.open_tick_second.saturating_mul(1000));
+        }
+        from
+    }
+
     /// The oldest segment, if it may be deleted now.
-    fn next_segment(&self, floor: &Mark) -> Result<Option<u64>> {
+    fn next_segment(&self, floor: &Mark, needed_from_ms: u64) -> Result<Option<u64>> {
         let size = self.log.segment_size();
         let Some(&base) = self.log.segment_bases().first() else { return Ok(None) };
         let full_and_checkpointed = base + size <= self.log.tail_base() && base + size <= floor.log_offset;
@@ -163,6 +207,13 @@ impl Retainer {
         }
         if self.over_cap()? {
             return Ok(Some(base));
+        }
+        // Its near timers fired less than the retention time ago: consumers
+        // may still read them, so the segment waits rather than copy them.
+        let near_recently =
+            floor.counts.pending_in(base).is_some_and(|p| p.latest_near_due_ms >= needed_from_ms);
+        if near_recently {
+            return Ok(None);
         }
         let expired = match (self.policy.keep_for, self.filled_at_ms(base)) {
             (Some(keep), Some(filled)) => {
@@ -195,14 +246,14 @@ impl Retainer {
 
     /// Copies the pending timers of the segment at `base` (the oldest), makes
     /// the copies and a relocation record durable, then deletes the segment.
-    fn relocate_and_delete(&self, base: u64, floor: &Mark) -> Result<Copied> {
+    fn relocate_and_delete(&self, base: u64, floor: &Mark, needed_from_ms: u64) -> Result<Copied> {
         let _span = tracing::info_span!("relocate", segment = base).entered();
         let copied = match floor.counts.pending_in(base) {
-            Some(0) => {
+            Some(p) if p.count == 0 && p.latest_due_ms < needed_from_ms => {
                 self.counters.deleted_unread.fetch_add(1, Ordering::Relaxed);
                 Copied::default()
             }
-            _ => self.copy_pending(base, floor)?,
+            _ => self.copy_pending(base, needed_from_ms)?,
         };
         let record = RelocationView {
             relocated_at_ms: self.clock.now_ms(),
@@ -229,9 +280,8 @@ impl Retainer {
     }
 
     /// Reads the segment at `base` and copies (and syncs) what a pending timer needs.
-    fn copy_pending(&self, base: u64, floor: &Mark) -> Result<Copied> {
+    fn copy_pending(&self, base: u64, pending_from_ms: u64) -> Result<Copied> {
         let size = self.log.segment_size();
-        let pending_from_ms = floor.tick_second.saturating_mul(1000);
         let (guard, mut pass) = self.log.relocated().begin();
         let mut at = base + FILE_HEADER_LEN as u64;
         while at < base + size && at < self.log.write_end() {
@@ -263,17 +313,10 @@ impl Retainer {
         Ok(copied)
     }
 
-    /// Deletes relocation windows whose timers have all fired (the window
-    /// ends at or before the floor's tick second) and that are older than the
-    /// retention time, so consumers behind by less than it still find them.
-    fn delete_passed_windows(&self, floor: &Mark) -> Result<u64> {
-        let keep_secs = self.policy.keep_for.map_or(0, |keep| keep.as_secs());
-        let now_sec = self.clock.now_ms() / 1000;
-        let before = floor.tick_second.min(now_sec.saturating_sub(keep_secs));
-        if before < WINDOW_SECS {
-            return Ok(0);
-        }
-        let (files, _) = self.log.relocated().delete_windows_before(before)?;
+    /// Deletes the relocation windows whose timers are all due before
+    /// `needed_from_ms`: fired, indexed, and read or past the retention time.
+    fn delete_passed_windows(&self, needed_from_ms: u64) -> Result<u64> {
+        let (files, _) = self.log.relocated().delete_windows_before(needed_from_ms / 1000)?;
         self.counters.windows_deleted.fetch_add(files, Ordering::Relaxed);
         Ok(files)
     }

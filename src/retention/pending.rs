@@ -24,12 +24,28 @@ use crate::format::{FILE_HEADER_LEN, FileHeader, SEGMENT_PENDING_MAGIC, get_u64,
 
 /// The counts file's name inside `timer/`.
 pub(crate) const FILE_NAME: &str = "segment_pending";
+/// Bytes per entry in the file: segment start, count, latest due time, latest near due time.
+const ENTRY_LEN: usize = 32;
+
+/// What one segment holds for the timers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct SegmentPending {
+    /// Timers indexed and not yet fired or cancelled, plus cancel records.
+    pub count: u64,
+    /// The latest deliver time of any timer (or cancelled timer) it holds.
+    pub latest_due_ms: u64,
+    /// The latest deliver time of its *near* timers, those due within the
+    /// retention time of being indexed: they fire before the segment could
+    /// expire, and the segment then stays until the retention time after
+    /// the last of them, so consumers can read them (and they need no copy).
+    pub latest_near_due_ms: u64,
+}
 
 /// Pending timers per segment (by segment base offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SegmentCounts {
     segment_size: u64,
-    counts: BTreeMap<u64, u64>,
+    counts: BTreeMap<u64, SegmentPending>,
     /// Log offsets whose segments' counts may miss inserts: scanned, never skipped.
     unknown: Range<u64>,
 }
@@ -44,38 +60,41 @@ impl SegmentCounts {
         offset - offset % self.segment_size
     }
 
-    /// A timer of the message at `offset` was indexed.
-    pub fn indexed(&mut self, offset: u64) {
-        *self.counts.entry(self.base(offset)).or_default() += 1;
+    /// A timer of the message at `offset`, due at `deliver_at_ms`, was
+    /// indexed; `near`: it is due within the retention time.
+    pub fn indexed(&mut self, offset: u64, deliver_at_ms: u64, near: bool) {
+        let pending = self.counts.entry(self.base(offset)).or_default();
+        pending.count += 1;
+        pending.latest_due_ms = pending.latest_due_ms.max(deliver_at_ms);
+        if near {
+            pending.latest_near_due_ms = pending.latest_near_due_ms.max(deliver_at_ms);
+        }
     }
 
     /// The timer of the message at `offset` fired or was cancelled.
     pub fn settled(&mut self, offset: u64) {
         let base = self.base(offset);
-        if let Some(count) = self.counts.get_mut(&base) {
-            *count = count.saturating_sub(1);
-            if *count == 0 {
-                self.counts.remove(&base);
-            }
+        if let Some(pending) = self.counts.get_mut(&base) {
+            pending.count = pending.count.saturating_sub(1);
         }
     }
 
     /// A cancel record at `offset` cancels a timer not yet due: its segment
     /// must be scanned before deletion (the cancel is relocated if the timer
     /// is still ahead then). Never decremented: it only costs that scan.
-    pub fn cancel_recorded(&mut self, offset: u64) {
-        self.indexed(offset);
+    pub fn cancel_recorded(&mut self, offset: u64, deliver_at_ms: u64) {
+        self.indexed(offset, deliver_at_ms, false);
     }
 
-    /// Pending timers in the segment at `base`; `None` if the counts may have missed some.
-    pub fn pending_in(&self, base: u64) -> Option<u64> {
+    /// What the segment at `base` holds; `None` if the counts may have missed some.
+    pub fn pending_in(&self, base: u64) -> Option<SegmentPending> {
         let overlaps_unknown = base < self.unknown.end && self.unknown.start < base + self.segment_size;
-        (!overlaps_unknown).then(|| self.counts.get(&base).copied().unwrap_or(0))
+        (!overlaps_unknown).then(|| self.counts.get(&base).copied().unwrap_or_default())
     }
 
-    /// Segments with pending timers, oldest first.
+    /// Segments with pending timers (start offset, count), oldest first.
     pub fn iter(&self) -> impl Iterator<Item = (u64, u64)> + '_ {
-        self.counts.iter().map(|(&base, &count)| (base, count))
+        self.counts.iter().filter(|(_, p)| p.count > 0).map(|(&base, p)| (base, p.count))
     }
 
     /// Drops the counts of segments below `start` (deleted).
@@ -94,9 +113,11 @@ impl SegmentCounts {
         };
         field(self.unknown.start);
         field(self.unknown.end);
-        for (&base, &count) in &self.counts {
+        for (&base, pending) in &self.counts {
             field(base);
-            field(count);
+            field(pending.count);
+            field(pending.latest_due_ms);
+            field(pending.latest_near_due_ms);
         }
         let crc = crc32c::crc32c(&out[FILE_HEADER_LEN..]);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -107,14 +128,24 @@ impl SegmentCounts {
     pub fn decode(bytes: &[u8], segment_size: u64) -> Option<(Self, u64)> {
         let header = FileHeader::decode(bytes, SEGMENT_PENDING_MAGIC).ok()?;
         let entries = usize::try_from(header.b).ok()?;
-        let body_len = entries.checked_mul(16)?.checked_add(16)?;
+        let body_len = entries.checked_mul(ENTRY_LEN)?.checked_add(16)?;
         let body = bytes.get(FILE_HEADER_LEN..FILE_HEADER_LEN + body_len)?;
         let crc = bytes.get(FILE_HEADER_LEN + body_len..FILE_HEADER_LEN + body_len + 4)?;
         if crc32c::crc32c(body).to_le_bytes() != crc {
             return None;
         }
         let unknown = get_u64(body, 0)..get_u64(body, 8);
-        let counts = (0..entries).map(|i| (get_u64(body, 16 + 16 * i), get_u64(body, 24 + 16 * i))).collect();
+        let counts = (0..entries)
+            .map(|i| {
+                let at = 16 + ENTRY_LEN * i;
+                let pending = SegmentPending {
+                    count: get_u64(body, at + 8),
+                    latest_due_ms: get_u64(body, at + 16),
+                    latest_near_due_ms: get_u64(body, at + 24),
+                };
+                (get_u64(body, at), pending)
+            })
+            .collect();
         Some((Self { segment_size, counts, unknown }, header.a))
     }
 
@@ -148,17 +179,22 @@ mod tests {
     #[test]
     fn counts_follow_inserts_and_settlements_and_never_go_below_zero() {
         let mut counts = SegmentCounts::new(1000);
-        counts.indexed(1_500);
-        counts.indexed(1_700);
-        counts.indexed(2_100);
+        counts.indexed(1_500, 70, true);
+        counts.indexed(1_700, 50, true);
+        counts.indexed(2_100, 90, false);
         counts.settled(1_500);
         counts.settled(9_999);
-        assert_eq!(counts.pending_in(1_000), Some(1));
-        assert_eq!(counts.pending_in(2_000), Some(1));
-        assert_eq!(counts.pending_in(3_000), Some(0));
+        let count = |counts: &SegmentCounts, base| counts.pending_in(base).map(|p| p.count);
+        assert_eq!(count(&counts, 1_000), Some(1));
+        assert_eq!(count(&counts, 2_000), Some(1));
+        assert_eq!(count(&counts, 3_000), Some(0));
         counts.settled(1_700);
         counts.settled(1_700);
-        assert_eq!(counts.pending_in(1_000), Some(0));
+        assert_eq!(
+            counts.pending_in(1_000),
+            Some(SegmentPending { count: 0, latest_due_ms: 70, latest_near_due_ms: 70 })
+        );
+        assert_eq!(counts.pending_in(2_000).map(|p| p.latest_near_due_ms), Some(0), "a far timer");
         counts.forget_below(2_000);
         assert_eq!(counts.iter().collect::<Vec<_>>(), [(2_000, 1)]);
     }
@@ -167,15 +203,18 @@ mod tests {
     fn the_file_round_trips_and_gaps_become_unknown() {
         let dir = tempfile::tempdir().unwrap();
         let mut counts = SegmentCounts::new(1000);
-        counts.indexed(1_500);
-        counts.indexed(5_500);
+        counts.indexed(1_500, 10, true);
+        counts.indexed(5_500, 20, false);
         std::fs::write(dir.path().join(FILE_NAME), counts.encode(4_000)).unwrap();
 
         let same = SegmentCounts::load(dir.path(), 1000, 3_000);
         assert_eq!(same, counts, "replay starts below the coverage: nothing unknown");
         let gap = SegmentCounts::load(dir.path(), 1000, 6_200);
-        assert_eq!(gap.pending_in(1_000), Some(1));
-        assert_eq!(gap.pending_in(3_000), Some(0));
+        assert_eq!(
+            gap.pending_in(1_000),
+            Some(SegmentPending { count: 1, latest_due_ms: 10, latest_near_due_ms: 10 })
+        );
+        assert_eq!(gap.pending_in(3_000), Some(SegmentPending::default()));
         for base in [4_000, 5_000, 6_000] {
             assert_eq!(gap.pending_in(base), None, "inserts in 4000..6200 were not counted");
         }
@@ -186,6 +225,6 @@ mod tests {
         std::fs::write(dir.path().join(FILE_NAME), bytes).unwrap();
         let damaged = SegmentCounts::load(dir.path(), 1000, 3_000);
         assert_eq!(damaged.pending_in(1_000), None, "a damaged file knows nothing");
-        assert_eq!(damaged.pending_in(3_000), Some(0), "segments the replay counts are known");
+        assert_eq!(damaged.pending_in(3_000), Some(SegmentPending::default()), "the replay counts these");
     }
 }

@@ -51,6 +51,9 @@ pub(crate) struct WheelCheckpoint {
     pub delivery_scan_from: u64,
     /// The timer log's end at the sync.
     pub timer_log_end: u64,
+    /// The commit log's end at the snapshot: the delivery records of every
+    /// timer due before `tick_second` lie below it (not persisted).
+    pub log_end: u64,
 }
 
 /// A snapshot of the wheel the flusher makes durable: what a checkpoint may
@@ -98,6 +101,8 @@ pub(crate) struct Ticker {
     pub deferred_cancels: Vec<(Timer, Sender<Result<CancelOutcome>>)>,
     /// Pending timers per commit-log segment, for retention.
     pub counts: SegmentCounts,
+    /// Retention's keep time: a timer due within it of being indexed is "near".
+    pub keep_ms: u64,
     /// The commit-log end at open: nothing is delivered until the replay of
     /// the records before it has reached the wheel, so a timer indexed twice
     /// (once before a crash, once by the replay) has both copies in place
@@ -154,7 +159,10 @@ impl Ticker {
         match command {
             WheelCommand::Insert(timer) => {
                 if self.wheel.insert(timer)? {
-                    self.counts.indexed(timer.message_offset);
+                    // Indexed no earlier than it was stored: "near" may
+                    // include a few far ones, which only keeps a segment longer.
+                    let near = timer.deliver_at_ms < self.clock.now_ms().saturating_add(self.keep_ms);
+                    self.counts.indexed(timer.message_offset, timer.deliver_at_ms, near);
                 }
                 Ok(())
             }
@@ -216,7 +224,7 @@ impl Ticker {
     /// relocated with its cancelled message must not fire from a rebuilt wheel).
     fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
         self.counts.settled(timer.message_offset);
-        self.counts.cancel_recorded(cancel_offset);
+        self.counts.cancel_recorded(cancel_offset, timer.deliver_at_ms);
     }
 
     /// How long to sleep: until the next timer is due or the next second
@@ -257,6 +265,7 @@ impl Ticker {
             tick_second: self.wheel.tick_second(),
             delivery_scan_from: self.wheel.resume_mark(),
             timer_log_end: self.wheel.timer_log_end(),
+            log_end: self.log.write_end(),
         };
         let files = self.wheel.files_to_sync();
         self.counts.forget_below(self.log.start());

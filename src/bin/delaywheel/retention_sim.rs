@@ -174,10 +174,11 @@ fn print_day(day: u64, stats: &Stats, dir: &Path) {
 fn report(args: &RetentionSimArgs, tally: &Tally, stats: &Stats, copies: &[u64], took: Duration) {
     let r = &stats.retention;
     let far_payload = tally.far_timers * tally.record_len;
-    // What retention must keep: the retention window's messages, plus the
-    // segment being filled, the one whose newest message is not yet old
+    // What retention must keep: the messages of the retention time after
+    // the last near timer of a segment fired (up to 2 h after its put), plus
+    // the segment being filled, the one whose newest message is not yet old
     // enough, and one more for the hourly retention passes; and the far timers.
-    let window_bytes = args.per_hour * args.keep_hours * tally.record_len + 3 * args.segment_size;
+    let window_bytes = args.per_hour * (args.keep_hours + 2) * tally.record_len + 3 * args.segment_size;
     let copied_twice = copies.windows(2).filter(|w| w[0] >= w[1]).count();
     let json = serde_json::json!({
         "days": args.days,
