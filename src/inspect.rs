@@ -17,23 +17,30 @@ use crate::commitlog::record::{
     self, CancelView, DeliveryView, FrameError, MessageView, RECORD_HEADER_LEN as RECORD_HEADER,
     RelocationView,
 };
+use crate::commitlog::relocated;
 use crate::error::CorruptionKind;
 use crate::format::{self, HeaderProblem};
 use crate::timer::wheel::{self, LEVELS};
 
 /// Bytes of the header that starts every commit-log segment, consume-queue,
-/// timer-log and wheel file.
+/// timer-log, wheel, relocation and segment-counts file.
 pub const FILE_HEADER_LEN: usize = format::FILE_HEADER_LEN;
 /// The file format version this build reads.
 pub const FORMAT_VERSION: u32 = format::FORMAT_VERSION;
 
-/// The four kinds of self-identifying data files.
+/// The kinds of self-identifying data files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum FileKind {
     CommitLog,
     ConsumeQueue,
     TimerLog,
     Wheel,
+    /// `commitlog/relocated/<window second>`: copies of relocated records.
+    RelocationWindow,
+    /// `commitlog/relocated/index`: where each relocated record's copy is.
+    RelocationIndex,
+    /// `timer/segment_pending`: pending timers per commit-log segment.
+    SegmentPending,
 }
 
 impl FileKind {
@@ -43,6 +50,9 @@ impl FileKind {
             Self::ConsumeQueue => format::CONSUME_QUEUE_MAGIC,
             Self::TimerLog => format::TIMER_LOG_MAGIC,
             Self::Wheel => format::WHEEL_MAGIC,
+            Self::RelocationWindow => format::RELOCATED_MAGIC,
+            Self::RelocationIndex => format::RELOCATION_INDEX_MAGIC,
+            Self::SegmentPending => format::SEGMENT_PENDING_MAGIC,
         }
     }
 }
@@ -50,8 +60,12 @@ impl FileKind {
 /// A checked file header.
 ///
 /// `a`: segment size (commit log), entries per file (consume queue, timer
-/// log) or [`WHEEL_GEOMETRY_ID`]; `b`: the segment's start offset or the
-/// index of the file's first entry (`0` for the wheel).
+/// log), [`WHEEL_GEOMETRY_ID`], [`RELOCATION_WINDOW_SECS`] (relocation window),
+/// [`RELOCATION_ENTRY_LEN`] (relocation index) or the offset below which the
+/// segment counts cover every insert; `b`: the segment's start offset, the
+/// index of the file's first entry, `0` (wheel), the window's first second
+/// (relocation window), [`RELOCATION_WINDOW_SECS`] (relocation index) or the
+/// number of segment-count entries.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileHeader {
     pub kind: FileKind,
@@ -447,6 +461,83 @@ pub fn net_pending(entries: [u64; WHEEL_LEVELS], cancels: [u64; WHEEL_LEVELS]) -
 /// How far ahead [`crate::HORIZON_LABELS`]' first five buckets reach, in ms.
 pub const HORIZONS_MS: [u64; 5] = crate::timer::tick::HORIZONS_MS;
 
+// ---------------------------------------------------------- relocation area
+
+/// The relocation area's directory, inside `commitlog/`.
+pub const RELOCATED_DIR: &str = crate::commitlog::RELOCATED_DIR;
+/// The relocation index's file name, inside [`RELOCATED_DIR`].
+pub const RELOCATION_INDEX_FILE: &str = "index";
+/// Seconds of deliver time one relocation window file covers.
+pub const RELOCATION_WINDOW_SECS: u64 = relocated::WINDOW_SECS;
+/// Bytes per relocation index entry.
+pub const RELOCATION_ENTRY_LEN: usize = relocated::INDEX_ENTRY_LEN;
+
+/// One relocation index entry: the copy of the record at `original_offset`
+/// is `len` bytes at `position` of the window file of `deliver_at_ms`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RelocationEntry {
+    pub original_offset: u64,
+    /// Of the timer, or of the cancelled timer: names the window file.
+    pub deliver_at_ms: u64,
+    /// Byte position of the copy in its window file.
+    pub position: u64,
+    pub len: u32,
+}
+
+impl RelocationEntry {
+    /// The first second of the window whose file holds the copy (the file's name).
+    pub fn window(&self) -> u64 {
+        relocation_window_of(self.deliver_at_ms)
+    }
+}
+
+/// Decodes the relocation index entry stored at byte `position` of the
+/// index file (its CRC binds it there).
+pub fn decode_relocation_entry(bytes: &[u8], position: u64) -> Result<RelocationEntry, CorruptionKind> {
+    let e = relocated::IndexEntry::decode(bytes, position)?;
+    Ok(RelocationEntry {
+        original_offset: e.original_offset,
+        deliver_at_ms: e.deliver_at_ms,
+        position: e.position,
+        len: e.len,
+    })
+}
+
+/// The first second of the relocation window that holds copies due at `deliver_at_ms`.
+pub fn relocation_window_of(deliver_at_ms: u64) -> u64 {
+    relocated::window_of(deliver_at_ms)
+}
+
+// ------------------------------------------------------------ segment counts
+
+/// The segment counts' file name, inside `timer/`.
+pub const SEGMENT_PENDING_FILE: &str = crate::retention::pending::FILE_NAME;
+
+/// The per-segment pending-timer counts (`timer/segment_pending`), an index.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentPendingCounts {
+    /// Every timer's insert below this commit-log offset is counted.
+    pub covered_below: u64,
+    /// Segments holding pending timers (or cancels of timers not yet due):
+    /// (segment start offset, count). Segments not listed hold none.
+    pub segments: Vec<(u64, u64)>,
+}
+
+/// Decodes a whole `timer/segment_pending` file of a log with `segment_size`
+/// segments. Check its header first with [`decode_file_header`]
+/// ([`FileKind::SegmentPending`]): an error here is about the bytes after
+/// the header (they fail their checksum or do not fit the file).
+pub fn decode_segment_pending(
+    bytes: &[u8],
+    segment_size: u64,
+) -> Result<SegmentPendingCounts, CorruptionKind> {
+    let (counts, covered_below) =
+        crate::retention::pending::SegmentCounts::decode(bytes, segment_size.max(1)).ok_or_else(|| {
+            CorruptionKind::BadFrame("segment counts that fail their checksum or do not fit the file".into())
+        })?;
+    Ok(SegmentPendingCounts { covered_below, segments: counts.iter().collect() })
+}
+
 // ---------------------------------------------------------------- checkpoint
 
 /// Byte positions of the checkpoint file's two slots.
@@ -508,6 +599,37 @@ mod tests {
         assert_eq!(window_start(2, 1), 1 << 27);
         // A level-0 second is live from the tick second on.
         assert!(slot_is_live(0, 100, 100) && !slot_is_live(0, 99, 100));
+    }
+
+    #[test]
+    fn relocation_entries_and_segment_counts_decode_what_the_store_encodes() {
+        let entry =
+            relocated::IndexEntry { original_offset: 0x40, deliver_at_ms: 1_000, position: 32, len: 100 };
+        let decoded = decode_relocation_entry(&entry.encode(32), 32).unwrap();
+        assert_eq!(
+            decoded,
+            RelocationEntry { original_offset: 0x40, deliver_at_ms: 1_000, position: 32, len: 100 }
+        );
+        assert_eq!(decoded.window(), 0);
+        assert!(decode_relocation_entry(&entry.encode(32), 64).is_err(), "bound to its position");
+        assert!(decode_relocation_entry(&[0u8; 31], 32).is_err());
+        assert_eq!(relocation_window_of(1_800_000_000_000), 1_800_000_000 - 1_800_000_000 % (1 << 20));
+
+        let mut counts = crate::retention::pending::SegmentCounts::new(1000);
+        counts.indexed(1_500, 10, true);
+        counts.indexed(5_500, 20, false);
+        let bytes = counts.encode(6_000);
+        let header = decode_file_header(&bytes, FileKind::SegmentPending).unwrap();
+        assert_eq!((header.a, header.b), (6_000, 2));
+        let decoded = decode_segment_pending(&bytes, 1000).unwrap();
+        assert_eq!(
+            decoded,
+            SegmentPendingCounts { covered_below: 6_000, segments: vec![(1_000, 1), (5_000, 1)] }
+        );
+        let mut flipped = bytes.clone();
+        flipped[FILE_HEADER_LEN + 20] ^= 1;
+        assert!(decode_segment_pending(&flipped, 1000).is_err());
+        assert!(decode_segment_pending(&bytes[..bytes.len() - 1], 1000).is_err());
     }
 
     #[test]

@@ -17,6 +17,18 @@
 //! * otherwise **unsettled**: not accounted for but not overdue yet (the
 //!   human output lists them; a healthy store has none).
 //!
+//! A store with retention: messages whose segments were deleted are not in
+//! the audit, except the timers relocated with them (`commitlog/relocated/`),
+//! which are audited like the others by the delivery and cancel records of
+//! the retained log (relocated cancels count as cancel records). Such a timer
+//! that is neither delivered, cancelled nor pending, and was due before the
+//! time of the oldest retained record, fired and its delivery record was
+//! deleted with its segment: **reclaimed**, not lost. The store rebuilding
+//! its wheel (no checkpoint to resume from) indexes only the copies due at or
+//! after the checkpoint's tick second, so only those are pending then.
+//! Two delivery records naming a message retention deleted still make a
+//! duplicate.
+//!
 //! A timer indexed twice (replay after a crash, or a cascade that copied it
 //! to a finer slot) is still one message: duplicates are counted only from
 //! delivery records.
@@ -29,6 +41,7 @@ use crate::commitlog::{CommitLog, LogFacts};
 use crate::error::{DumpError, Result};
 use crate::indexes::{CheckpointFile, TimerLog, WheelFile};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
+use crate::relocated::{CopyKind, Relocated};
 use crate::store_files::StoreFiles;
 use crate::time::utc_ms;
 use crate::wheel_view::{Membership, Resume};
@@ -47,6 +60,8 @@ pub struct AuditCounts {
     pub lost: u64,
     pub duplicated: u64,
     pub early: u64,
+    /// Relocated timers that fired and whose delivery record retention deleted.
+    pub reclaimed: u64,
 }
 
 impl AuditCounts {
@@ -69,6 +84,16 @@ pub struct Audit {
     pub delivered_and_cancelled: Vec<Example>,
     /// Why the wheel was not used, if it could not be read.
     pub wheel_note: Option<String>,
+    /// The oldest segment's start offset: records below it were deleted by retention.
+    pub log_start: u64,
+    /// Timer messages known by their relocated copies (their segments were deleted).
+    pub relocated_timers: u64,
+    /// Of those, pending.
+    pub relocated_pending: u64,
+    /// Relocation index entries whose window file was deleted (not audited).
+    pub window_deleted: u64,
+    /// Relocation index entries or copies that do not check out (not audited; `verify` names them).
+    pub damaged_copies: u64,
 }
 
 /// One message worth naming.
@@ -90,15 +115,24 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
     let checkpoint = CheckpointFile::read(files)?;
     let resume = Resume::new(files, &checkpoint);
     let log = CommitLog::open(files)?;
-    let facts = LogFacts::gather(&log)?;
+    let mut facts = LogFacts::gather(&log)?;
+    let clean = resume.checkpoint.is_some_and(|(_, cp)| cp.clean);
+    let relocated = Relocated::gather(files, &log, &mut facts, clean, false)?;
+    let log_start = relocated.log_start;
     let mut deliveries: HashMap<u64, Vec<u64>> = HashMap::new();
     for &(_, delivered_at, message) in &facts.deliveries {
         deliveries.entry(message).or_default().push(delivered_at);
     }
-    let cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
+    let mut cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
+    cancelled.extend(relocated.cancel_copies.iter().map(|c| c.message_offset));
     let (membership, wheel_note) = wheel_membership(files, &resume);
     // Records the next open replays into the wheel.
     let replay_from = resume.checkpoint.filter(|_| resume.resumes).map_or(0, |(_, cp)| cp.dispatched);
+    // A wheel built afresh gets the relocated timers due from the checkpoint's tick second on.
+    let restored_from_ms = resume.checkpoint.map_or(0, |(_, cp)| cp.tick_second.saturating_mul(1000));
+    // A relocated timer due before this with no delivery record fired long
+    // ago: its delivery record went with a deleted segment.
+    let oldest_time_ms = facts.oldest_time_ms.unwrap_or(facts.newest_time_ms);
 
     let mut timed: Vec<(&u64, &crate::commitlog::MessageFacts)> =
         facts.messages.iter().filter(|(_, m)| m.deliver_at_ms != 0).collect();
@@ -113,9 +147,16 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
         early: Vec::new(),
         delivered_and_cancelled: Vec::new(),
         wheel_note,
+        log_start,
+        relocated_timers: 0,
+        relocated_pending: 0,
+        window_deleted: relocated.window_deleted,
+        damaged_copies: relocated.damaged,
     };
     for (&offset, m) in timed {
         a.counts.timer_messages += 1;
+        let is_relocated = offset < log_start;
+        a.relocated_timers += u64::from(is_relocated);
         let example = |note: String| Example {
             offset,
             topic: facts.topic(m).to_string(),
@@ -143,18 +184,44 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
             || membership.as_ref().is_some_and(|w| w.cancel_entries.contains(&offset))
         {
             a.counts.cancelled += 1;
-        } else if offset >= replay_from {
+        } else if !is_relocated && offset >= replay_from {
             a.counts.pending += 1;
             a.pending_by_replay += 1;
-        } else if membership.as_ref().is_none_or(|w| w.pending(offset)) {
+        } else if match &membership {
+            Some(w) => w.pending(offset),
             // Without a readable wheel the store rebuilds it from the log at the next open.
+            None => !is_relocated || m.deliver_at_ms >= restored_from_ms,
+        } {
             a.counts.pending += 1;
+            a.relocated_pending += u64::from(is_relocated);
+        } else if is_relocated && m.deliver_at_ms < oldest_time_ms {
+            a.counts.reclaimed += 1;
         } else if m.deliver_at_ms.saturating_add(GRACE_MS) < a.reference_ms {
             a.counts.lost += 1;
             a.lost.push(example("not delivered, not cancelled, in no live slot".into()));
         } else {
             a.unsettled.push(example("in no live slot, not overdue yet".into()));
         }
+    }
+    // Deliveries of messages retention deleted (no readable copy): not timer
+    // messages of the audit, but a second delivery is still a duplicate.
+    let mut deleted: Vec<(&u64, &Vec<u64>)> = deliveries
+        .iter()
+        .filter(|(offset, times)| {
+            times.len() > 1
+                && **offset < log_start
+                && !matches!(relocated.by_offset.get(offset), Some(CopyKind::Timer))
+        })
+        .collect();
+    deleted.sort_unstable();
+    for (&offset, times) in deleted {
+        a.counts.duplicated += 1;
+        a.duplicated.push(Example {
+            offset,
+            topic: "?".into(),
+            deliver_at_ms: 0,
+            note: format!("{} delivery records of a message retention deleted", times.len()),
+        });
     }
     Ok(a)
 }
@@ -200,6 +267,16 @@ impl Audit {
         ] {
             t.row(vec![name.into(), thousands(n)]);
         }
+        let retention = self.log_start > 0 || self.relocated_timers > 0 || c.reclaimed > 0;
+        if retention {
+            for (name, n) in [
+                ("reclaimed (fired, record deleted)", c.reclaimed),
+                ("relocated timers (among the above)", self.relocated_timers),
+                ("  of which pending", self.relocated_pending),
+            ] {
+                t.row(vec![name.into(), thousands(n)]);
+            }
+        }
         let mut out = t.render(0);
         out += &format!(
             "reference time {} (the latest time in the commit log); lost = due over {} s before it\n",
@@ -208,6 +285,26 @@ impl Audit {
         );
         if let Some(note) = &self.wheel_note {
             out += &format!("note: {note}\n");
+        }
+        if self.log_start > 0 {
+            out += &format!(
+                "note: retention deleted the segments below log offset {}: messages whose records went with \
+                 them are not audited, except the {} timers relocated before their segment was deleted\n",
+                self.log_start, self.relocated_timers
+            );
+        }
+        if self.window_deleted > 0 {
+            out += &format!(
+                "note: {} relocated copies are gone with their window file (their window passed, their timers \
+                 were due long ago): not audited\n",
+                self.window_deleted
+            );
+        }
+        if self.damaged_copies > 0 {
+            out += &format!(
+                "note: {} relocation index entries or copies do not check out and are left out: run verify\n",
+                self.damaged_copies
+            );
         }
         for (what, list) in [
             ("lost", &self.lost),
@@ -222,7 +319,8 @@ impl Audit {
             out += &format!("\n{what} ({}; the first {} shown)\n", list.len(), list.len().min(EXAMPLES));
             let mut t = Table::new(&[">message offset", "topic", "deliver at (UTC)", "what"]);
             for e in list.iter().take(EXAMPLES) {
-                t.row(vec![e.offset.to_string(), e.topic.clone(), utc_ms(e.deliver_at_ms), e.note.clone()]);
+                let due = if e.deliver_at_ms == 0 { "?".to_string() } else { utc_ms(e.deliver_at_ms) };
+                t.row(vec![e.offset.to_string(), e.topic.clone(), due, e.note.clone()]);
             }
             out += &t.render(2);
         }

@@ -10,7 +10,7 @@
 use std::path::PathBuf;
 
 use delaywheel::CorruptionKind;
-use delaywheel::inspect::{self, FileKind, Record, RecordKind};
+use delaywheel::inspect::{self, FileKind, MessageRecord, Record, RecordKind, RelocationRecord};
 
 use crate::error::Result;
 use crate::store_files::{ChunkReader, SequenceFile, StoreFiles, open_sequence};
@@ -56,6 +56,12 @@ impl CommitLog {
 
     pub fn segments(&self) -> impl Iterator<Item = &SequenceFile> {
         self.segments.iter()
+    }
+
+    /// The start offset of the oldest segment (`0` if there is none):
+    /// retention deleted every record below it.
+    pub fn start(&self) -> u64 {
+        self.segments.first().map_or(0, |s| s.first)
     }
 
     /// The segment file and byte position of log offset `offset`.
@@ -121,11 +127,16 @@ pub struct LogFacts {
     pub deliveries: Vec<(u64, u64, u64)>,
     /// Cancel records in log order: (record offset, message offset, deliver at).
     pub cancels: Vec<(u64, u64, u64)>,
+    /// Relocation records in log order: (record offset, record).
+    pub relocations: Vec<(u64, RelocationRecord)>,
     pub topics: Vec<String>,
+    topic_ids: std::collections::HashMap<String, u32>,
     pub counts: RecordCounts,
     pub end: LogEnd,
     /// The latest time written in the log (store, delivery and cancel times), epoch ms.
     pub newest_time_ms: u64,
+    /// The time of the first record of the oldest segment, epoch ms.
+    pub oldest_time_ms: Option<u64>,
 }
 
 /// What the indexes need to know about one message record.
@@ -148,46 +159,64 @@ impl LogFacts {
             messages: Default::default(),
             deliveries: Vec::new(),
             cancels: Vec::new(),
+            relocations: Vec::new(),
             topics: Vec::new(),
+            topic_ids: Default::default(),
             counts: RecordCounts::default(),
             end: LogEnd::Clean { offset: 0 },
             newest_time_ms: 0,
+            oldest_time_ms: None,
         };
-        let mut topic_ids = std::collections::HashMap::new();
         facts.end = log.scan(|offset, len, record| {
-            facts.note(offset, len, record, &mut topic_ids);
+            facts.note(offset, len, record);
             Ok(())
         })?;
         Ok(facts)
     }
 
-    fn note(
-        &mut self,
-        offset: u64,
-        len: usize,
-        record: Record,
-        topic_ids: &mut std::collections::HashMap<String, u32>,
-    ) {
+    /// Adds the relocated copy of the timer message whose original record
+    /// (deleted by retention) was at `offset`: it is known as a timed message
+    /// like the others, but not counted as a record of the retained log.
+    pub fn add_relocated_timer(&mut self, offset: u64, len: usize, m: &MessageRecord) {
+        let facts = self.message_facts(len, m);
+        self.messages.insert(offset, facts);
+    }
+
+    fn message_facts(&mut self, len: usize, m: &MessageRecord) -> MessageFacts {
+        let next_id = self.topics.len() as u32;
+        let topic = *self.topic_ids.entry(m.topic.clone()).or_insert_with(|| {
+            self.topics.push(m.topic.clone());
+            next_id
+        });
+        MessageFacts {
+            len: len as u32,
+            store_time_ms: m.store_time_ms,
+            // A bucket scheduler's copy is an ordinary message of its topic.
+            deliver_at_ms: if m.is_timer() { m.deliver_at_ms } else { 0 },
+            delay_level: m.delay_level,
+            queue_id: m.queue_id,
+            topic,
+            tag_hash: inspect::tag_hash(&m.tags),
+        }
+    }
+
+    fn note(&mut self, offset: u64, len: usize, record: Record) {
+        let time = match &record {
+            Record::Message(m) => Some(m.store_time_ms),
+            Record::Delivery(d) => Some(d.delivered_at_ms),
+            Record::Cancel(c) => Some(c.cancelled_at_ms),
+            Record::Relocation(r) => Some(r.relocated_at_ms),
+            Record::Padding => None,
+        };
+        if self.oldest_time_ms.is_none() {
+            self.oldest_time_ms = time;
+        }
         match record {
             Record::Message(m) => {
                 self.counts.messages += 1;
                 self.counts.timed += u64::from(m.is_timer());
                 self.newest_time_ms = self.newest_time_ms.max(m.store_time_ms);
-                let next_id = self.topics.len() as u32;
-                let topic = *topic_ids.entry(m.topic.clone()).or_insert_with(|| {
-                    self.topics.push(m.topic.clone());
-                    next_id
-                });
-                let facts = MessageFacts {
-                    len: len as u32,
-                    store_time_ms: m.store_time_ms,
-                    // A bucket scheduler's copy is an ordinary message of its topic.
-                    deliver_at_ms: if m.is_timer() { m.deliver_at_ms } else { 0 },
-                    delay_level: m.delay_level,
-                    queue_id: m.queue_id,
-                    topic,
-                    tag_hash: inspect::tag_hash(&m.tags),
-                };
+                let facts = self.message_facts(len, &m);
                 self.messages.insert(offset, facts);
             }
             Record::Delivery(d) => {
@@ -203,6 +232,7 @@ impl LogFacts {
             Record::Relocation(r) => {
                 self.counts.relocations += 1;
                 self.newest_time_ms = self.newest_time_ms.max(r.relocated_at_ms);
+                self.relocations.push((offset, r));
             }
             Record::Padding => {}
         }

@@ -10,6 +10,7 @@ use crate::commitlog::{CommitLog, LogFacts};
 use crate::error::Result;
 use crate::indexes::{CheckpointFile, CheckpointSlot, PlacedSlot, TimerLog, WheelFile, chain};
 use crate::output::{SCHEMA_VERSION, Table, json_line, thousands};
+use crate::relocated::Relocated;
 use crate::store_files::StoreFiles;
 use crate::summary::{CheckpointJson, render_checkpoint};
 use crate::time::{utc_ms, utc_second};
@@ -158,7 +159,9 @@ struct EntryLine {
     delay_level: Option<u16>,
     /// pending, cancelled, delivered, cascaded (a stale coarse slot whose timers
     /// moved to finer slots), missed (a stale level-0 slot and no delivery
-    /// record: a problem), or cancel-entry.
+    /// record: a problem), retention-deleted (a stale level-0 slot, and the
+    /// message lies below the oldest segment: its delivery record, if any,
+    /// was deleted with its segment), or cancel-entry.
     state: String,
 }
 
@@ -170,12 +173,17 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
     let resume = Resume::new(files, &CheckpointFile::read(files)?);
     let wheel = WheelFile::read(files)?;
     let log = TimerLog::open(files)?;
-    let facts = LogFacts::gather(&CommitLog::open(files)?)?;
+    let commit_log = CommitLog::open(files)?;
+    let mut facts = LogFacts::gather(&commit_log)?;
+    // Relocated timers are known by their copies (leniently: `verify` checks them).
+    let clean = resume.checkpoint.is_some_and(|(_, cp)| cp.clean);
+    let relocated = Relocated::gather(files, &commit_log, &mut facts, clean, false)?;
     let mut delivered: HashMap<u64, u32> = HashMap::new();
     for &(_, _, message) in &facts.deliveries {
         *delivered.entry(message).or_default() += 1;
     }
-    let cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
+    let mut cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
+    cancelled.extend(relocated.cancel_copies.iter().map(|c| c.message_offset));
     let mut lines = Vec::new();
     if let Some(wheel) = wheel {
         for level in 0..inspect::WHEEL_LEVELS {
@@ -203,6 +211,9 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
                     "pending".into()
                 } else if level > 0 {
                     "cascaded".into()
+                } else if e.message_offset < relocated.log_start {
+                    // Its delivery record (if any) went with a deleted segment.
+                    "retention-deleted".into()
                 } else {
                     "missed".into()
                 };

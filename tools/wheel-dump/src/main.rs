@@ -14,6 +14,7 @@ mod error;
 mod indexes;
 mod listing;
 mod output;
+mod relocated;
 mod store_files;
 mod summary;
 mod time;
@@ -85,7 +86,8 @@ enum Command {
     Checkpoint,
     /// Every checksum and cross-reference; exit 1 naming the first problem by file and offset.
     Verify,
-    /// Delivered, cancelled, pending or lost for every timed message; exit 1 if any is lost,
+    /// Delivered, cancelled, pending or lost for every timed message (relocated ones included;
+    /// reclaimed: fired, its delivery record deleted by retention); exit 1 if any is lost,
     /// duplicated or early. Lost: due over 60 s before the latest time in the commit log.
     Audit,
 }
@@ -209,7 +211,36 @@ fn render_checked(c: &verify::Checked) -> String {
     ] {
         t.row(vec![what.into(), n(count)]);
     }
+    let retention = c.oldest_segment > 0
+        || c.relocation_index_entries > 0
+        || c.relocation_window_files > 0
+        || c.relocation_records > 0;
+    if retention {
+        for (what, count) in [
+            ("relocation records in the log", c.relocation_records),
+            ("relocation index entries", c.relocation_index_entries),
+            ("  copies read and checked", c.relocated_copies),
+            ("    timers", c.relocated_timers),
+            ("    cancels", c.relocated_cancels),
+            ("  window file deleted (window passed)", c.relocated_window_deleted),
+            ("  unfinished pass (at or after the oldest segment)", c.relocation_unfinished),
+            ("  torn at the tail (pass cut short)", c.relocation_torn),
+            ("relocation window files", c.relocation_window_files),
+            ("references to relocated copies (*)", c.named_relocated),
+            ("references to deleted records (*)", c.named_deleted),
+            ("queue entries of deleted records", c.queue_entries_deleted),
+        ] {
+            t.row(vec![what.into(), n(count)]);
+        }
+    }
     out += &t.render(2);
+    if retention {
+        out += &format!(
+            "  retention deleted the records below log offset {} (the oldest segment)\n  \
+             (*) by delivery and cancel records and timer-log entries\n",
+            c.oldest_segment
+        );
+    }
     out += &format!("  the commit log ends at offset {}\n", c.log_end);
     if let Some(torn) = &c.torn_tail {
         out += &format!("  torn tail (past the checkpoint's log durable, not damage) {torn}\n");

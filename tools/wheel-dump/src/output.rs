@@ -78,7 +78,7 @@ pub fn thousands(n: u64) -> String {
 
 /// Writes one JSON value on its own line.
 pub fn json_line(out: &mut impl Write, value: &impl Serialize) -> std::io::Result<()> {
-    serde_json::to_writer(&mut *out, value).map_err(std::io::Error::other)?;
+    serde_json::to_writer(&mut *out, value).map_err(std::io::Error::from)?;
     out.write_all(b"\n")
 }
 

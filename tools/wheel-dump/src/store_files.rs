@@ -23,6 +23,14 @@ pub struct StoreFiles {
     pub queues: Vec<QueueFiles>,
     pub wheel: PathBuf,
     pub timer_log: BTreeMap<u64, PathBuf>,
+    /// `timer/segment_pending` (may not exist).
+    pub segment_pending: PathBuf,
+    /// `commitlog/relocated/`: the relocation area's directory.
+    pub relocated_dir: PathBuf,
+    /// `commitlog/relocated/index` (may not exist).
+    pub relocation_index: PathBuf,
+    /// The relocation window files, by their window's first second.
+    pub relocation_windows: BTreeMap<u64, PathBuf>,
 }
 
 /// The files of one consume queue.
@@ -59,6 +67,7 @@ impl StoreFiles {
             }
         }
         queues.sort_by(|a, b| (&a.topic, a.queue_id).cmp(&(&b.topic, b.queue_id)));
+        let relocated_dir = commitlog.join(inspect::RELOCATED_DIR);
         Ok(Self {
             dir: dir.to_path_buf(),
             checkpoint: dir.join("checkpoint"),
@@ -66,7 +75,23 @@ impl StoreFiles {
             queues,
             wheel: dir.join("timer").join("wheel"),
             timer_log: numbered_files(&dir.join("timer").join("timerlog"))?,
+            segment_pending: dir.join("timer").join(inspect::SEGMENT_PENDING_FILE),
+            relocation_index: relocated_dir.join(inspect::RELOCATION_INDEX_FILE),
+            relocation_windows: numbered_files(&relocated_dir)?,
+            relocated_dir,
         })
+    }
+
+    /// The path of the relocation window file that starts at second `window`
+    /// (it may not exist: retention deletes a window once it has passed).
+    pub fn relocation_window(&self, window: u64) -> PathBuf {
+        self.relocated_dir.join(format!("{window:020}"))
+    }
+
+    /// The first log offset of the oldest commit-log segment on disk (`0` if
+    /// there is none): records below it were deleted by retention.
+    pub fn log_start(&self) -> u64 {
+        self.segments.keys().next().copied().unwrap_or(0)
     }
 
     /// The timer-log files as they are now. A live store creates them as it
@@ -218,7 +243,17 @@ pub fn open_sequence(
     let mut out: Vec<SequenceFile> = Vec::new();
     let mut a = None;
     for (&first, path) in files {
-        let file = DataFile::open(path)?;
+        let file = match DataFile::open(path) {
+            Ok(file) => file,
+            // Retention deletes the oldest files of a live store while we
+            // read: one gone from the front since it was listed was deleted.
+            Err(DumpError::Io { source, .. })
+                if out.is_empty() && source.kind() == std::io::ErrorKind::NotFound =>
+            {
+                continue;
+            }
+            Err(e) => return Err(e),
+        };
         let header = file.header(kind)?;
         let a_now = *a.get_or_insert(header.a);
         file.expect_field("a", header.a, a_now)?;

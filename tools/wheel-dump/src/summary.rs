@@ -1,7 +1,10 @@
 //! `summary`: files and sizes, format versions, the checkpoint, pending
 //! timers per wheel level and per coming time bucket, the next due time,
 //! consume queues and their lengths. It reads headers, slot records and one
-//! chain, never the whole commit log, so it is quick on any store.
+//! chain, so it is quick on any store. A store with retention (segments
+//! deleted, or copies in `commitlog/relocated/`) also gets a retention part:
+//! disk use per kind, the relocation area, and the relocation records of the
+//! retained log, for which the log (bounded by retention) is scanned.
 
 use std::path::Path;
 
@@ -9,6 +12,7 @@ use delaywheel::inspect::{self, FileKind};
 use delaywheel::{Checkpoint, HORIZON_LABELS};
 use serde::Serialize;
 
+use crate::commitlog::CommitLog;
 use crate::error::Result;
 use crate::indexes::{CheckpointFile, ConsumeQueue, PlacedSlot, TimerLog, WheelFile, chain};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
@@ -34,6 +38,42 @@ pub struct Summary {
     pending_by_horizon: Vec<(String, u64)>,
     next_due: Option<NextDue>,
     consume_queues: Vec<QueueInfo>,
+    retention: RetentionInfo,
+}
+
+/// What retention deleted and keeps.
+#[derive(Serialize)]
+struct RetentionInfo {
+    /// Start offset of the oldest commit-log segment on disk: every record below it was deleted.
+    oldest_segment: u64,
+    /// Its first record's offset (as `Stats::retention.oldest_retained_offset`).
+    oldest_retained_offset: u64,
+    /// Whether segments were deleted (the oldest segment does not start at 0).
+    segments_deleted: bool,
+    /// Bytes on disk per kind of file (as `Stats::disk`).
+    disk_bytes: DiskBytes,
+    /// Relocation records in the retained log; `None`: not scanned (no sign of retention).
+    relocation_records: Option<RelocationRecords>,
+    /// Entries in `commitlog/relocated/index` (copies, delivered ones included).
+    relocation_index_entries: u64,
+    relocation_window_files: u64,
+}
+
+#[derive(Serialize)]
+struct DiskBytes {
+    commit_log: u64,
+    relocated: u64,
+    consume_queues: u64,
+    /// The wheel file and the timer log.
+    timer_index: u64,
+}
+
+#[derive(Serialize, Default)]
+struct RelocationRecords {
+    count: u64,
+    timers: u64,
+    cancels: u64,
+    bytes: u64,
 }
 
 #[derive(Serialize)]
@@ -128,10 +168,12 @@ impl Summary {
                 files: queue.file_count(),
             });
         }
+        let file_infos = file_infos(files)?;
+        let retention = retention(files, &file_infos)?;
         Ok(Self {
             schema_version: SCHEMA_VERSION,
             dir: files.dir.display().to_string(),
-            files: file_infos(files)?,
+            files: file_infos,
             checkpoint: resume.checkpoint.map(|(position, cp)| CheckpointJson::new(position, &cp)),
             resumes_at_checkpoint: resume.resumes,
             pending_per_level,
@@ -140,6 +182,7 @@ impl Summary {
             pending_by_horizon: HORIZON_LABELS.iter().map(|l| l.to_string()).zip(horizon).collect(),
             next_due,
             consume_queues: queues,
+            retention,
         })
     }
 
@@ -197,8 +240,101 @@ impl Summary {
             ]);
         }
         out += &if table.is_empty() { "  none\n".to_string() } else { table.render(2) };
+        out += &self.render_retention();
         out
     }
+
+    /// The retention part, for a store where retention did something.
+    fn render_retention(&self) -> String {
+        let r = &self.retention;
+        let Some(records) = &r.relocation_records else { return String::new() };
+        let mut out = String::from("\nretention\n");
+        if r.segments_deleted {
+            out += &format!(
+                "  oldest retained segment  commitlog/{:020} (log offset {}): records below it were deleted\n",
+                r.oldest_segment,
+                thousands(r.oldest_segment)
+            );
+        } else {
+            out += "  oldest retained segment  commitlog/00000000000000000000: no segment was deleted\n";
+        }
+        out += "\n";
+        let mut t = Table::new(&["on disk", ">bytes"]);
+        let d = &r.disk_bytes;
+        for (what, n) in [
+            ("commit-log segments", d.commit_log),
+            ("relocation area", d.relocated),
+            ("consume queues", d.consume_queues),
+            ("wheel + timer log", d.timer_index),
+        ] {
+            t.row(vec![what.into(), thousands(n)]);
+        }
+        out += &t.render(2);
+        out += "\n";
+        let mut t = Table::new(&["relocation", ">count"]);
+        for (what, n) in [
+            ("relocation records in the retained log", records.count),
+            ("  timers copied", records.timers),
+            ("  cancels copied", records.cancels),
+            ("  bytes copied", records.bytes),
+            ("relocation index entries", r.relocation_index_entries),
+            ("relocation window files", r.relocation_window_files),
+        ] {
+            t.row(vec![what.into(), thousands(n)]);
+        }
+        out += &t.render(2);
+        if records.timers + records.cancels < r.relocation_index_entries {
+            out += "  (the relocation records of earlier passes went with the segments deleted after them)\n";
+        }
+        out
+    }
+}
+
+/// The retention part. The log is scanned for relocation records only when
+/// retention left a sign (a deleted segment, copies or window files): its
+/// log is then bounded by the retention time.
+fn retention(files: &StoreFiles, file_infos: &[FileInfo]) -> Result<RetentionInfo> {
+    let bytes = |prefix: &str| -> u64 {
+        file_infos.iter().filter(|f| f.path.starts_with(prefix)).map(|f| f.bytes).sum()
+    };
+    let relocated_prefix = format!("commitlog/{}/", inspect::RELOCATED_DIR);
+    let disk_bytes = DiskBytes {
+        commit_log: bytes("commitlog/") - bytes(&relocated_prefix),
+        relocated: bytes(&relocated_prefix),
+        consume_queues: bytes("consumequeue/"),
+        timer_index: bytes("timer/wheel") + bytes("timer/timerlog/"),
+    };
+    // The index's header was checked with the files; its entries are counted, not read.
+    let index_bytes = bytes(&files.relative(&files.relocation_index));
+    let relocation_index_entries =
+        index_bytes.saturating_sub(inspect::FILE_HEADER_LEN as u64) / inspect::RELOCATION_ENTRY_LEN as u64;
+    let relocation_window_files = files.relocation_windows.len() as u64;
+    let oldest_segment = files.log_start();
+    let seen = oldest_segment > 0 || relocation_index_entries > 0 || relocation_window_files > 0;
+    let relocation_records = if seen {
+        let mut records = RelocationRecords::default();
+        CommitLog::open(files)?.scan(|_, _, record| {
+            if let inspect::Record::Relocation(r) = record {
+                records.count += 1;
+                records.timers += r.timers;
+                records.cancels += r.cancels;
+                records.bytes += r.bytes;
+            }
+            Ok(())
+        })?;
+        Some(records)
+    } else {
+        None
+    };
+    Ok(RetentionInfo {
+        oldest_segment,
+        oldest_retained_offset: oldest_segment + inspect::FILE_HEADER_LEN as u64,
+        segments_deleted: oldest_segment > 0,
+        disk_bytes,
+        relocation_records,
+        relocation_index_entries,
+        relocation_window_files,
+    })
 }
 
 /// The checkpoint's fields as indented lines.
@@ -267,6 +403,10 @@ fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
     for path in files.segments.values() {
         add(path, Some(FileKind::CommitLog))?;
     }
+    add(&files.relocation_index, Some(FileKind::RelocationIndex))?;
+    for path in files.relocation_windows.values() {
+        add(path, Some(FileKind::RelocationWindow))?;
+    }
     for queue in &files.queues {
         for path in queue.files.values() {
             add(path, Some(FileKind::ConsumeQueue))?;
@@ -276,5 +416,6 @@ fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
     for path in files.timer_log.values() {
         add(path, Some(FileKind::TimerLog))?;
     }
+    add(&files.segment_pending, Some(FileKind::SegmentPending))?;
     Ok(out)
 }

@@ -7,33 +7,48 @@
 //!    frame and CRC up to the end of the log; a bad record below the
 //!    checkpoint's `log durable` is damage, one at or past it a torn tail
 //!    (the end of the log, as for the store);
-//! 3. delivery and cancel records: each names an earlier timed message
-//!    record (a cancel also its deliver time);
-//! 4. the timer log: headers, every entry's CRC, and each entry names a timed
-//!    message record with that deliver time;
-//! 5. the wheel: header and size, every slot's CRC, level and window, and each
+//! 3. the relocation area (a store with retention): the index header and
+//!    every entry's CRC, original offsets strictly increasing, copies that do
+//!    not overlap; every window file's header; every copy whose window file
+//!    exists is a record that checks out against its *original* offset and is
+//!    a timer message (or a cancel) due when the entry says; a missing window
+//!    file must have ended by the checkpoint's tick second; each relocation
+//!    record in the log agrees with the index entries of its segment; and the
+//!    segment counts (`timer/segment_pending`) pass their checksum;
+//! 4. delivery and cancel records (and relocated cancels): each names an
+//!    earlier timed message record, in the log or relocated (a cancel also its
+//!    deliver time), or an offset below the oldest segment with no readable
+//!    copy (retention deleted it after it fired);
+//! 5. the timer log: headers, every entry's CRC, and each entry names a timed
+//!    message record with that deliver time (or one retention deleted);
+//! 6. the wheel: header and size, every slot's CRC, level and window, and each
 //!    non-empty slot's chain: exactly `count` entries, `cancels` of them cancel
 //!    entries, each due in the slot's window (level 0: in or before its second);
-//! 6. the consume queues: headers, every entry's CRC, each entry points at a
+//! 7. the consume queues: headers, every entry's CRC, each entry points at a
 //!    record of its queue (an ordinary message, or a delivery of a timer of
 //!    that topic and queue) with the right length, time and tag hash, in log
 //!    order, and every such record below the checkpoint's `dispatched` has
-//!    exactly one entry (when the next open resumes at the checkpoint);
-//! 7. the checkpoint against the file ends.
+//!    exactly one entry (when the next open resumes at the checkpoint); an
+//!    entry pointing below the oldest segment names a deleted record (counted);
+//! 8. the checkpoint against the file ends, and neither slot needs a record
+//!    below the oldest segment.
 //!
 //! A store that was not closed cleanly may be running: index entries that
 //! point at records past the end of the log as read here are then written
-//! after the scan, and are skipped (and counted), not reported.
+//! after the scan, and are skipped (and counted), not reported; so are
+//! relocation index entries at its tail that belong to an unfinished pass.
 
 use std::collections::{HashMap, HashSet};
+use std::path::PathBuf;
 
-use delaywheel::inspect;
+use delaywheel::inspect::{self, FileKind};
 use serde::Serialize;
 
-use crate::commitlog::{CommitLog, LogEnd, LogFacts};
+use crate::commitlog::{CommitLog, LogEnd, LogFacts, MessageFacts};
 use crate::error::{DumpError, Result};
 use crate::indexes::{CheckpointFile, CheckpointSlot, ConsumeQueue, TimerLog, WheelFile, chain};
-use crate::store_files::StoreFiles;
+use crate::relocated::{CopyKind, Relocated};
+use crate::store_files::{DataFile, StoreFiles};
 use crate::wheel_view::Resume;
 
 /// What was checked, for the report.
@@ -57,6 +72,59 @@ pub struct Checked {
     pub queue_entries: u64,
     /// Index entries naming records past the log end read (a live store appending).
     pub past_log_end: u64,
+    /// Start offset of the oldest segment: retention deleted every record below it.
+    pub oldest_segment: u64,
+    /// Relocation records in the log (each a segment retention deleted).
+    pub relocation_records: u64,
+    /// Entries in `commitlog/relocated/index`.
+    pub relocation_index_entries: u64,
+    /// Of those, entries at or after the oldest segment: a relocation pass
+    /// that did not finish (a live store, or a crash); the next open cuts them.
+    pub relocation_unfinished: u64,
+    /// Of those, entries failing their checksum at the tail of a store not
+    /// closed cleanly: a pass cut short; the next open cuts them.
+    pub relocation_torn: u64,
+    /// Relocation window files (headers checked).
+    pub relocation_window_files: u64,
+    /// Copies read back and checked against their original offsets.
+    pub relocated_copies: u64,
+    pub relocated_timers: u64,
+    pub relocated_cancels: u64,
+    /// Index entries whose window file was deleted (its window passed).
+    pub relocated_window_deleted: u64,
+    /// Delivery and cancel records and timer-log entries naming a relocated copy.
+    pub named_relocated: u64,
+    /// Delivery and cancel records and timer-log entries naming a record
+    /// below the oldest segment with no readable copy (deleted after it fired).
+    pub named_deleted: u64,
+    /// Consume-queue entries pointing below the oldest segment (deleted records).
+    pub queue_entries_deleted: u64,
+    /// Segments holding pending timers by `timer/segment_pending`, if it exists.
+    pub segment_counts: Option<u64>,
+}
+
+/// What a delivery, a cancel or a timer-log entry names.
+enum Named<'a> {
+    /// A timed message record, in the log or relocated.
+    Timer(&'a MessageFacts),
+    /// An offset below the oldest segment with no readable copy: retention
+    /// deleted the record (its timer had fired, or its copy's window passed).
+    Deleted,
+    /// Anything else: a problem.
+    Not,
+}
+
+fn named<'a>(facts: &'a LogFacts, relocated: &Relocated, message: u64) -> Named<'a> {
+    if let Some(m) = facts.timed(message) {
+        return Named::Timer(m);
+    }
+    if message >= relocated.log_start {
+        return Named::Not;
+    }
+    match relocated.by_offset.get(&message) {
+        None | Some(CopyKind::WindowDeleted | CopyKind::Damaged) => Named::Deleted,
+        Some(CopyKind::Timer | CopyKind::Cancel) => Named::Not,
+    }
 }
 
 /// Runs every check; `Err` is the first problem.
@@ -69,9 +137,13 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
 
     let log = CommitLog::open(files)?;
     checked.file_headers += log.segments().count() as u64;
-    let facts = LogFacts::gather(&log)?;
+    let mut facts = LogFacts::gather(&log)?;
     check_log_end(&log, &facts, newest.map_or(0, |cp| cp.log_durable), &mut checked)?;
-    check_settling_records(&log, &facts)?;
+    let relocated = Relocated::gather(files, &log, &mut facts, clean, true)?;
+    note_relocated(&relocated, &facts, &mut checked);
+    check_relocation_records(&log, &facts, &relocated)?;
+    check_segment_counts(files, &log, &mut checked)?;
+    check_settling_records(&log, &facts, &relocated, &mut checked)?;
 
     // The wheel is read before the timer log: a live store appends an entry
     // before the slot that points at it, so every chain read is complete.
@@ -79,13 +151,30 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
     let timer_log = TimerLog::open(files)?;
     checked.file_headers += timer_log.files().count() as u64;
     let entries = timer_log.load()?;
-    check_timer_entries(&timer_log, &entries, &facts, clean, &mut checked)?;
+    check_timer_entries(&timer_log, &entries, &facts, &relocated, clean, &mut checked)?;
     if let Some(wheel) = &wheel {
         checked.file_headers += 1;
         check_wheel(wheel, &entries, &mut checked)?;
     }
     let dispatched = newest.filter(|_| resume.resumes).map(|cp| cp.dispatched);
-    check_queues(files, &log, &facts, dispatched, clean, &mut checked)?;
+    check_queues(files, &log, &facts, &relocated, dispatched, clean, &mut checked)?;
+    // Retention deletes only what neither of the last two checkpoints needs
+    // (a torn newest one falls back to the other). The checkpoint is read
+    // again: a live store may have deleted segments since it was first read,
+    // on the word of newer checkpoints.
+    let now = CheckpointFile::read(files)?;
+    for (position, slot) in &now.slots {
+        let CheckpointSlot::Valid(cp) = slot else { continue };
+        for (name, value) in [("dispatched", cp.dispatched), ("delivery scan from", cp.delivery_scan_from)] {
+            if value < log.start() {
+                let why = format!(
+                    "{name} {value} lies below the oldest segment, which starts at {}: retention deleted records this checkpoint needs",
+                    log.start()
+                );
+                return Err(DumpError::bad_reference(&now.path, *position, why));
+            }
+        }
+    }
     if let Some((position, cp)) = checkpoint.newest() {
         let bad = |why: String| DumpError::bad_reference(&checkpoint.path, position, why);
         let log_end = facts.end.offset();
@@ -157,30 +246,121 @@ fn check_log_end(log: &CommitLog, facts: &LogFacts, durable: u64, checked: &mut 
     }
 }
 
-/// Each delivery and cancel record names an earlier timed message record.
-fn check_settling_records(log: &CommitLog, facts: &LogFacts) -> Result<()> {
-    let named = |record: u64, message: u64, what: &str| -> Result<&crate::commitlog::MessageFacts> {
-        let found = facts.timed(message).filter(|_| message < record);
-        found.ok_or_else(|| {
-            let (file, position) = log.locate(record);
-            DumpError::bad_reference(
-                file,
-                position,
-                format!("{what} names log offset {message}, not an earlier timed message record"),
-            )
-        })
-    };
-    for &(record, _, message) in &facts.deliveries {
-        named(record, message, "delivery record")?;
-    }
-    for &(record, message, deliver_at) in &facts.cancels {
-        let m = named(record, message, "cancel record")?;
-        if m.deliver_at_ms != deliver_at {
-            let (file, position) = log.locate(record);
-            let why =
-                format!("cancel record says deliver at {deliver_at}, the message says {}", m.deliver_at_ms);
+fn note_relocated(r: &Relocated, facts: &LogFacts, checked: &mut Checked) {
+    checked.oldest_segment = r.log_start;
+    checked.relocation_records = facts.relocations.len() as u64;
+    checked.relocation_index_entries = r.index_entries;
+    checked.relocation_unfinished = r.unfinished;
+    checked.relocation_torn = r.torn;
+    checked.relocation_window_files = r.window_files;
+    checked.relocated_copies = r.copies;
+    checked.relocated_timers = r.timers;
+    checked.relocated_cancels = r.cancels;
+    checked.relocated_window_deleted = r.window_deleted;
+    checked.file_headers += u64::from(r.index_exists) + r.window_files;
+}
+
+/// Each relocation record of a deleted segment agrees with the index: as
+/// many entries (and bytes) for that segment as it says it copied, and as
+/// many timers and cancels among the copies still readable. A segment
+/// relocated twice (a crash before its deletion) counts by its last record.
+fn check_relocation_records(log: &CommitLog, facts: &LogFacts, relocated: &Relocated) -> Result<()> {
+    let size = log.segment_size.max(1);
+    let mut last = std::collections::BTreeMap::new();
+    for &(at, record) in &facts.relocations {
+        if record.segment_base % size != 0 || record.segment_base >= at {
+            let (file, position) = log.locate(at);
+            let why = format!(
+                "relocation record names segment {}, not an earlier segment start",
+                record.segment_base
+            );
             return Err(DumpError::bad_reference(file, position, why));
         }
+        last.insert(record.segment_base, (at, record));
+    }
+    for (base, (at, record)) in last {
+        if base >= relocated.log_start {
+            continue; // still on disk: its pass did not finish, or a live store is about to delete it
+        }
+        let s = relocated.per_segment.get(&base).copied().unwrap_or_default();
+        let entries_agree = s.entries == record.timers + record.cancels && s.bytes == record.bytes;
+        let kinds_agree = s.unread > 0 || (s.timers, s.cancels) == (record.timers, record.cancels);
+        if entries_agree && kinds_agree {
+            continue;
+        }
+        // A pass cut short at the index's tail is the likelier culprit.
+        if let Some((path, position, kind)) = &relocated.first_torn {
+            return Err(DumpError::corruption(path, *position, kind.clone()));
+        }
+        let (file, position) = log.locate(at);
+        let why = format!(
+            "relocation record says {} timers and {} cancels ({} bytes) of segment {base} were copied, \
+             the relocation index holds {} entries ({} bytes) for it: {} timers, {} cancels, {} unread",
+            record.timers, record.cancels, record.bytes, s.entries, s.bytes, s.timers, s.cancels, s.unread
+        );
+        return Err(DumpError::bad_reference(file, position, why));
+    }
+    Ok(())
+}
+
+/// `timer/segment_pending`, an index written whole: its header and checksum.
+fn check_segment_counts(files: &StoreFiles, log: &CommitLog, checked: &mut Checked) -> Result<()> {
+    if !files.segment_pending.is_file() {
+        return Ok(());
+    }
+    let file = DataFile::open(&files.segment_pending)?;
+    file.header(FileKind::SegmentPending)?;
+    checked.file_headers += 1;
+    let bytes = file.read(0, file.len as usize)?;
+    let counts = inspect::decode_segment_pending(&bytes, log.segment_size)
+        .map_err(|kind| DumpError::corruption(&file.path, inspect::FILE_HEADER_LEN as u64, kind))?;
+    checked.segment_counts = Some(counts.segments.len() as u64);
+    Ok(())
+}
+
+/// Each delivery and cancel record (and each relocated cancel) names an
+/// earlier timed message record, or one retention deleted.
+fn check_settling_records(
+    log: &CommitLog,
+    facts: &LogFacts,
+    relocated: &Relocated,
+    checked: &mut Checked,
+) -> Result<()> {
+    // (what, record offset, message offset, the cancel's deliver time, where to blame)
+    let mut check =
+        |what: &str, record: u64, message: u64, deliver_at: Option<u64>, place: (PathBuf, u64)| {
+            let bad = |why: String| DumpError::bad_reference(&place.0, place.1, why);
+            let m = match named(facts, relocated, message) {
+                Named::Timer(m) if message < record => m,
+                Named::Deleted if message < record => {
+                    checked.named_deleted += 1;
+                    return Ok(());
+                }
+                _ => {
+                    return Err(bad(format!(
+                        "{what} names log offset {message}, not an earlier timed message record"
+                    )));
+                }
+            };
+            if message < relocated.log_start {
+                checked.named_relocated += 1;
+            }
+            match deliver_at {
+                Some(at) if at != m.deliver_at_ms => {
+                    Err(bad(format!("{what} says deliver at {at}, the message says {}", m.deliver_at_ms)))
+                }
+                _ => Ok(()),
+            }
+        };
+    for &(record, _, message) in &facts.deliveries {
+        check("delivery record", record, message, None, log.locate(record))?;
+    }
+    for &(record, message, deliver_at) in &facts.cancels {
+        check("cancel record", record, message, Some(deliver_at), log.locate(record))?;
+    }
+    for c in &relocated.cancel_copies {
+        let place = (c.path.clone(), c.position);
+        check("relocated cancel record", c.original_offset, c.message_offset, Some(c.deliver_at_ms), place)?;
     }
     Ok(())
 }
@@ -190,6 +370,7 @@ fn check_timer_entries(
     log: &TimerLog,
     entries: &[Option<inspect::TimerLogEntry>],
     facts: &LogFacts,
+    relocated: &Relocated,
     clean: bool,
     checked: &mut Checked,
 ) -> Result<()> {
@@ -200,7 +381,17 @@ fn check_timer_entries(
             checked.past_log_end += 1;
             continue;
         }
-        let matches = facts.timed(e.message_offset).is_some_and(|m| m.deliver_at_ms == e.deliver_at_ms);
+        let matches = match named(facts, relocated, e.message_offset) {
+            Named::Timer(m) => {
+                checked.named_relocated += u64::from(e.message_offset < relocated.log_start);
+                m.deliver_at_ms == e.deliver_at_ms
+            }
+            Named::Deleted => {
+                checked.named_deleted += 1;
+                true
+            }
+            Named::Not => false,
+        };
         if !matches {
             let (_, path, position) = log.locate(index as u64);
             let why = format!(
@@ -246,6 +437,7 @@ fn check_queues(
     files: &StoreFiles,
     log: &CommitLog,
     facts: &LogFacts,
+    relocated: &Relocated,
     dispatched: Option<u64>,
     clean: bool,
     checked: &mut Checked,
@@ -270,26 +462,37 @@ fn check_queues(
                 return Err(bad(format!("log offset {} is not after the previous entry's {last}", e.log_offset)));
             }
             last = e.log_offset;
+            if e.log_offset < relocated.log_start {
+                // Its record was deleted by retention; the queue file goes once all of its entries do.
+                checked.queue_entries_deleted += 1;
+                return Ok(());
+            }
             if q.topic == delaywheel::SCHEDULE_TOPIC {
                 return check_schedule_entry(facts, &e, bad);
             }
-            // The message the entry makes visible, with the time it became visible.
+            // The message the entry makes visible (`None`: a timer's message
+            // retention deleted), with the time it became visible.
             let (message, visible_ms, len) = if e.timer_delivery {
                 let (when, m) = deliveries.get(&e.log_offset).copied().ok_or_else(|| bad(format!("log offset {} is not a delivery record", e.log_offset)))?;
-                (facts.timed(m), when, inspect::DELIVERY_RECORD_LEN as u32)
+                let message = match named(facts, relocated, m) {
+                    Named::Timer(m) => Some(m),
+                    Named::Deleted => None,
+                    Named::Not => return Err(bad("its delivery record names no timed message".into())),
+                };
+                (message, when, inspect::DELIVERY_RECORD_LEN as u32)
             } else {
                 let m = facts.messages.get(&e.log_offset).filter(|m| m.deliver_at_ms == 0);
                 let m = m.ok_or_else(|| bad(format!("log offset {} is not an ordinary message record", e.log_offset)))?;
                 (Some(m), m.store_time_ms, m.len)
             };
-            let m = message.ok_or_else(|| bad("its delivery record names no timed message".into()))?;
-            if facts.topic(m) != q.topic || m.queue_id != q.queue_id {
+            if let Some(m) = message.filter(|m| facts.topic(m) != q.topic || m.queue_id != q.queue_id) {
                 return Err(bad(format!("the record belongs to {} queue {}", facts.topic(m), m.queue_id)));
             }
-            if e.record_len != len || e.time_ms != visible_ms || e.tag_hash != m.tag_hash || e.flags & !1 != 0 {
+            let tag_hash = message.map_or(e.tag_hash, |m| m.tag_hash);
+            if e.record_len != len || e.time_ms != visible_ms || e.tag_hash != tag_hash || e.flags & !1 != 0 {
                 let why = format!(
-                    "length {}, time {}, tag hash {:#x}, flags {} where the record says {len}, {visible_ms}, {:#x}, {}",
-                    e.record_len, e.time_ms, e.tag_hash, e.flags, m.tag_hash, u32::from(e.timer_delivery)
+                    "length {}, time {}, tag hash {:#x}, flags {} where the record says {len}, {visible_ms}, {tag_hash:#x}, {}",
+                    e.record_len, e.time_ms, e.tag_hash, e.flags, u32::from(e.timer_delivery)
                 );
                 return Err(bad(why));
             }

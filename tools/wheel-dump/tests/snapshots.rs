@@ -48,9 +48,11 @@ files
   LOCK                                                0        -
   checkpoint                                      1,024        -
   commitlog/00000000000000000000                 65,536        1
+  commitlog/relocated/index                          32        1
   consumequeue/Orders/0/00000000000000000000      2,080        1
   timer/wheel                                 2,426,912        1
   timer/timerlog/00000000000000000000             1,824        1
+  timer/segment_pending                              84        1
 
 checkpoint
   field                  value  meaning
@@ -87,7 +89,7 @@ consume queues
   Orders      0        3      1
 "#;
 
-const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":7},"resumes_at_checkpoint":true,"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}]}
+const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":7},"resumes_at_checkpoint":true,"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":2428736},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
 "#;
 
 const SLOTS_TEXT: &str = r#"level   slot      window  start (epoch s)  start (UTC)           seconds  count  cancels  state
@@ -169,7 +171,7 @@ const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists
 const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   checked                      count
   checkpoint slots                 2
-  file headers                     4
+  file headers                     6
   commit-log records               9
     messages                       6
     of which timed                 5
@@ -184,7 +186,7 @@ const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   the commit log ends at offset 469
 "#;
 
-const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":4,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"wheel_slots":75840,"non_empty_slots":4,"chain_entries":6,"consume_queues":1,"queue_entries":3,"past_log_end":0},"problem":null}
+const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":6,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"wheel_slots":75840,"non_empty_slots":4,"chain_entries":6,"consume_queues":1,"queue_entries":3,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1},"problem":null}
 "#;
 
 const AUDIT_TEXT: &str = r#"timed messages              count
@@ -202,5 +204,5 @@ reference time 2023-11-14T22:13:31.000Z (the latest time in the commit log); los
 audit ok
 "#;
 
-const AUDIT_JSON: &str = r#"{"schema_version":1,"timer_messages":5,"delivered":2,"cancelled":1,"pending":2,"lost":0,"duplicated":0,"early":0}
+const AUDIT_JSON: &str = r#"{"schema_version":1,"timer_messages":5,"delivered":2,"cancelled":1,"pending":2,"lost":0,"duplicated":0,"early":0,"reclaimed":0}
 "#;

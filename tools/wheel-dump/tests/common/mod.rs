@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use delaywheel::inspect::{self, Record};
-use delaywheel::{Config, ManualClock, Message, Store};
+use delaywheel::{Config, ManualClock, Message, Retention, Store};
 
 /// The epoch ms the fixtures start at (2023-11-14T22:13:20Z).
 pub const T0: u64 = 1_700_000_000_000;
@@ -100,6 +100,117 @@ pub fn all_delivered(n: u64) -> tempfile::TempDir {
     assert_eq!(got, n);
     store.close().unwrap();
     dir
+}
+
+/// A store with retention, at two moments (each a closed copy), and the log
+/// offsets of its timers.
+///
+/// Keep time 1 h, 64 KiB segments. At T0: five timers ten years ahead (`far`;
+/// the last one cancelled), one due at T0 + 2.5 h (`soon`), then ~300 KB of
+/// fillers. At T0 + 2 h, retention deletes the segments holding them and
+/// relocates the six timers and the cancel: that is `first`. Then `soon`
+/// fires (T0 + 3 h), more fillers follow, and at T0 + 6 h retention deletes
+/// the segments holding its delivery record (its copy stays: its window has
+/// not passed); one more timer (`late`) is put and delivered: that is `later`.
+pub struct Retained {
+    pub first: tempfile::TempDir,
+    pub later: tempfile::TempDir,
+    pub far: Vec<u64>,
+    pub soon: u64,
+    pub late: u64,
+}
+
+pub const HOUR: u64 = 3_600_000;
+pub const DECADE: u64 = 10 * 365 * 24 * HOUR;
+/// Where the retained fixture's relocated timers sit: the cancelled far timer is last.
+pub const FAR_TIMERS: usize = 5;
+
+/// The retained fixture's configuration: the flusher checkpoints often, so
+/// retention's floor follows the log.
+pub fn retention_config(dir: &Path, clock: &ManualClock) -> Config {
+    let retention = Retention {
+        keep_for: Some(Duration::from_secs(3600)),
+        max_log_bytes: None,
+        check_interval: Duration::from_secs(3600),
+    };
+    config(dir, clock).with_flush_interval(Duration::from_millis(5)).with_retention(retention)
+}
+
+/// 100 messages of 1,000 bytes: about 1.5 segments.
+fn fill(store: &Store, round: usize) {
+    for i in 0..100 {
+        store.put(Message::new("Filler", format!("f{round}-{i}-{}", "x".repeat(1_000)))).unwrap();
+    }
+}
+
+/// Lets the flusher checkpoint what was put, so retention's floor moves past it.
+fn settle() {
+    std::thread::sleep(Duration::from_millis(60));
+}
+
+/// Reclaims until `done` says so (the floor needs checkpoints after the last put).
+fn reclaim_until(store: &Store, mut done: impl FnMut(&Store) -> bool) {
+    let started = Instant::now();
+    loop {
+        settle();
+        store.reclaim().unwrap();
+        if done(store) {
+            return;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(20),
+            "retention did not get there: {:?}",
+            store.stats()
+        );
+    }
+}
+
+pub fn retained() -> Retained {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(retention_config(dir.path(), &clock)).unwrap();
+    let put = |m: Message| store.put(m).unwrap();
+    let far: Vec<_> = (0..FAR_TIMERS as u64)
+        .map(|i| put(Message::new(TOPIC, format!("far-{i}")).deliver_at_ms(T0 + DECADE + i)))
+        .collect();
+    let soon = put(Message::new(TOPIC, "soon").deliver_at_ms(T0 + 2 * HOUR + HOUR / 2));
+    wait_until(|| store.stats().dispatch_lag_bytes == 0);
+    let cancelled = far[FAR_TIMERS - 1].handle().unwrap();
+    assert_eq!(store.cancel(cancelled).unwrap(), delaywheel::CancelOutcome::Cancelled);
+    for round in 0..3 {
+        fill(&store, round);
+    }
+    settle();
+    clock.set_ms(T0 + 2 * HOUR);
+    reclaim_until(&store, |s| s.stats().retention.relocated_timers == FAR_TIMERS as u64 + 1);
+    assert!(store.stats().retention.oldest_retained_offset > soon.offset());
+    store.close().unwrap();
+    let first = copy_of(dir.path());
+
+    let store = Store::open(retention_config(dir.path(), &clock)).unwrap();
+    clock.set_ms(T0 + 3 * HOUR);
+    wait_until(|| store.stats().delivered == 1);
+    let stats = store.stats();
+    // The delivery record of `soon` lies below this.
+    let end = stats.retention.oldest_retained_offset + stats.log_bytes;
+    for round in 3..7 {
+        fill(&store, round);
+    }
+    settle();
+    clock.set_ms(T0 + 6 * HOUR);
+    reclaim_until(&store, |s| s.stats().retention.oldest_retained_offset > end);
+    let late = store.put(Message::new(TOPIC, "late").deliver_at_ms(T0 + 6 * HOUR + 60_000)).unwrap();
+    clock.set_ms(T0 + 6 * HOUR + 120_000);
+    wait_until(|| store.stats().delivered == 2);
+    std::thread::sleep(Duration::from_millis(300));
+    store.close().unwrap();
+    Retained {
+        first,
+        later: dir,
+        far: far.iter().map(|r| r.offset()).collect(),
+        soon: soon.offset(),
+        late: late.offset(),
+    }
 }
 
 pub fn wait_until(mut done: impl FnMut() -> bool) {

@@ -1,0 +1,439 @@
+//! The relocation area (`commitlog/relocated/`), read-only.
+//!
+//! When retention deletes a commit-log segment, the records a timer still
+//! needs (pending timers' messages and cancels of timers not yet due) are
+//! first copied byte for byte into window files, and the index says where
+//! each copy is (`wheel-format.md`, "Retention and the relocation area"). A
+//! copy's CRC still covers its original log offset, so it is checked with the
+//! same decoder as a record in a segment.
+//!
+//! What a reader of a store with retention sees:
+//! * the commit log starts at the oldest segment on disk, not at offset 0;
+//! * delivery and cancel records, timer-log entries and consume-queue entries
+//!   may name offsets below it: the record was relocated (the index has it),
+//!   or it was deleted (a timer that fired, a message past the retention time);
+//! * index entries at or after the oldest segment belong to a relocation pass
+//!   that did not finish (a live store, or a crash): the next open cuts them;
+//! * a window file whose window has passed is deleted whole, while its index
+//!   entries stay: such a copy is gone, and no longer needed.
+
+use std::collections::{BTreeMap, HashMap};
+use std::path::PathBuf;
+
+use delaywheel::CorruptionKind;
+use delaywheel::inspect::{self, FileKind, Record, RelocationEntry};
+
+use crate::commitlog::{CommitLog, LogFacts};
+use crate::error::{DumpError, Result};
+use crate::indexes::CheckpointFile;
+use crate::store_files::{DataFile, StoreFiles};
+
+/// The index file, every whole entry decoded (or why not).
+pub struct RelocationIndex {
+    pub path: PathBuf,
+    /// Every whole entry in file order: (byte position, the entry or why it does not check out).
+    pub entries: Vec<(u64, Result<RelocationEntry, CorruptionKind>)>,
+    /// Bytes after the last whole entry (an append that was cut short).
+    pub partial: u64,
+}
+
+impl RelocationIndex {
+    /// Reads the index; `None` if the store has none (one never opened by a
+    /// version with retention). Its header must check out.
+    pub fn read(files: &StoreFiles) -> Result<Option<Self>> {
+        if !files.relocation_index.is_file() {
+            return Ok(None);
+        }
+        let file = DataFile::open(&files.relocation_index)?;
+        let header = file.header(FileKind::RelocationIndex)?;
+        file.expect_field("entry length", header.a, inspect::RELOCATION_ENTRY_LEN as u64)?;
+        file.expect_field("window length", header.b, inspect::RELOCATION_WINDOW_SECS)?;
+        let start = inspect::FILE_HEADER_LEN as u64;
+        let entry_len = inspect::RELOCATION_ENTRY_LEN as u64;
+        let body = file.len.saturating_sub(start);
+        let bytes = file.read(start, (body / entry_len * entry_len) as usize)?;
+        let entries = bytes
+            .chunks_exact(inspect::RELOCATION_ENTRY_LEN)
+            .enumerate()
+            .map(|(i, chunk)| {
+                let position = start + i as u64 * entry_len;
+                (position, inspect::decode_relocation_entry(chunk, position))
+            })
+            .collect();
+        Ok(Some(Self { path: file.path, entries, partial: body % entry_len }))
+    }
+}
+
+/// The window files, opened (and their headers checked) as copies are read.
+pub struct Windows<'a> {
+    files: &'a StoreFiles,
+    open: HashMap<u64, Option<DataFile>>,
+    /// Window files whose header was checked.
+    pub headers_checked: u64,
+}
+
+/// A copy read back: the record it holds, decoded and checked against its original offset.
+pub struct CopyRead {
+    pub path: PathBuf,
+    pub record: Record,
+}
+
+impl<'a> Windows<'a> {
+    pub fn new(files: &'a StoreFiles) -> Self {
+        Self { files, open: HashMap::new(), headers_checked: 0 }
+    }
+
+    /// Checks the header of every window file listed (also those no entry names).
+    pub fn check_all(&mut self) -> Result<()> {
+        for &window in self.files.relocation_windows.keys() {
+            self.file(window)?;
+        }
+        Ok(())
+    }
+
+    /// The window file of `window`, header checked; `None` if it does not exist.
+    fn file(&mut self, window: u64) -> Result<Option<&DataFile>> {
+        if !self.open.contains_key(&window) {
+            let path = self.files.relocation_window(window);
+            let file = match DataFile::open(&path) {
+                Ok(file) => {
+                    let header = file.header(FileKind::RelocationWindow)?;
+                    file.expect_field("window length", header.a, inspect::RELOCATION_WINDOW_SECS)?;
+                    file.expect_field("window", header.b, window)?;
+                    self.headers_checked += 1;
+                    Some(file)
+                }
+                Err(DumpError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => None,
+                Err(e) => return Err(e),
+            };
+            self.open.insert(window, file);
+        }
+        Ok(self.open[&window].as_ref())
+    }
+
+    /// The copy `entry` names, decoded and checked against its original
+    /// offset; `None` if its window file does not exist (deleted once its
+    /// window passed). A copy that does not check out is a corruption naming
+    /// the window file and the copy's position.
+    pub fn read(&mut self, entry: &RelocationEntry) -> Result<Option<CopyRead>> {
+        let Some(file) = self.file(entry.window())? else { return Ok(None) };
+        let corrupt = |kind| DumpError::corruption(&file.path, entry.position, kind);
+        let len = entry.len as usize;
+        if entry.position < inspect::FILE_HEADER_LEN as u64 || len < inspect::RECORD_HEADER_LEN {
+            let why = format!("a copy of {len} bytes at {} cannot be a record", entry.position);
+            return Err(corrupt(CorruptionKind::BadReference(why)));
+        }
+        let bytes = file.read(entry.position, len)?;
+        let frame = match inspect::record_frame(&bytes, len).map_err(corrupt)? {
+            Some(frame) => frame,
+            None => {
+                return Err(corrupt(CorruptionKind::BadFrame("zero bytes where a copy should be".into())));
+            }
+        };
+        if frame.len != len {
+            let why = format!("a copy of {len} bytes holds a record of {}", frame.len);
+            return Err(corrupt(CorruptionKind::BadFrame(why)));
+        }
+        let record = inspect::decode_record(&bytes, entry.original_offset, frame).map_err(corrupt)?;
+        Ok(Some(CopyRead { path: file.path.clone(), record }))
+    }
+}
+
+/// What the copy of a relocated record is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyKind {
+    /// A timer's message (added to [`LogFacts`] as a timed message).
+    Timer,
+    /// A cancel of a timer not yet due when it was copied.
+    Cancel,
+    /// Unknown: its window file was deleted (its window passed).
+    WindowDeleted,
+    /// Unknown: the copy does not check out (lenient reading only).
+    Damaged,
+}
+
+/// A relocated cancel record: where its copy is and what it names.
+#[derive(Debug, Clone)]
+pub struct CancelCopy {
+    pub original_offset: u64,
+    pub message_offset: u64,
+    pub deliver_at_ms: u64,
+    pub path: PathBuf,
+    pub position: u64,
+}
+
+/// What the relocation index holds for one deleted segment.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentCopies {
+    pub entries: u64,
+    pub bytes: u64,
+    pub timers: u64,
+    pub cancels: u64,
+    /// Copies not read: their window file was deleted.
+    pub unread: u64,
+}
+
+/// Everything the relocation area says, from one read of the index and of
+/// every copy whose window file exists.
+#[derive(Debug, Default)]
+pub struct Relocated {
+    /// The first offset of the oldest segment: copies of records below it are
+    /// the only bytes of those records.
+    pub log_start: u64,
+    pub index_exists: bool,
+    /// Whole entries in the index.
+    pub index_entries: u64,
+    /// Valid entries at or after `log_start`: an unfinished pass (cut at the next open).
+    pub unfinished: u64,
+    /// Entries (or a partial entry) at the tail of a store not closed cleanly
+    /// that fail their checksum: a pass that was cut short (cut at the next open).
+    pub torn: u64,
+    /// Entries or copies that do not check out (lenient reading; `verify` stops at the first).
+    pub damaged: u64,
+    /// Window files whose header was checked.
+    pub window_files: u64,
+    /// Copies read and checked.
+    pub copies: u64,
+    pub timers: u64,
+    pub cancels: u64,
+    /// Entries whose window file was deleted.
+    pub window_deleted: u64,
+    /// Entries below `log_start` by original offset: what their copy is.
+    pub by_offset: HashMap<u64, CopyKind>,
+    pub cancel_copies: Vec<CancelCopy>,
+    /// Entries below `log_start`, per segment start offset.
+    pub per_segment: BTreeMap<u64, SegmentCopies>,
+    /// The first torn tail entry, to name if the relocation records disagree with the index.
+    pub first_torn: Option<(PathBuf, u64, CorruptionKind)>,
+}
+
+impl Relocated {
+    /// Reads the index and every copy it names. Relocated timers are added
+    /// to `facts` as timed messages. `strict`: the first entry or copy that
+    /// does not check out is the error (`verify`); otherwise it is counted in
+    /// `damaged` and left out.
+    pub fn gather(
+        files: &StoreFiles,
+        log: &CommitLog,
+        facts: &mut LogFacts,
+        clean: bool,
+        strict: bool,
+    ) -> Result<Self> {
+        let mut r = Self { log_start: log.start(), ..Self::default() };
+        let mut windows = Windows::new(files);
+        let check = |r: &mut Self, e: DumpError| -> Result<()> {
+            if strict {
+                return Err(e);
+            }
+            r.damaged += 1;
+            Ok(())
+        };
+        let index = match RelocationIndex::read(files) {
+            Ok(index) => index,
+            Err(e) => {
+                check(&mut r, e)?;
+                None
+            }
+        };
+        if strict {
+            windows.check_all()?;
+        }
+        let Some(index) = index else {
+            r.window_files = windows.headers_checked;
+            return Ok(r);
+        };
+        r.index_exists = true;
+        r.index_entries = index.entries.len() as u64;
+        // The tail a recovery would cut: entries that fail their checksum or
+        // whose original still lies in a segment on disk.
+        let tail_start = index
+            .entries
+            .iter()
+            .rposition(|(_, e)| e.as_ref().is_ok_and(|e| e.original_offset < r.log_start))
+            .map_or(0, |i| i + 1);
+        if index.partial > 0 {
+            let position = inspect::FILE_HEADER_LEN as u64
+                + index.entries.len() as u64 * inspect::RELOCATION_ENTRY_LEN as u64;
+            let kind = CorruptionKind::BadFrame(format!("a partial entry of {} bytes", index.partial));
+            if clean {
+                check(&mut r, DumpError::corruption(&index.path, position, kind))?;
+            } else {
+                r.torn += 1;
+                r.first_torn.get_or_insert((index.path.clone(), position, kind));
+            }
+        }
+        let segment_size = log.segment_size.max(1);
+        // The newest checkpoint's tick second, read once a window is found missing.
+        let mut tick_second: Option<Option<u64>> = None;
+        let mut previous: Option<u64> = None;
+        let mut placed: BTreeMap<u64, Vec<(u64, u64, u64)>> = BTreeMap::new();
+        for (i, (position, decoded)) in index.entries.iter().enumerate() {
+            let position = *position;
+            let entry = match decoded {
+                Ok(entry) => *entry,
+                Err(kind) if i >= tail_start && !clean => {
+                    r.torn += 1;
+                    r.first_torn.get_or_insert((index.path.clone(), position, kind.clone()));
+                    continue;
+                }
+                Err(kind) => {
+                    check(&mut r, DumpError::corruption(&index.path, position, kind.clone()))?;
+                    continue;
+                }
+            };
+            let bad = |why: String| DumpError::bad_reference(&index.path, position, why);
+            if let Some(prev) = previous.filter(|&p| entry.original_offset <= p) {
+                let why = format!(
+                    "original offset {} is not after the previous entry's {prev}",
+                    entry.original_offset
+                );
+                check(&mut r, bad(why))?;
+                continue;
+            }
+            previous = Some(entry.original_offset);
+            placed.entry(entry.window()).or_default().push((entry.position, u64::from(entry.len), position));
+            let relocated = entry.original_offset < r.log_start;
+            if !relocated {
+                r.unfinished += 1;
+            }
+            let copy = match windows.read(&entry) {
+                Ok(copy) => copy,
+                Err(e) => {
+                    check(&mut r, e)?;
+                    if relocated {
+                        r.by_offset.insert(entry.original_offset, CopyKind::Damaged);
+                    }
+                    continue;
+                }
+            };
+            let kind = match copy {
+                None => {
+                    // Retention deletes a window once it ends at or before the
+                    // time every timer before which has fired (at most the tick
+                    // second of the checkpoints written by then).
+                    let window_end = entry.window().saturating_add(inspect::RELOCATION_WINDOW_SECS);
+                    // The checkpoint is read after the window was found missing
+                    // (again before blaming it), so a live store cannot have
+                    // deleted it on the word of a newer checkpoint than ours.
+                    let mut tick = *tick_second.get_or_insert_with(|| newest_tick_second(files));
+                    if tick.is_some_and(|tick| window_end > tick) {
+                        tick = newest_tick_second(files);
+                        tick_second = Some(tick);
+                    }
+                    if let Some(tick) = tick.filter(|&tick| window_end > tick) {
+                        let why = format!(
+                            "the copy of log offset {} due at {} is in window file {}, which is missing, \
+                             but that window ends at second {window_end}, after the checkpoint's tick second {tick}",
+                            entry.original_offset,
+                            entry.deliver_at_ms,
+                            files.relocation_window(entry.window()).display()
+                        );
+                        check(&mut r, bad(why))?;
+                    }
+                    r.window_deleted += 1;
+                    CopyKind::WindowDeleted
+                }
+                Some(copy) => {
+                    let wrong = |what: String| {
+                        let why = format!(
+                            "the copy of log offset {} is {what}, where the index says a timer or a cancel due at {}",
+                            entry.original_offset, entry.deliver_at_ms
+                        );
+                        DumpError::bad_reference(&copy.path, entry.position, why)
+                    };
+                    match &copy.record {
+                        Record::Message(m) if m.is_timer() && m.deliver_at_ms == entry.deliver_at_ms => {
+                            if relocated {
+                                facts.add_relocated_timer(entry.original_offset, entry.len as usize, m);
+                            }
+                            r.timers += 1;
+                            CopyKind::Timer
+                        }
+                        Record::Cancel(c)
+                            if c.deliver_at_ms == entry.deliver_at_ms
+                                && c.message_offset < entry.original_offset =>
+                        {
+                            r.cancels += 1;
+                            if relocated {
+                                r.cancel_copies.push(CancelCopy {
+                                    original_offset: entry.original_offset,
+                                    message_offset: c.message_offset,
+                                    deliver_at_ms: c.deliver_at_ms,
+                                    path: copy.path.clone(),
+                                    position: entry.position,
+                                });
+                            }
+                            CopyKind::Cancel
+                        }
+                        Record::Message(m) if m.is_timer() => {
+                            check(&mut r, wrong(format!("a timer message due at {}", m.deliver_at_ms)))?;
+                            CopyKind::Damaged
+                        }
+                        Record::Message(_) => {
+                            check(&mut r, wrong("a message that is not a timer".into()))?;
+                            CopyKind::Damaged
+                        }
+                        Record::Cancel(c) => {
+                            let what = format!(
+                                "a cancel of log offset {} due at {}",
+                                c.message_offset, c.deliver_at_ms
+                            );
+                            check(&mut r, wrong(what))?;
+                            CopyKind::Damaged
+                        }
+                        other => {
+                            check(&mut r, wrong(format!("a {} record", record_name(other))))?;
+                            CopyKind::Damaged
+                        }
+                    }
+                }
+            };
+            if kind != CopyKind::WindowDeleted && kind != CopyKind::Damaged {
+                r.copies += 1;
+            }
+            if relocated {
+                r.by_offset.insert(entry.original_offset, kind);
+                let base = entry.original_offset - entry.original_offset % segment_size;
+                let s = r.per_segment.entry(base).or_default();
+                s.entries += 1;
+                s.bytes += u64::from(entry.len);
+                match kind {
+                    CopyKind::Timer => s.timers += 1,
+                    CopyKind::Cancel => s.cancels += 1,
+                    CopyKind::WindowDeleted | CopyKind::Damaged => s.unread += 1,
+                }
+            }
+        }
+        // Copies never overlap: each pass appends after what is in the file.
+        for (window, mut copies) in placed {
+            copies.sort_unstable();
+            for pair in copies.windows(2) {
+                let ((a_at, a_len, _), (b_at, _, b_position)) = (pair[0], pair[1]);
+                if b_at < a_at + a_len {
+                    let why = format!(
+                        "its copy at {b_at} of window file {window:020} overlaps the copy at {a_at} ({a_len} bytes)"
+                    );
+                    check(&mut r, DumpError::bad_reference(&index.path, b_position, why))?;
+                }
+            }
+        }
+        r.window_files = windows.headers_checked;
+        Ok(r)
+    }
+}
+
+/// The tick second of the newest valid checkpoint, read now.
+fn newest_tick_second(files: &StoreFiles) -> Option<u64> {
+    CheckpointFile::read(files).ok()?.newest().map(|(_, cp)| cp.tick_second)
+}
+
+/// What a record is, in words.
+pub fn record_name(record: &Record) -> &'static str {
+    match record {
+        Record::Message(_) => "message",
+        Record::Delivery(_) => "delivery",
+        Record::Cancel(_) => "cancel",
+        Record::Relocation(_) => "relocation",
+        Record::Padding => "padding",
+    }
+}
