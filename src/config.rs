@@ -99,6 +99,9 @@ impl Default for Retention {
     }
 }
 
+/// Room kept for the small files written beside the indexes (a file system
+/// allocates each in whole pages).
+const SMALL_FILES_RESERVE: u64 = 64 << 10;
 /// The smallest segment size accepted (tests use it to roll segments quickly).
 pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
 /// The largest topic name in bytes.
@@ -146,8 +149,9 @@ impl Config {
     }
 
     /// Bytes that must stay free beside a new commit-log segment, so the
-    /// indexes can still grow when the disk fills (default: two timer-log
-    /// files and two consume-queue files).
+    /// indexes can still grow when the disk fills (default: two files of
+    /// each timer log, two consume-queue files, and 64 KiB for the small
+    /// files rewritten beside them: segment counts, relocation index).
     pub fn with_disk_reserve(mut self, bytes: u64) -> Self {
         self.disk_reserve = Some(bytes);
         self
@@ -156,7 +160,8 @@ impl Config {
     pub(crate) fn disk_reserve(&self) -> u64 {
         let timer_log_file = 32 + self.timer_log_file_entries * crate::timer::log::ENTRY_LEN as u64;
         let queue_file = 32 + self.queue_file_entries * crate::consume_queue::ENTRY_LEN as u64;
-        self.disk_reserve.unwrap_or(2 * (timer_log_file + queue_file))
+        // Two timer logs (near and far), each may need a new file.
+        self.disk_reserve.unwrap_or(4 * timer_log_file + 2 * queue_file + SMALL_FILES_RESERVE)
     }
 
     /// Whether the ticking thread delivers due timers (default). With `false`

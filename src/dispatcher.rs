@@ -33,6 +33,8 @@ pub(crate) struct Dispatcher {
     queues_per_topic: u32,
     /// Every record below this offset is indexed (read by the flusher for checkpoints).
     progress: Arc<AtomicU64>,
+    /// Deliveries not re-indexed because retention deleted their messages, in this batch.
+    reclaimed_deliveries: std::cell::Cell<u64>,
 }
 
 impl Dispatcher {
@@ -45,7 +47,16 @@ impl Dispatcher {
         progress: Arc<AtomicU64>,
     ) -> Self {
         progress.store(from, Ordering::Release);
-        Self { log, queues, scheduler, wheel, next: from, queues_per_topic, progress }
+        Self {
+            log,
+            queues,
+            scheduler,
+            wheel,
+            next: from,
+            queues_per_topic,
+            progress,
+            reclaimed_deliveries: std::cell::Cell::new(0),
+        }
     }
 
     /// Indexes every record published so far. Returns how many records it indexed.
@@ -71,6 +82,10 @@ impl Dispatcher {
             self.next = next;
             count += 1;
         };
+        let reclaimed = self.reclaimed_deliveries.replace(0);
+        if reclaimed > 0 {
+            tracing::warn!(reclaimed, "deliveries whose messages retention deleted were not re-indexed");
+        }
         // Wake consumers for what was indexed, even if a later record failed.
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());
@@ -97,7 +112,7 @@ impl Dispatcher {
             RecordKind::Delivery => {
                 let delivery =
                     DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
-                let (queue, _) = self.log.visit_checked(delivery.message_offset, |at, kind, original| {
+                let visited = self.log.visit_checked(delivery.message_offset, |at, kind, original| {
                     if kind != RecordKind::Message {
                         let why = format!("delivery at {offset} names a {kind:?} record");
                         return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
@@ -113,8 +128,25 @@ impl Dispatcher {
                         delivery.delivered_at_ms,
                         FLAG_TIMER_DELIVERY,
                     )
-                })?;
-                queue.map(Some)
+                });
+                match visited {
+                    Ok((queue, _)) => queue.map(Some),
+                    // Only a rebuild of the indexes from the oldest segment
+                    // meets this: the timer fired long ago and retention has
+                    // since deleted its message (retention keeps every message
+                    // whose delivery is not indexed yet). Its queue entry cannot
+                    // be made again: the topic was in the deleted record.
+                    Err(Error::Reclaimed { offset: message }) => {
+                        tracing::debug!(
+                            delivery = offset,
+                            message,
+                            "delivery of a deleted message not re-indexed"
+                        );
+                        self.reclaimed_deliveries.set(self.reclaimed_deliveries.get() + 1);
+                        Ok(None)
+                    }
+                    Err(e) => Err(e),
+                }
             }
             // Padding is skipped; cancels were applied by the ticker that wrote
             // them; a relocation changes where a message's bytes are, not its timer.

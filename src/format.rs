@@ -31,6 +31,8 @@ pub(crate) const WHEEL_MAGIC: [u8; 8] = *b"DWWHEL\0\0";
 pub(crate) const RELOCATED_MAGIC: [u8; 8] = *b"DWRELO\0\0";
 /// Magic of the relocation area's index.
 pub(crate) const RELOCATION_INDEX_MAGIC: [u8; 8] = *b"DWRIDX\0\0";
+/// Magic of `timer/tails`, where each wheel slot's chain begins.
+pub(crate) const TAILS_MAGIC: [u8; 8] = *b"DWTAIL\0\0";
 /// Magic of `timer/segment_pending`, the per-segment pending-timer counts.
 pub(crate) const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
 /// The only format version this build reads and writes.

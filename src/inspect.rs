@@ -20,6 +20,7 @@ use crate::commitlog::record::{
 use crate::commitlog::relocated;
 use crate::error::CorruptionKind;
 use crate::format::{self, HeaderProblem};
+use crate::timer::tails;
 use crate::timer::wheel::{self, LEVELS};
 
 /// Bytes of the header that starts every commit-log segment, consume-queue,
@@ -41,6 +42,8 @@ pub enum FileKind {
     RelocationIndex,
     /// `timer/segment_pending`: pending timers per commit-log segment.
     SegmentPending,
+    /// `timer/tails`: where each wheel slot's chain begins.
+    Tails,
 }
 
 impl FileKind {
@@ -53,6 +56,7 @@ impl FileKind {
             Self::RelocationWindow => format::RELOCATED_MAGIC,
             Self::RelocationIndex => format::RELOCATION_INDEX_MAGIC,
             Self::SegmentPending => format::SEGMENT_PENDING_MAGIC,
+            Self::Tails => format::TAILS_MAGIC,
         }
     }
 }
@@ -62,10 +66,11 @@ impl FileKind {
 /// `a`: segment size (commit log), entries per file (consume queue, timer
 /// log), [`WHEEL_GEOMETRY_ID`], [`RELOCATION_WINDOW_SECS`] (relocation window),
 /// [`RELOCATION_ENTRY_LEN`] (relocation index) or the offset below which the
-/// segment counts cover every insert; `b`: the segment's start offset, the
-/// index of the file's first entry, `0` (wheel), the window's first second
-/// (relocation window), [`RELOCATION_WINDOW_SECS`] (relocation index) or the
-/// number of segment-count entries.
+/// segment counts cover every insert, [`TAIL_RECORD_LEN`] (tails); `b`: the
+/// segment's start offset, the index of the file's first entry, `0` (wheel),
+/// the window's first second (relocation window), [`RELOCATION_WINDOW_SECS`]
+/// (relocation index), the number of segment-count entries or
+/// [`WHEEL_TOTAL_SLOTS`] (tails).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileHeader {
     pub kind: FileKind,
@@ -360,6 +365,63 @@ pub fn decode_timer_entry(bytes: &[u8], index: u64) -> Result<Option<TimerLogEnt
     }))
 }
 
+/// The near timer log's directory inside `timer/`: the chains of level-0 slots.
+pub const TIMER_LOG_DIR: &str = "timerlog";
+/// The far timer log's directory inside `timer/`: the chains of level-1 and level-2 slots.
+pub const FAR_TIMER_LOG_DIR: &str = wheel::FAR_LOG_DIR;
+
+/// Which timer log the chains of `level`'s slots run through (a slot's
+/// `head` and every `prev` in its chain index that log): `0` the near log
+/// ([`TIMER_LOG_DIR`]) for level 0, `1` the far log ([`FAR_TIMER_LOG_DIR`])
+/// for levels 1 and 2.
+pub fn timer_log_of(level: usize) -> usize {
+    usize::from(level > 0)
+}
+
+// --------------------------------------------------------------- chain starts
+
+/// The chain starts' file name, inside `timer/`.
+pub const TAILS_FILE: &str = "tails";
+/// Bytes per `timer/tails` record (also the header's `a`).
+pub const TAIL_RECORD_LEN: usize = tails::TAIL_LEN;
+/// The `timer/tails` file's exact size: the header, then one record per wheel slot.
+pub const TAILS_FILE_LEN: u64 = FILE_HEADER_LEN as u64 + WHEEL_TOTAL_SLOTS * TAIL_RECORD_LEN as u64;
+
+/// Byte position of slot `index`'s record in `timer/tails`.
+pub fn tail_position(index: u64) -> u64 {
+    FILE_HEADER_LEN as u64 + index * TAIL_RECORD_LEN as u64
+}
+
+/// One `timer/tails` record: the slot's chain for `window` starts at entry
+/// `first_entry` of the slot's timer log. The store uses it only while
+/// `window` is the slot's window; otherwise the chain's start is unknown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct TailRecord {
+    pub window: u64,
+    pub first_entry: u64,
+}
+
+/// Decodes the `timer/tails` record of slot `slot_index`. `Ok(None)`: all
+/// zero, never written; an error: it fails its CRC (which binds it to its slot).
+pub fn decode_tail_record(bytes: &[u8], slot_index: u64) -> Result<Option<TailRecord>, CorruptionKind> {
+    let bytes = bytes
+        .get(..TAIL_RECORD_LEN)
+        .ok_or(CorruptionKind::WrongSize { expected: TAIL_RECORD_LEN as u64, found: bytes.len() as u64 })?;
+    if bytes.iter().all(|&b| b == 0) {
+        return Ok(None);
+    }
+    let (window, first_entry) = (format::get_u64(bytes, 0), format::get_u64(bytes, 8));
+    // The store's own encoding of these fields, CRC included.
+    let expected = tails::encode(slot_index, window, first_entry);
+    if bytes[..20] != expected[..20] {
+        return Err(CorruptionKind::ChecksumMismatch {
+            stored: format::get_u32(bytes, 16),
+            computed: format::get_u32(&expected, 16),
+        });
+    }
+    Ok(Some(TailRecord { window, first_entry }))
+}
+
 // --------------------------------------------------------------------- wheel
 
 /// How many levels the wheel has.
@@ -630,6 +692,27 @@ mod tests {
         flipped[FILE_HEADER_LEN + 20] ^= 1;
         assert!(decode_segment_pending(&flipped, 1000).is_err());
         assert!(decode_segment_pending(&bytes[..bytes.len() - 1], 1000).is_err());
+    }
+
+    #[test]
+    fn tail_records_decode_what_the_store_encodes() {
+        let bytes = tails::encode(5, 1_700_000_000, 42);
+        let header = format::FileHeader::new(format::TAILS_MAGIC, TAIL_RECORD_LEN as u64, WHEEL_TOTAL_SLOTS);
+        let header = decode_file_header(&header.encode(), FileKind::Tails).unwrap();
+        assert_eq!((header.a, header.b), (24, 75_840), "wheel-format.md: a = 24, b = the slot count");
+        assert_eq!(TAILS_FILE_LEN, 32 + 24 * 75_840);
+        assert_eq!(tail_position(5), 32 + 5 * 24);
+        assert_eq!(
+            decode_tail_record(&bytes, 5),
+            Ok(Some(TailRecord { window: 1_700_000_000, first_entry: 42 }))
+        );
+        assert!(decode_tail_record(&bytes, 6).is_err(), "bound to its slot");
+        let mut flipped = bytes;
+        flipped[9] ^= 1;
+        assert!(matches!(decode_tail_record(&flipped, 5), Err(CorruptionKind::ChecksumMismatch { .. })));
+        assert_eq!(decode_tail_record(&[0u8; 24], 5), Ok(None));
+        assert!(decode_tail_record(&bytes[..23], 5).is_err());
+        assert_eq!([0, 1, 2].map(timer_log_of), [0, 1, 1]);
     }
 
     #[test]

@@ -213,6 +213,7 @@ impl Store {
             deferred_cancels: Vec::new(),
             counts,
             keep_ms: config.retention.keep_for.map_or(0, |keep| keep.as_millis() as u64),
+            floor: Arc::clone(&floor),
             replay_end,
         };
         let flusher = Flusher {
@@ -234,6 +235,7 @@ impl Store {
             Arc::new(Retainer {
                 log: Arc::clone(&log),
                 queues: Arc::clone(&queues),
+                wheel: Arc::clone(&shared),
                 clock: Arc::clone(&config.clock),
                 policy: config.retention,
                 floor,

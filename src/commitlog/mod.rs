@@ -451,7 +451,10 @@ impl CommitLog {
                 self.poison(&e.to_string());
                 return Err(e);
             }
-            *self.durable.lock().unwrap_or_else(|e| e.into_inner()) = end;
+            // Two flushes may overlap (the flusher's and retention's): the
+            // durable end only moves forward.
+            let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+            *durable = (*durable).max(end);
         }
         self.durable_changed.notify_all();
         Ok(end)

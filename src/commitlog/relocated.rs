@@ -188,18 +188,29 @@ impl RelocationArea {
         self.window_path(window)
     }
 
-    /// Walks back from the index's end over torn entries and entries of
+    /// Walks back from the index's end over unwritten entries and entries of
     /// segments that still exist, and cuts them: only the last pass can have
-    /// left any, so this reads a few entries, not the whole index.
+    /// left any, so this reads a few entries, not the whole index. An entry
+    /// that is written but fails its CRC is damage, not a torn write (entries
+    /// are 32-byte aligned, so a write torn at sector granularity leaves
+    /// whole entries or zeros): refused, since cutting it would lose a timer.
     fn cut_unfinished(&self, file_len: u64, log_start: u64) -> Result<()> {
         let header = FILE_HEADER_LEN as u64;
         let whole = header + (file_len - header) / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
+        let path = self.index_path();
         let mut end = whole;
         while end > header {
             let at = end - INDEX_ENTRY_LEN as u64;
-            match self.read_entry(at) {
+            let mut bytes = [0u8; INDEX_ENTRY_LEN];
+            self.index.read_exact_at(&mut bytes, at).map_err(|e| Error::io("read", &path, e))?;
+            if bytes.iter().all(|&b| b == 0) {
+                end = at;
+                continue;
+            }
+            match IndexEntry::decode(&bytes, at) {
                 Ok(entry) if entry.original_offset < log_start => break,
-                _ => end = at,
+                Ok(_) => end = at,
+                Err(kind) => return Err(Error::corruption(&path, at, kind)),
             }
         }
         if end != file_len {
@@ -446,6 +457,34 @@ mod tests {
         let (files, _) = area.delete_windows_before(u64::MAX / 2).unwrap();
         assert_eq!(files, 2);
         assert_eq!(area.read(&entry).unwrap(), None);
+    }
+
+    #[test]
+    fn a_damaged_last_entry_is_refused_at_open_and_zeros_are_cut() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = RelocationArea::open(dir.path(), 0).unwrap();
+        let (guard, mut pass) = area.begin();
+        for offset in [100, 200] {
+            pass.copy(offset, false, 5_000_000_000, b"x").unwrap();
+        }
+        pass.finish().unwrap();
+        drop(guard);
+        drop(area);
+        let path = dir.path().join("index");
+        let clean = std::fs::read(&path).unwrap();
+
+        let mut torn = clean.clone();
+        torn.extend_from_slice(&[0u8; INDEX_ENTRY_LEN + 5]);
+        std::fs::write(&path, &torn).unwrap();
+        let area = RelocationArea::open(dir.path(), 1_000).unwrap();
+        assert_eq!(area.entries(), 2, "unwritten entries and a partial one are cut");
+        drop(area);
+
+        let mut damaged = clean;
+        damaged[FILE_HEADER_LEN + INDEX_ENTRY_LEN + 9] ^= 0x10;
+        std::fs::write(&path, &damaged).unwrap();
+        let err = RelocationArea::open(dir.path(), 1_000).err().expect("damage is refused").to_string();
+        assert!(err.contains("index") && err.contains("offset 64"), "{err}");
     }
 
     #[test]

@@ -33,6 +33,7 @@ use crate::config::Retention;
 use crate::consume_queue::QueueRegistry;
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
+use crate::timer::tick::WheelShared;
 use pending::SegmentCounts;
 
 /// What retention may not delete, as of the checkpoints written so far.
@@ -44,6 +45,9 @@ pub(crate) struct Mark {
     /// Every timer due before this second has fired or was cancelled, and
     /// the dispatcher has indexed its delivery record (it lies below `log_offset`).
     pub settled_before_second: u64,
+    /// The lower tick second of the last two checkpoints: a restart resumes
+    /// the wheel there or later.
+    pub tick_second: u64,
     /// Pending timers per segment, as of a moment whose deliveries and
     /// cancels were durable (the older of the last two checkpoints).
     pub counts: Arc<SegmentCounts>,
@@ -98,7 +102,8 @@ impl Floor {
             .max()
             .unwrap_or(0)
             .min(newer.tick_second.min(older.tick_second));
-        Some(Mark { log_offset, settled_before_second, counts: Arc::clone(&older.counts) })
+        let tick_second = newer.tick_second.min(older.tick_second);
+        Some(Mark { log_offset, settled_before_second, tick_second, counts: Arc::clone(&older.counts) })
     }
 }
 
@@ -137,6 +142,8 @@ pub struct ReclaimReport {
 pub(crate) struct Retainer {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
+    /// Asked to delete timer-log files after each pass (the ticking thread owns them).
+    pub wheel: Arc<WheelShared>,
     pub clock: Arc<dyn Clock>,
     pub policy: Retention,
     pub floor: Arc<Floor>,
@@ -180,6 +187,7 @@ impl Retainer {
             self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
         report.windows_deleted = self.delete_passed_windows(needed_from_ms)?;
+        self.wheel.reclaim_requested.store(true, Ordering::Release);
         Ok(report)
     }
 

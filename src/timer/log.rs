@@ -190,6 +190,28 @@ impl TimerLog {
         })
     }
 
+    /// Deletes the files whose entries all lie below `first_needed`, never
+    /// the newest file (a reopen finds the log's end in it). Returns how many.
+    pub fn delete_files_below(&mut self, first_needed: u64) -> Result<u64> {
+        let Some(&newest) = self.files.keys().next_back() else { return Ok(0) };
+        let dead: Vec<u64> = self
+            .files
+            .keys()
+            .copied()
+            .take_while(|&no| no < newest && (no + 1) * self.per_file <= first_needed)
+            .collect();
+        for &file_no in &dead {
+            self.files.remove(&file_no);
+            let path = self.path(file_no);
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            tracing::info!(file = %path.display(), "deleted a timer-log file no chain reads any more");
+        }
+        if !dead.is_empty() {
+            crate::mmap::sync_dir(&self.dir)?;
+        }
+        Ok(dead.len() as u64)
+    }
+
     /// Every timer-log file, oldest first.
     pub fn files(&self) -> Vec<std::sync::Arc<Mapped>> {
         self.files.values().map(|w| std::sync::Arc::clone(w.shared())).collect()
@@ -217,6 +239,23 @@ mod tests {
         let bytes = cancel.encode(1);
         assert_eq!(&hex(&bytes)[16..32], "e86be5cf8b010080", "the top bit marks a cancel");
         assert_eq!(TimerEntry::decode(&bytes, 1), Ok(Some(cancel)));
+    }
+
+    #[test]
+    fn deleting_old_files_keeps_the_newest_so_a_reopen_finds_the_end() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut log = TimerLog::open(dir.path(), 4, None).unwrap();
+        let entry = TimerEntry { message_offset: 32, deliver_at_ms: 1_000, prev: 0, cancel: false };
+        // Entries 1..=7 fill files 0 and 1: the end, 8, lies on a file boundary.
+        for _ in 1..=7 {
+            log.append(&entry).unwrap();
+        }
+        assert_eq!(log.delete_files_below(8).unwrap(), 1, "file 0 goes, file 1 (the newest) stays");
+        drop(log);
+        let mut log = TimerLog::open(dir.path(), 4, None).unwrap();
+        assert_eq!(log.end(), 8, "entry indexes are never reused");
+        assert_eq!(log.append(&entry).unwrap(), 8);
+        assert_eq!(log.read(2).unwrap(), None, "deleted entries are simply not there");
     }
 
     #[test]

@@ -2,11 +2,13 @@
 //! times and legacy delay levels alike, and the one thread that ticks it.
 //!
 //! `wheel.rs` is the wheel (slots in a mapped file, pure `tick(now_ms)`),
-//! `log.rs` the timer log its slots chain through, `levels.rs` the legacy
-//! level table. The wheel and the timer log are indexes of the commit log.
+//! `log.rs` the timer log its slots chain through, `tails.rs` where each
+//! slot's chain begins (so old timer-log files can be deleted), `levels.rs`
+//! the legacy level table. All of them are indexes of the commit log.
 
 pub(crate) mod levels;
 mod loaded;
 pub(crate) mod log;
+pub(crate) mod tails;
 pub(crate) mod tick;
 pub(crate) mod wheel;

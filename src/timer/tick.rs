@@ -15,6 +15,7 @@ use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_d
 use crate::error::Result;
 use crate::message::CancelOutcome;
 use crate::mmap::Mapped;
+use crate::retention::Floor;
 use crate::retention::pending::SegmentCounts;
 use crate::stats::TimerStats;
 use crate::timer::wheel::{CancelState, CancelTarget, Timer, Wheel};
@@ -26,6 +27,8 @@ const MAX_SLEEP: Duration = Duration::from_millis(20);
 pub(crate) const HORIZONS_MS: [u64; 5] = [5_000, 60_000, 300_000, 3_600_000, 86_400_000];
 /// How often the gauges are refreshed (one pass over the slot counts).
 const STATS_INTERVAL: Duration = Duration::from_secs(1);
+/// How often the timer log is checked for files no chain reads any more.
+const RECLAIM_INTERVAL: Duration = Duration::from_secs(10);
 /// Commands handled between two looks at the clock.
 const COMMAND_BATCH: usize = 4096;
 
@@ -72,6 +75,8 @@ pub(crate) struct WheelShared {
     pub synced: Mutex<(WheelCheckpoint, Arc<SegmentCounts>)>,
     pub stats: Arc<Mutex<TimerStats>>,
     pub failed: AtomicBool,
+    /// Set by retention after a pass: look for timer-log files to delete now.
+    pub reclaim_requested: AtomicBool,
 }
 
 impl WheelShared {
@@ -81,6 +86,7 @@ impl WheelShared {
             synced: Mutex::new((checkpoint, counts)),
             stats: Arc::new(Mutex::new(TimerStats::new())),
             failed: AtomicBool::new(false),
+            reclaim_requested: AtomicBool::new(false),
         }
     }
 }
@@ -103,6 +109,9 @@ pub(crate) struct Ticker {
     pub counts: SegmentCounts,
     /// Retention's keep time: a timer due within it of being indexed is "near".
     pub keep_ms: u64,
+    /// The checkpoints on disk: the timer log is reclaimed up to what a
+    /// restart from the older of the last two would read.
+    pub floor: Arc<Floor>,
     /// The commit-log end at open: nothing is delivered until the replay of
     /// the records before it has reached the wheel, so a timer indexed twice
     /// (once before a crash, once by the replay) has both copies in place
@@ -124,6 +133,7 @@ impl Ticker {
     fn run_inner(&mut self, commands: &Receiver<WheelCommand>, stop: &AtomicBool) -> Result<()> {
         let mut last_sync = Instant::now();
         let mut last_stats = Instant::now();
+        let mut last_reclaim = Instant::now();
         self.publish_stats()?;
         loop {
             for command in commands.try_iter().take(COMMAND_BATCH) {
@@ -146,6 +156,12 @@ impl Ticker {
             if last_stats.elapsed() >= STATS_INTERVAL {
                 self.publish_stats()?;
                 last_stats = Instant::now();
+            }
+            if last_reclaim.elapsed() >= RECLAIM_INTERVAL
+                || self.shared.reclaim_requested.swap(false, Ordering::AcqRel)
+            {
+                self.reclaim_timer_log()?;
+                last_reclaim = Instant::now();
             }
             match commands.recv_timeout(self.sleep_for(now_ms)) {
                 Ok(command) => self.handle(command)?,
@@ -275,6 +291,15 @@ impl Ticker {
         Ok(())
     }
 
+    /// Deletes the timer-log files that no chain a restart would read reaches.
+    fn reclaim_timer_log(&mut self) -> Result<()> {
+        if let Some(mark) = self.floor.get() {
+            let _span = tracing::debug_span!("reclaim_timer_log", tick_second = mark.tick_second).entered();
+            self.wheel.reclaim_timer_logs(mark.tick_second)?;
+        }
+        Ok(())
+    }
+
     fn publish_stats(&mut self) -> Result<()> {
         let now_ms = self.clock.now_ms();
         let bounds = HORIZONS_MS.map(|ahead| now_ms.saturating_add(ahead));
@@ -288,7 +313,7 @@ impl Ticker {
         stats.pending_by_horizon = horizon;
         stats.reindexed = self.wheel.reindexed();
         stats.disk_bytes = self.wheel.disk_bytes();
-        stats.timer_log_entries = self.wheel.timer_log_end().saturating_sub(1);
+        stats.timer_log_entries = self.wheel.timer_log_entries();
         stats.refreshes += 1;
         Ok(())
     }

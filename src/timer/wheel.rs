@@ -38,6 +38,7 @@ use crate::format::{
 use crate::mmap::{MapWriter, Mapped};
 use crate::timer::loaded::Loaded;
 use crate::timer::log::{TimerEntry, TimerLog};
+use crate::timer::tails::Tails;
 
 /// One level of the wheel.
 #[derive(Debug, Clone, Copy)]
@@ -199,7 +200,14 @@ struct Prefetch {
 pub(crate) struct Wheel {
     path: PathBuf,
     file: MapWriter,
-    log: TimerLog,
+    /// The timer logs the slots chain through: `[0]` for level 0, whose
+    /// chains are read within a day, and `[1]` for levels 1 and 2 (far
+    /// timers, whose chains live until they cascade). Kept apart so the near
+    /// log's files can be deleted a day after they fill, while far timers
+    /// keep only their own files alive.
+    logs: [TimerLog; 2],
+    /// Where each slot's chain begins, so old timer-log files can be deleted.
+    tails: Tails,
     /// Every second up to this one has been loaded into `loaded` (or was empty).
     loaded_through: u64,
     /// The caller's mark when `loaded_through` was loaded.
@@ -305,9 +313,11 @@ impl Wheel {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let path = dir.join("wheel");
         let log_dir = dir.join("timerlog");
+        let far_log_dir = dir.join(FAR_LOG_DIR);
+        let tails_path = dir.join("tails");
         if resume.is_none() {
             // Nothing vouches for these files: start over (the commit log is the truth).
-            for stale in [&path, &log_dir] {
+            for stale in [&path, &log_dir, &far_log_dir, &tails_path] {
                 let _ = std::fs::remove_file(stale);
                 let _ = std::fs::remove_dir_all(stale);
             }
@@ -322,12 +332,17 @@ impl Wheel {
         };
         // Entries past the last checkpoint are kept: the replay that follows
         // may index some timers again, and duplicates are dropped when they come due.
-        let log = TimerLog::open(&log_dir, entries_per_log_file, None)?;
+        let logs = [
+            TimerLog::open(&log_dir, entries_per_log_file, None)?,
+            TimerLog::open(&far_log_dir, entries_per_log_file, None)?,
+        ];
+        let tails = Tails::open(dir, TOTAL_SLOTS)?;
         let loaded_through = resume.map_or(now_ms / 1000, |r| r.tick_second).saturating_sub(1);
         let mut wheel = Self {
             path,
             file,
-            log,
+            logs,
+            tails,
             loaded_through,
             loaded_through_mark: mark,
             last_mark: mark,
@@ -362,7 +377,8 @@ impl Wheel {
             (0..l.slots).all(|i| match self.read_slot(slot_index(level, i)) {
                 Ok(slot) if slot.count == 0 || !self.is_live(level, slot.window) => true,
                 Ok(slot) => {
-                    slot.head != 0 && slot.head < self.log.end() && self.log.read_linked(slot.head).is_ok()
+                    let log = &self.logs[log_of(level)];
+                    slot.head != 0 && slot.head < log.end() && log.read_linked(slot.head).is_ok()
                 }
                 Err(_) => false,
             })
@@ -530,7 +546,8 @@ impl Wheel {
     fn append_to_slot(&mut self, level: usize, window: u64, timer: Timer, cancel: bool) -> Result<()> {
         let index = slot_index(level, window);
         let mut slot = self.read_slot(index)?;
-        if slot.count == 0 || slot.window != window {
+        let new_chain = slot.count == 0 || slot.window != window;
+        if new_chain {
             if slot.count > 0 && self.is_live(level, slot.window) {
                 return Err(self.slot_error(
                     index,
@@ -545,7 +562,10 @@ impl Wheel {
             prev: slot.head,
             cancel,
         };
-        slot.head = self.log.append(&entry)?;
+        slot.head = self.logs[log_of(level)].append(&entry)?;
+        if new_chain {
+            self.tails.set(index, window, slot.head);
+        }
         slot.count += 1;
         slot.cancels += u32::from(cancel);
         self.write_slot(index, &slot);
@@ -689,7 +709,7 @@ impl Wheel {
             if prefetch.cursor == 0 {
                 return Err(self.slot_error(prefetch.slot, "the chain is shorter than the slot count".into()));
             }
-            let entry = self.log.read_linked(prefetch.cursor)?;
+            let entry = self.logs[0].read_linked(prefetch.cursor)?;
             if entry.cancel {
                 prefetch.cancels.insert(entry.message_offset);
             } else if !self.settled.contains(&entry.message_offset) {
@@ -740,8 +760,9 @@ impl Wheel {
     fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<TimerEntry>> {
         let mut timers = Vec::with_capacity(slot.count as usize);
         let mut next = slot.head;
+        let log = &self.logs[log_of(slot.level as usize)];
         while next != 0 && timers.len() < slot.count as usize {
-            let entry = self.log.read_linked(next)?;
+            let entry = log.read_linked(next)?;
             timers.push(entry);
             next = entry.prev;
         }
@@ -828,24 +849,76 @@ impl Wheel {
         self.reindexed
     }
 
+    /// The near timer log's end (what the checkpoint records, for inspection).
     pub fn timer_log_end(&self) -> u64 {
-        self.log.end()
+        self.logs[0].end()
+    }
+
+    /// Timer-log entries written so far, near and far.
+    pub fn timer_log_entries(&self) -> u64 {
+        self.logs.iter().map(|log| log.end() - 1).sum()
     }
 
     /// The mapped files to sync for a checkpoint: every timer-log file, then
     /// the wheel file. Syncing them from another thread is safe (`msync` does
     /// not touch content), so the ticking thread never waits for the disk.
     pub fn files_to_sync(&self) -> Vec<Arc<Mapped>> {
-        let mut files = self.log.files();
+        let mut files = self.logs[0].files();
+        files.extend(self.logs[1].files());
+        files.push(Arc::clone(self.tails.shared()));
         files.push(Arc::clone(self.file.shared()));
         files
     }
 
-    /// Bytes of the wheel file and the timer log.
+    /// Bytes of the wheel file, the tails file and the timer log.
     pub fn disk_bytes(&self) -> u64 {
-        self.file.shared().len() as u64 + self.log.disk_bytes()
+        let logs: u64 = self.logs.iter().map(TimerLog::disk_bytes).sum();
+        self.file.shared().len() as u64 + self.tails.shared().len() as u64 + logs
+    }
+
+    /// The oldest entry of each timer log that a wheel resumed at
+    /// `tick_second` may read: the first entry of every chain it would still
+    /// load or cascade. 1 (keep everything) where such a chain's start is unknown.
+    pub fn first_needed_entries(&self, tick_second: u64) -> [u64; 2] {
+        let loaded_through = tick_second.saturating_sub(1);
+        // A resumed wheel appends late timers to the chain of second
+        // `loaded_through` (see `insert`), so that chain stays readable too.
+        let mut first = [self.logs[0].end(), self.logs[1].end()];
+        for (level, l) in LEVELS.iter().enumerate() {
+            for i in 0..l.slots {
+                let index = slot_index(level, i);
+                let SlotCount { window, count } = self.slot_counts[index as usize];
+                let needed = count > 0
+                    && match level {
+                        0 => window >= loaded_through,
+                        _ => not_yet_cascaded(level, window, loaded_through),
+                    };
+                if needed {
+                    let start = self.tails.get(index, window).unwrap_or(1);
+                    first[log_of(level)] = first[log_of(level)].min(start);
+                }
+            }
+        }
+        first
+    }
+
+    /// Deletes the timer-log files no chain of a wheel resumed at
+    /// `tick_second` would read (`tick_second` must be one a checkpoint on
+    /// disk vouches for). Returns how many.
+    pub fn reclaim_timer_logs(&mut self, tick_second: u64) -> Result<u64> {
+        let first = self.first_needed_entries(tick_second);
+        let near = self.logs[0].delete_files_below(first[0])?;
+        Ok(near + self.logs[1].delete_files_below(first[1])?)
     }
 }
+
+/// Which timer log a slot of `level` chains through.
+fn log_of(level: usize) -> usize {
+    usize::from(level > 0)
+}
+
+/// The far timers' log, beside `timer/timerlog`.
+pub(crate) const FAR_LOG_DIR: &str = "timerlog-far";
 
 #[cfg(test)]
 mod tests;

@@ -1,9 +1,11 @@
 //! `delaywheel drain` and `delaywheel recover`: operator commands on an existing store.
 
-use std::path::PathBuf;
+use std::io::Read;
+use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use delaywheel::inspect::{self, FileKind};
 use delaywheel::{Config, Stats, Store};
 
 use crate::Failure;
@@ -23,6 +25,40 @@ pub struct RecoverArgs {
     dir: PathBuf,
     #[arg(long)]
     json: bool,
+}
+
+/// A configuration with the sizes the store's files were made with, read
+/// from their headers (a store opened with other sizes is refused), so the
+/// operator commands open any store.
+fn config_for(dir: &Path) -> Config {
+    let first_header = |files_dir: &Path, kind: FileKind| -> Option<u64> {
+        let mut numbered: Vec<PathBuf> = std::fs::read_dir(files_dir)
+            .ok()?
+            .flatten()
+            .filter(|e| inspect::parse_file_number(&e.file_name().to_string_lossy()).is_some())
+            .map(|e| e.path())
+            .collect();
+        numbered.sort();
+        let mut header = [0u8; inspect::FILE_HEADER_LEN];
+        std::fs::File::open(numbered.first()?).ok()?.read_exact(&mut header).ok()?;
+        inspect::decode_file_header(&header, kind).ok().map(|h| h.a)
+    };
+    let first_queue_dir = || -> Option<PathBuf> {
+        let topic = std::fs::read_dir(dir.join("consumequeue")).ok()?.flatten().next()?.path();
+        Some(std::fs::read_dir(topic).ok()?.flatten().next()?.path())
+    };
+    let mut config = Config::new(dir);
+    if let Some(size) = first_header(&dir.join("commitlog"), FileKind::CommitLog) {
+        config = config.with_segment_size(size);
+    }
+    let timer_log = |name: &str| first_header(&dir.join("timer").join(name), FileKind::TimerLog);
+    if let Some(entries) = timer_log("timerlog").or_else(|| timer_log("timerlog-far")) {
+        config = config.with_timer_log_file_entries(entries);
+    }
+    if let Some(entries) = first_queue_dir().and_then(|q| first_header(&q, FileKind::ConsumeQueue)) {
+        config = config.with_queue_file_entries(entries);
+    }
+    config
 }
 
 fn existing_store(dir: &std::path::Path) -> Result<(), Failure> {
@@ -61,7 +97,7 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
     existing_store(&args.dir)?;
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.timeout_secs);
-    let store = Store::open(Config::new(&args.dir))?;
+    let store = Store::open(config_for(&args.dir))?;
     wait_caught_up(&store, deadline)?;
     let at_start = fresh_stats(&store);
     let mut stats = at_start.clone();
@@ -96,7 +132,7 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
 pub fn recover(args: RecoverArgs) -> Result<(), Failure> {
     existing_store(&args.dir)?;
     let started = Instant::now();
-    let store = Store::open(Config::new(&args.dir).with_delivery(false))?;
+    let store = Store::open(config_for(&args.dir).with_delivery(false))?;
     let opened = Instant::now();
     let caught_up = wait_caught_up(&store, started + Duration::from_secs(3600))?;
     let stats = fresh_stats(&store);

@@ -38,6 +38,9 @@ pub struct RetentionSimArgs {
     segment_size: u64,
     #[arg(long, default_value_t = 128)]
     body_bytes: usize,
+    /// Entries per timer-log file (small, so reclaiming them shows in a month).
+    #[arg(long, default_value_t = 1 << 16)]
+    timer_log_file_entries: u64,
     /// Print the report as one JSON object on the last line.
     #[arg(long)]
     json: bool,
@@ -71,6 +74,7 @@ pub fn run(args: RetentionSimArgs) -> Result<(), Failure> {
     let config = Config::new(&dir)
         .with_clock(clock.clone())
         .with_segment_size(args.segment_size)
+        .with_timer_log_file_entries(args.timer_log_file_entries)
         .with_flush_interval(Duration::from_millis(5))
         .with_retention(retention);
     let store = Store::open(config)?;

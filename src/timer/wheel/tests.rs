@@ -108,6 +108,41 @@ fn reopening_resumes_where_it_stopped_without_redelivering() {
     assert_eq!(w.tick(START_MS + DAY, 0).unwrap(), [timer(START_MS + DAY, 96)]);
 }
 
+#[test]
+fn a_late_timer_after_a_restart_never_lands_on_a_chain_whose_files_were_reclaimed() {
+    let dir = tempfile::tempdir().unwrap();
+    let second = START_MS / 1000 + 5;
+    let mut w = Wheel::open(dir.path(), 16, START_MS, None, Settled::default(), 0).unwrap();
+    // 40 timers in one second, all cancelled: its chain spans three files.
+    for i in 0..40 {
+        w.insert(timer(second * 1000 + 10, 32 + i)).unwrap();
+    }
+    for i in 0..40 {
+        w.cancel(timer(second * 1000 + 10, 32 + i)).unwrap();
+    }
+    assert!(w.tick(second * 1000 + 500, 0).unwrap().is_empty());
+    // A checkpoint vouches that every second before `second + 1` was delivered.
+    let tick = second + 1;
+    w.reclaim_timer_logs(tick).unwrap();
+    drop(w);
+    // A restart at that tick may append a late timer to that second's chain.
+    let resume = Resume { tick_second: tick };
+    let mut w =
+        Wheel::open(dir.path(), 16, second * 1000 + 600, Some(resume), Settled::default(), 0).unwrap();
+    w.insert(timer(second * 1000 + 20, 9_999)).unwrap();
+    // The late timer holds the tick at its second; the older checkpoint's
+    // tick is still the later one.
+    let resume_again = Resume { tick_second: w.tick_second() };
+    assert_eq!(resume_again.tick_second, second);
+    w.reclaim_timer_logs(tick).unwrap();
+    drop(w);
+    // Closed before it fired: the next open reads that chain whole.
+    let mut w =
+        Wheel::open(dir.path(), 16, second * 1000 + 600, Some(resume_again), Settled::default(), 0).unwrap();
+    assert!(w.chains_intact());
+    assert_eq!(w.tick(second * 1000 + 700, 0).unwrap(), [timer(second * 1000 + 20, 9_999)]);
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Put a timer this many ms from now (may be negative: in the past).

@@ -6,10 +6,12 @@
 //!   time makes it **early**;
 //! * **cancelled**: a cancel record names it (or a cancel entry in a live slot does);
 //! * **pending**: the store will still deliver it: its timer is in a live
-//!   wheel slot (see `wheel_view`), or its record lies at or after the
-//!   checkpoint's `dispatched` offset, so the next open replays it into the
-//!   wheel (with no checkpoint to resume from, the next open rebuilds the
-//!   wheel from the whole log, and every unsettled timer is pending);
+//!   wheel slot (see `wheel_view`; level-0 chains are read from the near
+//!   timer log, level-1 and level-2 chains from the far one), or its record
+//!   lies at or after the checkpoint's `dispatched` offset, so the next open
+//!   replays it into the wheel (with no checkpoint to resume from, the next
+//!   open rebuilds the wheel from the whole log, and every unsettled timer
+//!   is pending);
 //! * **lost**: none of these, and due more than [`GRACE_MS`] before the
 //!   reference time: the latest time written in the commit log (the newest
 //!   store, delivery or cancel time), so the answer depends on the store
@@ -39,7 +41,7 @@ use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogFacts};
 use crate::error::{DumpError, Result};
-use crate::indexes::{CheckpointFile, TimerLog, WheelFile};
+use crate::indexes::{CheckpointFile, TimerLogs, WheelFile};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
 use crate::relocated::{CopyKind, Relocated};
 use crate::store_files::StoreFiles;
@@ -238,7 +240,8 @@ fn wheel_membership(files: &StoreFiles, resume: &Resume) -> (Option<Membership>,
     }
     let read = || -> Result<Option<Membership>> {
         let Some(wheel) = WheelFile::read(files)? else { return Ok(None) };
-        Ok(Some(Membership::of(&wheel, &TimerLog::open(files)?, resume)?))
+        let logs = TimerLogs::open(files)?.load()?;
+        Ok(Some(Membership::of(files, &wheel, &logs, resume)?))
     };
     match read() {
         Ok(Some(m)) => (Some(m), None),

@@ -1,6 +1,7 @@
-//! Reading the index files read-only: the checkpoint, the wheel, the timer
-//! log and the consume queues. Each reader checks file headers and sizes when
-//! it opens; entries are decoded by `delaywheel::inspect`.
+//! Reading the index files read-only: the checkpoint, the wheel, the two
+//! timer logs, the chain starts (`timer/tails`) and the consume queues. Each
+//! reader checks file headers and sizes when it opens; entries are decoded
+//! by `delaywheel::inspect`.
 
 use std::path::PathBuf;
 
@@ -139,31 +140,89 @@ impl WheelFile {
     }
 }
 
-// ----------------------------------------------------------------- timer log
+// ---------------------------------------------------------------- timer logs
 
-/// The timer-log files, headers checked; entries are read on demand. Open
+/// One of the two timer logs: `timer/timerlog/` holds the chains of level-0
+/// slots, `timer/timerlog-far/` those of level-1 and level-2 slots. Each has
+/// its own entry indexes: a slot's `head` and every `prev` in its chain index
+/// the log of the slot's level.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LogSide {
+    Near,
+    Far,
+}
+
+impl LogSide {
+    /// The log the chains of `level`'s slots run through.
+    pub fn of_level(level: usize) -> Self {
+        if inspect::timer_log_of(level) == 0 { Self::Near } else { Self::Far }
+    }
+
+    /// `0` near, `1` far (as [`inspect::timer_log_of`]).
+    pub fn index(self) -> usize {
+        match self {
+            Self::Near => 0,
+            Self::Far => 1,
+        }
+    }
+
+    /// The log's directory relative to the store, for messages.
+    pub fn name(self) -> &'static str {
+        match self {
+            Self::Near => "timer/timerlog/",
+            Self::Far => "timer/timerlog-far/",
+        }
+    }
+}
+
+/// One timer log's files, headers checked; entries are read on demand. Open
 /// it after reading the wheel: a live store appends an entry before it
 /// writes the slot that points at it, so every chain read is then complete.
+///
+/// The store deletes a log's oldest files once no chain a restart could read
+/// reaches into them, so the files may start past index 0: entries below the
+/// first file simply are not there.
 pub struct TimerLog {
+    pub side: LogSide,
+    dir: PathBuf,
     files: Vec<SequenceFile>,
     per_file: u64,
+    /// The files' entries per file (`None`: no files).
+    entries_per_file: Option<u64>,
 }
 
 impl TimerLog {
-    pub fn open(files: &StoreFiles) -> Result<Self> {
+    pub fn open(files: &StoreFiles, side: LogSide) -> Result<Self> {
         let entry = inspect::TIMER_ENTRY_LEN as u64;
         let header = inspect::FILE_HEADER_LEN as u64;
-        let (files, per_file) = open_sequence(
-            &files.timer_log_now()?,
+        let (list, per_file) = open_sequence(
+            &files.timer_log_now(side.index())?,
             FileKind::TimerLog,
             |a| a,
             |a| a.saturating_mul(entry).saturating_add(header),
         )?;
-        Ok(Self { files, per_file: per_file.unwrap_or(1) })
+        Ok(Self {
+            side,
+            dir: files.timer_log_dir(side.index()),
+            files: list,
+            per_file: per_file.unwrap_or(1),
+            entries_per_file: per_file,
+        })
     }
 
     pub fn files(&self) -> impl Iterator<Item = &SequenceFile> {
         self.files.iter()
+    }
+
+    /// The entries per file its headers say (`None`: no files).
+    pub fn entries_per_file(&self) -> Option<u64> {
+        self.entries_per_file
+    }
+
+    /// The first entry its files hold (`None`: it has no files). Entries
+    /// below it were in files the store deleted.
+    pub fn first(&self) -> Option<u64> {
+        self.files.first().map(|f| f.first.max(1))
     }
 
     /// The file and byte position of entry `index` (the file may not exist).
@@ -173,10 +232,7 @@ impl TimerLog {
             inspect::FILE_HEADER_LEN as u64 + (index % self.per_file) * inspect::TIMER_ENTRY_LEN as u64;
         match self.files.iter().find(|f| f.first == first) {
             Some(f) => (Some(&f.file), f.file.path.clone(), position),
-            None => {
-                let dir = self.files.first().and_then(|f| f.file.path.parent().map(PathBuf::from));
-                (None, dir.unwrap_or_default().join(format!("{first:020}")), position)
-            }
+            None => (None, self.dir.join(format!("{first:020}")), position),
         }
     }
 
@@ -189,9 +245,10 @@ impl TimerLog {
     }
 
     /// Visits entries in order from `from` (at least 1: index 0 is never
-    /// used) to the first unwritten one; returns the index past the last.
+    /// used; at least the first entry on disk) to the first unwritten one;
+    /// returns the index past the last.
     pub fn scan(&self, from: u64, mut visit: impl FnMut(u64, TimerLogEntry) -> Result<()>) -> Result<u64> {
-        let mut index = from.max(1);
+        let mut index = from.max(1).max(self.first().unwrap_or(1));
         let start = index;
         for f in self.files.iter().filter(|f| f.first + self.per_file > start) {
             if f.first > index {
@@ -212,35 +269,149 @@ impl TimerLog {
         Ok(index)
     }
 
-    /// Every written entry, indexed by position (entry 0 is never used).
-    pub fn load(&self) -> Result<Vec<Option<TimerLogEntry>>> {
-        let mut entries = vec![None];
-        self.scan(1, |_, entry| {
-            entries.push(Some(entry));
+    /// The index the next entry gets (`None`: no files): entries are dense,
+    /// so a binary search in the last file. Reads no checksum.
+    pub fn end(&self) -> Result<Option<u64>> {
+        let Some(last) = self.files.last() else { return Ok(None) };
+        let written = |i: u64| -> Result<bool> {
+            let position = inspect::FILE_HEADER_LEN as u64 + i * inspect::TIMER_ENTRY_LEN as u64;
+            let bytes = last.file.read(position, inspect::TIMER_ENTRY_LEN)?;
+            Ok(bytes.iter().any(|&b| b != 0))
+        };
+        // Index 0 is never used: file 0's first entry is index 1.
+        let (mut lo, mut hi) = (u64::from(last.first == 0), self.per_file);
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if written(mid)? { lo = mid + 1 } else { hi = mid }
+        }
+        Ok(Some(last.first + lo))
+    }
+
+    /// Every written entry, CRCs checked.
+    pub fn load(&self) -> Result<LoadedLog> {
+        let start = self.first().unwrap_or(1);
+        let mut entries = Vec::new();
+        self.scan(start, |_, entry| {
+            entries.push(entry);
             Ok(())
         })?;
-        Ok(entries)
+        Ok(LoadedLog { side: self.side, start, entries, has_files: !self.files.is_empty() })
     }
 }
 
-/// The chain of `slot`, newest first, as (entry index, entry), read through
-/// `entry`. The chain must hold exactly `count` entries, `cancels` of them
-/// cancel entries, each below the one before; otherwise the slot is corrupt.
-pub fn chain(
-    wheel: &WheelFile,
-    slot: &PlacedSlot,
-    mut entry: impl FnMut(u64) -> Result<Option<TimerLogEntry>>,
-) -> Result<Vec<(u64, TimerLogEntry)>> {
+/// A timer log read whole into memory.
+pub struct LoadedLog {
+    pub side: LogSide,
+    /// The index of `entries[0]`: the first entry on disk.
+    start: u64,
+    entries: Vec<TimerLogEntry>,
+    has_files: bool,
+}
+
+impl LoadedLog {
+    pub fn get(&self, index: u64) -> Option<TimerLogEntry> {
+        index.checked_sub(self.start).and_then(|i| self.entries.get(i as usize)).copied()
+    }
+
+    /// The first entry on disk (`None`: no files).
+    pub fn first(&self) -> Option<u64> {
+        self.has_files.then_some(self.start)
+    }
+
+    /// The index past the last entry (`None`: no files).
+    pub fn end(&self) -> Option<u64> {
+        self.has_files.then_some(self.start + self.entries.len() as u64)
+    }
+
+    /// (index, entry) in order.
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &TimerLogEntry)> {
+        (self.start..).zip(&self.entries)
+    }
+}
+
+/// Both timer logs, by [`LogSide::index`].
+pub struct TimerLogs(pub [TimerLog; 2]);
+
+impl TimerLogs {
+    pub fn open(files: &StoreFiles) -> Result<Self> {
+        Ok(Self([TimerLog::open(files, LogSide::Near)?, TimerLog::open(files, LogSide::Far)?]))
+    }
+
+    pub fn get(&self, side: LogSide) -> &TimerLog {
+        &self.0[side.index()]
+    }
+
+    pub fn load(&self) -> Result<LoadedLogs> {
+        Ok(LoadedLogs([self.0[0].load()?, self.0[1].load()?]))
+    }
+}
+
+/// Both timer logs in memory, by [`LogSide::index`].
+pub struct LoadedLogs(pub [LoadedLog; 2]);
+
+impl LoadedLogs {
+    pub fn get(&self, side: LogSide) -> &LoadedLog {
+        &self.0[side.index()]
+    }
+}
+
+/// Where chains are read from: both timer logs, on disk or in memory.
+pub trait Entries {
+    /// Entry `index` of log `side`: `Ok(None)` if it is not there.
+    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerLogEntry>>;
+    /// The first entry of log `side` on disk (`None`: no files).
+    fn first(&self, side: LogSide) -> Option<u64>;
+}
+
+impl Entries for TimerLogs {
+    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerLogEntry>> {
+        self.get(side).entry(index)
+    }
+
+    fn first(&self, side: LogSide) -> Option<u64> {
+        self.get(side).first()
+    }
+}
+
+impl Entries for LoadedLogs {
+    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerLogEntry>> {
+        Ok(self.get(side).get(index))
+    }
+
+    fn first(&self, side: LogSide) -> Option<u64> {
+        self.get(side).first()
+    }
+}
+
+/// A slot's chain as far as its timer log holds it.
+pub struct Chain {
+    /// (entry index, entry), newest first.
+    pub entries: Vec<(u64, TimerLogEntry)>,
+    /// The entry the chain goes on to whose file was deleted (`None`: the
+    /// chain was read whole, and checked against the slot's counts).
+    pub deleted_from: Option<u64>,
+}
+
+/// The chain of `slot`, newest first, through the log of its level, as far
+/// as that log's files go. The chain must link backwards, and (read whole)
+/// hold exactly `count` entries, `cancels` of them cancel entries; otherwise
+/// the slot is corrupt. Only the chains of live slots are sure to be read
+/// whole: the store deletes timer-log files that only stale chains reach.
+pub fn read_chain(wheel: &WheelFile, slot: &PlacedSlot, logs: &impl Entries) -> Result<Chain> {
+    let side = LogSide::of_level(slot.level);
     let position = inspect::slot_position(slot.index);
     let bad = |why: String| DumpError::bad_reference(&wheel.path, position, why);
     let mut out = Vec::with_capacity(slot.slot.count as usize);
     let mut next = slot.slot.head;
     while next != 0 && out.len() < slot.slot.count as usize {
-        let Some(e) = entry(next)? else {
-            return Err(bad(format!("the chain points at unwritten timer-log entry {next}")));
+        if logs.first(side).is_none_or(|first| next < first) {
+            return Ok(Chain { entries: out, deleted_from: Some(next) });
+        }
+        let Some(e) = logs.entry(side, next)? else {
+            return Err(bad(format!("the chain points at unwritten entry {next} of {}", side.name())));
         };
         if e.prev >= next {
-            return Err(bad(format!("timer-log entry {next} links forward to {}", e.prev)));
+            return Err(bad(format!("entry {next} of {} links forward to {}", side.name(), e.prev)));
         }
         out.push((next, e));
         next = e.prev;
@@ -248,8 +419,9 @@ pub fn chain(
     if out.len() != slot.slot.count as usize || next != 0 {
         let longer = if next != 0 { " or more" } else { "" };
         return Err(bad(format!(
-            "slot count is {} but its chain holds {}{longer}",
+            "slot count is {} but its chain in {} holds {}{longer}",
             slot.slot.count,
+            side.name(),
             out.len()
         )));
     }
@@ -260,7 +432,62 @@ pub fn chain(
             slot.slot.cancels
         )));
     }
-    Ok(out)
+    Ok(Chain { entries: out, deleted_from: None })
+}
+
+impl Chain {
+    /// The whole chain; one that reaches a deleted file is an error (for a live slot).
+    pub fn whole(
+        self,
+        wheel: &WheelFile,
+        slot: &PlacedSlot,
+        logs: &impl Entries,
+    ) -> Result<Vec<(u64, TimerLogEntry)>> {
+        let Some(index) = self.deleted_from else { return Ok(self.entries) };
+        let side = LogSide::of_level(slot.level);
+        let files = match logs.first(side) {
+            Some(first) => format!("its files start at entry {first}"),
+            None => "it has no files".into(),
+        };
+        let why = format!(
+            "the chain of a live slot reaches entry {index} of {}, whose file was deleted ({files})",
+            side.name()
+        );
+        Err(DumpError::bad_reference(&wheel.path, inspect::slot_position(slot.index), why))
+    }
+}
+
+// -------------------------------------------------------------- chain starts
+
+/// `timer/tails`, read whole (1.8 MB), its header and size checked.
+pub struct TailsFile {
+    pub path: PathBuf,
+    records: Vec<u8>,
+}
+
+impl TailsFile {
+    /// `Ok(None)` if there is no such file (a store written before it existed).
+    pub fn read(files: &StoreFiles) -> Result<Option<Self>> {
+        if !files.tails.exists() {
+            return Ok(None);
+        }
+        let file = DataFile::open(&files.tails)?;
+        let header = file.header(FileKind::Tails)?;
+        file.expect_field("a (record length)", header.a, inspect::TAIL_RECORD_LEN as u64)?;
+        file.expect_field("b (slots)", header.b, inspect::WHEEL_TOTAL_SLOTS)?;
+        file.expect_len(inspect::TAILS_FILE_LEN)?;
+        let header_len = inspect::FILE_HEADER_LEN as u64;
+        let records = file.read(header_len, (inspect::TAILS_FILE_LEN - header_len) as usize)?;
+        Ok(Some(Self { path: file.path, records }))
+    }
+
+    /// Slot `index`'s record: `Ok(None)` if never written; an error if it fails its CRC.
+    pub fn record(&self, index: u64) -> Result<Option<inspect::TailRecord>> {
+        let at = index as usize * inspect::TAIL_RECORD_LEN;
+        let bytes = self.records.get(at..at + inspect::TAIL_RECORD_LEN).unwrap_or(&[]);
+        inspect::decode_tail_record(bytes, index)
+            .map_err(|kind| DumpError::corruption(&self.path, inspect::tail_position(index), kind))
+    }
 }
 
 // ------------------------------------------------------------- consume queue

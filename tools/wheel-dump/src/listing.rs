@@ -1,4 +1,4 @@
-//! The listings: `slots`, `slot T`, `log` and `checkpoint`.
+//! The listings: `slots`, `slot T`, `log` (near or far timer log) and `checkpoint`.
 
 use std::collections::HashMap;
 use std::io::Write;
@@ -8,13 +8,15 @@ use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogFacts};
 use crate::error::Result;
-use crate::indexes::{CheckpointFile, CheckpointSlot, PlacedSlot, TimerLog, WheelFile, chain};
+use crate::indexes::{
+    CheckpointFile, CheckpointSlot, LogSide, PlacedSlot, TimerLog, TimerLogs, WheelFile, read_chain,
+};
 use crate::output::{SCHEMA_VERSION, Table, json_line, thousands};
 use crate::relocated::Relocated;
 use crate::store_files::StoreFiles;
 use crate::summary::{CheckpointJson, render_checkpoint};
 use crate::time::{utc_ms, utc_second};
-use crate::wheel_view::Resume;
+use crate::wheel_view::{LiveChains, Resume};
 
 /// How a listing is printed.
 #[derive(Clone, Copy)]
@@ -148,7 +150,8 @@ fn tick_note(resume: &Resume) -> String {
 #[derive(Serialize)]
 struct EntryLine {
     level: usize,
-    /// Timer-log index of the entry.
+    /// Index of the entry in the timer log of its level (level 0: the near
+    /// log `timer/timerlog/`; levels 1 and 2: the far log `timer/timerlog-far/`).
     entry: u64,
     /// `timer`, or `cancel` for a cancel entry.
     kind: &'static str,
@@ -168,11 +171,14 @@ struct EntryLine {
 /// Every timer due in epoch second `second`: the whole chain of its level-0
 /// slot (if that slot holds this second; it may also hold timers of earlier
 /// seconds that were due when indexed), and the entries of this second in
-/// the level-1 and level-2 slots whose windows hold it.
+/// the level-1 and level-2 slots whose windows hold it. A stale slot's chain
+/// is listed as far as the timer log still holds it.
 pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Write) -> Result<()> {
     let resume = Resume::new(files, &CheckpointFile::read(files)?);
     let wheel = WheelFile::read(files)?;
-    let log = TimerLog::open(files)?;
+    let logs = TimerLogs::open(files)?;
+    let mut chains = LiveChains::new(files, &resume);
+    let mut notes = Vec::new();
     let commit_log = CommitLog::open(files)?;
     let mut facts = LogFacts::gather(&commit_log)?;
     // Relocated timers are known by their copies (leniently: `verify` checks them).
@@ -192,7 +198,23 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
             if slot.slot.window != window {
                 continue;
             }
-            let entries = chain(&wheel, &slot, |i| log.entry(i))?;
+            let live_chain = if resume.is_live(&slot) { chains.chain(&wheel, &slot, &logs)? } else { None };
+            // Live (read whole), or stale: as far as the log holds it.
+            let live = live_chain.is_some();
+            let entries = match live_chain {
+                Some(entries) => entries,
+                None => {
+                    let chain = read_chain(&wheel, &slot, &logs)?;
+                    if let Some(at) = chain.deleted_from {
+                        notes.push(format!(
+                            "the stale level-{level} slot's chain goes on at entry {at} of {}, in a file deleted \
+                             once no live chain reached it",
+                            LogSide::of_level(level).name()
+                        ));
+                    }
+                    chain.entries
+                }
+            };
             let in_chain_cancels: Vec<u64> =
                 entries.iter().filter(|(_, e)| e.cancel).map(|(_, e)| e.message_offset).collect();
             for (index, e) in entries.iter().rev() {
@@ -207,7 +229,7 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
                     || in_chain_cancels.contains(&e.message_offset)
                 {
                     "cancelled".into()
-                } else if resume.is_live(&slot) {
+                } else if live {
                     "pending".into()
                 } else if level > 0 {
                     "cascaded".into()
@@ -262,6 +284,9 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
             }
             write!(out, "{}", t.render(0))?;
             writeln!(out, "{} entries", lines.len())?;
+            for note in &notes {
+                writeln!(out, "note: {note}")?;
+            }
         }
     }
     Ok(())
@@ -280,9 +305,13 @@ struct LogLine {
     prev: u64,
 }
 
-/// Timer-log entries in order from index `from`, streamed.
-pub fn log(files: &StoreFiles, from: u64, format: Format, out: &mut impl Write) -> Result<()> {
-    let log = TimerLog::open(files)?;
+/// Entries of the near timer log (or with `far` the far one) in order from
+/// index `from`, streamed.
+pub fn log(files: &StoreFiles, from: u64, far: bool, format: Format, out: &mut impl Write) -> Result<()> {
+    let side = if far { LogSide::Far } else { LogSide::Near };
+    let log = TimerLog::open(files, side)?;
+    // The store deletes a log's oldest files: the listing starts at the first entry on disk.
+    let first = log.first().unwrap_or(1);
     let line = |index, e: inspect::TimerLogEntry| LogLine {
         index,
         kind: if e.cancel { "cancel" } else { "timer" },
@@ -299,10 +328,20 @@ pub fn log(files: &StoreFiles, from: u64, format: Format, out: &mut impl Write) 
                 listing: &'static str,
                 from: u64,
             }
-            json_line(out, &LogHeader { schema_version: SCHEMA_VERSION, listing: "log", from: from.max(1) })?;
+            let listing = if far { "far-log" } else { "log" };
+            json_line(
+                out,
+                &LogHeader { schema_version: SCHEMA_VERSION, listing, from: from.max(1).max(first) },
+            )?;
             log.scan(from, |index, e| Ok(json_line(out, &line(index, e))?))?;
         }
         Format::Text => {
+            if from.max(1) < first {
+                writeln!(
+                    out,
+                    "entries below {first} were in files deleted once no live chain reached them: from {first}"
+                )?;
+            }
             // Columns have fixed widths so the listing can stream.
             writeln!(
                 out,
@@ -318,7 +357,10 @@ pub fn log(files: &StoreFiles, from: u64, format: Format, out: &mut impl Write) 
                 )?;
                 Ok(())
             })?;
-            writeln!(out, "end of the timer log at index {end}")?;
+            match side {
+                LogSide::Near => writeln!(out, "end of the timer log at index {end}")?,
+                LogSide::Far => writeln!(out, "end of the far timer log ({}) at index {end}", side.name())?,
+            }
         }
     }
     Ok(())

@@ -76,11 +76,15 @@ enum Command {
         #[arg(value_name = "T")]
         second: u64,
     },
-    /// Timer-log entries in order.
+    /// Timer-log entries in order: the near log (`timer/timerlog/`, level-0 chains), or with
+    /// --far the far log (`timer/timerlog-far/`, level-1 and level-2 chains).
     Log {
-        /// First entry index to print (index 0 is never used).
+        /// First entry index to print (index 0 is never used; entries in deleted files are not there).
         #[arg(long, value_name = "POS", default_value_t = 1)]
         from: u64,
+        /// List the far timer log instead of the near one.
+        #[arg(long)]
+        far: bool,
     },
     /// Both checkpoint slots, every field, and which one a store would use.
     Checkpoint,
@@ -138,7 +142,9 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::Slot { second } => {
             listing::slot(&files, second, format, &mut out).map(|()| ExitCode::SUCCESS)?
         }
-        Command::Log { from } => listing::log(&files, from, format, &mut out).map(|()| ExitCode::SUCCESS)?,
+        Command::Log { from, far } => {
+            listing::log(&files, from, far, format, &mut out).map(|()| ExitCode::SUCCESS)?
+        }
         Command::Checkpoint => listing::checkpoint(&files, cli.json, &mut out).map(|()| ExitCode::SUCCESS)?,
         Command::Verify => report_verify(&files, cli.json, &mut out)?,
         Command::Audit => {
@@ -203,9 +209,14 @@ fn render_checked(c: &verify::Checked) -> String {
         ("  deliveries", c.deliveries),
         ("  cancels", c.cancels),
         ("timer-log entries", c.timer_log_entries),
+        ("  near (timerlog/)", c.near_timer_log_entries),
+        ("  far (timerlog-far/)", c.far_timer_log_entries),
         ("wheel slots", c.wheel_slots),
-        ("  non-empty, chains walked", c.non_empty_slots),
+        ("  non-empty", c.non_empty_slots),
+        ("  live, chains walked", c.chains_walked),
         ("  chain entries", c.chain_entries),
+        ("chain starts (timer/tails)", c.chain_starts),
+        ("  unknown (no record for the window)", c.chain_starts_unknown),
         ("consume queues", c.consume_queues),
         ("  entries", c.queue_entries),
     ] {
@@ -239,6 +250,19 @@ fn render_checked(c: &verify::Checked) -> String {
             "  retention deleted the records below log offset {} (the oldest segment)\n  \
              (*) by delivery and cancel records and timer-log entries\n",
             c.oldest_segment
+        );
+    }
+    for (name, first) in ["timerlog/", "timerlog-far/"].iter().zip(c.timer_log_first_entries) {
+        if let Some(first) = first.filter(|&first| first > 1) {
+            out += &format!(
+                "  timer/{name} starts at entry {first}: the store deleted the files below (no live chain reached them)\n"
+            );
+        }
+    }
+    if c.chains_gone_stale > 0 {
+        out += &format!(
+            "  {} live chains reach deleted timer-log files, but a newer checkpoint made their slots stale (a live store)\n",
+            c.chains_gone_stale
         );
     }
     out += &format!("  the commit log ends at offset {}\n", c.log_end);

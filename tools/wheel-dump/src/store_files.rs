@@ -22,7 +22,12 @@ pub struct StoreFiles {
     pub segments: BTreeMap<u64, PathBuf>,
     pub queues: Vec<QueueFiles>,
     pub wheel: PathBuf,
-    pub timer_log: BTreeMap<u64, PathBuf>,
+    /// The files of the near timer log (`timer/timerlog/`, `[0]`) and of the
+    /// far one (`timer/timerlog-far/`, `[1]`); see [`inspect::timer_log_of`].
+    /// Retention deletes a log's oldest files: they may start past index 0.
+    pub timer_logs: [BTreeMap<u64, PathBuf>; 2],
+    /// `timer/tails`, where each slot's chain begins (may not exist).
+    pub tails: PathBuf,
     /// `timer/segment_pending` (may not exist).
     pub segment_pending: PathBuf,
     /// `commitlog/relocated/`: the relocation area's directory.
@@ -74,7 +79,8 @@ impl StoreFiles {
             segments: numbered_files(&commitlog)?,
             queues,
             wheel: dir.join("timer").join("wheel"),
-            timer_log: numbered_files(&dir.join("timer").join("timerlog"))?,
+            timer_logs: [numbered_files(&timer_log_dir(dir, 0))?, numbered_files(&timer_log_dir(dir, 1))?],
+            tails: dir.join("timer").join(inspect::TAILS_FILE),
             segment_pending: dir.join("timer").join(inspect::SEGMENT_PENDING_FILE),
             relocation_index: relocated_dir.join(inspect::RELOCATION_INDEX_FILE),
             relocation_windows: numbered_files(&relocated_dir)?,
@@ -94,17 +100,28 @@ impl StoreFiles {
         self.segments.keys().next().copied().unwrap_or(0)
     }
 
-    /// The timer-log files as they are now. A live store creates them as it
-    /// goes, so a reader that has just read a wheel slot lists them again:
-    /// the slot may point into a file created after [`locate`](Self::locate).
-    pub fn timer_log_now(&self) -> Result<BTreeMap<u64, PathBuf>> {
-        numbered_files(&self.dir.join("timer").join("timerlog"))
+    /// The directory of timer log `log` (`0` near, `1` far).
+    pub fn timer_log_dir(&self, log: usize) -> PathBuf {
+        timer_log_dir(&self.dir, log)
+    }
+
+    /// The files of timer log `log` as they are now. A live store creates
+    /// them as it goes (and deletes the oldest), so a reader that has just
+    /// read a wheel slot lists them again: the slot may point into a file
+    /// created after [`locate`](Self::locate).
+    pub fn timer_log_now(&self, log: usize) -> Result<BTreeMap<u64, PathBuf>> {
+        numbered_files(&self.timer_log_dir(log))
     }
 
     /// `path` relative to the store directory, for listings.
     pub fn relative(&self, path: &Path) -> String {
         path.strip_prefix(&self.dir).unwrap_or(path).display().to_string()
     }
+}
+
+fn timer_log_dir(dir: &Path, log: usize) -> PathBuf {
+    let name = if log == 0 { inspect::TIMER_LOG_DIR } else { inspect::FAR_TIMER_LOG_DIR };
+    dir.join("timer").join(name)
 }
 
 fn file_name(path: &Path) -> String {

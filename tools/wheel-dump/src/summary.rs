@@ -1,6 +1,6 @@
-//! `summary`: files and sizes, format versions, the checkpoint, pending
-//! timers per wheel level and per coming time bucket, the next due time,
-//! consume queues and their lengths. It reads headers, slot records and one
+//! `summary`: files and sizes, format versions, the checkpoint, the two
+//! timer logs' entries, pending timers per wheel level and per coming time
+//! bucket, the next due time, consume queues and their lengths. It reads headers, slot records and one
 //! chain, so it is quick on any store. A store with retention (segments
 //! deleted, or copies in `commitlog/relocated/`) also gets a retention part:
 //! disk use per kind, the relocation area, and the relocation records of the
@@ -13,12 +13,12 @@ use delaywheel::{Checkpoint, HORIZON_LABELS};
 use serde::Serialize;
 
 use crate::commitlog::CommitLog;
-use crate::error::Result;
-use crate::indexes::{CheckpointFile, ConsumeQueue, PlacedSlot, TimerLog, WheelFile, chain};
+use crate::error::{DumpError, Result};
+use crate::indexes::{CheckpointFile, ConsumeQueue, LogSide, PlacedSlot, TimerLogs, WheelFile};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
 use crate::store_files::{DataFile, StoreFiles};
 use crate::time::{utc_ms, utc_second};
-use crate::wheel_view::{Resume, live_slots};
+use crate::wheel_view::{LiveChains, Resume, live_slots};
 
 #[derive(Serialize)]
 pub struct Summary {
@@ -29,6 +29,8 @@ pub struct Summary {
     checkpoint: Option<CheckpointJson>,
     /// Whether the next open resumes the indexes at the checkpoint (otherwise it rebuilds them).
     resumes_at_checkpoint: bool,
+    /// The near timer log (level-0 chains), then the far one (levels 1 and 2).
+    timer_logs: Vec<TimerLogInfo>,
     /// Pending timers per level: live slot entries minus cancel entries.
     pending_per_level: [u64; inspect::WHEEL_LEVELS],
     pending_total: u64,
@@ -64,8 +66,25 @@ struct DiskBytes {
     commit_log: u64,
     relocated: u64,
     consume_queues: u64,
-    /// The wheel file and the timer log.
+    /// The wheel file, `timer/tails` and both timer logs.
     timer_index: u64,
+}
+
+/// One timer log's files and entries.
+#[derive(Serialize)]
+struct TimerLogInfo {
+    /// `timer/timerlog` or `timer/timerlog-far`.
+    dir: String,
+    /// The wheel levels whose slots chain through it.
+    levels: Vec<usize>,
+    files: usize,
+    /// The first entry its files hold (`None`: no files); the store deletes a
+    /// log's oldest files once no live chain reaches them.
+    first_entry: Option<u64>,
+    /// The index the next entry gets (`None`: no files).
+    end: Option<u64>,
+    /// Entries on disk: from the first entry to the end.
+    entries: u64,
 }
 
 #[derive(Serialize, Default)]
@@ -135,7 +154,7 @@ impl Summary {
         let checkpoint = CheckpointFile::read(files)?;
         let resume = Resume::new(files, &checkpoint);
         let wheel = WheelFile::read(files)?;
-        let log = TimerLog::open(files)?;
+        let logs = TimerLogs::open(files)?;
         let live = match &wheel {
             Some(wheel) => live_slots(wheel, &resume)?,
             None => Vec::new(),
@@ -155,7 +174,7 @@ impl Summary {
         }
         let pending_per_level = inspect::net_pending(entries, cancels);
         let next_due = match &wheel {
-            Some(wheel) => next_due(wheel, &log, &live)?,
+            Some(wheel) => next_due(files, &resume, wheel, &logs, &live)?,
             None => None,
         };
         let mut queues = Vec::new();
@@ -168,6 +187,18 @@ impl Summary {
                 files: queue.file_count(),
             });
         }
+        let mut timer_logs = Vec::new();
+        for log in &logs.0 {
+            let (first_entry, end) = (log.first(), log.end()?);
+            timer_logs.push(TimerLogInfo {
+                dir: files.relative(&files.timer_log_dir(log.side.index())),
+                levels: (0..inspect::WHEEL_LEVELS).filter(|&l| LogSide::of_level(l) == log.side).collect(),
+                files: log.files().count(),
+                first_entry,
+                end,
+                entries: end.zip(first_entry).map_or(0, |(end, first)| end.saturating_sub(first)),
+            });
+        }
         let file_infos = file_infos(files)?;
         let retention = retention(files, &file_infos)?;
         Ok(Self {
@@ -176,6 +207,7 @@ impl Summary {
             files: file_infos,
             checkpoint: resume.checkpoint.map(|(position, cp)| CheckpointJson::new(position, &cp)),
             resumes_at_checkpoint: resume.resumes,
+            timer_logs,
             pending_per_level,
             pending_total: pending_per_level.iter().sum(),
             reference_ms,
@@ -202,6 +234,29 @@ impl Summary {
         if self.checkpoint.is_some() && !self.resumes_at_checkpoint {
             out +=
                 "  an index directory is missing: the next open rebuilds every index from the commit log\n";
+        }
+        out += "\ntimer logs\n";
+        let mut table = Table::new(&["log", "chains of", ">files", ">first entry", ">end", ">entries"]);
+        for l in &self.timer_logs {
+            let levels = match l.levels.as_slice() {
+                [level] => format!("level {level}"),
+                levels => {
+                    format!("levels {}", levels.iter().map(|l| l.to_string()).collect::<Vec<_>>().join(", "))
+                }
+            };
+            let or_dash = |n: Option<u64>| n.map_or("-".to_string(), thousands);
+            table.row(vec![
+                format!("{}/", l.dir),
+                levels,
+                l.files.to_string(),
+                or_dash(l.first_entry),
+                or_dash(l.end),
+                thousands(l.entries),
+            ]);
+        }
+        out += &table.render(2);
+        if self.timer_logs.iter().any(|l| l.first_entry.is_some_and(|first| first > 1)) {
+            out += "  (entries below a log's first entry were in files deleted once no live chain reached them)\n";
         }
         out += "\npending timers (live wheel slots, as of the checkpoint's tick second)\n";
         let mut table = Table::new(&["level", ">slot covers", ">pending"]);
@@ -265,7 +320,7 @@ impl Summary {
             ("commit-log segments", d.commit_log),
             ("relocation area", d.relocated),
             ("consume queues", d.consume_queues),
-            ("wheel + timer log", d.timer_index),
+            ("wheel, tails + timer logs", d.timer_index),
         ] {
             t.row(vec![what.into(), thousands(n)]);
         }
@@ -302,7 +357,10 @@ fn retention(files: &StoreFiles, file_infos: &[FileInfo]) -> Result<RetentionInf
         commit_log: bytes("commitlog/") - bytes(&relocated_prefix),
         relocated: bytes(&relocated_prefix),
         consume_queues: bytes("consumequeue/"),
-        timer_index: bytes("timer/wheel") + bytes("timer/timerlog/"),
+        timer_index: bytes("timer/wheel")
+            + bytes(&files.relative(&files.tails))
+            + bytes(&format!("{}/", files.relative(&files.timer_log_dir(0))))
+            + bytes(&format!("{}/", files.relative(&files.timer_log_dir(1)))),
     };
     // The index's header was checked with the files; its entries are counted, not read.
     let index_bytes = bytes(&files.relative(&files.relocation_index));
@@ -351,18 +409,26 @@ pub fn render_checkpoint(cp: &CheckpointJson) -> String {
     row("written at", cp.written_at_ms, &utc_ms(cp.written_at_ms));
     row("tick second", cp.tick_second, &utc_second(cp.tick_second));
     row("delivery scan", cp.delivery_scan_from, "deliveries of pending timers lie at or after");
-    row("timer-log end", cp.timer_log_end, "next timer-log entry index");
+    row("timer-log end", cp.timer_log_end, "next entry index of the near timer log (timerlog/)");
     t.render(2)
 }
 
 /// The earliest due time in the live slots: exact on level 0 (the chains of
-/// its earliest slots are read until one holds a timer not cancelled), a
-/// window start for coarser levels.
-fn next_due(wheel: &WheelFile, log: &TimerLog, live: &[PlacedSlot]) -> Result<Option<NextDue>> {
+/// its earliest slots are read from the near timer log until one holds a
+/// timer not cancelled), a window start for coarser levels.
+fn next_due(
+    files: &StoreFiles,
+    resume: &Resume,
+    wheel: &WheelFile,
+    logs: &TimerLogs,
+    live: &[PlacedSlot],
+) -> Result<Option<NextDue>> {
     let mut level0: Vec<&PlacedSlot> = live.iter().filter(|s| s.level == 0).collect();
     level0.sort_by_key(|s| s.start_second());
+    let mut chains = LiveChains::new(files, resume);
     for slot in level0 {
-        let entries = chain(wheel, slot, |i| log.entry(i))?;
+        // A running store may have delivered it and deleted its chain since.
+        let Some(entries) = chains.chain(wheel, slot, logs)? else { continue };
         let cancelled: Vec<u64> =
             entries.iter().filter(|(_, e)| e.cancel).map(|(_, e)| e.message_offset).collect();
         let at_ms = entries
@@ -389,7 +455,15 @@ fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
         if !path.is_file() {
             return Ok(());
         }
-        let file = DataFile::open(path)?;
+        let file = match DataFile::open(path) {
+            Ok(file) => file,
+            // A running store deleted it since it was listed (retention, or
+            // a timer-log file no chain reaches any more).
+            Err(DumpError::Io { source, .. }) if source.kind() == std::io::ErrorKind::NotFound => {
+                return Ok(());
+            }
+            Err(e) => return Err(e),
+        };
         let version = match kind {
             Some(kind) => Some(file.header(kind)?.version),
             None => None,
@@ -413,8 +487,11 @@ fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
         }
     }
     add(&files.wheel, Some(FileKind::Wheel))?;
-    for path in files.timer_log.values() {
-        add(path, Some(FileKind::TimerLog))?;
+    add(&files.tails, Some(FileKind::Tails))?;
+    for log in &files.timer_logs {
+        for path in log.values() {
+            add(path, Some(FileKind::TimerLog))?;
+        }
     }
     add(&files.segment_pending, Some(FileKind::SegmentPending))?;
     Ok(out)

@@ -19,11 +19,19 @@
 //!    earlier timed message record, in the log or relocated (a cancel also its
 //!    deliver time), or an offset below the oldest segment with no readable
 //!    copy (retention deleted it after it fired);
-//! 5. the timer log: headers, every entry's CRC, and each entry names a timed
-//!    message record with that deliver time (or one retention deleted);
-//! 6. the wheel: header and size, every slot's CRC, level and window, and each
-//!    non-empty slot's chain: exactly `count` entries, `cancels` of them cancel
-//!    entries, each due in the slot's window (level 0: in or before its second);
+//! 5. the timer logs, near (`timer/timerlog/`) then far (`timer/timerlog-far/`):
+//!    headers (both logs' files of one size), every entry's CRC, and each
+//!    entry names a timed message record with that deliver time (or one
+//!    retention deleted); a log's files may start past index 0 (the store
+//!    deletes its oldest files once no live chain reaches them);
+//! 6. the wheel: header and size, every slot's CRC, level and window; each
+//!    live slot's chain (as of the checkpoint's tick second), through the log
+//!    of its level: exactly `count` entries, `cancels` of them cancel entries,
+//!    each due in the slot's window (level 0: in or before its second); and
+//!    `timer/tails`: header and size, and each live slot's record passes its
+//!    CRC and, if it is for the slot's window, names the chain's oldest entry
+//!    (a record for another window only means the start is unknown). Stale
+//!    slots' chains are not followed: they may lead into deleted files;
 //! 7. the consume queues: headers, every entry's CRC, each entry points at a
 //!    record of its queue (an ordinary message, or a delivery of a timer of
 //!    that topic and queue) with the right length, time and tag hash, in log
@@ -36,7 +44,9 @@
 //! A store that was not closed cleanly may be running: index entries that
 //! point at records past the end of the log as read here are then written
 //! after the scan, and are skipped (and counted), not reported; so are
-//! relocation index entries at its tail that belong to an unfinished pass.
+//! relocation index entries at its tail that belong to an unfinished pass,
+//! and live chains that reach deleted timer-log files when a newer
+//! checkpoint has made their slot stale meanwhile.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -46,10 +56,13 @@ use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogEnd, LogFacts, MessageFacts};
 use crate::error::{DumpError, Result};
-use crate::indexes::{CheckpointFile, CheckpointSlot, ConsumeQueue, TimerLog, WheelFile, chain};
+use crate::indexes::{
+    CheckpointFile, CheckpointSlot, ConsumeQueue, LoadedLog, LoadedLogs, LogSide, TailsFile, TimerLogs,
+    WheelFile,
+};
 use crate::relocated::{CopyKind, Relocated};
 use crate::store_files::{DataFile, StoreFiles};
-use crate::wheel_view::Resume;
+use crate::wheel_view::{LiveChains, Resume};
 
 /// What was checked, for the report.
 #[derive(Debug, Default, Serialize)]
@@ -64,10 +77,29 @@ pub struct Checked {
     pub log_end: u64,
     /// The end of the log is a record that does not check out, at or past `log durable`.
     pub torn_tail: Option<String>,
+    /// Entries of both timer logs (CRC and references checked).
     pub timer_log_entries: u64,
+    /// Of those, in the near log (`timer/timerlog/`, level-0 chains).
+    pub near_timer_log_entries: u64,
+    /// Of those, in the far log (`timer/timerlog-far/`, level-1 and level-2 chains).
+    pub far_timer_log_entries: u64,
+    /// The first entry of each timer log on disk (near, far; `None`: no
+    /// files): the store deleted the files below.
+    pub timer_log_first_entries: [Option<u64>; 2],
     pub wheel_slots: u64,
     pub non_empty_slots: u64,
+    /// Live slots (as of the checkpoint's tick second) whose chains were walked.
+    pub chains_walked: u64,
     pub chain_entries: u64,
+    /// Live slots a running store made stale while we read (by a newer
+    /// checkpoint), their chains deleted in part.
+    pub chains_gone_stale: u64,
+    /// Live slots whose `timer/tails` record is for their window and names
+    /// their chain's oldest entry.
+    pub chain_starts: u64,
+    /// Live slots with no `timer/tails` record for their window: the store
+    /// keeps the whole timer log for them.
+    pub chain_starts_unknown: u64,
     pub consume_queues: u64,
     pub queue_entries: u64,
     /// Index entries naming records past the log end read (a live store appending).
@@ -148,13 +180,17 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
     // The wheel is read before the timer log: a live store appends an entry
     // before the slot that points at it, so every chain read is complete.
     let wheel = WheelFile::read(files)?;
-    let timer_log = TimerLog::open(files)?;
-    checked.file_headers += timer_log.files().count() as u64;
-    let entries = timer_log.load()?;
-    check_timer_entries(&timer_log, &entries, &facts, &relocated, clean, &mut checked)?;
+    let timer_logs = TimerLogs::open(files)?;
+    check_log_files(&timer_logs, &mut checked)?;
+    let logs = timer_logs.load()?;
+    for log in &logs.0 {
+        check_timer_entries(&timer_logs, log, &facts, &relocated, clean, &mut checked)?;
+    }
     if let Some(wheel) = &wheel {
         checked.file_headers += 1;
-        check_wheel(wheel, &entries, &mut checked)?;
+        let tails = TailsFile::read(files)?;
+        checked.file_headers += u64::from(tails.is_some());
+        check_wheel(files, &resume, wheel, &logs, tails.as_ref(), &mut checked)?;
     }
     let dispatched = newest.filter(|_| resume.resumes).map(|cp| cp.dispatched);
     check_queues(files, &log, &facts, &relocated, dispatched, clean, &mut checked)?;
@@ -189,7 +225,8 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
                 cp.log_durable
             )));
         }
-        let timer_end = entries.len() as u64;
+        // The near log's end (the far log's is in no checkpoint); unknown without files.
+        let timer_end = logs.0[0].end().unwrap_or(u64::MAX);
         if resume.resumes && cp.timer_log_end > timer_end {
             return Err(bad(format!(
                 "timer-log end {} lies past the timer log's end {timer_end}",
@@ -365,18 +402,38 @@ fn check_settling_records(
     Ok(())
 }
 
-/// Each timer-log entry names a timed message record due at the entry's time.
+/// Both timer logs' files: counted, and of one size (the store makes them alike).
+fn check_log_files(logs: &TimerLogs, checked: &mut Checked) -> Result<()> {
+    for log in &logs.0 {
+        checked.file_headers += log.files().count() as u64;
+    }
+    let [near, far] = &logs.0;
+    if let (Some(a), Some(b)) = (near.entries_per_file(), far.entries_per_file())
+        && a != b
+        && let Some(f) = far.files().next()
+    {
+        let why = format!("header says {b} entries per file, the near timer log's files say {a}");
+        return Err(DumpError::bad_reference(&f.file.path, 0, why));
+    }
+    Ok(())
+}
+
+/// Each entry of timer log `log` names a timed message record due at the entry's time.
 fn check_timer_entries(
-    log: &TimerLog,
-    entries: &[Option<inspect::TimerLogEntry>],
+    logs: &TimerLogs,
+    log: &LoadedLog,
     facts: &LogFacts,
     relocated: &Relocated,
     clean: bool,
     checked: &mut Checked,
 ) -> Result<()> {
-    for (index, entry) in entries.iter().enumerate() {
-        let Some(e) = entry else { continue };
+    checked.timer_log_first_entries[log.side.index()] = log.first();
+    for (index, e) in log.iter() {
         checked.timer_log_entries += 1;
+        match log.side {
+            LogSide::Near => checked.near_timer_log_entries += 1,
+            LogSide::Far => checked.far_timer_log_entries += 1,
+        }
         if !clean && e.message_offset >= facts.end.offset() {
             checked.past_log_end += 1;
             continue;
@@ -393,7 +450,7 @@ fn check_timer_entries(
             Named::Not => false,
         };
         if !matches {
-            let (_, path, position) = log.locate(index as u64);
+            let (_, path, position) = logs.get(log.side).locate(index);
             let why = format!(
                 "entry {index} names log offset {} due at {}, which is not a timed message record due then",
                 e.message_offset, e.deliver_at_ms
@@ -404,18 +461,30 @@ fn check_timer_entries(
     Ok(())
 }
 
+/// Every slot record; the chains of live slots and their chain starts.
 fn check_wheel(
+    files: &StoreFiles,
+    resume: &Resume,
     wheel: &WheelFile,
-    entries: &[Option<inspect::TimerLogEntry>],
+    logs: &LoadedLogs,
+    tails: Option<&TailsFile>,
     checked: &mut Checked,
 ) -> Result<()> {
+    let mut chains = LiveChains::new(files, resume);
     for index in 0..inspect::WHEEL_TOTAL_SLOTS {
         checked.wheel_slots += 1;
         let Some(slot) = wheel.slot(index)? else { continue };
         checked.non_empty_slots += 1;
-        let chain = chain(wheel, &slot, |i| Ok(entries.get(i as usize).copied().flatten()))?;
+        if slot.slot.count == 0 || !resume.is_live(&slot) {
+            continue; // stale: its chain may lead into deleted timer-log files
+        }
+        let Some(chain) = chains.chain(wheel, &slot, logs)? else {
+            checked.chains_gone_stale += 1;
+            continue;
+        };
+        checked.chains_walked += 1;
         checked.chain_entries += chain.len() as u64;
-        for (entry, e) in chain {
+        for &(entry, e) in &chain {
             let second = e.deliver_at_ms / 1000;
             // Level 0 also takes timers that were due when indexed (in the newest loaded second).
             let fits = match slot.level {
@@ -428,6 +497,26 @@ fn check_wheel(
                 );
                 return Err(DumpError::bad_reference(&wheel.path, inspect::slot_position(index), why));
             }
+        }
+        let oldest = chain.last().map_or(0, |&(oldest, _)| oldest);
+        match tails.map(|t| t.record(index)).transpose()?.flatten() {
+            Some(record) if record.window == slot.slot.window => {
+                if record.first_entry != oldest {
+                    let side = LogSide::of_level(slot.level);
+                    let why = format!(
+                        "the record of slot {index} says its chain for window {} starts at entry {} of {}, \
+                         the chain's oldest entry is {oldest}",
+                        record.window,
+                        record.first_entry,
+                        side.name()
+                    );
+                    let path = tails.map(|t| t.path.clone()).unwrap_or_default();
+                    return Err(DumpError::bad_reference(path, inspect::tail_position(index), why));
+                }
+                checked.chain_starts += 1;
+            }
+            // Written for another window (torn apart by a power loss) or never: unknown.
+            _ => checked.chain_starts_unknown += 1,
         }
     }
     Ok(())

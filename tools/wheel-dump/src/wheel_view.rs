@@ -7,17 +7,23 @@
 //! delivered, or copied into finer slots by a cascade. This view is as of the
 //! last checkpoint: a live store may have moved on since (it delivers from
 //! slots this view still calls live; the commit log's delivery records say so).
+//!
+//! A level-0 slot chains through the near timer log, a coarser one through
+//! the far log. Only the chains of live slots are sure to be readable: the
+//! store deletes a timer log's oldest files once no live chain reaches them,
+//! so a stale slot's chain may lead into deleted files.
 
 use std::collections::HashSet;
 
 use delaywheel::Checkpoint;
-use delaywheel::inspect;
+use delaywheel::inspect::{self, TimerLogEntry};
 
 use crate::error::Result;
-use crate::indexes::{CheckpointFile, PlacedSlot, TimerLog, WheelFile, chain};
+use crate::indexes::{CheckpointFile, Entries, LoadedLogs, PlacedSlot, WheelFile, read_chain};
 use crate::store_files::StoreFiles;
 
 /// What the next open would resume from.
+#[derive(Debug, Clone, Copy)]
 pub struct Resume {
     /// The newest valid checkpoint and its byte position, if any.
     pub checkpoint: Option<(u64, Checkpoint)>,
@@ -42,6 +48,11 @@ impl Resume {
     pub fn is_live(&self, slot: &PlacedSlot) -> bool {
         self.tick_second().is_some_and(|tick| inspect::slot_is_live(slot.level, slot.slot.window, tick))
     }
+
+    /// Whether the checkpoint was written by a clean close (nothing runs the store).
+    pub fn clean(&self) -> bool {
+        self.checkpoint.is_some_and(|(_, cp)| cp.clean)
+    }
 }
 
 /// The live slots of a wheel, in file order.
@@ -56,6 +67,45 @@ pub fn live_slots(wheel: &WheelFile, resume: &Resume) -> Result<Vec<PlacedSlot>>
     Ok(out)
 }
 
+/// Reads the chains of live slots. A running store deletes the timer-log
+/// files that no chain a restart could read reaches, judged by its newest
+/// checkpoints; so when a chain of a slot live at the checkpoint read first
+/// reaches a deleted file, the checkpoint is read again: if the slot is
+/// stale by the newest one now, the store moved on while we read (not a
+/// problem), otherwise the chain is broken.
+pub struct LiveChains<'a> {
+    files: &'a StoreFiles,
+    resume: Resume,
+    /// The checkpoint read again, once needed.
+    later: Option<Resume>,
+}
+
+impl<'a> LiveChains<'a> {
+    pub fn new(files: &'a StoreFiles, resume: &Resume) -> Self {
+        Self { files, resume: *resume, later: None }
+    }
+
+    /// The whole chain of a slot live at the first checkpoint, newest first;
+    /// `Ok(None)` if a live store has made it stale since and deleted some of it.
+    pub fn chain(
+        &mut self,
+        wheel: &WheelFile,
+        slot: &PlacedSlot,
+        logs: &impl Entries,
+    ) -> Result<Option<Vec<(u64, TimerLogEntry)>>> {
+        let chain = read_chain(wheel, slot, logs)?;
+        if chain.deleted_from.is_some() && !self.resume.clean() {
+            if self.later.is_none() {
+                self.later = Some(Resume::new(self.files, &CheckpointFile::read(self.files)?));
+            }
+            if self.later.as_ref().is_some_and(|later| !later.is_live(slot)) {
+                return Ok(None);
+            }
+        }
+        chain.whole(wheel, slot, logs).map(Some)
+    }
+}
+
 /// Message offsets in the chains of live slots: timers, and cancel entries.
 #[derive(Debug, Default)]
 pub struct Membership {
@@ -64,13 +114,13 @@ pub struct Membership {
 }
 
 impl Membership {
-    /// Walks the chain of every live slot, reading the timer log once.
-    pub fn of(wheel: &WheelFile, log: &TimerLog, resume: &Resume) -> Result<Self> {
-        let entries = log.load()?;
+    /// Walks the chain of every live slot, through the timer log of its level.
+    pub fn of(files: &StoreFiles, wheel: &WheelFile, logs: &LoadedLogs, resume: &Resume) -> Result<Self> {
         let mut out = Self::default();
+        let mut chains = LiveChains::new(files, resume);
         for slot in live_slots(wheel, resume)? {
-            let lookup = |i: u64| Ok(entries.get(i as usize).copied().flatten());
-            for (_, entry) in chain(wheel, &slot, lookup)? {
+            let Some(chain) = chains.chain(wheel, &slot, logs)? else { continue };
+            for (_, entry) in chain {
                 let set = if entry.cancel { &mut out.cancel_entries } else { &mut out.timers };
                 set.insert(entry.message_offset);
             }

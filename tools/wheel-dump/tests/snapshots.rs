@@ -7,7 +7,10 @@
 //! log offsets 32 (a, due T0+5 s), 94 (b, level 2 = 5 s), 149 (c, cancelled),
 //! 240 (d, level 18 = 2 h), 295 (e, T0+2 days, level 1) and 350 (ordinary);
 //! a and b delivered at T0+11 s; the close's checkpoint at tick second
-//! T0+13 s; the timer log holds the five timers and c's cancel entry.
+//! T0+13 s; the near timer log holds a, b, c, c's cancel entry and d (level
+//! 0), the far timer log e (level 1); `timer/tails` records where each of
+//! the four slots' chains begins. Only the three live slots' chains are
+//! walked by verify (4 entries); the stale slot of a and b is not followed.
 
 mod common;
 
@@ -33,6 +36,8 @@ fn every_subcommand_prints_what_the_fixture_holds() {
     check(&h, &["slot", "1700000005", "--json"], SLOT_JSON);
     check(&h, &["log"], LOG_TEXT);
     check(&h, &["log", "--json"], LOG_JSON);
+    check(&h, &["log", "--far"], FAR_LOG_TEXT);
+    check(&h, &["log", "--far", "--json"], FAR_LOG_JSON);
     check(&h, &["checkpoint"], CHECKPOINT_TEXT);
     check(&h, &["checkpoint", "--json"], CHECKPOINT_JSON);
     check(&h, &["verify"], VERIFY_TEXT);
@@ -51,7 +56,9 @@ files
   commitlog/relocated/index                          32        1
   consumequeue/Orders/0/00000000000000000000      2,080        1
   timer/wheel                                 2,426,912        1
+  timer/tails                                 1,820,192        1
   timer/timerlog/00000000000000000000             1,824        1
+  timer/timerlog-far/00000000000000000000         1,824        1
   timer/segment_pending                              84        1
 
 checkpoint
@@ -64,7 +71,12 @@ checkpoint
   written at     1700000011000  2023-11-14T22:13:31.000Z
   tick second       1700000013  2023-11-14T22:13:33Z
   delivery scan            469  deliveries of pending timers lie at or after
-  timer-log end              7  next timer-log entry index
+  timer-log end              6  next entry index of the near timer log (timerlog/)
+
+timer logs
+  log                  chains of    files  first entry  end  entries
+  timer/timerlog/      level 0          1            1    6        5
+  timer/timerlog-far/  levels 1, 2      1            1    2        1
 
 pending timers (live wheel slots, as of the checkpoint's tick second)
   level    slot covers  pending
@@ -89,7 +101,7 @@ consume queues
   Orders      0        3      1
 "#;
 
-const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":7},"resumes_at_checkpoint":true,"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":2428736},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
+const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":4250752},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
 "#;
 
 const SLOTS_TEXT: &str = r#"level   slot      window  start (epoch s)  start (UTC)           seconds  count  cancels  state
@@ -125,8 +137,7 @@ const LOG_TEXT: &str = r#"     index  kind      message offset  deliver at (ms) 
          3  timer                149    1700000020000  2023-11-14T22:13:40.000Z           0
          4  cancel               149    1700000020000  2023-11-14T22:13:40.000Z           3
          5  timer                240    1700007200000  2023-11-15T00:13:20.000Z           0
-         6  timer                295    1700172800000  2023-11-16T22:13:20.000Z           0
-end of the timer log at index 7
+end of the timer log at index 6
 "#;
 
 const LOG_JSON: &str = r#"{"schema_version":1,"listing":"log","from":1}
@@ -135,7 +146,15 @@ const LOG_JSON: &str = r#"{"schema_version":1,"listing":"log","from":1}
 {"index":3,"kind":"timer","message_offset":149,"deliver_at_ms":1700000020000,"deliver_at_utc":"2023-11-14T22:13:40.000Z","prev":0}
 {"index":4,"kind":"cancel","message_offset":149,"deliver_at_ms":1700000020000,"deliver_at_utc":"2023-11-14T22:13:40.000Z","prev":3}
 {"index":5,"kind":"timer","message_offset":240,"deliver_at_ms":1700007200000,"deliver_at_utc":"2023-11-15T00:13:20.000Z","prev":0}
-{"index":6,"kind":"timer","message_offset":295,"deliver_at_ms":1700172800000,"deliver_at_utc":"2023-11-16T22:13:20.000Z","prev":0}
+"#;
+
+const FAR_LOG_JSON: &str = r#"{"schema_version":1,"listing":"far-log","from":1}
+{"index":1,"kind":"timer","message_offset":295,"deliver_at_ms":1700172800000,"deliver_at_utc":"2023-11-16T22:13:20.000Z","prev":0}
+"#;
+
+const FAR_LOG_TEXT: &str = r#"     index  kind      message offset  deliver at (ms)  deliver at (UTC)                prev
+         1  timer                295    1700172800000  2023-11-16T22:13:20.000Z           0
+end of the far timer log (timer/timerlog-far/) at index 2
 "#;
 
 const CHECKPOINT_TEXT: &str = r#"checkpoint  1,024 bytes
@@ -150,7 +169,7 @@ slot at 0: valid  (newest valid: the one a store uses)
   written at     1700000011000  2023-11-14T22:13:31.000Z
   tick second       1700000013  2023-11-14T22:13:33Z
   delivery scan            469  deliveries of pending timers lie at or after
-  timer-log end              7  next timer-log entry index
+  timer-log end              6  next entry index of the near timer log (timerlog/)
 
 slot at 512: valid
   field                  value  meaning
@@ -162,31 +181,36 @@ slot at 512: valid
   written at     1700000000000  2023-11-14T22:13:20.000Z
   tick second       1700000000  2023-11-14T22:13:20Z
   delivery scan             32  deliveries of pending timers lie at or after
-  timer-log end              1  next timer-log entry index
+  timer-log end              1  next entry index of the near timer log (timerlog/)
 "#;
 
-const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists":true,"bytes":1024,"slots":[{"position":0,"state":"valid","problem":null,"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":7}},{"position":512,"state":"valid","problem":null,"checkpoint":{"position":512,"sequence":1,"clean":false,"log_durable":32,"dispatched":32,"written_at_ms":1700000000000,"tick_second":1700000000,"delivery_scan_from":32,"timer_log_end":1}}],"newest":0}
+const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists":true,"bytes":1024,"slots":[{"position":0,"state":"valid","problem":null,"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6}},{"position":512,"state":"valid","problem":null,"checkpoint":{"position":512,"sequence":1,"clean":false,"log_durable":32,"dispatched":32,"written_at_ms":1700000000000,"tick_second":1700000000,"delivery_scan_from":32,"timer_log_end":1}}],"newest":0}
 "#;
 
 const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
-  checked                      count
-  checkpoint slots                 2
-  file headers                     6
-  commit-log records               9
-    messages                       6
-    of which timed                 5
-    deliveries                     2
-    cancels                        1
-  timer-log entries                6
-  wheel slots                 75,840
-    non-empty, chains walked       4
-    chain entries                  6
-  consume queues                   1
-    entries                        3
+  checked                                count
+  checkpoint slots                           2
+  file headers                               8
+  commit-log records                         9
+    messages                                 6
+    of which timed                           5
+    deliveries                               2
+    cancels                                  1
+  timer-log entries                          6
+    near (timerlog/)                         5
+    far (timerlog-far/)                      1
+  wheel slots                           75,840
+    non-empty                                4
+    live, chains walked                      3
+    chain entries                            4
+  chain starts (timer/tails)                 3
+    unknown (no record for the window)       0
+  consume queues                             1
+    entries                                  3
   the commit log ends at offset 469
 "#;
 
-const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":6,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"wheel_slots":75840,"non_empty_slots":4,"chain_entries":6,"consume_queues":1,"queue_entries":3,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1},"problem":null}
+const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":8,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"near_timer_log_entries":5,"far_timer_log_entries":1,"timer_log_first_entries":[1,1],"wheel_slots":75840,"non_empty_slots":4,"chains_walked":3,"chain_entries":4,"chains_gone_stale":0,"chain_starts":3,"chain_starts_unknown":0,"consume_queues":1,"queue_entries":3,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1},"problem":null}
 "#;
 
 const AUDIT_TEXT: &str = r#"timed messages              count

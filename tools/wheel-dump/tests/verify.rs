@@ -26,7 +26,13 @@ fn a_healthy_store_passes_with_counts() {
     let checked = &json(&out)["checked"];
     assert_eq!(checked["records"], 9, "six messages, two deliveries, one cancel");
     assert_eq!(checked["timer_log_entries"], 6);
-    assert_eq!(checked["chain_entries"], 6, "every entry is in one chain");
+    assert_eq!(
+        (&checked["near_timer_log_entries"], &checked["far_timer_log_entries"]),
+        (&5.into(), &1.into())
+    );
+    assert_eq!(checked["chains_walked"], 3, "the live slots: c's second, d's second, e's level-1 window");
+    assert_eq!(checked["chain_entries"], 4, "c, its cancel entry, d and e");
+    assert_eq!((&checked["chain_starts"], &checked["chain_starts_unknown"]), (&3.into(), &0.into()));
     assert_eq!(checked["queue_entries"], 3);
 }
 

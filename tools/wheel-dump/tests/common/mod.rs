@@ -8,7 +8,7 @@ use std::process::Output;
 use std::time::{Duration, Instant};
 
 use delaywheel::inspect::{self, Record};
-use delaywheel::{Config, ManualClock, Message, Retention, Store};
+use delaywheel::{Clock, Config, ManualClock, Message, Retention, Store};
 
 /// The epoch ms the fixtures start at (2023-11-14T22:13:20Z).
 pub const T0: u64 = 1_700_000_000_000;
@@ -309,4 +309,83 @@ pub fn stderr(out: &Output) -> String {
 /// Parses the single JSON document a command printed.
 pub fn json(out: &Output) -> serde_json::Value {
     serde_json::from_str(stdout(out).trim()).unwrap_or_else(|e| panic!("{e}: {}", stdout(out)))
+}
+
+/// A store with one near timer (level 0, due at T0 + 60 s) and one far
+/// timer (level 1, due at T0 + 2 days), both pending; closed cleanly.
+/// Returns the store and the two timers' log offsets (near, far).
+pub fn far_and_near() -> (tempfile::TempDir, u64, u64) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    let near = store.put(Message::new(TOPIC, "near").deliver_at_ms(T0 + 60_000)).unwrap();
+    let far = store.put(Message::new(TOPIC, "far").deliver_at_ms(T0 + 2 * 86_400_000)).unwrap();
+    wait_until(|| store.stats().dispatch_lag_bytes == 0);
+    store.close().unwrap();
+    (dir, near.offset(), far.offset())
+}
+
+/// A store whose near timer log had its oldest files deleted by the store,
+/// and what it holds.
+pub struct Reclaimed {
+    pub dir: tempfile::TempDir,
+    /// Near timers put and delivered, round after round.
+    pub delivered: u64,
+    /// The second of the first round's first timer: its slot's chain lies
+    /// in a deleted timer-log file.
+    pub first_second: u64,
+    /// Pending at the close: a near timer (its entry in the near log's
+    /// newest file) and a far one.
+    pub near: u64,
+    pub far: u64,
+}
+
+/// Timer-log files of 64 entries (`config`), a manual clock, and retention
+/// configured (so `Store::reclaim` asks the ticking thread to delete the
+/// timer-log files no chain reaches, as it does every 10 s by itself).
+/// A far timer is put first; then six rounds of 40 near timers, each round
+/// delivered before the next (240 near entries: four files). Once they are
+/// delivered no live chain reaches the first three files, and the store
+/// deletes them; a pending near timer is put last. Closed cleanly.
+pub fn near_log_reclaimed() -> Reclaimed {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(retention_config(dir.path(), &clock)).unwrap();
+    let far = store.put(Message::new(TOPIC, "far").deliver_at_ms(T0 + 2 * 86_400_000)).unwrap().offset();
+    let mut consumer = store.consumer(TOPIC, 0).unwrap();
+    let (rounds, per_round) = (6u64, 40u64);
+    for round in 0..rounds {
+        let base = clock.now_ms();
+        for i in 0..per_round {
+            // Four seconds of ten timers each.
+            let at = base + 1_000 + i * 100;
+            store.put(Message::new(TOPIC, format!("r{round}-{i}")).deliver_at_ms(at)).unwrap();
+        }
+        wait_until(|| store.stats().dispatch_lag_bytes == 0);
+        clock.set_ms(base + 10_000);
+        let (mut got, started) = (0, Instant::now());
+        while got < per_round && started.elapsed() < Duration::from_secs(20) {
+            got += consumer.poll(per_round as usize, Duration::from_millis(200)).unwrap().len() as u64;
+        }
+        assert_eq!(got, per_round, "round {round} delivered");
+    }
+    let near = store.put(Message::new(TOPIC, "near").deliver_at_ms(clock.now_ms() + 3_600_000)).unwrap();
+    wait_until(|| store.stats().dispatch_lag_bytes == 0);
+    let first_file = dir.path().join("timer/timerlog").join(format!("{:020}", 128));
+    let started = Instant::now();
+    while first_file.exists() {
+        // Checkpoints past the deliveries, then a retention pass: the
+        // ticking thread deletes the files no chain reaches right after it.
+        std::thread::sleep(Duration::from_millis(60));
+        store.reclaim().unwrap();
+        assert!(started.elapsed() < Duration::from_secs(20), "the near timer log's files were not deleted");
+    }
+    store.close().unwrap();
+    Reclaimed {
+        dir,
+        delivered: rounds * per_round,
+        first_second: (T0 + 1_000) / 1000,
+        near: near.offset(),
+        far,
+    }
 }
