@@ -249,6 +249,11 @@ pub(crate) struct Wheel {
     /// records on the ticking thread (measured: 31-46 ms a second, the
     /// ticker's worst lateness tail).
     slot_counts: Vec<SlotCount>,
+    /// Chains of slots reused for a new window since this open: (level, old
+    /// window, first entry). A restart from an older checkpoint may still
+    /// read the old chain (a power loss can leave the slot's old record on
+    /// disk), so its timer-log files are kept until that window has passed.
+    retired: Vec<(usize, u64, u64)>,
 }
 
 /// A slot's window and count, mirrored in memory.
@@ -363,6 +368,7 @@ impl Wheel {
             open_mark: mark,
             reindexed: 0,
             slot_counts: vec![SlotCount::default(); TOTAL_SLOTS as usize],
+            retired: Vec::new(),
         };
         wheel.count_unloaded()?;
         Ok(wheel)
@@ -553,6 +559,10 @@ impl Wheel {
                     index,
                     format!("slot holds live window {} while window {window} belongs there", slot.window),
                 ));
+            }
+            if slot.count > 0 {
+                let first = self.tails.get(index, slot.window).unwrap_or(1);
+                self.retired.push((level, slot.window, first));
             }
             slot = Slot { window, head: 0, count: 0, level: level as u32, cancels: 0 };
         }
@@ -883,17 +893,21 @@ impl Wheel {
         let loaded_through = tick_second.saturating_sub(1);
         // A resumed wheel appends late timers to the chain of second
         // `loaded_through` (see `insert`), so that chain stays readable too.
+        let needed = |level: usize, window: u64| match level {
+            0 => window >= loaded_through,
+            _ => not_yet_cascaded(level, window, loaded_through),
+        };
         let mut first = [self.logs[0].end(), self.logs[1].end()];
+        for &(level, window, start) in &self.retired {
+            if needed(level, window) {
+                first[log_of(level)] = first[log_of(level)].min(start);
+            }
+        }
         for (level, l) in LEVELS.iter().enumerate() {
             for i in 0..l.slots {
                 let index = slot_index(level, i);
                 let SlotCount { window, count } = self.slot_counts[index as usize];
-                let needed = count > 0
-                    && match level {
-                        0 => window >= loaded_through,
-                        _ => not_yet_cascaded(level, window, loaded_through),
-                    };
-                if needed {
+                if count > 0 && needed(level, window) {
                     let start = self.tails.get(index, window).unwrap_or(1);
                     first[log_of(level)] = first[log_of(level)].min(start);
                 }
@@ -907,6 +921,11 @@ impl Wheel {
     /// disk vouches for). Returns how many.
     pub fn reclaim_timer_logs(&mut self, tick_second: u64) -> Result<u64> {
         let first = self.first_needed_entries(tick_second);
+        let loaded_through = tick_second.saturating_sub(1);
+        self.retired.retain(|&(level, window, _)| match level {
+            0 => window >= loaded_through,
+            _ => not_yet_cascaded(level, window, loaded_through),
+        });
         let near = self.logs[0].delete_files_below(first[0])?;
         Ok(near + self.logs[1].delete_files_below(first[1])?)
     }

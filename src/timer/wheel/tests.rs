@@ -143,6 +143,39 @@ fn a_late_timer_after_a_restart_never_lands_on_a_chain_whose_files_were_reclaime
     assert_eq!(w.tick(second * 1000 + 700, 0).unwrap(), [timer(second * 1000 + 20, 9_999)]);
 }
 
+#[test]
+fn a_slot_reused_after_the_checkpoint_keeps_its_old_chain_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let second = START_MS / 1000 + 5;
+    let mut w = Wheel::open(dir.path(), 16, START_MS, None, Settled::default(), 0).unwrap();
+    for i in 0..40 {
+        w.insert(timer(second * 1000 + 10, 32 + i)).unwrap();
+    }
+    assert_eq!(w.tick(second * 1000 + 500, 0).unwrap().len(), 40);
+    // What a power loss may leave: the wheel as the checkpoint saw it.
+    let before = [
+        ("wheel", std::fs::read(dir.path().join("wheel")).unwrap()),
+        ("tails", std::fs::read(dir.path().join("tails")).unwrap()),
+    ];
+    // The same level-0 slot, one turn of the wheel later, then more entries.
+    let reuse = second + LEVELS[0].slots;
+    w.insert(timer(reuse * 1000, 9_000)).unwrap();
+    for i in 0..20 {
+        w.insert(timer((second + 100) * 1000, 9_001 + i)).unwrap();
+    }
+    // The older checkpoint still stands at `second`.
+    w.reclaim_timer_logs(second).unwrap();
+    drop(w);
+    for (name, bytes) in before {
+        std::fs::write(dir.path().join(name), bytes).unwrap();
+    }
+    let resume = Resume { tick_second: second };
+    let mut w =
+        Wheel::open(dir.path(), 16, second * 1000 + 600, Some(resume), Settled::default(), 0).unwrap();
+    assert!(w.chains_intact());
+    assert_eq!(w.tick(second * 1000 + 600, 0).unwrap().len(), 40, "the old chain is read whole");
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Put a timer this many ms from now (may be negative: in the past).
