@@ -164,6 +164,22 @@ fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
     model.advance_to(&clock, &mut consumer, last + 1);
     assert!(model.pending.is_empty());
 
+    // Once a window of copies has passed (and the retention time after it),
+    // its file goes, and the index forgets its copies.
+    let relocated_before = store.stats().disk.relocated;
+    clock.advance_ms(13 * DAY + 2 * HOUR);
+    settle();
+    clock.advance_ms(1_000);
+    settle();
+    store.reclaim().unwrap();
+    let stats = store.stats();
+    assert!(stats.retention.windows_deleted > 0, "{:?}", stats.retention);
+    assert!(
+        stats.disk.relocated < relocated_before / 4,
+        "{} of {relocated_before} bytes left",
+        stats.disk.relocated
+    );
+
     // The fillers nobody read were deleted: a consumer skips them and gets the rest.
     assert_eq!(store.stats().retention.consumer_skipped, 0, "the timer consumer kept up");
     let mut fillers = store.consumer("F", 0).unwrap();

@@ -33,8 +33,7 @@ use std::fs::{File, OpenOptions};
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::Mutex;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, RwLock};
 
 use bytes::Bytes;
 
@@ -50,6 +49,10 @@ use crate::mmap::sync_dir;
 pub(crate) const WINDOW_SECS: u64 = 1 << 20;
 /// Bytes per index entry.
 pub(crate) const INDEX_ENTRY_LEN: usize = 32;
+/// The file (`relocated/compacted`, one decimal number and a newline) holding
+/// the commit-log end at the last compaction of the index, for inspection:
+/// relocation records below it may name copies the index has since dropped.
+pub(crate) const COMPACTED_FILE: &str = "compacted";
 const I_ORIGINAL: usize = 0;
 const I_DELIVER_AT: usize = I_ORIGINAL + 8;
 const I_POSITION: usize = I_DELIVER_AT + 8;
@@ -112,11 +115,33 @@ pub(crate) fn window_of(deliver_at_ms: u64) -> u64 {
 /// The relocation area of one store.
 pub(crate) struct RelocationArea {
     dir: PathBuf,
-    index: File,
-    /// Bytes of the index file (header included) that readers may search.
-    index_len: AtomicU64,
-    /// Serialises relocation passes and window deletions.
+    /// The index file and how many of its bytes (header included) readers
+    /// may search; replaced whole when the index is compacted.
+    index: RwLock<IndexFile>,
+    /// Serialises relocation passes, window deletions and compactions.
     writer: Mutex<()>,
+}
+
+/// The open index file and its searchable length.
+struct IndexFile {
+    file: File,
+    len: u64,
+}
+
+impl IndexFile {
+    fn read_entry(&self, path: &Path, at: u64) -> Result<IndexEntry> {
+        let mut bytes = [0u8; INDEX_ENTRY_LEN];
+        self.file.read_exact_at(&mut bytes, at).map_err(|e| Error::io("read", path, e))?;
+        IndexEntry::decode(&bytes, at).map_err(|kind| Error::corruption(path, at, kind))
+    }
+
+    fn entries(&self) -> u64 {
+        (self.len - FILE_HEADER_LEN as u64) / INDEX_ENTRY_LEN as u64
+    }
+
+    fn entry(&self, path: &Path, i: u64) -> Result<IndexEntry> {
+        self.read_entry(path, FILE_HEADER_LEN as u64 + i * INDEX_ENTRY_LEN as u64)
+    }
 }
 
 /// What one relocation pass copied.
@@ -167,8 +192,7 @@ impl RelocationArea {
         }
         let area = Self {
             dir: dir.to_path_buf(),
-            index,
-            index_len: AtomicU64::new(FILE_HEADER_LEN as u64),
+            index: RwLock::new(IndexFile { file: index, len: FILE_HEADER_LEN as u64 }),
             writer: Mutex::new(()),
         };
         area.cut_unfinished(len.max(FILE_HEADER_LEN as u64), log_start)?;
@@ -195,6 +219,7 @@ impl RelocationArea {
     /// are 32-byte aligned, so a write torn at sector granularity leaves
     /// whole entries or zeros): refused, since cutting it would lose a timer.
     fn cut_unfinished(&self, file_len: u64, log_start: u64) -> Result<()> {
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
         let header = FILE_HEADER_LEN as u64;
         let whole = header + (file_len - header) / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
         let path = self.index_path();
@@ -202,7 +227,7 @@ impl RelocationArea {
         while end > header {
             let at = end - INDEX_ENTRY_LEN as u64;
             let mut bytes = [0u8; INDEX_ENTRY_LEN];
-            self.index.read_exact_at(&mut bytes, at).map_err(|e| Error::io("read", &path, e))?;
+            index.file.read_exact_at(&mut bytes, at).map_err(|e| Error::io("read", &path, e))?;
             if bytes.iter().all(|&b| b == 0) {
                 end = at;
                 continue;
@@ -219,37 +244,36 @@ impl RelocationArea {
                 cut_bytes = file_len - end,
                 "cutting index entries of an unfinished relocation"
             );
-            let path = self.index_path();
-            self.index.set_len(end).map_err(|e| Error::io("truncate", &path, e))?;
-            self.index.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+            index.file.set_len(end).map_err(|e| Error::io("truncate", &path, e))?;
+            index.file.sync_all().map_err(|e| Error::io("sync", &path, e))?;
         }
-        self.index_len.store(end, Ordering::Release);
+        index.len = end;
         Ok(())
     }
 
-    fn read_entry(&self, at: u64) -> Result<IndexEntry> {
-        let path = self.index_path();
-        let mut bytes = [0u8; INDEX_ENTRY_LEN];
-        self.index.read_exact_at(&mut bytes, at).map_err(|e| Error::io("read", &path, e))?;
-        IndexEntry::decode(&bytes, at).map_err(|kind| Error::corruption(&path, at, kind))
+    fn index(&self) -> std::sync::RwLockReadGuard<'_, IndexFile> {
+        self.index.read().unwrap_or_else(|e| e.into_inner())
     }
 
-    /// Number of copies indexed (delivered ones included, until compaction).
+    /// Number of copies indexed (fired ones included, until their window goes).
     pub fn entries(&self) -> u64 {
-        (self.index_len.load(Ordering::Acquire) - FILE_HEADER_LEN as u64) / INDEX_ENTRY_LEN as u64
+        self.index().entries()
     }
 
     /// The `i`-th index entry, in original-offset order.
     pub fn entry(&self, i: u64) -> Result<IndexEntry> {
-        self.read_entry(FILE_HEADER_LEN as u64 + i * INDEX_ENTRY_LEN as u64)
+        self.index().entry(&self.index_path(), i)
     }
 
     /// The index entry of the copy of the record at `original_offset`, if any.
     pub fn find(&self, original_offset: u64) -> Result<Option<IndexEntry>> {
-        let (mut lo, mut hi) = (0, self.entries());
+        // One guard for the whole search: a compaction cannot move entries under it.
+        let index = self.index();
+        let path = self.index_path();
+        let (mut lo, mut hi) = (0, index.entries());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
-            let entry = self.entry(mid)?;
+            let entry = index.entry(&path, mid)?;
             match entry.original_offset.cmp(&original_offset) {
                 std::cmp::Ordering::Less => lo = mid + 1,
                 std::cmp::Ordering::Greater => hi = mid,
@@ -304,8 +328,9 @@ impl RelocationArea {
     }
 
     /// Deletes the window files whose whole window ends at or before
-    /// `before_sec`. Returns how many and their bytes.
-    pub fn delete_windows_before(&self, before_sec: u64) -> Result<(u64, u64)> {
+    /// `before_sec`, then compacts the index; `log_end` is the commit log's
+    /// end now (see [`COMPACTED_FILE`]). Returns how many files and their bytes.
+    pub fn delete_windows_before(&self, before_sec: u64, log_end: u64) -> Result<(u64, u64)> {
         let _guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut deleted = (0, 0);
         for (window, len) in self.windows()? {
@@ -319,14 +344,57 @@ impl RelocationArea {
         }
         if deleted.0 > 0 {
             sync_dir(&self.dir)?;
+            self.compact(log_end)?;
         }
         Ok(deleted)
+    }
+
+    /// Rewrites the index without the entries whose window file is gone
+    /// (temporary file, fsync, rename, directory fsync), so the index holds
+    /// only copies that can still be read. Called under the writer lock.
+    /// First records `log_end` in [`COMPACTED_FILE`]: relocation records
+    /// below it may name more copies than the index still holds.
+    fn compact(&self, log_end: u64) -> Result<()> {
+        crate::consumer::write_atomically(&self.dir.join(COMPACTED_FILE), format!("{log_end}\n").as_bytes())?;
+        let live: std::collections::HashSet<u64> = self.windows()?.into_iter().map(|(w, _)| w).collect();
+        let path = self.index_path();
+        let kept: Vec<IndexEntry> = {
+            let index = self.index();
+            (0..index.entries()).map(|i| index.entry(&path, i)).collect::<Result<Vec<_>>>()?
+        }
+        .into_iter()
+        .filter(|entry| live.contains(&entry.window()))
+        .collect();
+        let mut bytes =
+            FileHeader::new(RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS).encode().to_vec();
+        for entry in &kept {
+            let at = bytes.len() as u64;
+            bytes.extend_from_slice(&entry.encode(at));
+        }
+        let tmp = path.with_extension("tmp");
+        let write = || -> std::io::Result<File> {
+            std::fs::write(&tmp, &bytes)?;
+            let file = OpenOptions::new().read(true).write(true).open(&tmp)?;
+            file.sync_all()?;
+            Ok(file)
+        };
+        let file = write().map_err(|e| Error::io("write", &tmp, e))?;
+        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &tmp, e))?;
+        sync_dir(&self.dir)?;
+        tracing::info!(
+            removed = index.entries() - kept.len() as u64,
+            kept = kept.len(),
+            "compacted the relocation index"
+        );
+        *index = IndexFile { file, len: bytes.len() as u64 };
+        Ok(())
     }
 
     /// Bytes of the area on disk: window files and the index.
     pub fn disk_bytes(&self) -> Result<u64> {
         let windows: u64 = self.windows()?.iter().map(|(_, len)| len).sum();
-        Ok(windows + self.index_len.load(Ordering::Acquire))
+        Ok(windows + self.index().len)
     }
 }
 
@@ -376,16 +444,17 @@ impl Pass<'_> {
         }
         sync_dir(&self.area.dir)?;
         let path = self.area.index_path();
-        let mut at = self.area.index_len.load(Ordering::Acquire);
+        let mut index = self.area.index.write().unwrap_or_else(|e| e.into_inner());
+        let from = index.len;
+        let mut at = from;
         let mut bytes = Vec::with_capacity(self.entries.len() * INDEX_ENTRY_LEN);
         for entry in &self.entries {
             bytes.extend_from_slice(&entry.encode(at));
             at += INDEX_ENTRY_LEN as u64;
         }
-        let from = self.area.index_len.load(Ordering::Acquire);
-        self.area.index.write_all_at(&bytes, from).map_err(|e| Error::io("write", &path, e))?;
-        self.area.index.sync_data().map_err(|e| Error::io("sync", &path, e))?;
-        self.area.index_len.store(at, Ordering::Release);
+        index.file.write_all_at(&bytes, from).map_err(|e| Error::io("write", &path, e))?;
+        index.file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        index.len = at;
         Ok(self.copied)
     }
 }
@@ -452,11 +521,38 @@ mod tests {
         assert!(area.find(200).unwrap().is_none());
         assert!(area.find(100).unwrap().is_some());
 
-        // Windows that have passed are deleted; their copies read as gone.
+        // A window that has passed is deleted, and the index forgets its copies.
         let entry = area.find(100).unwrap().unwrap();
-        let (files, _) = area.delete_windows_before(u64::MAX / 2).unwrap();
-        assert_eq!(files, 2);
+        let (files, _) = area.delete_windows_before(window_of(9_000_000_000_000) / 2, 1_000).unwrap();
+        assert_eq!(files, 1);
         assert_eq!(area.read(&entry).unwrap(), None);
+        assert_eq!(area.find(100).unwrap(), None, "compacted away");
+        assert_eq!(area.entries(), 0, "only the copy of 200 was left, and that pass was cut");
+        drop(area);
+        let area = RelocationArea::open(dir.path(), 150).unwrap();
+        assert_eq!(area.entries(), 0);
+    }
+
+    #[test]
+    fn compaction_keeps_the_copies_of_windows_still_there() {
+        let dir = tempfile::tempdir().unwrap();
+        let area = RelocationArea::open(dir.path(), 0).unwrap();
+        let (guard, mut pass) = area.begin();
+        pass.copy(100, false, 1_000_000, b"early").unwrap();
+        pass.copy(200, false, 9_000_000_000_000, b"late").unwrap();
+        pass.copy(300, true, 1_000_001, b"early cancel").unwrap();
+        pass.finish().unwrap();
+        drop(guard);
+        let (files, _) = area.delete_windows_before(window_of(1_000_000) + WINDOW_SECS, 1_000).unwrap();
+        let compacted = std::fs::read_to_string(dir.path().join(COMPACTED_FILE)).unwrap();
+        assert_eq!(compacted, "1000\n");
+        assert_eq!(files, 1);
+        assert_eq!(area.entries(), 1);
+        let late = area.find(200).unwrap().expect("still indexed");
+        assert_eq!(area.read(&late).unwrap().unwrap().as_ref(), b"late");
+        drop(area);
+        let area = RelocationArea::open(dir.path(), 1_000).unwrap();
+        assert_eq!(area.find(200).unwrap(), Some(late), "the compacted index reopens");
     }
 
     #[test]

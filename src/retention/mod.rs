@@ -324,7 +324,8 @@ impl Retainer {
     /// Deletes the relocation windows whose timers are all due before
     /// `needed_from_ms`: fired, indexed, and read or past the retention time.
     fn delete_passed_windows(&self, needed_from_ms: u64) -> Result<u64> {
-        let (files, _) = self.log.relocated().delete_windows_before(needed_from_ms / 1000)?;
+        let (files, _) =
+            self.log.relocated().delete_windows_before(needed_from_ms / 1000, self.log.write_end())?;
         self.counters.windows_deleted.fetch_add(files, Ordering::Relaxed);
         Ok(files)
     }

@@ -180,6 +180,10 @@ pub struct Relocated {
     /// The first offset of the oldest segment: copies of records below it are
     /// the only bytes of those records.
     pub log_start: u64,
+    /// The commit-log end when the store last compacted the index
+    /// (`relocated/compacted`; 0 if never): relocation records below it may
+    /// name copies the index no longer holds.
+    pub compacted_at: u64,
     pub index_exists: bool,
     /// Whole entries in the index.
     pub index_entries: u64,
@@ -219,7 +223,13 @@ impl Relocated {
         clean: bool,
         strict: bool,
     ) -> Result<Self> {
-        let mut r = Self { log_start: log.start(), ..Self::default() };
+        let compacted = files.dir.join("commitlog").join("relocated").join("compacted");
+        // Missing, or unreadable as a number: treated as compacted at the very end (lenient).
+        let compacted_at = match std::fs::read_to_string(&compacted) {
+            Ok(text) => text.trim().parse().unwrap_or(u64::MAX),
+            Err(_) => 0,
+        };
+        let mut r = Self { log_start: log.start(), compacted_at, ..Self::default() };
         let mut windows = Windows::new(files);
         let check = |r: &mut Self, e: DumpError| -> Result<()> {
             if strict {
