@@ -6,12 +6,13 @@
 //! `cargo test --test crash` runs 20 kills; `DELAYWHEEL_CRASH_KILLS=50` runs
 //! more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
 
-use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use common::kill::{Audit, audit, kill_child_after, kills_and_seed};
 use delaywheel::{CancelOutcome, Clock, Config, Message, Store, SystemClock};
 
 const TOPIC: &str = "CrashTopic";
@@ -54,107 +55,28 @@ fn child(dir: &str) -> ! {
     unreachable!()
 }
 
-/// What one kill left behind, after recovery and draining.
-#[derive(Debug, Default)]
-struct Audit {
-    acked: usize,
-    cancelled: usize,
-    delivered: usize,
-    lost: usize,
-    duplicated: usize,
-    early: usize,
-    fired_after_cancel: usize,
-}
-
 fn run_once(seed: u64, kill_after: Duration) -> Audit {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .env(CHILD_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child");
-    // Read the acknowledgements as they come, so the child never blocks on a full pipe.
-    let stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || -> (Vec<u64>, HashSet<u64>) {
-        let (mut acked, mut cancelled) = (Vec::new(), HashSet::new());
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            match line.strip_prefix("c ") {
-                Some(id) => cancelled.extend(id.parse::<u64>().ok()),
-                None => acked.extend(line.parse::<u64>().ok()),
-            }
-        }
-        (acked, cancelled)
-    });
-    std::thread::sleep(kill_after);
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap child");
-    let (acked, cancelled) = reader.join().expect("reader thread");
-
+    let acks = kill_child_after(CHILD_ENV, dir.path(), kill_after);
     let store = Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
-    let mut consumer = store.consumer_in_group("audit", TOPIC, 0).expect("consumer");
-    let mut seen: HashMap<u64, usize> = HashMap::new();
-    let mut early = 0;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let batch = consumer.poll(4096, Duration::from_millis(200)).expect("poll");
-        for m in &batch {
-            let id = u64::from_le_bytes(m.body()[..8].try_into().expect("8-byte body"));
-            *seen.entry(id).or_default() += 1;
-            if m.delivered_at_ms() < m.deliver_at_ms().expect("a timed message") {
-                early += 1;
-            }
-        }
-        // A timer whose cancel answer died with the child may never come.
-        let settled = |id: &u64| seen.contains_key(id) || cancelled.contains(id) || id % 8 == 3;
-        let all_acked_seen = acked.iter().all(settled);
-        if batch.is_empty() && all_acked_seen && store.stats().pending == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            break;
-        }
-    }
-    drop(consumer);
+    // One in eight was cancelled; an answer that died with the child may have gone either way.
+    let audit = audit(&store, TOPIC, &acks, |id| id % 8 == 3);
     store.close().expect("close");
-    Audit {
-        acked: acked.len(),
-        cancelled: cancelled.len(),
-        delivered: seen.len(),
-        // A cancel whose answer was not printed before the kill may or may not
-        // have happened: such a timer may fire or not, but not twice.
-        lost: acked
-            .iter()
-            .filter(|id| !seen.contains_key(id) && !cancelled.contains(id) && *id % 8 != 3)
-            .count(),
-        duplicated: seen.values().map(|&n| n.saturating_sub(1)).sum(),
-        early,
-        fired_after_cancel: cancelled.iter().filter(|id| seen.contains_key(id)).count(),
-    }
+    audit
 }
 
 fn main() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         child(&dir);
     }
-    let kills: u64 = std::env::var("DELAYWHEEL_CRASH_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(20);
-    let seed: u64 = std::env::var("DELAYWHEEL_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| SystemClock.now_ms());
+    let (kills, seed) = kills_and_seed(20);
     println!("crash test: {kills} kills, seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let mut failed = 0;
     for kill in 0..kills {
         let kill_after = Duration::from_millis(rng.u64(150..1_200));
         let audit = run_once(seed, kill_after);
-        // Every acknowledged timer either fired or was cancelled (those whose
-        // cancel answer died with the child may have gone either way).
-        let ok = audit.lost == 0
-            && audit.duplicated == 0
-            && audit.early == 0
-            && audit.fired_after_cancel == 0
-            && audit.delivered + audit.cancelled >= audit.acked - audit.acked / 8;
+        let ok = audit.ok();
         println!("kill {kill} after {kill_after:?}: {audit:?} {}", if ok { "ok" } else { "FAILED" });
         failed += u64::from(!ok);
     }

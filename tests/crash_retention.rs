@@ -9,13 +9,14 @@
 //! `cargo test --test crash_retention` runs 12 kills; `DELAYWHEEL_CRASH_KILLS=n`
 //! runs more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
 
-use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
-use std::path::Path;
-use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+mod common;
 
-use delaywheel::{CancelOutcome, Clock, Config, ManualClock, Message, Retention, Store, SystemClock};
+use std::io::Write;
+use std::path::Path;
+use std::time::Duration;
+
+use common::kill::{Audit, audit, kill_child_after, kills_and_seed};
+use delaywheel::{CancelOutcome, Config, ManualClock, Message, Retention, Store};
 
 const TOPIC: &str = "FarTopic";
 const FILLER: &str = "Filler";
@@ -74,110 +75,39 @@ fn child(dir: &str) -> ! {
     unreachable!()
 }
 
-/// What one kill left behind, after recovery and delivering every far timer.
-#[derive(Debug, Default)]
-struct Audit {
-    acked: usize,
-    cancelled: usize,
-    delivered: usize,
-    segments_deleted_before: bool,
-    lost: usize,
-    duplicated: usize,
-    early: usize,
-    fired_after_cancel: usize,
-}
-
-fn run_once(seed: u64, kill_after: Duration) -> Audit {
+/// What one kill left behind, and whether retention had deleted segments by then.
+fn run_once(seed: u64, kill_after: Duration) -> (Audit, bool) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .env(CHILD_ENV, dir.path())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || -> (Vec<u64>, HashSet<u64>) {
-        let (mut acked, mut cancelled) = (Vec::new(), HashSet::new());
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            match line.strip_prefix("c ") {
-                Some(id) => cancelled.extend(id.parse::<u64>().ok()),
-                None => acked.extend(line.parse::<u64>().ok()),
-            }
-        }
-        (acked, cancelled)
-    });
-    std::thread::sleep(kill_after);
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap child");
-    let (acked, cancelled) = reader.join().expect("reader thread");
-    let segments_deleted_before = !dir.path().join("commitlog").join(format!("{:020}", 0)).exists();
-
+    let acks = kill_child_after(CHILD_ENV, dir.path(), kill_after);
+    let segments_deleted = !dir.path().join("commitlog").join(format!("{:020}", 0)).exists();
     // Reopen after every far timer is due: a year later than the child's last put.
     let clock = ManualClock::new(T0 + 2 * YEAR);
     let store =
         Store::open(config(dir.path(), &clock)).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
-    let mut consumer = store.consumer_in_group("audit", TOPIC, 0).expect("consumer");
-    let mut seen: HashMap<u64, usize> = HashMap::new();
-    let mut early = 0;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let batch = consumer.poll(4096, Duration::from_millis(200)).expect("poll");
-        for m in &batch {
-            let id = u64::from_le_bytes(m.body()[..8].try_into().expect("8-byte body"));
-            *seen.entry(id).or_default() += 1;
-            if m.delivered_at_ms() < m.deliver_at_ms().expect("a timed message") {
-                early += 1;
-            }
-        }
-        let settled = |id: &u64| seen.contains_key(id) || cancelled.contains(id) || id.is_multiple_of(32);
-        if batch.is_empty() && acked.iter().all(settled) && store.stats().pending == 0 {
-            break;
-        }
-        if Instant::now() > deadline {
-            break;
-        }
-    }
-    drop(consumer);
+    // One in eight far timers was cancelled; an answer that died with the child may have gone either way.
+    let audit = audit(&store, TOPIC, &acks, |id| id.is_multiple_of(32));
     store.close().expect("close");
-    Audit {
-        acked: acked.len(),
-        cancelled: cancelled.len(),
-        delivered: seen.len(),
-        segments_deleted_before,
-        // A cancel whose answer died with the child may or may not have happened.
-        lost: acked
-            .iter()
-            .filter(|id| !seen.contains_key(id) && !cancelled.contains(id) && !id.is_multiple_of(32))
-            .count(),
-        duplicated: seen.values().map(|&n| n.saturating_sub(1)).sum(),
-        early,
-        fired_after_cancel: cancelled.iter().filter(|id| seen.contains_key(id)).count(),
-    }
+    (audit, segments_deleted)
 }
 
 fn main() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
         child(&dir);
     }
-    let kills: u64 = std::env::var("DELAYWHEEL_CRASH_KILLS").ok().and_then(|v| v.parse().ok()).unwrap_or(12);
-    let seed: u64 = std::env::var("DELAYWHEEL_CRASH_SEED")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or_else(|| SystemClock.now_ms());
+    let (kills, seed) = kills_and_seed(12);
     println!("retention crash test: {kills} kills, seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut failed, mut with_deletions) = (0, 0);
     for kill in 0..kills {
         let kill_after = Duration::from_millis(rng.u64(300..1_500));
-        let audit = run_once(seed, kill_after);
-        let ok = audit.lost == 0
-            && audit.duplicated == 0
-            && audit.early == 0
-            && audit.fired_after_cancel == 0
-            && audit.delivered + audit.cancelled >= audit.acked - audit.acked / 8;
-        println!("kill {kill} after {kill_after:?}: {audit:?} {}", if ok { "ok" } else { "FAILED" });
+        let (audit, segments_deleted) = run_once(seed, kill_after);
+        let ok = audit.ok();
+        println!(
+            "kill {kill} after {kill_after:?}: {audit:?}, segments deleted before the kill: {segments_deleted} {}",
+            if ok { "ok" } else { "FAILED" }
+        );
         failed += u64::from(!ok);
-        with_deletions += u64::from(audit.segments_deleted_before);
+        with_deletions += u64::from(segments_deleted);
     }
     println!(
         "{} passed, {failed} failed, {with_deletions} killed after retention had deleted segments",

@@ -1,6 +1,8 @@
 //! Helpers shared by the integration tests.
 #![allow(dead_code)]
 
+pub mod kill;
+
 use std::path::Path;
 use std::time::Duration;
 
