@@ -61,6 +61,10 @@ impl Consumer {
                     match self.read(index) {
                         Ok(message) => messages.push(message),
                         Err(Error::Reclaimed { offset }) => self.skip_reclaimed(index, offset),
+                        // Retention deleted its queue file since we looked.
+                        Err(_) if index < self.queue.first_index() => {
+                            self.skip_reclaimed(index, 0);
+                        }
                         Err(e) => return Err(e),
                     }
                 }

@@ -136,9 +136,9 @@ impl Store {
         let timer_dir = dir.join("timer");
         // Segment counts: rebuilt by the replay; a fresh wheel's replay sees every segment.
         let counts = if fresh {
-            SegmentCounts::new(config.segment_size)
+            SegmentCounts::rebuilt(config.segment_size, replay_from..log.write_end())
         } else {
-            SegmentCounts::load(&timer_dir, config.segment_size, replay_from)
+            SegmentCounts::load(&timer_dir, config.segment_size, replay_from, log.write_end())
         };
         let open_counts = Arc::new(counts.clone());
         let queues =
@@ -155,9 +155,14 @@ impl Store {
             log_end: log.write_end(),
         };
         let floor = Arc::new(Floor::default());
+        let last_tick = checkpoint.last().map_or(0, |last| last.tick_second);
         if let Some(last) = checkpoint.last() {
             floor.record(&last, log.write_end(), Arc::clone(&open_counts));
         }
+        // A wheel built afresh starts at now, but the timers the replay finds
+        // overdue fire from now on: only the last checkpoint's tick (0 without
+        // one) vouches for what fired before.
+        let open_tick_second = if fresh { last_tick } else { wheel_checkpoint.tick_second };
         // Clear the clean flag (and record the replay start) before anything is appended.
         let written = checkpoint.write(Checkpoint {
             log_durable: log.durable_end(),
@@ -168,7 +173,8 @@ impl Store {
             timer_log_end: wheel_checkpoint.timer_log_end,
             ..Default::default()
         })?;
-        floor.record(&written, log.write_end(), Arc::clone(&open_counts));
+        let vouched = Checkpoint { tick_second: written.tick_second.min(open_tick_second), ..written };
+        floor.record(&vouched, log.write_end(), Arc::clone(&open_counts));
         let shared = Arc::new(WheelShared::new(wheel_checkpoint, open_counts));
 
         let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
@@ -242,7 +248,7 @@ impl Store {
                 counters: Arc::clone(&counters),
                 running: Default::default(),
                 opened_at_ms: now_ms,
-                open_tick_second: wheel_checkpoint.tick_second,
+                open_tick_second,
             })
         });
         let threads = spawn_threads(

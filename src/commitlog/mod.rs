@@ -361,10 +361,12 @@ impl CommitLog {
                 let why = format!("segment {base} is not the oldest full segment (oldest {oldest:?})");
                 return Err(Error::invalid("retention", why));
             }
+            // Unlink first: a failed unlink leaves the log as it was.
+            let path = segment::segment_path(&self.dir, base);
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
             segments.remove(&base);
         }
         let path = segment::segment_path(&self.dir, base);
-        std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
         crate::mmap::sync_dir(&self.dir)?;
         tracing::info!(segment = %path.display(), "deleted a commit-log segment");
         Ok(())

@@ -265,6 +265,15 @@ impl RelocationArea {
         self.index().entry(&self.index_path(), i)
     }
 
+    /// The original offset of the newest copy indexed, if any.
+    pub fn last_original_offset(&self) -> Result<Option<u64>> {
+        let index = self.index();
+        match index.entries() {
+            0 => Ok(None),
+            n => index.entry(&self.index_path(), n - 1).map(|e| Some(e.original_offset)),
+        }
+    }
+
     /// The index entry of the copy of the record at `original_offset`, if any.
     pub fn find(&self, original_offset: u64) -> Result<Option<IndexEntry>> {
         // One guard for the whole search: a compaction cannot move entries under it.

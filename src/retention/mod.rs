@@ -261,6 +261,10 @@ impl Retainer {
                 self.counters.deleted_unread.fetch_add(1, Ordering::Relaxed);
                 Copied::default()
             }
+            // A pass that failed after its copies were indexed: never copy twice.
+            _ if self.log.relocated().last_original_offset()?.is_some_and(|last| last >= base) => {
+                Copied::default()
+            }
             _ => self.copy_pending(base, needed_from_ms)?,
         };
         let record = RelocationView {

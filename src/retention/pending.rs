@@ -51,9 +51,16 @@ pub(crate) struct SegmentCounts {
 }
 
 impl SegmentCounts {
-    /// Counts that know every segment (a wheel built from the whole log).
+    /// Counts that know every segment.
     pub fn new(segment_size: u64) -> Self {
         Self { segment_size, counts: BTreeMap::new(), unknown: 0..0 }
+    }
+
+    /// The counts of a wheel rebuilt by a replay of `replayed`: the replay
+    /// counts every timer but no cancel record, so those segments are unknown.
+    pub fn rebuilt(segment_size: u64, replayed: Range<u64>) -> Self {
+        let unknown = if replayed.is_empty() { 0..0 } else { replayed };
+        Self { unknown, ..Self::new(segment_size) }
     }
 
     fn base(&self, offset: u64) -> u64 {
@@ -149,19 +156,20 @@ impl SegmentCounts {
         Some((Self { segment_size, counts, unknown }, header.a))
     }
 
-    /// The counts a resumed wheel starts from: the file's, with the segments
-    /// of inserts it did not see and the replay will not repeat (from its
-    /// coverage up to `replay_from`) marked unknown. No valid file: every
-    /// segment below `replay_from` is unknown.
-    pub fn load(dir: &Path, segment_size: u64, replay_from: u64) -> Self {
+    /// The counts a resumed wheel starts from: the file's, with unknown
+    /// segments from its coverage (or the replay start, if lower) up to
+    /// `replay_end`: inserts it did not see that the replay will not repeat,
+    /// and cancel records, which the replay does not count. No valid file:
+    /// every segment below `replay_end` is unknown.
+    pub fn load(dir: &Path, segment_size: u64, replay_from: u64, replay_end: u64) -> Self {
         let path = dir.join(FILE_NAME);
         let loaded = std::fs::read(&path).ok().and_then(|bytes| Self::decode(&bytes, segment_size));
         let Some((mut counts, covered_below)) = loaded else {
             tracing::info!(file = %path.display(), "no segment counts; old segments will be scanned before deletion");
-            return Self { unknown: 0..replay_from, ..Self::new(segment_size) };
+            return Self::rebuilt(segment_size, 0..replay_end);
         };
-        if covered_below < replay_from {
-            let gap = covered_below..replay_from;
+        let gap = covered_below.min(replay_from)..replay_end;
+        if !gap.is_empty() {
             counts.unknown = if counts.unknown.is_empty() {
                 gap
             } else {
@@ -207,9 +215,11 @@ mod tests {
         counts.indexed(5_500, 20, false);
         std::fs::write(dir.path().join(FILE_NAME), counts.encode(4_000)).unwrap();
 
-        let same = SegmentCounts::load(dir.path(), 1000, 3_000);
-        assert_eq!(same, counts, "replay starts below the coverage: nothing unknown");
-        let gap = SegmentCounts::load(dir.path(), 1000, 6_200);
+        let same = SegmentCounts::load(dir.path(), 1000, 3_000, 3_000);
+        assert_eq!(same, counts, "a clean close: nothing to replay, nothing unknown");
+        let replayed = SegmentCounts::load(dir.path(), 1000, 3_000, 3_500);
+        assert_eq!(replayed.pending_in(3_000), None, "the replay counts no cancel record");
+        let gap = SegmentCounts::load(dir.path(), 1000, 6_200, 6_200);
         assert_eq!(
             gap.pending_in(1_000),
             Some(SegmentPending { count: 1, latest_due_ms: 10, latest_near_due_ms: 10 })
@@ -223,8 +233,12 @@ mod tests {
         let last = bytes.len() - 6;
         bytes[last] ^= 1;
         std::fs::write(dir.path().join(FILE_NAME), bytes).unwrap();
-        let damaged = SegmentCounts::load(dir.path(), 1000, 3_000);
+        let damaged = SegmentCounts::load(dir.path(), 1000, 3_000, 3_000);
         assert_eq!(damaged.pending_in(1_000), None, "a damaged file knows nothing");
-        assert_eq!(damaged.pending_in(3_000), Some(SegmentPending::default()), "the replay counts these");
+        assert_eq!(
+            damaged.pending_in(3_000),
+            Some(SegmentPending::default()),
+            "appended after the open: counted"
+        );
     }
 }

@@ -175,10 +175,14 @@ impl Ticker {
         match command {
             WheelCommand::Insert(timer) => {
                 if self.wheel.insert(timer)? {
-                    // Indexed no earlier than it was stored: "near" may
-                    // include a few far ones, which only keeps a segment longer.
-                    let near = timer.deliver_at_ms < self.clock.now_ms().saturating_add(self.keep_ms);
-                    self.counts.indexed(timer.message_offset, timer.deliver_at_ms, near);
+                    // A timer already overdue fires now, not at its deliver
+                    // time: consumers get the retention time from now. Indexed
+                    // no earlier than it was stored, so "near" may include a
+                    // few far ones, which only keeps a segment longer.
+                    let now_ms = self.clock.now_ms();
+                    let fires_at = timer.deliver_at_ms.max(now_ms);
+                    let near = fires_at < now_ms.saturating_add(self.keep_ms);
+                    self.counts.indexed(timer.message_offset, fires_at, near);
                 }
                 Ok(())
             }
@@ -218,7 +222,9 @@ impl Ticker {
                     })
                     .and_then(|(cancel_offset, _)| {
                         let state = self.wheel.apply_cancel(timer, target)?;
-                        self.count_cancel(timer, cancel_offset);
+                        if state == CancelState::Cancelled {
+                            self.count_cancel(timer, cancel_offset);
+                        }
                         Ok(state)
                     })
                     .map(|state| match state {
