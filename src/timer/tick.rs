@@ -250,8 +250,13 @@ impl Ticker {
     }
 
     /// How long to sleep: until the next timer is due or the next second
-    /// must be prefetched, never longer than [`MAX_SLEEP`].
+    /// must be prefetched, never longer than [`MAX_SLEEP`]. Not at all while a
+    /// prefetch is under way: a second of a million timers takes dozens of
+    /// budgets to read and sort, and must be done before the second begins.
     fn sleep_for(&self, now_ms: u64) -> Duration {
+        if self.wheel.prefetching() {
+            return Duration::ZERO;
+        }
         let next_second = (now_ms / 1000 + 1) * 1000;
         let next = self.wheel.next_due_ms().map_or(next_second, |due| due.min(next_second));
         Duration::from_millis(next.saturating_sub(now_ms)).min(MAX_SLEEP)

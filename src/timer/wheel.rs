@@ -791,6 +791,11 @@ impl Wheel {
         self.loaded.peek().map(|t| t.deliver_at_ms)
     }
 
+    /// Whether a second not yet due is being read in, a budget per `tick`.
+    pub fn prefetching(&self) -> bool {
+        self.prefetch.is_some()
+    }
+
     /// The first second that may still hold undelivered timers: a restart
     /// reloads every level-0 slot from here.
     pub fn tick_second(&self) -> u64 {
