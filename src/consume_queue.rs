@@ -182,8 +182,32 @@ impl ConsumeQueue {
 
     /// Reads entry `index`, which must be below [`len`](Self::len).
     pub fn read(&self, index: u64) -> Result<Entry> {
+        let (file_no, _) = self.position(index);
+        self.read_in(self.file(file_no).as_ref(), index)
+    }
+
+    /// Reads entries `[from, upto)`, each as [`read`](Self::read) would,
+    /// looking each file up once.
+    pub fn read_batch(&self, from: u64, upto: u64) -> Vec<Result<Entry>> {
+        let mut file: Option<(u64, Option<Arc<Mapped>>)> = None;
+        (from..upto)
+            .map(|index| {
+                let (file_no, _) = self.position(index);
+                if file.as_ref().is_none_or(|(no, _)| *no != file_no) {
+                    file = Some((file_no, self.file(file_no)));
+                }
+                self.read_in(file.as_ref().and_then(|(_, f)| f.as_ref()), index)
+            })
+            .collect()
+    }
+
+    fn file(&self, file_no: u64) -> Option<Arc<Mapped>> {
+        self.files.read().unwrap_or_else(|e| e.into_inner()).get(&file_no).cloned()
+    }
+
+    /// Reads entry `index` from `file`, the file holding it if there is one.
+    fn read_in(&self, file: Option<&Arc<Mapped>>, index: u64) -> Result<Entry> {
         let (file_no, at) = self.position(index);
-        let file = self.files.read().unwrap_or_else(|e| e.into_inner()).get(&file_no).cloned();
         let path = || self.file_path(file_no);
         let file = file.ok_or_else(|| Error::corruption(path(), 0, CorruptionKind::MissingFile))?;
         let bytes = file.read(at, ENTRY_LEN).ok_or_else(|| {

@@ -9,22 +9,32 @@
 //!   original message record (the body is never copied);
 //! * the buckets' copy of a delivered message → an entry in its real topic.
 
+use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Sender;
 
-use crate::commitlog::CommitLog;
 use crate::commitlog::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
+use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::{ConsumeQueue, Entry, FLAG_TIMER_DELIVERY, QueueRegistry, tag_hash};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::message::validate_topic;
 use crate::scheduling::Scheduling;
 use crate::timer::tick::WheelCommand;
 
+/// How many records the dispatcher looks ahead to touch the messages that
+/// deliveries name: enough for the loads to overlap, few enough that the
+/// touched lines are still cached when they are read.
+const TOUCH_AHEAD: usize = 256;
+
 /// Routes records to the indexes.
 pub(crate) struct Dispatcher {
     log: Arc<CommitLog>,
+    /// Reads the log's tail in order.
+    tail: RefCell<LogReader>,
+    /// Reads the messages that deliveries name, in any order.
+    originals: RefCell<LogReader>,
     queues: Arc<QueueRegistry>,
     scheduler: Arc<dyn Scheduling>,
     /// The ticking thread hears of the dispatcher's progress (what a checkpoint may vouch for).
@@ -33,8 +43,10 @@ pub(crate) struct Dispatcher {
     queues_per_topic: u32,
     /// Every record below this offset is indexed (read by the flusher for checkpoints).
     progress: Arc<AtomicU64>,
+    /// The records below this offset have had their deliveries' messages touched.
+    touched_to: u64,
     /// Deliveries not re-indexed because retention deleted their messages, in this batch.
-    reclaimed_deliveries: std::cell::Cell<u64>,
+    reclaimed_deliveries: Cell<u64>,
 }
 
 impl Dispatcher {
@@ -48,14 +60,17 @@ impl Dispatcher {
     ) -> Self {
         progress.store(from, Ordering::Release);
         Self {
+            tail: RefCell::new(LogReader::new(Arc::clone(&log))),
+            originals: RefCell::new(LogReader::new(Arc::clone(&log))),
             log,
             queues,
             scheduler,
             wheel,
             next: from,
+            touched_to: from,
             queues_per_topic,
             progress,
-            reclaimed_deliveries: std::cell::Cell::new(0),
+            reclaimed_deliveries: Cell::new(0),
         }
     }
 
@@ -68,8 +83,13 @@ impl Dispatcher {
             if self.next >= end {
                 break Ok(count);
             }
-            let indexed =
-                self.log.visit_trusted(self.next, |offset, kind, bytes| self.index(offset, kind, bytes));
+            if self.next >= self.touched_to {
+                self.touched_to = self.touch_ahead(self.next, end);
+            }
+            let indexed = self
+                .tail
+                .borrow_mut()
+                .visit_trusted(self.next, |offset, kind, bytes| self.index(offset, kind, bytes));
             let (queue, next) = match indexed {
                 Ok((Ok(queue), next)) => (queue, next),
                 Ok((Err(e), _)) | Err(e) => break Err(e),
@@ -95,6 +115,32 @@ impl Dispatcher {
         result
     }
 
+    /// Touches the messages named by the deliveries among the next
+    /// [`TOUCH_AHEAD`] records (see `LogReader::touch`): a burst of deliveries
+    /// names messages all over the log, and reading them one after another
+    /// would wait for each cache miss in turn. Returns where it stopped.
+    fn touch_ahead(&self, from: u64, end: u64) -> u64 {
+        let mut tail = self.tail.borrow_mut();
+        let mut originals = self.originals.borrow_mut();
+        let (mut at, mut touched) = (from, 0u8);
+        for _ in 0..TOUCH_AHEAD {
+            if at >= end {
+                break;
+            }
+            let visited = tail.visit_trusted(at, |_, kind, bytes| {
+                (kind == RecordKind::Delivery).then(|| DeliveryView::parse(bytes).ok()).flatten()
+            });
+            // A record it cannot read is left for the real pass to report.
+            let Ok((delivery, next)) = visited else { break };
+            if let Some(delivery) = delivery {
+                touched ^= originals.touch(delivery.message_offset);
+            }
+            at = next;
+        }
+        std::hint::black_box(touched);
+        at
+    }
+
     fn send(&self, command: WheelCommand) -> Result<()> {
         self.wheel.send(command).map_err(|_| Error::invalid("dispatch", "the ticking thread has stopped"))
     }
@@ -112,23 +158,26 @@ impl Dispatcher {
             RecordKind::Delivery => {
                 let delivery =
                     DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
-                let visited = self.log.visit_checked(delivery.message_offset, |at, kind, original| {
-                    if kind != RecordKind::Message {
-                        let why = format!("delivery at {offset} names a {kind:?} record");
-                        return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
-                    }
-                    let view = self.message(at, original)?;
-                    // The entry points at the delivery record, so a queue's
-                    // entries stay in commit-log order (recovery relies on it);
-                    // consumers follow the delivery record to the message.
-                    self.append_entry(
-                        &view,
-                        offset,
-                        DELIVERY_LEN,
-                        delivery.delivered_at_ms,
-                        FLAG_TIMER_DELIVERY,
-                    )
-                });
+                let visited = self.originals.borrow_mut().visit_checked(
+                    delivery.message_offset,
+                    |at, kind, original| {
+                        if kind != RecordKind::Message {
+                            let why = format!("delivery at {offset} names a {kind:?} record");
+                            return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
+                        }
+                        let view = self.message(at, original)?;
+                        // The entry points at the delivery record, so a queue's
+                        // entries stay in commit-log order (recovery relies on it);
+                        // consumers follow the delivery record to the message.
+                        self.append_entry(
+                            &view,
+                            offset,
+                            DELIVERY_LEN,
+                            delivery.delivered_at_ms,
+                            FLAG_TIMER_DELIVERY,
+                        )
+                    },
+                );
                 match visited {
                     Ok((queue, _)) => queue.map(Some),
                     // Only a rebuild of the indexes from the oldest segment

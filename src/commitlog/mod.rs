@@ -7,6 +7,7 @@
 //! Appends write through the map under one mutex; readers see a record once the
 //! append has published it. Everything else on disk is an index rebuilt from here.
 
+mod reader;
 pub(crate) mod record;
 mod recovery;
 pub(crate) mod relocated;
@@ -38,6 +39,7 @@ enum Verify {
     Checksum,
     HeaderOnly,
 }
+pub(crate) use reader::LogReader;
 pub(crate) use recovery::RecoveryPlan;
 pub use recovery::RecoveryReport;
 
@@ -62,6 +64,9 @@ pub(crate) struct CommitLog {
     segment_size: u64,
     tail: Mutex<Tail>,
     segments: RwLock<BTreeMap<u64, Arc<Mapped>>>,
+    /// Moves whenever a segment is added or deleted, so a [`LogReader`]'s
+    /// copy of the table knows it is stale with one load.
+    table_version: AtomicU64,
     /// End of the last published record: readers may read everything below it.
     write_end: AtomicU64,
     /// Everything below this offset is on disk.
@@ -114,6 +119,7 @@ impl CommitLog {
             durable_changed: Condvar::new(),
             tail: Mutex::new(Tail { writer: recovered.tail, base: recovered.tail_base, end: recovered.end }),
             segments: RwLock::new(recovered.segments),
+            table_version: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
             poison_reason: Mutex::new(String::new()),
             closed: AtomicBool::new(false),
@@ -192,6 +198,7 @@ impl CommitLog {
             tail.writer.publish(self.segment_size as usize);
         }
         self.segments.write().unwrap_or_else(|e| e.into_inner()).insert(next_base, Arc::clone(next.shared()));
+        self.table_version.fetch_add(1, Ordering::Release);
         tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
         *tail = Tail { writer: next, base: next_base, end: next_base + FILE_HEADER_LEN as u64 };
         Ok(())
@@ -241,17 +248,24 @@ impl CommitLog {
     /// Reads and checks the record at `offset`, which must be below `write_end`.
     /// Padding is followed transparently: the next record is returned.
     pub fn read(&self, offset: u64) -> Result<Record> {
-        let mut at = offset;
+        self.read_in(offset, |base| self.segment(base))
+    }
+
+    /// [`read`](Self::read), finding segments with `segment_at` (the shared
+    /// table, or a [`LogReader`]'s copy of it).
+    fn read_in(&self, offset: u64, mut segment_at: impl FnMut(u64) -> Option<Arc<Mapped>>) -> Result<Record> {
+        let mut at = self.normalize(offset);
         loop {
-            let (seg, local, frame) = match self.locate(at, Verify::Checksum) {
+            let seg = segment_at(self.base_of(at));
+            let (local, frame) = match self.locate(seg.as_ref(), at, Verify::Checksum) {
                 Ok(found) => found,
                 Err(e) => return self.read_relocated(at, e),
             };
-            at = self.normalize(at);
             if frame.kind == RecordKind::Padding {
                 at = self.next_segment_start(at);
                 continue;
             }
+            let seg = seg.expect("a located record lies in a loaded segment");
             let bytes = seg.bytes(local, frame.len).expect("a checked frame lies in published bytes");
             return Ok(Record { offset: at, kind: frame.kind, bytes });
         }
@@ -266,7 +280,8 @@ impl CommitLog {
         offset: u64,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        self.visit(offset, Verify::HeaderOnly, f)
+        let at = self.normalize(offset);
+        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::HeaderOnly, f)
     }
 
     /// Like [`visit_trusted`](Self::visit_trusted), checking the checksum too:
@@ -276,24 +291,28 @@ impl CommitLog {
         offset: u64,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        self.visit(offset, Verify::Checksum, f)
+        let at = self.normalize(offset);
+        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::Checksum, f)
     }
 
-    fn visit<R>(
+    /// Visits the record at `at` (normalized) in `seg`, the segment holding it
+    /// if it is loaded; otherwise its relocated copy.
+    fn visit_in<R>(
         &self,
-        offset: u64,
+        seg: Option<&Arc<Mapped>>,
+        at: u64,
         verify: Verify,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        let (seg, local, frame) = match self.locate(offset, verify) {
+        let (local, frame) = match self.locate(seg, at, verify) {
             Ok(found) => found,
             Err(e) => {
-                let record = self.read_relocated(offset, e)?;
+                let record = self.read_relocated(at, e)?;
                 let next = self.normalize(record.offset + record.bytes.len() as u64);
                 return Ok((f(record.offset, record.kind, &record.bytes), next));
             }
         };
-        let at = self.normalize(offset);
+        let seg = seg.expect("a located record lies in a loaded segment");
         let bytes = seg.read(local, frame.len).expect("a checked frame lies in published bytes");
         let next = match frame.kind {
             RecordKind::Padding => self.next_segment_start(at),
@@ -365,6 +384,7 @@ impl CommitLog {
             let path = segment::segment_path(&self.dir, base);
             std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
             segments.remove(&base);
+            self.table_version.fetch_add(1, Ordering::Release);
         }
         let path = segment::segment_path(&self.dir, base);
         crate::mmap::sync_dir(&self.dir)?;
@@ -376,20 +396,24 @@ impl CommitLog {
         offset - offset % self.segment_size + self.segment_size + FILE_HEADER_LEN as u64
     }
 
-    /// Finds and checks the record at `offset` (after [`normalize`](Self::normalize)).
-    fn locate(&self, offset: u64, verify: Verify) -> Result<(Arc<Mapped>, usize, Frame)> {
-        let at = self.normalize(offset);
-        let base = at - at % self.segment_size;
-        let seg = self.segment(base).ok_or_else(|| self.missing(at))?;
-        let local = (at - base) as usize;
+    /// Checks the record at `at` (normalized) in `seg`, the segment holding
+    /// it if it is loaded. Returns its position in the segment and its frame.
+    fn locate(&self, seg: Option<&Arc<Mapped>>, at: u64, verify: Verify) -> Result<(usize, Frame)> {
+        let seg = seg.ok_or_else(|| self.missing(at))?;
+        let local = (at - self.base_of(at)) as usize;
         let visible = seg.published().saturating_sub(local);
         let bytes = seg.read(local, visible).ok_or_else(|| self.missing(at))?;
         let frame = match verify {
             Verify::Checksum => check_frame(bytes, at),
             Verify::HeaderOnly => check_header(bytes),
         };
-        let frame = frame.map_err(|e| self.frame_error(&seg, local, e))?;
-        Ok((seg, local, frame))
+        let frame = frame.map_err(|e| self.frame_error(seg, local, e))?;
+        Ok((local, frame))
+    }
+
+    /// The base offset of the segment holding `offset`.
+    fn base_of(&self, offset: u64) -> u64 {
+        offset - offset % self.segment_size
     }
 
     /// A corruption error for the record at log `offset`, naming its segment file.

@@ -181,3 +181,29 @@ fn normalize_skips_headers_and_short_tails() {
     assert_eq!(normalize(SEG - 12, SEG), SEG - 12);
     assert_eq!(normalize(SEG - 11, SEG), SEG + h);
 }
+
+#[test]
+fn a_reader_sees_new_and_deleted_segments_as_the_log_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let log = Arc::new(log);
+    let mut reader = LogReader::new(Arc::clone(&log));
+    let first = append_bytes(&log, &[1u8; 100]);
+    assert_eq!(reader.read(first).unwrap().bytes, log.read(first).unwrap().bytes);
+    // Rolls after the reader copied the table: the copy must be refreshed.
+    let payload = vec![9u8; 1000];
+    let offsets: Vec<u64> = (0..200).map(|_| append_bytes(&log, &payload)).collect();
+    for &offset in &offsets {
+        let (seen, next) =
+            reader.visit_trusted(offset, |at, kind, bytes| (at, kind, bytes.to_vec())).unwrap();
+        let record = log.read(offset).unwrap();
+        assert_eq!(seen, (record.offset, record.kind, record.bytes.to_vec()));
+        assert_eq!(next, log.visit_checked(offset, |_, _, _| ()).unwrap().1);
+        assert_eq!(reader.read(offset).unwrap().bytes, record.bytes);
+    }
+    // Deleted after the copy was made: the reader, like the log, no longer finds it.
+    log.delete_oldest_segment(0).unwrap();
+    assert!(matches!(log.read(first), Err(Error::Reclaimed { .. })));
+    assert!(matches!(reader.read(first), Err(Error::Reclaimed { .. })));
+    assert!(matches!(reader.visit_checked(first, |_, _, _| ()), Err(Error::Reclaimed { .. })));
+}
