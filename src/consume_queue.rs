@@ -24,6 +24,9 @@ use crate::mmap::{MapWriter, Mapped, sync_dir};
 /// Entry flag: the message was made visible by its timer (a delivery record).
 pub(crate) const FLAG_TIMER_DELIVERY: u32 = 1;
 
+/// How far ahead of a queue's last entry the prefault thread keeps pages faulted in.
+const PREFAULT_AHEAD: usize = 256 << 10;
+
 /// Bytes per consume-queue entry.
 pub(crate) const ENTRY_LEN: usize = 32;
 
@@ -104,6 +107,11 @@ pub(crate) struct ConsumeQueue {
     per_file: u64,
     files: RwLock<BTreeMap<u64, Arc<Mapped>>>,
     writer: Mutex<Option<(u64, MapWriter)>>,
+    /// The next file, made ahead of need by the prefault thread: making one
+    /// costs two fsyncs, which the dispatcher would otherwise wait for in the
+    /// middle of a burst. Whoever holds this lock decides who makes a file,
+    /// so a file is never made twice.
+    spare: Mutex<Option<(u64, MapWriter)>>,
     len: AtomicU64,
     flushed: Mutex<u64>,
     waiters: Mutex<Vec<Sender<()>>>,
@@ -118,6 +126,7 @@ impl ConsumeQueue {
             per_file,
             files: RwLock::new(BTreeMap::new()),
             writer: Mutex::new(None),
+            spare: Mutex::new(None),
             len: AtomicU64::new(0),
             flushed: Mutex::new(0),
             waiters: Mutex::new(Vec::new()),
@@ -157,7 +166,7 @@ impl ConsumeQueue {
         let (file_no, at) = self.position(index);
         let mut slot = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         if slot.as_ref().is_none_or(|(no, _)| *no != file_no) {
-            *slot = Some((file_no, self.create_file(file_no)?));
+            *slot = Some((file_no, self.next_file(file_no)?));
         }
         let (_, writer) = slot.as_mut().expect("just ensured");
         writer.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(index));
@@ -166,6 +175,64 @@ impl ConsumeQueue {
         Ok(())
     }
 
+    /// The file to append to from entry `file_no * per_file` on: the spare if
+    /// it is that file, otherwise made now. Readers see it from here on.
+    fn next_file(&self, file_no: u64) -> Result<MapWriter> {
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let writer = match spare.take() {
+            Some((no, writer)) if no == file_no => writer,
+            other => {
+                *spare = other;
+                self.create_file(file_no)?
+            }
+        };
+        self.files.write().unwrap_or_else(|e| e.into_inner()).insert(file_no, Arc::clone(writer.shared()));
+        Ok(writer)
+    }
+
+    /// Gets files ready ahead of the dispatcher (prefault thread): faults in
+    /// the pages just ahead of the last entry, and makes the next file once
+    /// the current one is a quarter full. A first write to a page of a fresh
+    /// file can wait on the file system's journal for milliseconds, and
+    /// making a file costs two fsyncs; the dispatcher should wait for neither
+    /// in the middle of a burst. Returns whether it made a file.
+    ///
+    /// A spare left unused by a crash or a close is an empty file past the
+    /// queue's end: recovery removes it like any other file past the end.
+    pub fn prepare_ahead(&self) -> Result<bool> {
+        let len = self.len();
+        let (file_no, at) = self.position(len);
+        if let Some(file) = self.file(file_no) {
+            file.prefault_to(at + PREFAULT_AHEAD);
+        }
+        if len % self.per_file < self.per_file / 4 {
+            return Ok(false);
+        }
+        let next = file_no + 1;
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let made = self.files.read().unwrap_or_else(|e| e.into_inner()).contains_key(&next);
+        if made || spare.as_ref().is_some_and(|(no, _)| *no == next) {
+            return Ok(false);
+        }
+        let writer = self.create_file(next)?;
+        writer.shared().prefault_to(FILE_HEADER_LEN + PREFAULT_AHEAD);
+        *spare = Some((next, writer));
+        Ok(true)
+    }
+
+    /// Removes the spare, if any (at close: nothing appends any more).
+    fn discard_spare(&self) -> Result<()> {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
+        if let Some((file_no, writer)) = spare {
+            drop(writer);
+            let path = self.file_path(file_no);
+            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            sync_dir(&self.dir)?;
+        }
+        Ok(())
+    }
+
+    /// Makes file `file_no` on disk (not yet visible to readers).
     fn create_file(&self, file_no: u64) -> Result<MapWriter> {
         if !self.dir.exists() {
             std::fs::create_dir_all(&self.dir).map_err(|e| Error::io("create directory", &self.dir, e))?;
@@ -175,9 +242,7 @@ impl ConsumeQueue {
             sync_dir(topic_dir.parent().unwrap_or(topic_dir))?;
         }
         let header = FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
-        let writer = Mapped::create(&self.file_path(file_no), self.file_size(), &header)?;
-        self.files.write().unwrap_or_else(|e| e.into_inner()).insert(file_no, Arc::clone(writer.shared()));
-        Ok(writer)
+        Mapped::create(&self.file_path(file_no), self.file_size(), &header)
     }
 
     /// Reads entry `index`, which must be below [`len`](Self::len).
@@ -283,12 +348,13 @@ impl ConsumeQueue {
     pub fn flush(&self) -> Result<()> {
         let mut flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
         let len = self.len();
-        let files = self.files.read().unwrap_or_else(|e| e.into_inner());
         let mut index = *flushed;
         while index < len {
             let (file_no, at) = self.position(index);
             let in_file = (self.per_file - index % self.per_file).min(len - index);
-            if let Some(file) = files.get(&file_no) {
+            // Not under the table's lock: an msync can take milliseconds, and
+            // the dispatcher takes the lock to add the next file.
+            if let Some(file) = self.file(file_no) {
                 file.flush(at, in_file as usize * ENTRY_LEN)?;
             }
             index += in_file;
@@ -451,6 +517,17 @@ impl QueueRegistry {
         queues.values().flat_map(|by_id| by_id.values().cloned()).collect()
     }
 
+    /// Makes the next file of every queue that will need one soon; returns
+    /// how many it made.
+    pub fn prepare_next_files(&self) -> Result<usize> {
+        self.all().iter().try_fold(0, |made, q| Ok(made + usize::from(q.prepare_ahead()?)))
+    }
+
+    /// Removes every queue's spare file (at close).
+    pub fn discard_spares(&self) -> Result<()> {
+        self.all().iter().try_for_each(|q| q.discard_spare())
+    }
+
     pub fn flush_all(&self) -> Result<()> {
         self.all().iter().try_for_each(|q| q.flush())
     }
@@ -538,5 +615,43 @@ mod tests {
         assert!(!qdir.join(numbered_file_name(8)).exists(), "the third file only held untrusted entries");
         let queue = ConsumeQueue::recover(qdir, "T", 0, 4, 10_000).unwrap();
         assert_eq!(queue.len(), 7, "zeroed entries are not resurrected");
+    }
+
+    #[test]
+    fn the_next_file_is_made_ahead_and_a_spare_left_behind_is_removed_on_recovery() {
+        let dir = tempfile::tempdir().unwrap();
+        let qdir = dir.path().join("T").join("0");
+        let queue = ConsumeQueue::new(qdir.clone(), "T", 0, 8);
+        queue.append(&entry(100)).unwrap();
+        assert!(!queue.prepare_ahead().unwrap(), "not yet a quarter full");
+        queue.append(&entry(200)).unwrap();
+        assert!(queue.prepare_ahead().unwrap());
+        assert!(!queue.prepare_ahead().unwrap(), "made once");
+        let spare = qdir.join(numbered_file_name(8));
+        assert!(spare.exists(), "made before the dispatcher needs it");
+        let inode = |path: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap());
+        let made = inode(&spare);
+        for i in 3..=10u64 {
+            queue.append(&entry(i * 100)).unwrap();
+        }
+        assert_eq!(inode(&spare), made, "the spare was used, not made again");
+        assert_eq!(queue.read(9).unwrap().log_offset, 1000);
+        // The spare of the third file, then a crash: recovery finds an empty file past the end.
+        assert!(queue.prepare_ahead().unwrap());
+        queue.flush().unwrap();
+        let kept = qdir.join(numbered_file_name(16));
+        drop(queue);
+        assert!(qdir.join(numbered_file_name(16)).exists());
+        let queue = ConsumeQueue::recover(qdir.clone(), "T", 0, 8, 10_000).unwrap();
+        assert_eq!(queue.len(), 10);
+        assert!(!qdir.join(numbered_file_name(16)).exists(), "an unused spare is removed");
+        queue.append(&entry(1100)).unwrap();
+        assert_eq!(queue.read(10).unwrap().log_offset, 1100);
+        // At a close, an unused spare is removed at once.
+        queue.append(&entry(1200)).unwrap();
+        assert!(queue.prepare_ahead().unwrap());
+        assert!(kept.exists());
+        queue.discard_spare().unwrap();
+        assert!(!kept.exists());
     }
 }

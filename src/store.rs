@@ -89,7 +89,8 @@ struct Threads {
     dispatcher: JoinHandle<()>,
     /// `delaywheel-tick`: owns the wheel and delivers due timers.
     ticker: JoinHandle<()>,
-    /// `delaywheel-prefault`: faults commit-log pages in ahead of the writer.
+    /// `delaywheel-prefault`: gets the writers' next pages and files ready
+    /// (commit-log pages, consume-queue pages and next files).
     prefaulter: JoinHandle<()>,
     /// `delaywheel-flush`: syncs to disk and writes checkpoints.
     flusher: JoinHandle<Result<()>>,
@@ -527,6 +528,9 @@ impl Store {
         threads.stop_prefault.store(true, Ordering::Release);
         let _ = self.wakes.prefault.try_send(());
         let prefaulter = threads.prefaulter.join();
+        // Nothing appends to a queue any more: the files made ahead of need
+        // go (after a crash, recovery removes them).
+        let spares = self.queues.discard_spares();
         let _ = self.wakes.flush.send(FlushSignal::Stop);
         let flushed = threads.flusher.join();
         let buckets_panicked = buckets.is_some_and(|joined| joined.is_err());
@@ -540,6 +544,7 @@ impl Store {
             return Err(Error::invalid("shutdown", "a background thread panicked"));
         }
         flushed.unwrap_or_else(|_| Err(Error::invalid("shutdown", "the flusher thread panicked")))?;
+        spares?;
         self.log.check_poison()
     }
 }
@@ -793,9 +798,14 @@ fn spawn_threads(
     let ticker = spawn("tick").spawn(move || ticker.run(wheel_commands, stopping)).map_err(spawn_err)?;
 
     let (log, stopping) = (Arc::clone(&flusher.log), Arc::clone(&stop_prefault));
+    let queues = Arc::clone(&flusher.queues);
     let prefaulter = spawn("prefault")
         .spawn(move || {
             while !stopping.load(Ordering::Acquire) {
+                if let Err(e) = queues.prepare_next_files() {
+                    // The dispatcher makes the file itself when it gets there.
+                    tracing::warn!(error = %e, "could not make a consume-queue file ahead of need");
+                }
                 if !log.prefault_ahead() {
                     let _ = prefault_wake.recv_timeout(Duration::from_millis(100));
                 }

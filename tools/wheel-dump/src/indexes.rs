@@ -534,19 +534,25 @@ impl ConsumeQueue {
         Ok(index)
     }
 
-    /// The number of entries: entries are dense, so a binary search in the last file.
+    /// The number of entries: entries are dense, so a binary search in the
+    /// last file holding any. Files after it are spares the store made ahead
+    /// of need (empty; the store's recovery removes them).
     pub fn len(&self) -> Result<u64> {
-        let Some(last) = self.files.last() else { return Ok(0) };
-        let written = |i: u64| -> Result<bool> {
-            let position = inspect::FILE_HEADER_LEN as u64 + i * inspect::QUEUE_ENTRY_LEN as u64;
-            let bytes = last.file.read(position, inspect::QUEUE_ENTRY_LEN)?;
-            Ok(bytes.iter().any(|&b| b != 0))
-        };
-        let (mut lo, mut hi) = (0, self.per_file);
-        while lo < hi {
-            let mid = lo + (hi - lo) / 2;
-            if written(mid)? { lo = mid + 1 } else { hi = mid }
+        for (i, file) in self.files.iter().enumerate().rev() {
+            let written = |n: u64| -> Result<bool> {
+                let position = inspect::FILE_HEADER_LEN as u64 + n * inspect::QUEUE_ENTRY_LEN as u64;
+                let bytes = file.file.read(position, inspect::QUEUE_ENTRY_LEN)?;
+                Ok(bytes.iter().any(|&b| b != 0))
+            };
+            let (mut lo, mut hi) = (0, self.per_file);
+            while lo < hi {
+                let mid = lo + (hi - lo) / 2;
+                if written(mid)? { lo = mid + 1 } else { hi = mid }
+            }
+            if lo > 0 || i == 0 {
+                return Ok(file.first + lo);
+            }
         }
-        Ok(last.first + lo)
+        Ok(0)
     }
 }

@@ -110,3 +110,25 @@ fn a_perf_like_store_with_every_timer_delivered_passes() {
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert_eq!(json(&out)["checked"]["deliveries"], 300);
 }
+
+#[test]
+fn an_empty_queue_file_made_ahead_of_need_is_not_counted_as_entries() {
+    let h = healthy();
+    let copy = copy_of(h.path());
+    // A crash can leave the next file of a queue, made ahead of need, empty.
+    let dir = copy.path().join("consumequeue/Orders/0");
+    let first = std::fs::read(dir.join("00000000000000000000")).unwrap();
+    let per_file = u64::from_le_bytes(first[12..20].try_into().unwrap());
+    let mut spare = vec![0u8; first.len()];
+    spare[..20].copy_from_slice(&first[..20]);
+    spare[20..28].copy_from_slice(&per_file.to_le_bytes());
+    let crc = crc32c::crc32c(&spare[..28]);
+    spare[28..32].copy_from_slice(&crc.to_le_bytes());
+    std::fs::write(dir.join(format!("{per_file:020}")), spare).unwrap();
+
+    let doc = json(&dump(copy.path(), &["summary", "--json"]));
+    assert_eq!(doc["consume_queues"][0]["entries"], 3, "{doc}");
+    assert_eq!(doc["consume_queues"][0]["files"], 2);
+    let verified = dump(copy.path(), &["verify"]);
+    assert!(verified.status.success(), "{}", stderr(&verified));
+}
