@@ -176,8 +176,10 @@ pub(crate) fn net_pending(entries: [u64; 3], cancels: [u64; 3]) -> [u64; 3] {
     counts
 }
 
-/// Timer-log entries read per `tick` while prefetching a second that is not due yet.
-const PREFETCH_BUDGET: u32 = 16_384;
+/// Timer-log entries read per `tick` while prefetching a second that is not
+/// due yet: about a millisecond of reading, so timers due meanwhile wait no
+/// longer than that (the ticking thread does not sleep while prefetching).
+const PREFETCH_BUDGET: u32 = 1_024;
 /// Seconds kept loaded at most (the oldest undelivered and those prefetched after it).
 const MAX_LOADED: usize = 3;
 /// Timers handed out by one `tick` at most, so the caller can interleave other work.
