@@ -115,6 +115,22 @@ impl Loaded {
         self.seconds.iter().map(Second::remaining).sum()
     }
 
+    /// Adds each loaded timer to `counts[bucket(deliver_at_ms)]`, where
+    /// `bucket` grows with time. A second whose last millisecond is in bucket
+    /// 0 is added whole: a timer kept in a second is due in it or earlier
+    /// (an overdue one indexed late), so in bucket 0 too. Seconds loaded are
+    /// the next few, so a burst of a million timers costs one addition.
+    pub fn count_by_due_time(&self, bucket: impl Fn(u64) -> usize, counts: &mut [u64]) {
+        for s in &self.seconds {
+            if bucket(s.second * 1000 + 999) == 0 {
+                counts[0] += s.remaining() as u64;
+            } else {
+                s.timers().for_each(|t| counts[bucket(t.deliver_at_ms)] += 1);
+            }
+        }
+    }
+
+    #[cfg(test)]
     pub fn timers(&self) -> impl Iterator<Item = &Timer> {
         self.seconds.iter().flat_map(Second::timers)
     }

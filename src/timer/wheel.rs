@@ -831,25 +831,35 @@ impl Wheel {
 
     /// Pending timers counted by due time: `counts[i]` holds those due before
     /// `bounds_ms[i]` (and at or after the bound before it); the last count
-    /// holds the rest. One pass over the slot counts: exact within level 0
-    /// (18 h ahead); a coarser window counts as due at its start.
+    /// holds the rest. Exact within level 0 (18 h ahead); a coarser window
+    /// counts as due at its start.
+    ///
+    /// The ticking thread runs this every second between deliveries, so it
+    /// must be quick: level-0 slots are read only up to the last bound inside
+    /// level 0's span (past it, every slot falls in the same count, which is
+    /// what the running total of unloaded timers leaves), and loaded seconds
+    /// are counted a second at a time.
     pub fn pending_by_due_time(&self, bounds_ms: &[u64]) -> Result<Vec<u64>> {
         let mut counts = vec![0u64; bounds_ms.len() + 1];
         let bucket = |at_ms: u64| bounds_ms.iter().position(|&b| at_ms < b).unwrap_or(bounds_ms.len());
-        for t in self.loaded.timers() {
-            counts[bucket(t.deliver_at_ms)] += 1;
-        }
+        self.loaded.count_by_due_time(bucket, &mut counts);
         if let Some(p) = &self.prefetch {
             counts[bucket(p.second * 1000)] += p.timers.len() as u64 + u64::from(p.remaining);
         }
         let first = self.loaded_through + 1;
-        for sec in first..first + L0_SPAN {
+        let span_end_ms = (first + L0_SPAN).saturating_mul(1000);
+        let cutoff_ms = bounds_ms.iter().copied().filter(|&b| b < span_end_ms).max().unwrap_or(0);
+        let mut counted = 0;
+        for sec in (first..first + L0_SPAN).take_while(|sec| sec * 1000 < cutoff_ms) {
             let slot = self.slot_counts[slot_index(0, sec) as usize];
             let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
             if slot.count > 0 && slot.window == sec && !prefetching {
                 counts[bucket(sec * 1000)] += u64::from(slot.count);
+                counted += u64::from(slot.count);
             }
         }
+        // No bound lies between the cutoff and the end of the span.
+        counts[bucket(cutoff_ms.max(first * 1000))] += self.unloaded[0].saturating_sub(counted);
         for level in [1, 2] {
             let shift = LEVELS[level].window_shift;
             for i in 0..LEVELS[level].slots {

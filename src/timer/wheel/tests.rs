@@ -176,6 +176,37 @@ fn a_slot_reused_after_the_checkpoint_keeps_its_old_chain_readable() {
     assert_eq!(w.tick(second * 1000 + 600, 0).unwrap().len(), 40, "the old chain is read whole");
 }
 
+/// The plain pass over every slot and loaded timer that
+/// `pending_by_due_time` shortcuts: its oracle.
+fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<u64> {
+    let mut counts = vec![0u64; bounds_ms.len() + 1];
+    let bucket = |at_ms: u64| bounds_ms.iter().position(|&b| at_ms < b).unwrap_or(bounds_ms.len());
+    for t in w.loaded.timers() {
+        counts[bucket(t.deliver_at_ms)] += 1;
+    }
+    if let Some(p) = &w.prefetch {
+        counts[bucket(p.second * 1000)] += p.timers.len() as u64 + u64::from(p.remaining);
+    }
+    let first = w.loaded_through + 1;
+    for sec in first..first + L0_SPAN {
+        let slot = w.slot_counts[slot_index(0, sec) as usize];
+        let prefetching = w.prefetch.as_ref().is_some_and(|p| p.second == sec);
+        if slot.count > 0 && slot.window == sec && !prefetching {
+            counts[bucket(sec * 1000)] += u64::from(slot.count);
+        }
+    }
+    for level in [1, 2] {
+        let shift = LEVELS[level].window_shift;
+        for i in 0..LEVELS[level].slots {
+            let slot = w.slot_counts[slot_index(level, i) as usize];
+            if slot.count > 0 && w.is_live(level, slot.window) {
+                counts[bucket((slot.window << shift).saturating_mul(1000))] += u64::from(slot.count);
+            }
+        }
+    }
+    counts
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Put a timer this many ms from now (may be negative: in the past).
@@ -245,6 +276,13 @@ proptest! {
                     }
                 }
                 Op::Cancel(_) => {}
+            }
+            for horizons in [[5_000, 60_000, 300_000, HOUR, DAY], [500, 1_000, 2_000, 30 * DAY, 20 * YEAR]] {
+                let bounds = horizons.map(|ahead| now + ahead);
+                prop_assert_eq!(
+                    w.pending_by_due_time(&bounds).unwrap(),
+                    pending_by_due_time_scanning_everything(&w, &bounds)
+                );
             }
         }
     }
