@@ -130,6 +130,8 @@ struct Ledger {
     delivered: AtomicU64,
     duplicated: AtomicU64,
     early: AtomicU64,
+    /// The latest delivery instant the wheel recorded (a delivery record's time).
+    last_delivered_ms: AtomicU64,
 }
 
 pub fn run(args: PerfArgs) -> Result<(), Failure> {
@@ -169,6 +171,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         delivered: AtomicU64::new(0),
         duplicated: AtomicU64::new(0),
         early: AtomicU64::new(0),
+        last_delivered_ms: AtomicU64::new(0),
     });
     let stop = Arc::new(AtomicBool::new(false));
     let last_seen_ms = Arc::new(AtomicU64::new(0));
@@ -230,6 +233,12 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "same_second_last_ms": match workload {
             // The last delivery seen, in ms after the second all timers were due in began.
             Workload::SameSecond(second) => first_last.map(|_| last_seen_ms.load(Ordering::Acquire).saturating_sub(second * 1000)),
+            _ => None,
+        },
+        // The latest delivery the wheel made (its delivery record's time), in
+        // ms after that second began: the consumer sees it once indexed.
+        "same_second_last_delivered_ms": match workload {
+            Workload::SameSecond(second) => first_last.map(|_| ledger.last_delivered_ms.load(Ordering::Acquire).saturating_sub(second * 1000)),
             _ => None,
         },
         // Counted by the scheduler at the moment it delivered (before the
@@ -368,6 +377,7 @@ fn consume(
                 ledger.early.fetch_add(1, Ordering::AcqRel);
             }
             lateness.saturating_record(now_ms.saturating_sub(due));
+            ledger.last_delivered_ms.fetch_max(m.delivered_at_ms(), Ordering::AcqRel);
             if ledger.cancelled.get(id as usize).is_some_and(|c| c.load(Ordering::Acquire)) {
                 ledger.fired_after_cancel.fetch_add(1, Ordering::AcqRel);
             }
