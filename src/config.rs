@@ -127,7 +127,7 @@ impl Config {
             deliver: true,
             scheduler: Scheduler::Wheel,
             schedule_offsets_interval: Duration::from_secs(10),
-            max_index_lag: 1 << 20,
+            max_index_lag: 512 << 10,
             put_timeout: Duration::from_secs(10),
             retention: Retention::default(),
         }
@@ -187,7 +187,7 @@ impl Config {
     }
 
     /// How far (in commit-log bytes) the indexes may fall behind before `put`
-    /// waits for them (default 1 MiB, a few milliseconds of puts). The
+    /// waits for them (default 512 KiB, a few milliseconds of puts). The
     /// dispatcher handles records in log order, so a timer due during a burst
     /// of puts, and its delivery record, wait behind everything put before
     /// them: a small lag keeps that wait short. It also bounds the replay
