@@ -860,6 +860,12 @@ impl Wheel {
         }
         // No bound lies between the cutoff and the end of the span.
         counts[bucket(cutoff_ms.max(first * 1000))] += self.unloaded[0].saturating_sub(counted);
+        self.count_coarse_by_due_time(bucket, &mut counts);
+        Ok(counts)
+    }
+
+    /// Adds the timers of levels 1 and 2 to `counts[bucket(window start)]`.
+    fn count_coarse_by_due_time(&self, bucket: impl Fn(u64) -> usize, counts: &mut [u64]) {
         for level in [1, 2] {
             let shift = LEVELS[level].window_shift;
             for i in 0..LEVELS[level].slots {
@@ -869,7 +875,6 @@ impl Wheel {
                 }
             }
         }
-        Ok(counts)
     }
 
     pub fn reindexed(&self) -> u64 {

@@ -176,7 +176,7 @@ fn a_slot_reused_after_the_checkpoint_keeps_its_old_chain_readable() {
     assert_eq!(w.tick(second * 1000 + 600, 0).unwrap().len(), 40, "the old chain is read whole");
 }
 
-/// The plain pass over every slot and loaded timer that
+/// The plain pass over every level-0 slot and loaded timer that
 /// `pending_by_due_time` shortcuts: its oracle.
 fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<u64> {
     let mut counts = vec![0u64; bounds_ms.len() + 1];
@@ -195,15 +195,8 @@ fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<
             counts[bucket(sec * 1000)] += u64::from(slot.count);
         }
     }
-    for level in [1, 2] {
-        let shift = LEVELS[level].window_shift;
-        for i in 0..LEVELS[level].slots {
-            let slot = w.slot_counts[slot_index(level, i) as usize];
-            if slot.count > 0 && w.is_live(level, slot.window) {
-                counts[bucket((slot.window << shift).saturating_mul(1000))] += u64::from(slot.count);
-            }
-        }
-    }
+    // Levels 1 and 2 are read whole by both.
+    w.count_coarse_by_due_time(bucket, &mut counts);
     counts
 }
 
