@@ -200,19 +200,30 @@ impl ConsumeQueue {
     /// A spare left unused by a crash or a close is an empty file past the
     /// queue's end: recovery removes it like any other file past the end.
     pub fn prepare_ahead(&self) -> Result<bool> {
-        let len = self.len();
-        let (file_no, at) = self.position(len);
+        let (file_no, at) = self.position(self.len());
         if let Some(file) = self.file(file_no) {
             file.prefault_to(at + PREFAULT_AHEAD);
         }
-        if len % self.per_file < self.per_file / 4 {
+        // The dispatcher takes this lock to move to another file, so while it
+        // is held the file of the last entry stays the same.
+        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let len = self.len();
+        let file_no = len / self.per_file;
+        // At a file boundary the next file is the dispatcher's to make.
+        let started = self.files.read().unwrap_or_else(|e| e.into_inner()).contains_key(&file_no);
+        if !started || len % self.per_file < (self.per_file / 4).max(1) {
             return Ok(false);
         }
         let next = file_no + 1;
-        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
-        let made = self.files.read().unwrap_or_else(|e| e.into_inner()).contains_key(&next);
-        if made || spare.as_ref().is_some_and(|(no, _)| *no == next) {
-            return Ok(false);
+        match spare.take() {
+            Some((no, writer)) if no == next => {
+                *spare = Some((no, writer));
+                return Ok(false);
+            }
+            // Cannot happen (a spare is always the file after the last
+            // entry's); if it did, that file would only ever confuse a reopen.
+            Some((no, writer)) => self.remove_spare(no, writer)?,
+            None => {}
         }
         let writer = self.create_file(next)?;
         writer.shared().prefault_to(FILE_HEADER_LEN + PREFAULT_AHEAD);
@@ -223,13 +234,17 @@ impl ConsumeQueue {
     /// Removes the spare, if any (at close: nothing appends any more).
     fn discard_spare(&self) -> Result<()> {
         let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
-        if let Some((file_no, writer)) = spare {
-            drop(writer);
-            let path = self.file_path(file_no);
-            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
-            sync_dir(&self.dir)?;
+        match spare {
+            Some((file_no, writer)) => self.remove_spare(file_no, writer),
+            None => Ok(()),
         }
-        Ok(())
+    }
+
+    fn remove_spare(&self, file_no: u64, writer: MapWriter) -> Result<()> {
+        drop(writer);
+        let path = self.file_path(file_no);
+        std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+        sync_dir(&self.dir)
     }
 
     /// Makes file `file_no` on disk (not yet visible to readers).
@@ -517,10 +532,13 @@ impl QueueRegistry {
         queues.values().flat_map(|by_id| by_id.values().cloned()).collect()
     }
 
-    /// Makes the next file of every queue that will need one soon; returns
-    /// how many it made.
-    pub fn prepare_next_files(&self) -> Result<usize> {
-        self.all().iter().try_fold(0, |made, q| Ok(made + usize::from(q.prepare_ahead()?)))
+    /// Gets every queue's next pages and file ready (see
+    /// [`ConsumeQueue::prepare_ahead`]). A queue that fails does not stop the
+    /// others; the first error is returned.
+    pub fn prepare_next_files(&self) -> Result<()> {
+        let failures =
+            self.all().iter().map(|q| q.prepare_ahead()).filter_map(|r| r.err()).collect::<Vec<_>>();
+        failures.into_iter().next().map_or(Ok(()), Err)
     }
 
     /// Removes every queue's spare file (at close).
@@ -653,5 +671,30 @@ mod tests {
         assert!(kept.exists());
         queue.discard_spare().unwrap();
         assert!(!kept.exists());
+    }
+
+    #[test]
+    fn no_spare_is_made_before_the_file_it_follows() {
+        let dir = tempfile::tempdir().unwrap();
+        let qdir = dir.path().join("T").join("0");
+        for per_file in [1, 2, 3] {
+            let queue = ConsumeQueue::new(qdir.clone(), "T", 0, per_file);
+            assert!(!queue.prepare_ahead().unwrap(), "{per_file} per file: nothing written yet");
+            assert!(!qdir.exists() || std::fs::read_dir(&qdir).unwrap().next().is_none());
+            for i in 1..=2 * per_file {
+                queue.append(&entry(i * 100)).unwrap();
+                queue.prepare_ahead().unwrap();
+                // Files are contiguous from 0: a spare only ever follows the last entry's file.
+                let files = std::fs::read_dir(&qdir).unwrap().count() as u64;
+                assert!(files <= i / per_file + 2, "{per_file} per file, {i} entries: {files} files");
+                assert!(qdir.join(numbered_file_name((files - 1) * per_file)).exists());
+            }
+            queue.discard_spare().unwrap();
+            drop(queue);
+            let queue = ConsumeQueue::recover(qdir.clone(), "T", 0, per_file, u64::MAX).unwrap();
+            assert_eq!(queue.len(), 2 * per_file);
+            drop(queue);
+            std::fs::remove_dir_all(&qdir).unwrap();
+        }
     }
 }

@@ -58,6 +58,13 @@ impl Consumer {
     /// Up to `max` messages from the current position, waiting at most `timeout`
     /// for the first one. Returns as soon as anything is available.
     pub fn poll(&mut self, max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
+        let polled = self.poll_inner(max, timeout);
+        // Between polls, hold no segment retention may want to delete.
+        self.reader.release();
+        polled
+    }
+
+    fn poll_inner(&mut self, max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
         let deadline = Instant::now() + timeout;
         loop {
             let available = self.queue.len();
@@ -92,6 +99,7 @@ impl Consumer {
                 return Ok(Vec::new());
             }
             // A token means entries were appended after we looked; a timeout means none were.
+            self.reader.release();
             if self.wake.recv_timeout(left).is_err() {
                 return Ok(Vec::new());
             }

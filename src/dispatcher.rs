@@ -106,6 +106,9 @@ impl Dispatcher {
         if reclaimed > 0 {
             tracing::warn!(reclaimed, "deliveries whose messages retention deleted were not re-indexed");
         }
+        // Hold no segment retention may want to delete while waiting for more.
+        self.tail.get_mut().release();
+        self.originals.get_mut().release();
         // Wake consumers for what was indexed, even if a later record failed.
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());

@@ -18,7 +18,7 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
 use std::thread::JoinHandle;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
@@ -48,6 +48,8 @@ pub const DEFAULT_GROUP: &str = "default";
 /// Commands in flight from the dispatcher to the ticking thread (bounded:
 /// a dispatcher faster than the wheel waits instead of growing memory).
 const WHEEL_QUEUE: usize = 1 << 16;
+/// How often the prefault thread repeats that it cannot make queue files ahead.
+const PREPARE_WARNING_INTERVAL: Duration = Duration::from_secs(60);
 
 /// An open store. Dropping it stops its threads; [`close`](Store::close) also reports errors.
 pub struct Store {
@@ -801,10 +803,14 @@ fn spawn_threads(
     let queues = Arc::clone(&flusher.queues);
     let prefaulter = spawn("prefault")
         .spawn(move || {
+            let mut warned: Option<Instant> = None;
             while !stopping.load(Ordering::Acquire) {
-                if let Err(e) = queues.prepare_next_files() {
-                    // The dispatcher makes the file itself when it gets there.
+                // The dispatcher makes a file itself when it gets there.
+                if let Err(e) = queues.prepare_next_files()
+                    && warned.is_none_or(|at| at.elapsed() >= PREPARE_WARNING_INTERVAL)
+                {
                     tracing::warn!(error = %e, "could not make a consume-queue file ahead of need");
+                    warned = Some(Instant::now());
                 }
                 if !log.prefault_ahead() {
                     let _ = prefault_wake.recv_timeout(Duration::from_millis(100));

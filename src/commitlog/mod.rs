@@ -58,14 +58,24 @@ pub(crate) fn normalize(offset: u64, segment_size: u64) -> u64 {
     }
 }
 
+/// The segments by base offset, oldest first.
+type SegmentList = Vec<(u64, Arc<Mapped>)>;
+
+fn segment_list(segments: &BTreeMap<u64, Arc<Mapped>>) -> SegmentList {
+    segments.iter().map(|(&base, seg)| (base, Arc::clone(seg))).collect()
+}
+
 /// The append-only, segmented commit log.
 pub(crate) struct CommitLog {
     dir: PathBuf,
     segment_size: u64,
     tail: Mutex<Tail>,
     segments: RwLock<BTreeMap<u64, Arc<Mapped>>>,
-    /// Moves whenever a segment is added or deleted, so a [`LogReader`]'s
-    /// copy of the table knows it is stale with one load.
+    /// The same table as a list [`LogReader`]s share: replaced whole (never
+    /// changed in place) whenever a segment is added or deleted.
+    table: RwLock<Arc<SegmentList>>,
+    /// Moves whenever `table` is replaced, so a reader knows its copy is
+    /// stale with one load.
     table_version: AtomicU64,
     /// End of the last published record: readers may read everything below it.
     write_end: AtomicU64,
@@ -118,6 +128,7 @@ impl CommitLog {
             durable: Mutex::new(plan.durable.clamp(recovered.segments_start(), recovered.end)),
             durable_changed: Condvar::new(),
             tail: Mutex::new(Tail { writer: recovered.tail, base: recovered.tail_base, end: recovered.end }),
+            table: RwLock::new(Arc::new(segment_list(&recovered.segments))),
             segments: RwLock::new(recovered.segments),
             table_version: AtomicU64::new(0),
             poisoned: AtomicBool::new(false),
@@ -197,8 +208,11 @@ impl CommitLog {
             encode_padding(tail.writer.unpublished_mut(local, rest), tail.end);
             tail.writer.publish(self.segment_size as usize);
         }
-        self.segments.write().unwrap_or_else(|e| e.into_inner()).insert(next_base, Arc::clone(next.shared()));
-        self.table_version.fetch_add(1, Ordering::Release);
+        {
+            let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+            segments.insert(next_base, Arc::clone(next.shared()));
+            self.publish_table(&segments);
+        }
         tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
         *tail = Tail { writer: next, base: next_base, end: next_base + FILE_HEADER_LEN as u64 };
         Ok(())
@@ -234,6 +248,13 @@ impl CommitLog {
             return Err(Error::DiskFull { dir: self.dir.clone(), needed, available });
         }
         Ok(())
+    }
+
+    /// Replaces the readers' shared table after `segments` changed (called
+    /// with its write lock held, so tables are published in order).
+    fn publish_table(&self, segments: &BTreeMap<u64, Arc<Mapped>>) {
+        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(segment_list(segments));
+        self.table_version.fetch_add(1, Ordering::Release);
     }
 
     fn segment(&self, base: u64) -> Option<Arc<Mapped>> {
@@ -384,7 +405,7 @@ impl CommitLog {
             let path = segment::segment_path(&self.dir, base);
             std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
             segments.remove(&base);
-            self.table_version.fetch_add(1, Ordering::Release);
+            self.publish_table(&segments);
         }
         let path = segment::segment_path(&self.dir, base);
         crate::mmap::sync_dir(&self.dir)?;

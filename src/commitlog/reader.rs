@@ -1,21 +1,25 @@
-//! A reader with its own copy of the segment table.
+//! A reader with its own reference to the segment table.
 //!
 //! [`CommitLog::read`] looks a segment up in the shared table under a lock and
 //! clones its `Arc`: two atomic writes to cache lines every reading thread
 //! shares. At a million random reads a second (the dispatcher and a consumer
 //! following deliveries to their messages) that ping-pong between cores was
-//! the largest cost of a burst of deliveries. A `LogReader` keeps a private
-//! copy of the table and re-copies it only when a segment has been added or
-//! deleted, which one atomic load tells.
+//! the largest cost of a burst of deliveries. A `LogReader` takes the log's
+//! current table (an immutable list, replaced whenever a segment is added or
+//! deleted) once, and takes it again only when the table has been replaced,
+//! which one atomic load tells.
 //!
-//! A copy may briefly hold a segment that retention has just deleted. Its map
-//! stays valid while held, and records never change once published, so what
-//! is read there is what the relocation area or the segment would have said.
+//! Holding a table keeps its segments mapped, including one retention has
+//! just deleted: its map stays valid and its records are unchanged, but its
+//! disk space is only freed once no table holds it. So a reader holds a table
+//! only while it works: its owner calls [`LogReader::release`] before it
+//! returns or waits (the dispatcher after each pass, a consumer after each
+//! poll).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 
-use super::{CommitLog, Record, RecordKind, Verify};
+use super::{CommitLog, Record, RecordKind, SegmentList, Verify};
 use crate::error::Result;
 use crate::mmap::Mapped;
 
@@ -23,24 +27,27 @@ use crate::mmap::Mapped;
 const TOUCHED: usize = 256;
 const CACHE_LINE: usize = 64;
 
-/// Reads the commit log through a private copy of its segment table.
+/// Reads the commit log through a shared, immutable copy of its segment table.
 pub(crate) struct LogReader {
     log: Arc<CommitLog>,
-    /// The table version the copy was made at (`None`: never made).
-    version: Option<u64>,
-    /// The segments by base offset, oldest first.
-    segments: Vec<(u64, Arc<Mapped>)>,
+    /// The table and the version it was taken at (`None`: none held).
+    table: Option<(u64, Arc<SegmentList>)>,
 }
 
 impl LogReader {
     pub fn new(log: Arc<CommitLog>) -> Self {
-        Self { log, version: None, segments: Vec::new() }
+        Self { log, table: None }
+    }
+
+    /// Lets go of the table, so the segments retention deletes meanwhile are
+    /// not kept on disk by this reader.
+    pub fn release(&mut self) {
+        self.table = None;
     }
 
     /// Like [`CommitLog::read`].
     pub fn read(&mut self, offset: u64) -> Result<Record> {
-        self.refresh();
-        let segments = &self.segments;
+        let segments = current(&self.log, &mut self.table);
         self.log.read_in(offset, |base| find(segments, base).cloned())
     }
 
@@ -68,9 +75,9 @@ impl LogReader {
         verify: Verify,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        self.refresh();
+        let segments = current(&self.log, &mut self.table);
         let at = self.log.normalize(offset);
-        let seg = find(&self.segments, self.log.base_of(at));
+        let seg = find(segments, self.log.base_of(at));
         self.log.visit_in(seg, at, verify, f)
     }
 
@@ -80,27 +87,26 @@ impl LogReader {
     /// let the CPU wait for many cache and TLB misses at once, where reading
     /// record after record would wait for each in turn.
     pub fn touch(&mut self, offset: u64) -> u8 {
-        self.refresh();
+        let segments = current(&self.log, &mut self.table);
         let at = self.log.normalize(offset);
-        let Some(seg) = find(&self.segments, self.log.base_of(at)) else { return 0 };
+        let Some(seg) = find(segments, self.log.base_of(at)) else { return 0 };
         let local = (at - self.log.base_of(at)) as usize;
         let visible = seg.published().saturating_sub(local).min(TOUCHED);
         let Some(bytes) = seg.read(local, visible) else { return 0 };
         bytes.iter().step_by(CACHE_LINE).fold(0, |acc, b| acc ^ b)
     }
+}
 
-    /// Re-copies the table if a segment was added or deleted since the last copy.
-    fn refresh(&mut self) {
-        let version = self.log.table_version.load(Ordering::Acquire);
-        if self.version == Some(version) {
-            return;
-        }
-        // Read the version before the table: a change in between only makes
-        // the next call copy again.
-        let table = self.log.segments.read().unwrap_or_else(|e| e.into_inner());
-        self.segments = table.iter().map(|(&base, seg)| (base, Arc::clone(seg))).collect();
-        self.version = Some(version);
+/// The log's current table: the one `held` if it is still current, otherwise
+/// taken afresh. The version is read before the table, so a change in between
+/// only makes the next call take it again.
+fn current<'a>(log: &CommitLog, held: &'a mut Option<(u64, Arc<SegmentList>)>) -> &'a SegmentList {
+    let version = log.table_version.load(Ordering::Acquire);
+    if held.as_ref().is_none_or(|(v, _)| *v != version) {
+        let table = Arc::clone(&log.table.read().unwrap_or_else(|e| e.into_inner()));
+        *held = Some((version, table));
     }
+    &held.as_ref().expect("just taken").1
 }
 
 fn find(segments: &[(u64, Arc<Mapped>)], base: u64) -> Option<&Arc<Mapped>> {

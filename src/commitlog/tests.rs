@@ -207,3 +207,21 @@ fn a_reader_sees_new_and_deleted_segments_as_the_log_does() {
     assert!(matches!(reader.read(first), Err(Error::Reclaimed { .. })));
     assert!(matches!(reader.visit_checked(first, |_, _, _| ()), Err(Error::Reclaimed { .. })));
 }
+
+#[test]
+fn a_released_reader_keeps_no_deleted_segment_mapped() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let log = Arc::new(log);
+    let first = append_bytes(&log, &[1u8; 100]);
+    for _ in 0..100 {
+        append_bytes(&log, &[2u8; 1000]);
+    }
+    let mut reader = LogReader::new(Arc::clone(&log));
+    reader.read(first).unwrap();
+    let segment0 = Arc::downgrade(&log.segment(0).unwrap());
+    log.delete_oldest_segment(0).unwrap();
+    assert!(segment0.upgrade().is_some(), "the reader's table still maps it");
+    reader.release();
+    assert!(segment0.upgrade().is_none(), "released: the deleted file's space can be freed");
+}
