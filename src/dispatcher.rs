@@ -106,9 +106,14 @@ impl Dispatcher {
         if reclaimed > 0 {
             tracing::warn!(reclaimed, "deliveries whose messages retention deleted were not re-indexed");
         }
-        // Hold no segment retention may want to delete while waiting for more.
-        self.tail.get_mut().release();
-        self.originals.get_mut().release();
+        if count == 0 {
+            // Idle: hold no segment retention may want to delete. (A busy
+            // dispatcher follows every new table; letting go after every pass
+            // made each pass take the table again, which cost a burst of
+            // deliveries measurably.)
+            self.tail.get_mut().release();
+            self.originals.get_mut().release();
+        }
         // Wake consumers for what was indexed, even if a later record failed.
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());
