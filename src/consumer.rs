@@ -28,7 +28,7 @@ pub struct Consumer {
     /// Shared by every message this consumer hands out (no allocation per message).
     topic: Arc<str>,
     log: Arc<CommitLog>,
-    /// Follows entries to their records (a private copy of the segment table).
+    /// Follows entries to their records (holds the segment table only while polling).
     reader: LogReader,
     queue: Arc<ConsumeQueue>,
     offsets: Arc<OffsetStore>,
