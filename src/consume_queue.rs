@@ -281,6 +281,12 @@ impl ConsumeQueue {
             .collect()
     }
 
+    /// Files on disk: the readable ones and the spare, if any.
+    fn file_count(&self) -> u64 {
+        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).is_some();
+        self.files.read().unwrap_or_else(|e| e.into_inner()).len() as u64 + u64::from(spare)
+    }
+
     fn file(&self, file_no: u64) -> Option<Arc<Mapped>> {
         self.files.read().unwrap_or_else(|e| e.into_inner()).get(&file_no).cloned()
     }
@@ -556,9 +562,10 @@ impl QueueRegistry {
         self.all().iter().try_fold(0, |sum, q| Ok(sum + q.delete_files_below(log_start)?))
     }
 
+    /// Bytes of every queue's files on disk, spares included.
     pub fn disk_bytes(&self) -> u64 {
         let file = FILE_HEADER_LEN as u64 + self.per_file * ENTRY_LEN as u64;
-        self.all().iter().map(|q| q.files.read().unwrap_or_else(|e| e.into_inner()).len() as u64 * file).sum()
+        self.all().iter().map(|q| q.file_count() * file).sum()
     }
 }
 
@@ -647,6 +654,7 @@ mod tests {
         assert!(!queue.prepare_ahead().unwrap(), "made once");
         let spare = qdir.join(numbered_file_name(8));
         assert!(spare.exists(), "made before the dispatcher needs it");
+        assert_eq!(queue.file_count(), 2, "the spare takes disk space too");
         let inode = |path: &Path| std::os::unix::fs::MetadataExt::ino(&std::fs::metadata(path).unwrap());
         let made = inode(&spare);
         for i in 3..=10u64 {
