@@ -25,6 +25,8 @@ pub(crate) const COMMITLOG_MAGIC: [u8; 8] = *b"DWCLOG\0\0";
 pub(crate) const CONSUME_QUEUE_MAGIC: [u8; 8] = *b"DWCQUE\0\0";
 /// Magic of a timer-log file.
 pub(crate) const TIMER_LOG_MAGIC: [u8; 8] = *b"DWTLOG\0\0";
+/// Magic of the cancel ledger's files (the timer-log layout).
+pub(crate) const CANCEL_LEDGER_MAGIC: [u8; 8] = *b"DWCNCL\0\0";
 /// Magic of the wheel file.
 pub(crate) const WHEEL_MAGIC: [u8; 8] = *b"DWWHEL\0\0";
 /// Magic of a relocation-area window file (copies of relocated timers).

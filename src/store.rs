@@ -9,6 +9,7 @@
 //! consumequeue/<topic>/<queue>/<index>   index: per-queue entries
 //! timer/wheel                            index: the wheel's slots
 //! timer/timerlog/<20-digit index>        index: the slots' timer entries
+//! timer/cancelled/<20-digit index>       index: every cancel answered `Cancelled`
 //! schedule/delay_offsets.json            bucket scheduler progress (buckets only)
 //! consumer_offsets.json                  consumer progress
 //! ```
@@ -39,6 +40,7 @@ use crate::retention::{Counters, Floor, ReclaimReport, Retainer, is_size_cap};
 use crate::schedule::{BucketScheduling, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::scheduling::{Scheduling, WheelScheduling};
 use crate::stats::{DiskUsage, Lateness, RetentionStats, Stats};
+use crate::timer::ledger::LedgerEntry;
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
 use crate::timer::wheel::{Resume, Settled, Timer, Wheel};
@@ -327,8 +329,9 @@ impl Store {
     }
 
     /// Cancels the timer `handle` names. `Cancelled`: it will never fire (a
-    /// cancel record is in the commit log); `AlreadyDelivered`: it has fired;
-    /// `NotFound`: no timed message with that deliver time is at that offset.
+    /// cancel record is in the commit log), also when asked again, at any
+    /// later time; `AlreadyDelivered`: it has fired; `NotFound`: no timed
+    /// message with that deliver time is at that offset.
     pub fn cancel(&self, handle: Handle) -> Result<CancelOutcome> {
         if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::Closed);
@@ -607,13 +610,15 @@ fn recover(config: &Config) -> Result<Recovered> {
     if fresh {
         restore_relocated(&mut wheel, &log, last.map_or(0, |cp| cp.tick_second))?;
     }
+    wheel.record_recovered_cancels()?;
     Ok(Recovered { log, report, replay_from, checkpoint, wheel, delivery_scan_from: scan_from, fresh })
 }
 
 /// Indexes, into a wheel built afresh, the relocated timers that may still
 /// be pending (due at or after `tick_second`, before which the checkpoint
 /// vouches every timer fired) and then their relocated cancels: the replay
-/// that follows starts at the oldest segment and cannot see them.
+/// that follows starts at the oldest segment and cannot see them. Every
+/// relocated cancel goes to the cancel ledger, also of a timer that is past.
 fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Result<()> {
     let area = log.relocated();
     let _span = tracing::info_span!("restore_relocated", copies = area.entries()).entered();
@@ -621,9 +626,6 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
     let mut cancels = Vec::new();
     for i in 0..area.entries() {
         let entry = area.entry(i)?;
-        if entry.deliver_at_ms < from_ms {
-            continue;
-        }
         let record = match log.read(entry.original_offset) {
             Ok(record) => record,
             // Its window was deleted: all of its timers had fired.
@@ -632,25 +634,36 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
         };
         let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.original_offset };
         match record.kind {
-            RecordKind::Message => {
+            RecordKind::Message if entry.deliver_at_ms >= from_ms => {
                 // Not counted per segment: its segment is gone.
                 wheel.insert(timer)?;
             }
             RecordKind::Cancel => {
                 let cancel =
                     CancelView::parse(&record.bytes).map_err(|k| log.corruption_at(record.offset, k))?;
-                cancels.push(Timer {
-                    deliver_at_ms: cancel.deliver_at_ms,
-                    message_offset: cancel.message_offset,
-                });
+                let timer =
+                    Timer { deliver_at_ms: cancel.deliver_at_ms, message_offset: cancel.message_offset };
+                cancels.push(LedgerEntry { timer, cancel_offset: record.offset });
             }
             _ => {}
         }
     }
-    for timer in cancels {
-        wheel.cancel(timer)?;
+    // The ledger is in log order; the index is in the order copies were made.
+    cancels.sort_unstable_by_key(|c| c.cancel_offset);
+    for LedgerEntry { timer, cancel_offset } in cancels {
+        if timer.deliver_at_ms >= from_ms {
+            wheel.cancel(timer)?;
+        }
+        wheel.record_cancel(timer, cancel_offset)?;
     }
     Ok(())
+}
+
+/// What a record settles: a delivery (of the message at an offset) or a
+/// cancel (by the cancel record at `record`).
+enum Settles {
+    Delivery(u64),
+    Cancel { record: u64, timer: Timer },
 }
 
 /// The timers that fired or were cancelled, from the delivery and cancel
@@ -668,20 +681,29 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
             match kind {
                 RecordKind::Delivery => check_crc(bytes, offset)
                     .and_then(|()| DeliveryView::parse(bytes))
-                    .map(|d| Some((d.message_offset, true)))
+                    .map(|d| Some(Settles::Delivery(d.message_offset)))
                     .map_err(corrupt),
                 RecordKind::Cancel => check_crc(bytes, offset)
                     .and_then(|()| CancelView::parse(bytes))
-                    .map(|c| Some((c.message_offset, false)))
+                    .map(|c| {
+                        let timer =
+                            Timer { deliver_at_ms: c.deliver_at_ms, message_offset: c.message_offset };
+                        Some(Settles::Cancel { record: offset, timer })
+                    })
                     .map_err(corrupt),
                 _ => Ok(None),
             }
         })?;
         match found? {
-            Some((message_offset, true)) => settled.delivered.insert(message_offset),
-            Some((message_offset, false)) => settled.cancelled.insert(message_offset),
-            None => false,
-        };
+            Some(Settles::Delivery(message_offset)) => {
+                settled.delivered.insert(message_offset);
+            }
+            Some(Settles::Cancel { record, timer }) => {
+                settled.cancelled.insert(timer.message_offset);
+                settled.cancel_records.push(LedgerEntry { timer, cancel_offset: record });
+            }
+            None => {}
+        }
         at = next;
     }
     Ok(settled)

@@ -87,3 +87,45 @@ fn a_thousand_cancels_at_once() {
     let want: Vec<String> = (0..2_000).filter(|i| i % 2 == 1).map(|i| format!("m{i}")).collect();
     assert_eq!(got, want);
 }
+
+/// A cancel is an answer the store keeps: asking again after the timer's time
+/// has passed, and after a restart (clean, a crash copy, or with `timer/`
+/// rebuilt from the commit log), still answers
+/// `Cancelled`, and a delivered timer still answers `AlreadyDelivered`.
+#[test]
+fn a_repeated_cancel_after_the_time_passed_and_a_restart_still_answers_cancelled() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let cancelled = put_timer(&store, "cancelled", T0 + 1_000);
+    let delivered = put_timer(&store, "delivered", T0 + 1_001);
+    let cancelled_late = put_timer(&store, "cancelled late", T0 + 5_000);
+    assert_eq!(store.cancel(cancelled).unwrap(), CancelOutcome::Cancelled);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    clock.set_ms(T0 + 2_000);
+    assert_eq!(bodies(&consumer.poll(1, Duration::from_secs(5)).unwrap()), ["delivered"]);
+    assert_eq!(store.cancel(cancelled).unwrap(), CancelOutcome::Cancelled, "after its time");
+    assert_eq!(store.cancel(cancelled_late).unwrap(), CancelOutcome::Cancelled);
+    clock.set_ms(T0 + 6_000);
+    assert!(consumer.poll(1, Duration::from_millis(300)).unwrap().is_empty());
+    let crashed = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), crashed.path());
+    store.close().unwrap();
+    let rebuilt = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), rebuilt.path());
+    std::fs::remove_dir_all(rebuilt.path().join("timer")).unwrap();
+
+    let cases =
+        [("clean close", dir.path()), ("crash", crashed.path()), ("rebuild of timer/", rebuilt.path())];
+    for (how, path) in cases {
+        let store = store_at(path, &clock);
+        for (handle, want) in [
+            (cancelled, CancelOutcome::Cancelled),
+            (cancelled_late, CancelOutcome::Cancelled),
+            (delivered, CancelOutcome::AlreadyDelivered),
+        ] {
+            assert_eq!(store.cancel(handle).unwrap(), want, "after a {how}: {handle}");
+        }
+        store.close().unwrap();
+    }
+}

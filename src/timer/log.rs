@@ -85,6 +85,8 @@ impl TimerEntry {
 /// The timer log, owned by the wheel.
 pub(crate) struct TimerLog {
     dir: PathBuf,
+    /// `DWTLOG` for the timer logs; the cancel ledger uses the same layout under its own magic.
+    magic: [u8; 8],
     per_file: u64,
     files: BTreeMap<u64, MapWriter>,
     /// Index the next entry gets.
@@ -95,8 +97,13 @@ impl TimerLog {
     /// Opens the log in `dir`. Its end is `end` if given (from a checkpoint),
     /// otherwise the first unwritten entry; entries past the end are zeroed.
     pub fn open(dir: &Path, per_file: u64, end: Option<u64>) -> Result<Self> {
+        Self::open_with_magic(dir, TIMER_LOG_MAGIC, per_file, end)
+    }
+
+    /// Like [`open`](Self::open), for a log of the same layout with its own file magic.
+    pub fn open_with_magic(dir: &Path, magic: [u8; 8], per_file: u64, end: Option<u64>) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
-        let mut log = Self { dir: dir.to_path_buf(), per_file, files: BTreeMap::new(), end: 1 };
+        let mut log = Self { dir: dir.to_path_buf(), magic, per_file, files: BTreeMap::new(), end: 1 };
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
             let Some(first) = parse_numbered_file_name(&entry.file_name().to_string_lossy()) else {
@@ -104,7 +111,7 @@ impl TimerLog {
             };
             let path = entry.path();
             let writer = Mapped::open(&path, log.file_size())?;
-            check_file_header(&path, writer.view(0, FILE_HEADER_LEN), TIMER_LOG_MAGIC, per_file, first)?;
+            check_file_header(&path, writer.view(0, FILE_HEADER_LEN), magic, per_file, first)?;
             log.files.insert(first / per_file, writer);
         }
         log.end = match end {
@@ -158,12 +165,23 @@ impl TimerLog {
         self.end
     }
 
+    /// Index of the oldest entry still on disk (the end if there is none).
+    pub fn first(&self) -> u64 {
+        self.files.keys().next().map_or(self.end, |&no| (no * self.per_file).max(1))
+    }
+
+    /// Drops every entry from `end` on (zeroed; files wholly past it removed).
+    pub fn cut_to(&mut self, end: u64) -> Result<()> {
+        self.end = end.clamp(self.first(), self.end);
+        self.cut_after_end()
+    }
+
     /// Appends an entry and returns its index.
     pub fn append(&mut self, entry: &TimerEntry) -> Result<u64> {
         let index = self.end;
         let (file_no, at) = self.position(index);
         if !self.files.contains_key(&file_no) {
-            let header = FileHeader::new(TIMER_LOG_MAGIC, self.per_file, file_no * self.per_file).encode();
+            let header = FileHeader::new(self.magic, self.per_file, file_no * self.per_file).encode();
             let writer = Mapped::create(&self.path(file_no), self.file_size(), &header)?;
             self.files.insert(file_no, writer);
         }

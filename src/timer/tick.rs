@@ -210,11 +210,11 @@ impl Ticker {
         let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
         // Decide, write the record, then change the wheel: a cancel that could
         // not be recorded changes nothing.
-        let target = self.wheel.locate_for_cancel(&timer);
-        let outcome = match target {
-            CancelTarget::AlreadyDelivered => Ok(CancelOutcome::AlreadyDelivered),
-            CancelTarget::AlreadyCancelled => Ok(CancelOutcome::Cancelled),
-            _ => {
+        let outcome = match self.wheel.locate_for_cancel(&timer) {
+            Err(e) => Err(e),
+            Ok(CancelTarget::AlreadyDelivered) => Ok(CancelOutcome::AlreadyDelivered),
+            Ok(CancelTarget::AlreadyCancelled) => Ok(CancelOutcome::Cancelled),
+            Ok(target) => {
                 let now_ms = self.clock.now_ms();
                 self.log
                     .append_reserved(CANCEL_LEN, |buf, offset| {
@@ -223,6 +223,7 @@ impl Ticker {
                     .and_then(|(cancel_offset, _)| {
                         let state = self.wheel.apply_cancel(timer, target)?;
                         if state == CancelState::Cancelled {
+                            self.wheel.record_cancel(timer, cancel_offset)?;
                             self.count_cancel(timer, cancel_offset);
                         }
                         Ok(state)
@@ -302,13 +303,22 @@ impl Ticker {
         Ok(())
     }
 
-    /// Deletes the timer-log files that no chain a restart would read reaches.
+    /// Deletes the timer-log files that no chain a restart would read reaches,
+    /// and the cancel-ledger files no handle needs.
     fn reclaim_timer_log(&mut self) -> Result<()> {
         if let Some(mark) = self.floor.get() {
             let _span = tracing::debug_span!("reclaim_timer_log", tick_second = mark.tick_second).entered();
             self.wheel.reclaim_timer_logs(mark.tick_second)?;
         }
-        Ok(())
+        self.reclaim_ledger()
+    }
+
+    /// Deletes the cancel-ledger files no handle can ask about: their messages'
+    /// segments are gone, and no relocated copy of their timers can exist.
+    fn reclaim_ledger(&mut self) -> Result<()> {
+        let windows = self.log.relocated().windows()?;
+        let relocated_from_ms = windows.first().map_or(u64::MAX, |&(second, _)| second.saturating_mul(1000));
+        self.wheel.reclaim_ledger(self.log.start(), relocated_from_ms).map(drop)
     }
 
     fn publish_stats(&mut self) -> Result<()> {

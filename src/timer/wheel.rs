@@ -27,7 +27,7 @@
 //! holds, so a slot whose window has passed is stale and is simply overwritten
 //! when reused.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -36,6 +36,7 @@ use crate::format::{
     FILE_HEADER_LEN, FileHeader, WHEEL_MAGIC, check_file_header, crc_at, get_u32, get_u64, put_u32, put_u64,
 };
 use crate::mmap::{MapWriter, Mapped};
+use crate::timer::ledger::{CancelLedger, LEDGER_DIR, LedgerEntry};
 use crate::timer::loaded::Loaded;
 use crate::timer::log::{TimerEntry, TimerLog};
 use crate::timer::tails::Tails;
@@ -226,12 +227,18 @@ pub(crate) struct Wheel {
     /// Delivered or cancelled before a restart (from the commit log's records
     /// after the checkpoint); dropped when loaded again.
     settled: Settled,
-    /// Cancelled in this session once loaded (or applied from a slot): dropped
-    /// when they come up, and a repeated cancel still answers `Cancelled`.
-    /// Grows by one offset per such cancel until the store is closed.
+    /// Cancelled timers still ahead: loaded ones (dropped when they come
+    /// up), or dropped by a cascade before their second is loaded. Each is
+    /// forgotten once its second is behind; the cancel ledger answers then.
     cancelled: HashSet<u64>,
+    /// The timers a cascade dropped with their cancel entries, by second:
+    /// forgotten from `cancelled` once that second is loaded.
+    cancelled_ahead: BTreeMap<u64, Vec<u64>>,
     /// Cancel entries in slots not yet loaded, per level (for the pending count).
     cancel_entries: [u64; 3],
+    /// Every cancel answered `Cancelled`, on disk: answers a repeated cancel
+    /// once the timer's second is handed out and forgotten (also after a restart).
+    ledger: CancelLedger,
     /// Timers cancelled by an entry in a slot not yet loaded (a second cancel is a no-op).
     slot_cancels: HashSet<u64>,
     /// Loaded timers cancelled and not yet come up (still counted by `loaded`).
@@ -272,6 +279,8 @@ struct SlotCount {
 pub(crate) struct Settled {
     pub delivered: HashSet<u64>,
     pub cancelled: HashSet<u64>,
+    /// The cancel records read, in log order, for the cancel ledger.
+    pub cancel_records: Vec<LedgerEntry>,
 }
 
 impl Settled {
@@ -324,9 +333,10 @@ impl Wheel {
         let log_dir = dir.join("timerlog");
         let far_log_dir = dir.join(FAR_LOG_DIR);
         let tails_path = dir.join("tails");
+        let ledger_dir = dir.join(LEDGER_DIR);
         if resume.is_none() {
             // Nothing vouches for these files: start over (the commit log is the truth).
-            for stale in [&path, &log_dir, &far_log_dir, &tails_path] {
+            for stale in [&path, &log_dir, &far_log_dir, &tails_path, &ledger_dir] {
                 let _ = std::fs::remove_file(stale);
                 let _ = std::fs::remove_dir_all(stale);
             }
@@ -346,6 +356,7 @@ impl Wheel {
             TimerLog::open(&far_log_dir, entries_per_log_file, None)?,
         ];
         let tails = Tails::open(dir, TOTAL_SLOTS)?;
+        let ledger = CancelLedger::open(dir, mark)?;
         let loaded_through = resume.map_or(now_ms / 1000, |r| r.tick_second).saturating_sub(1);
         let mut wheel = Self {
             path,
@@ -361,7 +372,9 @@ impl Wheel {
             unloaded: [0; 3],
             settled,
             cancelled: HashSet::new(),
+            cancelled_ahead: BTreeMap::new(),
             cancel_entries: [0; 3],
+            ledger,
             slot_cancels: HashSet::new(),
             cancelled_loaded: 0,
             replay_range: 0..0,
@@ -489,36 +502,62 @@ impl Wheel {
     /// cascaded to, so one lookup suffices whatever the level (never
     /// O(pending)). Loaded: it is dropped when it comes up. Timers of seconds
     /// already handed out answer `AlreadyDelivered`.
+    /// The cancel record is the caller's: see [`record_cancel`](Self::record_cancel).
     pub fn cancel(&mut self, timer: Timer) -> Result<CancelState> {
-        let where_ = self.locate_for_cancel(&timer);
+        let where_ = self.locate_for_cancel(&timer)?;
         self.apply_cancel(timer, where_)
     }
 
     /// What cancelling `timer` would answer, without changing anything: the
     /// caller writes the cancel record before [`apply_cancel`](Self::apply_cancel).
-    pub fn locate_for_cancel(&self, timer: &Timer) -> CancelTarget {
+    pub fn locate_for_cancel(&self, timer: &Timer) -> Result<CancelTarget> {
         let offset = timer.message_offset;
         if self.settled.cancelled.contains(&offset)
             || self.cancelled.contains(&offset)
             || self.slot_cancels.contains(&offset)
         {
-            return CancelTarget::AlreadyCancelled;
+            return Ok(CancelTarget::AlreadyCancelled);
         }
         if self.settled.delivered.contains(&offset) {
-            return CancelTarget::AlreadyDelivered;
+            return Ok(CancelTarget::AlreadyDelivered);
         }
         let sec = timer.deliver_at_ms / 1000;
         if self.prefetch.as_ref().is_some_and(|p| p.second == sec) {
-            return CancelTarget::Prefetching;
+            return Ok(CancelTarget::Prefetching);
         }
         if sec > self.loaded_through {
-            return CancelTarget::Slot;
+            return Ok(CancelTarget::Slot);
         }
         // Loaded: pending exactly if not yet handed out (a replayed copy may have been).
         if self.loaded.contains(timer) && !self.replay_seen.contains(&offset) {
-            return CancelTarget::Loaded;
+            return Ok(CancelTarget::Loaded);
         }
-        CancelTarget::AlreadyDelivered
+        // Handed out or dropped: only the ledger still knows which (read only
+        // here, where the memory of this session has nothing to say).
+        if self.ledger.contains(offset)? {
+            return Ok(CancelTarget::AlreadyCancelled);
+        }
+        Ok(CancelTarget::AlreadyDelivered)
+    }
+
+    /// Enters a cancel the store answered `Cancelled` in the ledger, with
+    /// its cancel record's commit-log offset (records come in log order).
+    pub fn record_cancel(&mut self, timer: Timer, cancel_offset: u64) -> Result<()> {
+        self.ledger.record(timer, cancel_offset)
+    }
+
+    /// Enters the cancel records recovery read into the ledger (after any
+    /// relocated ones: the ledger is in log order).
+    pub fn record_recovered_cancels(&mut self) -> Result<()> {
+        for entry in std::mem::take(&mut self.settled.cancel_records) {
+            self.ledger.record(entry.timer, entry.cancel_offset)?;
+        }
+        Ok(())
+    }
+
+    /// Deletes the ledger files no handle can ask about any more (see [`CancelLedger::reclaim`]).
+    pub fn reclaim_ledger(&mut self, log_start: u64, relocated_from_ms: u64) -> Result<u64> {
+        self.ledger.reclaim(log_start, relocated_from_ms)
     }
 
     /// Carries out a cancel located by [`locate_for_cancel`](Self::locate_for_cancel).
@@ -607,7 +646,8 @@ impl Wheel {
                         let repeat = self.last_popped == Some(top)
                             || (self.replay_range.contains(&top.message_offset)
                                 && !self.replay_seen.insert(top.message_offset));
-                        if self.cancelled.contains(&top.message_offset) {
+                        if self.cancelled.remove(&top.message_offset) {
+                            // A later copy of it is a repeat, and the ledger answers a repeated cancel.
                             if !repeat {
                                 self.cancelled_loaded = self.cancelled_loaded.saturating_sub(1);
                             }
@@ -621,7 +661,20 @@ impl Wheel {
             }
             // Popping may have made room to load the next seconds.
             if !popped || out.len() >= MAX_PER_TICK {
+                self.forget_cancelled_behind();
                 return Ok(out);
+            }
+        }
+    }
+
+    /// Forgets the cascade-dropped cancelled timers whose second is loaded:
+    /// they can no longer be in a slot, and the ledger answers for them.
+    fn forget_cancelled_behind(&mut self) {
+        while let Some(entry) = self.cancelled_ahead.first_entry()
+            && *entry.key() <= self.loaded_through
+        {
+            for offset in entry.remove() {
+                self.cancelled.remove(&offset);
             }
         }
     }
@@ -649,10 +702,10 @@ impl Wheel {
                     self.cancel_entries[0].saturating_sub(u64::from(prefetch.cancel_entries));
                 if !prefetch.cancels.is_empty() {
                     timers.retain(|t| !prefetch.cancels.contains(&t.message_offset));
-                    // Applied: remembered so a repeated cancel still answers `Cancelled`.
+                    // Applied: from now on the ledger answers a repeated cancel.
                     for offset in &prefetch.cancels {
                         self.slot_cancels.remove(offset);
-                        self.cancelled.insert(*offset);
+                        self.cancelled.remove(offset);
                     }
                 }
                 // A second left empty (all cancelled, or fired before a
@@ -757,8 +810,11 @@ impl Wheel {
                 self.cancel_entries[level] = self.cancel_entries[level].saturating_sub(1);
                 self.slot_cancels.remove(&entry.message_offset);
                 if timers.contains(&entry.message_offset) {
-                    // Applied here: remember it, so a later cancel still answers Cancelled.
+                    // Applied here: remember it until its second is loaded, so a
+                    // later cancel still answers Cancelled (and adds no entry).
                     self.cancelled.insert(entry.message_offset);
+                    let second = entry.deliver_at_ms / 1000;
+                    self.cancelled_ahead.entry(second).or_default().push(entry.message_offset);
                 } else {
                     self.cancel(timer)?;
                 }
@@ -899,15 +955,16 @@ impl Wheel {
     pub fn files_to_sync(&self) -> Vec<Arc<Mapped>> {
         let mut files = self.logs[0].files();
         files.extend(self.logs[1].files());
+        files.extend(self.ledger.files());
         files.push(Arc::clone(self.tails.shared()));
         files.push(Arc::clone(self.file.shared()));
         files
     }
 
-    /// Bytes of the wheel file, the tails file and the timer log.
+    /// Bytes of the wheel file, the tails file, the timer logs and the cancel ledger.
     pub fn disk_bytes(&self) -> u64 {
         let logs: u64 = self.logs.iter().map(TimerLog::disk_bytes).sum();
-        self.file.shared().len() as u64 + self.tails.shared().len() as u64 + logs
+        self.file.shared().len() as u64 + self.tails.shared().len() as u64 + logs + self.ledger.disk_bytes()
     }
 
     /// The oldest entry of each timer log that a wheel resumed at

@@ -261,7 +261,13 @@ proptest! {
                 Op::Cancel(n) if !put.is_empty() => {
                     let t = put[n % put.len()];
                     let outcome = w.cancel(t).unwrap();
-                    if model.remove(&(t.deliver_at_ms, t.message_offset)).is_some() || cancelled.contains(&t) {
+                    let was_pending = model.remove(&(t.deliver_at_ms, t.message_offset)).is_some();
+                    if was_pending {
+                        // As the ticking thread does once the cancel record is written.
+                        w.record_cancel(t, next_offset).unwrap();
+                        next_offset += 64;
+                    }
+                    if was_pending || cancelled.contains(&t) {
                         prop_assert_eq!(outcome, CancelState::Cancelled, "{:?} was pending", t);
                         cancelled.insert(t);
                     } else {
@@ -348,4 +354,36 @@ fn pending_by_due_time_counts_every_horizon_and_survives_a_reopen() {
     drop(w);
     let again = Wheel::open(dir.path(), 1 << 12, START_MS, Some(resume), Settled::default(), 0).unwrap();
     assert_eq!(again.pending_by_due_time(&bounds).unwrap(), want, "read back from the wheel file");
+}
+
+/// Cancelled timers are remembered in memory only while they are ahead:
+/// once their second is behind, the cancel ledger answers a repeated cancel.
+#[test]
+fn cancelled_timers_are_forgotten_from_memory_once_behind_and_the_ledger_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    let aheads = [500, 3_000, 2 * DAY, 40 * DAY];
+    let timers: Vec<Timer> = aheads.iter().zip(0..).map(|(a, i)| timer(START_MS + a, 32 + 64 * i)).collect();
+    for t in &timers {
+        w.insert(*t).unwrap();
+    }
+    w.tick(START_MS, 0).unwrap();
+    let mut cancel_offset = 100_000;
+    for t in &timers {
+        assert_eq!(w.cancel(*t).unwrap(), CancelState::Cancelled);
+        w.record_cancel(*t, cancel_offset).unwrap();
+        cancel_offset += 64;
+    }
+    let mut now = START_MS;
+    while now < START_MS + 41 * DAY {
+        now += 3_600_000;
+        assert_eq!(w.tick(now, 0).unwrap(), [], "nothing cancelled fires");
+    }
+    assert!(w.cancelled.is_empty() && w.cancelled_ahead.is_empty(), "forgotten: {:?}", w.cancelled);
+    assert!(w.slot_cancels.is_empty());
+    for t in &timers {
+        assert_eq!(w.cancel(*t).unwrap(), CancelState::Cancelled, "{t:?}: the ledger still knows");
+    }
+    let never_cancelled = timer(START_MS + 1_000, 32 + 64 * 10);
+    assert_eq!(w.cancel(never_cancelled).unwrap(), CancelState::AlreadyDelivered);
 }

@@ -1,0 +1,214 @@
+//! The cancel ledger: one small entry per cancel the store answered
+//! `Cancelled`, in commit-log order of the cancel records. It is how a
+//! repeated cancel still answers `Cancelled` once the timer's second has
+//! passed, also after a restart: the wheel forgets a second once it is
+//! handed out, and the commit log holds the answer but only a scan of it
+//! could find it again.
+//!
+//! The ledger is an index of the commit log's cancel records. Its files have
+//! the timer log's layout (see `log.rs`) under the magic `DWCNCL`; an entry
+//! holds the cancelled message's offset and deliver time, `prev` holds the
+//! cancel record's offset, and the cancel bit is set. Cancel-record offsets
+//! grow from entry to entry, so the entries of cancels made after a message
+//! was put are found by a binary search, then read in order.
+//!
+//! Recovery: entries whose cancel record lies at or after the recovery's scan
+//! start are cut (they may not have been synced), and the scan appends every
+//! cancel record it reads, in log order. Entries below it were synced with the
+//! checkpoint the scan start comes from.
+
+use std::path::Path;
+use std::sync::Arc;
+
+use crate::error::Result;
+use crate::format::CANCEL_LEDGER_MAGIC;
+use crate::mmap::Mapped;
+use crate::timer::log::{TimerEntry, TimerLog};
+use crate::timer::wheel::Timer;
+
+/// The ledger's directory, beside the timer logs.
+pub(crate) const LEDGER_DIR: &str = "cancelled";
+/// Entries per ledger file (64 Ki entries, 1.75 MiB): retention deletes whole files.
+pub(crate) const LEDGER_ENTRIES_PER_FILE: u64 = 1 << 16;
+
+/// One cancel the store answered `Cancelled`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct LedgerEntry {
+    pub timer: Timer,
+    /// The commit-log offset of the cancel record.
+    pub cancel_offset: u64,
+}
+
+pub(crate) struct CancelLedger {
+    log: TimerLog,
+}
+
+impl CancelLedger {
+    /// Opens the ledger in `timer_dir`, keeping only the entries of cancel
+    /// records below `scan_from` (the caller appends the rest again).
+    pub fn open(timer_dir: &Path, scan_from: u64) -> Result<Self> {
+        let dir = timer_dir.join(LEDGER_DIR);
+        let log = TimerLog::open_with_magic(&dir, CANCEL_LEDGER_MAGIC, LEDGER_ENTRIES_PER_FILE, None)?;
+        let mut ledger = Self { log };
+        let keep = ledger.first_entry_at_or_after(scan_from)?;
+        ledger.log.cut_to(keep)?;
+        Ok(ledger)
+    }
+
+    /// Records a cancel. Cancel records must come in commit-log order.
+    pub fn record(&mut self, timer: Timer, cancel_offset: u64) -> Result<()> {
+        let entry = TimerEntry {
+            message_offset: timer.message_offset,
+            deliver_at_ms: timer.deliver_at_ms,
+            prev: cancel_offset,
+            cancel: true,
+        };
+        self.log.append(&entry).map(drop)
+    }
+
+    /// Whether a cancel of the message at `message_offset` was recorded.
+    /// Its cancel record lies after the message, so only the entries from the
+    /// first cancel record after it are read.
+    pub fn contains(&self, message_offset: u64) -> Result<bool> {
+        let mut index = self.first_entry_at_or_after(message_offset + 1)?;
+        while index < self.log.end() {
+            if self.entry(index)?.is_some_and(|e| e.timer.message_offset == message_offset) {
+                return Ok(true);
+            }
+            index += 1;
+        }
+        Ok(false)
+    }
+
+    /// The first entry whose cancel record lies at or after `offset` (binary
+    /// search: cancel offsets grow from entry to entry).
+    fn first_entry_at_or_after(&self, offset: u64) -> Result<u64> {
+        let (mut lo, mut hi) = (self.log.first(), self.log.end());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            match self.entry(mid)? {
+                Some(e) if e.cancel_offset < offset => lo = mid + 1,
+                _ => hi = mid,
+            }
+        }
+        Ok(lo)
+    }
+
+    fn entry(&self, index: u64) -> Result<Option<LedgerEntry>> {
+        Ok(self.log.read(index)?.map(|e| LedgerEntry {
+            timer: Timer { deliver_at_ms: e.deliver_at_ms, message_offset: e.message_offset },
+            cancel_offset: e.prev,
+        }))
+    }
+
+    /// Entries recorded and still on disk.
+    #[cfg(test)]
+    pub fn len(&self) -> u64 {
+        self.log.end() - self.log.first()
+    }
+
+    /// Deletes the files (never the newest) whose every entry is of use to no
+    /// handle any more: each names a message below `log_start` (its segment is
+    /// gone) whose timer was due before `relocated_from_ms` (no relocated
+    /// copy of it can exist). Returns how many.
+    pub fn reclaim(&mut self, log_start: u64, relocated_from_ms: u64) -> Result<u64> {
+        let mut first_needed = self.log.first();
+        while first_needed < self.log.end() {
+            match self.entry(first_needed)? {
+                Some(e) if e.cancel_offset < log_start && e.timer.deliver_at_ms < relocated_from_ms => {
+                    first_needed += 1;
+                }
+                _ => break,
+            }
+        }
+        self.log.delete_files_below(first_needed)
+    }
+
+    /// The ledger's files, for a checkpoint to sync.
+    pub fn files(&self) -> Vec<Arc<Mapped>> {
+        self.log.files()
+    }
+
+    pub fn disk_bytes(&self) -> u64 {
+        self.log.disk_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn timer(message_offset: u64) -> Timer {
+        Timer { deliver_at_ms: 1_700_000_000_000 + message_offset, message_offset }
+    }
+
+    #[test]
+    fn golden_bytes_match_wheel_format_md() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        let cancelled = Timer { deliver_at_ms: 1_700_000_001_000, message_offset: 32 };
+        ledger.record(cancelled, 4096).unwrap();
+        drop(ledger);
+        let file =
+            std::fs::read(dir.path().join(LEDGER_DIR).join(crate::format::numbered_file_name(0))).unwrap();
+        assert_eq!(&file[..8], b"DWCNCL\0\0");
+        let entry = &file[crate::format::FILE_HEADER_LEN + 28..][..24];
+        let want = concat!("2000000000000000", "e86be5cf8b010080", "0010000000000000");
+        assert_eq!(crate::format::hex(entry), want);
+    }
+
+    #[test]
+    fn a_recorded_cancel_is_found_and_no_other() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        for (message, cancel) in [(100, 500), (40, 600), (700, 800)] {
+            ledger.record(timer(message), cancel).unwrap();
+        }
+        for message in [100, 40, 700] {
+            assert!(ledger.contains(message).unwrap(), "{message}");
+        }
+        for message in [0, 41, 500, 800, 900] {
+            assert!(!ledger.contains(message).unwrap(), "{message}");
+        }
+    }
+
+    #[test]
+    fn reopening_cuts_the_entries_the_recovery_scan_reads_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        ledger.record(timer(10), 100).unwrap();
+        ledger.record(timer(20), 200).unwrap();
+        ledger.record(timer(30), 300).unwrap();
+        drop(ledger);
+        let ledger = CancelLedger::open(dir.path(), 200).unwrap();
+        assert_eq!(ledger.len(), 1);
+        assert!(ledger.contains(10).unwrap());
+        assert!(!ledger.contains(20).unwrap(), "cut: the scan from 200 records it again");
+    }
+
+    #[test]
+    fn reclaim_keeps_what_a_handle_may_still_ask_about() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        let per_file = LEDGER_ENTRIES_PER_FILE;
+        for i in 0..per_file * 2 {
+            ledger.record(timer(i * 10), i * 10 + 5).unwrap();
+        }
+        let far_future = u64::MAX;
+        // Index 0 is never used, so the first file holds records 0..=per_file - 2.
+        let last_of_first = per_file - 2;
+        let past_it = last_of_first * 10 + 6;
+        assert_eq!(
+            ledger.reclaim(past_it - 1, far_future).unwrap(),
+            0,
+            "its last cancel is not below the log start"
+        );
+        let due = timer(last_of_first * 10).deliver_at_ms;
+        assert_eq!(ledger.reclaim(past_it, due).unwrap(), 0, "a relocated copy of its last timer may exist");
+        assert_eq!(ledger.reclaim(past_it, far_future).unwrap(), 1);
+        assert!(!ledger.contains(0).unwrap());
+        assert!(ledger.contains((last_of_first + 1) * 10).unwrap());
+        assert_eq!(ledger.reclaim(u64::MAX, far_future).unwrap(), 1, "never the newest file");
+        assert!(ledger.contains((per_file * 2 - 1) * 10).unwrap());
+    }
+}
