@@ -31,7 +31,8 @@ const WRITTEN_AT_OFFSET: usize = DISPATCHED_OFFSET + 8;
 const TICK_SECOND_OFFSET: usize = WRITTEN_AT_OFFSET + 8;
 const DELIVERY_SCAN_OFFSET: usize = TICK_SECOND_OFFSET + 8;
 const TIMER_LOG_END_OFFSET: usize = DELIVERY_SCAN_OFFSET + 8;
-const RESERVED_OFFSET: usize = TIMER_LOG_END_OFFSET + 8;
+const FAR_TIMER_LOG_END_OFFSET: usize = TIMER_LOG_END_OFFSET + 8;
+const RESERVED_OFFSET: usize = FAR_TIMER_LOG_END_OFFSET + 8;
 const CRC_OFFSET: usize = SLOT_LEN - 4;
 const _: () = assert!(RESERVED_OFFSET <= CRC_OFFSET);
 
@@ -53,8 +54,12 @@ pub struct Checkpoint {
     pub tick_second: u64,
     /// Delivery records of timers due at or after `tick_second` lie at or after this log offset.
     pub delivery_scan_from: u64,
-    /// The timer log's end (next entry index) when the wheel was last synced.
+    /// The near timer log's end (next entry index) when the wheel had
+    /// received every timer below `dispatched`: later entries are of records
+    /// the replay reads again (or of later cascades).
     pub timer_log_end: u64,
+    /// The same for the far timer log; `0` if unknown (written by an older build).
+    pub far_timer_log_end: u64,
     /// Written by a clean close: the log ends exactly at `log_durable`.
     pub clean: bool,
 }
@@ -72,6 +77,7 @@ impl Checkpoint {
         put_u64(&mut out, TICK_SECOND_OFFSET, self.tick_second);
         put_u64(&mut out, DELIVERY_SCAN_OFFSET, self.delivery_scan_from);
         put_u64(&mut out, TIMER_LOG_END_OFFSET, self.timer_log_end);
+        put_u64(&mut out, FAR_TIMER_LOG_END_OFFSET, self.far_timer_log_end);
         let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
         put_u32(&mut out, CRC_OFFSET, crc);
         out
@@ -108,6 +114,7 @@ impl Checkpoint {
             tick_second: get_u64(slot, TICK_SECOND_OFFSET),
             delivery_scan_from: get_u64(slot, DELIVERY_SCAN_OFFSET),
             timer_log_end: get_u64(slot, TIMER_LOG_END_OFFSET),
+            far_timer_log_end: get_u64(slot, FAR_TIMER_LOG_END_OFFSET),
             clean: get_u32(slot, FLAGS_OFFSET) & FLAG_CLEAN != 0,
         })
     }
@@ -185,6 +192,7 @@ mod tests {
             tick_second: 1_700_000_000,
             delivery_scan_from: 1024,
             timer_log_end: 5,
+            far_timer_log_end: 2,
             clean: true,
         };
         assert_eq!(
@@ -200,8 +208,9 @@ mod tests {
                 "00f1536500000000",
                 "0004000000000000",
                 "0500000000000000",
-                "0000000000000000000000000000000000000000",
-                "bd571d1b"
+                "0200000000000000",
+                "000000000000000000000000",
+                "c7b89a75"
             )
         );
     }

@@ -128,7 +128,8 @@ impl Flusher {
             written_at_ms: self.clock.now_ms(),
             tick_second: wheel.tick_second,
             delivery_scan_from: wheel.delivery_scan_from,
-            timer_log_end: wheel.timer_log_end,
+            timer_log_end: wheel.timer_log_ends[0],
+            far_timer_log_end: wheel.timer_log_ends[1],
             clean,
             sequence: 0,
         };

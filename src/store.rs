@@ -156,7 +156,7 @@ impl Store {
             indexed: replay_from,
             tick_second: wheel.tick_second(),
             delivery_scan_from,
-            timer_log_end: wheel.timer_log_end(),
+            timer_log_ends: wheel.replay_start_ends(),
             log_end: log.write_end(),
         };
         let floor = Arc::new(Floor::default());
@@ -175,7 +175,8 @@ impl Store {
             written_at_ms: now_ms,
             tick_second: wheel_checkpoint.tick_second,
             delivery_scan_from,
-            timer_log_end: wheel_checkpoint.timer_log_end,
+            timer_log_end: wheel_checkpoint.timer_log_ends[0],
+            far_timer_log_end: wheel_checkpoint.timer_log_ends[1],
             ..Default::default()
         })?;
         let vouched = Checkpoint { tick_second: written.tick_second.min(open_tick_second), ..written };
@@ -221,6 +222,7 @@ impl Store {
             flush_interval: config.flush_interval,
             deliver: config.deliver,
             indexed: replay_from,
+            indexed_log_ends: wheel_checkpoint.timer_log_ends,
             deferred_cancels: Vec::new(),
             counts,
             keep_ms: config.retention.keep_for.map_or(0, |keep| keep.as_millis() as u64),
@@ -611,6 +613,14 @@ fn recover(config: &Config) -> Result<Recovered> {
         restore_relocated(&mut wheel, &log, last.map_or(0, |cp| cp.tick_second))?;
     }
     wheel.record_recovered_cancels()?;
+    // A checkpoint from a build that did not record the far log's end cannot say which entries to skip.
+    if let Some(cp) = trusted.filter(|cp| !fresh && cp.far_timer_log_end != 0)
+        && let Err(e) = wheel.note_preindexed([cp.timer_log_end, cp.far_timer_log_end])
+    {
+        // Not fatal: the replay then indexes those timers twice, and the
+        // second copy is dropped when it comes due (only the pending count is high until then).
+        tracing::warn!(error = %e, "could not read the timer entries written after the checkpoint");
+    }
     Ok(Recovered { log, report, replay_from, checkpoint, wheel, delivery_scan_from: scan_from, fresh })
 }
 

@@ -127,3 +127,53 @@ fn a_wheel_whose_chains_point_past_the_timer_log_is_rebuilt() {
     let got = bodies(&drain_idle(&mut consumer, 300, Duration::from_millis(500)));
     assert_eq!(got, numbered(100..300), "the delivered ones are not delivered again, the rest fire once");
 }
+
+/// Waits until the dispatcher has indexed everything and the wheel's gauges
+/// were refreshed twice since, then returns the pending count.
+fn pending_once_indexed(store: &Store) -> u64 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while store.stats().dispatch_lag_bytes > 0 {
+        assert!(std::time::Instant::now() < deadline, "the dispatcher never caught up");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let refreshes = store.stats().refreshes;
+    while store.stats().refreshes < refreshes + 2 {
+        assert!(std::time::Instant::now() < deadline, "the gauges were never refreshed");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    store.stats().pending
+}
+
+/// A crash leaves the timers indexed since the last checkpoint in the wheel,
+/// and the replay sends them again: each is held (and counted) once, on every
+/// level, and fires once.
+#[test]
+fn after_a_crash_each_pending_timer_is_held_once() {
+    const T0: u64 = 1_700_000_000_000;
+    const DAY: u64 = 86_400_000;
+    let dir = tempfile::tempdir().unwrap();
+    let crashed = tempfile::tempdir().unwrap();
+    let clock = delaywheel::ManualClock::new(T0);
+    let config = |path: &std::path::Path| no_periodic_flush(path).with_clock(clock.clone());
+    let store = Store::open(config(dir.path())).unwrap();
+    let aheads = [3_600_000, 2 * DAY, 3650 * DAY];
+    let mut want = Vec::new();
+    for ahead in aheads {
+        for j in 0..100 {
+            let body = format!("{ahead}+{j}");
+            store.put(delaywheel::Message::new("T", body.clone()).deliver_at_ms(T0 + ahead + j)).unwrap();
+            want.push(body);
+        }
+    }
+    assert_eq!(pending_once_indexed(&store), 300);
+    crash_copy(dir.path(), crashed.path());
+    drop(store);
+
+    let store = Store::open(config(crashed.path())).unwrap();
+    assert_eq!(pending_once_indexed(&store), 300, "each timer is held once after the replay");
+    clock.set_ms(T0 + 3651 * DAY);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let got = bodies(&drain_idle(&mut consumer, 300, Duration::from_millis(500)));
+    assert_eq!(got, want, "each fires once, in deliver-time order");
+    assert_eq!(pending_once_indexed(&store), 0);
+}

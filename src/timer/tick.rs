@@ -52,8 +52,9 @@ pub(crate) struct WheelCheckpoint {
     pub tick_second: u64,
     /// Delivery records of timers due at or after `tick_second` lie at or after this offset.
     pub delivery_scan_from: u64,
-    /// The timer log's end at the sync.
-    pub timer_log_end: u64,
+    /// The near and far timer logs' ends when the wheel received the
+    /// progress `indexed`: later entries hold timers the replay sends again.
+    pub timer_log_ends: [u64; 2],
     /// The commit log's end at the snapshot: the delivery records of every
     /// timer due before `tick_second` lie below it (not persisted).
     pub log_end: u64,
@@ -103,6 +104,8 @@ pub(crate) struct Ticker {
     pub deliver: bool,
     /// The latest `Progress` received.
     pub indexed: u64,
+    /// The timer logs' ends when it was received.
+    pub indexed_log_ends: [u64; 2],
     /// Cancels of timers the dispatcher has not sent yet.
     pub deferred_cancels: Vec<(Timer, Sender<Result<CancelOutcome>>)>,
     /// Pending timers per commit-log segment, for retention.
@@ -188,6 +191,7 @@ impl Ticker {
             }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
+                self.indexed_log_ends = self.wheel.timer_log_ends();
                 let ready: Vec<_> = {
                     let (ready, waiting) =
                         self.deferred_cancels.drain(..).partition(|(t, _)| t.message_offset < offset);
@@ -292,7 +296,7 @@ impl Ticker {
             indexed: self.indexed,
             tick_second: self.wheel.tick_second(),
             delivery_scan_from: self.wheel.resume_mark(),
-            timer_log_end: self.wheel.timer_log_end(),
+            timer_log_ends: self.indexed_log_ends,
             log_end: self.log.write_end(),
         };
         let files = self.wheel.files_to_sync();

@@ -249,6 +249,11 @@ pub(crate) struct Wheel {
     replay_range: std::ops::Range<u64>,
     /// Timers of the replay range handed out so far: a second copy is dropped.
     replay_seen: HashSet<u64>,
+    /// Timers a resumed wheel already holds in entries the replay (or a
+    /// redone cascade) would write again: such an insert is skipped.
+    preindexed: Preindexed,
+    /// The timer logs' ends that go with the replay start (see [`note_preindexed`](Self::note_preindexed)).
+    replay_start_ends: [u64; 2],
     /// Seconds up to this one may have been loaded before the last restart.
     reloaded_through: u64,
     /// The mark given at open.
@@ -272,6 +277,37 @@ pub(crate) struct Wheel {
 struct SlotCount {
     window: u64,
     count: u32,
+}
+
+/// Message offsets of timers a resumed wheel holds in entries written after
+/// its checkpoint, sorted; each may excuse one insert of its timer.
+#[derive(Debug, Default)]
+struct Preindexed {
+    offsets: Vec<u64>,
+    used: Vec<bool>,
+}
+
+impl Preindexed {
+    fn new(mut offsets: Vec<u64>) -> Self {
+        offsets.sort_unstable();
+        let used = vec![false; offsets.len()];
+        Self { offsets, used }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.offsets.is_empty()
+    }
+
+    /// Whether an entry of the timer of `offset` is left to excuse an insert (and uses it).
+    fn take(&mut self, offset: u64) -> bool {
+        let first = self.offsets.partition_point(|&o| o < offset);
+        let found =
+            (first..self.offsets.len()).take_while(|&i| self.offsets[i] == offset).find(|&i| !self.used[i]);
+        if let Some(i) = found {
+            self.used[i] = true;
+        }
+        found.is_some()
+    }
 }
 
 /// Timers known to have fired or been cancelled, by message offset.
@@ -379,6 +415,8 @@ impl Wheel {
             cancelled_loaded: 0,
             replay_range: 0..0,
             replay_seen: HashSet::new(),
+            preindexed: Preindexed::default(),
+            replay_start_ends: [0; 2],
             // Before a restart the wheel loaded at most one second past the
             // clock (a clock that moved back since may have let it load more).
             reloaded_through: if resume.is_some() { now_ms / 1000 + 2 } else { 0 },
@@ -388,7 +426,53 @@ impl Wheel {
             retired: Vec::new(),
         };
         wheel.count_unloaded()?;
+        wheel.replay_start_ends = wheel.timer_log_ends();
         Ok(wheel)
+    }
+
+    /// After a resume, notes the timers held in entries past `ends` (the
+    /// timer logs' ends when the wheel had received every timer below the
+    /// replay start, from the checkpoint) in slots this wheel will still load
+    /// or cascade. The replay sends those timers again, and a cascade redone
+    /// since the checkpoint moves some again: each such insert is skipped as
+    /// often as the timer has such entries, so no timer is held twice (and
+    /// counted twice as pending). Reads only the entries past `ends`.
+    pub fn note_preindexed(&mut self, ends: [u64; 2]) -> Result<()> {
+        let _span = tracing::info_span!("note_preindexed", near_from = ends[0], far_from = ends[1]).entered();
+        let mut offsets = Vec::new();
+        for (level, l) in LEVELS.iter().enumerate() {
+            let (log, end) = (&self.logs[log_of(level)], ends[log_of(level)]);
+            for i in 0..l.slots {
+                let index = slot_index(level, i);
+                let SlotCount { window, count } = self.slot_counts[index as usize];
+                if count == 0 || !self.is_live(level, window) {
+                    continue;
+                }
+                let mut at = self.read_slot(index)?.head;
+                while at != 0 && at >= end {
+                    let entry = log.read_linked(at)?;
+                    if !entry.cancel {
+                        offsets.push(entry.message_offset);
+                    }
+                    at = entry.prev;
+                }
+            }
+        }
+        tracing::info!(timers = offsets.len(), "timers indexed after the checkpoint found in the wheel");
+        self.preindexed = Preindexed::new(offsets);
+        self.replay_start_ends = ends;
+        Ok(())
+    }
+
+    /// The timer logs' ends that go with the replay start of this open: what
+    /// the checkpoint records until the first progress after it.
+    pub fn replay_start_ends(&self) -> [u64; 2] {
+        self.replay_start_ends
+    }
+
+    /// The near and far timer logs' ends (next entry indexes).
+    pub fn timer_log_ends(&self) -> [u64; 2] {
+        [self.logs[0].end(), self.logs[1].end()]
     }
 
     /// Whether every slot still holding timers starts a chain that exists:
@@ -464,6 +548,10 @@ impl Wheel {
         if self.settled.contains(&timer.message_offset) {
             // Fired or cancelled before a restart: the replay sends it again.
             return Ok(false);
+        }
+        if self.preindexed.take(timer.message_offset) {
+            // Indexed before a restart, in a slot still to be loaded or cascaded.
+            return Ok(true);
         }
         let sec = timer.deliver_at_ms / 1000;
         if sec <= self.loaded_through {
@@ -662,6 +750,10 @@ impl Wheel {
             // Popping may have made room to load the next seconds.
             if !popped || out.len() >= MAX_PER_TICK {
                 self.forget_cancelled_behind();
+                if self.loaded_through > self.reloaded_through && !self.preindexed.is_empty() {
+                    // Every cascade the wheel may have done before the restart is redone.
+                    self.preindexed = Preindexed::default();
+                }
                 return Ok(out);
             }
         }
@@ -937,11 +1029,6 @@ impl Wheel {
 
     pub fn reindexed(&self) -> u64 {
         self.reindexed
-    }
-
-    /// The near timer log's end (what the checkpoint records, for inspection).
-    pub fn timer_log_end(&self) -> u64 {
-        self.logs[0].end()
     }
 
     /// Timer-log entries written so far, near and far.

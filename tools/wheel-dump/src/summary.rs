@@ -114,6 +114,7 @@ pub struct CheckpointJson {
     pub tick_second: u64,
     pub delivery_scan_from: u64,
     pub timer_log_end: u64,
+    pub far_timer_log_end: u64,
 }
 
 impl CheckpointJson {
@@ -128,6 +129,7 @@ impl CheckpointJson {
             tick_second: cp.tick_second,
             delivery_scan_from: cp.delivery_scan_from,
             timer_log_end: cp.timer_log_end,
+            far_timer_log_end: cp.far_timer_log_end,
         }
     }
 }
@@ -409,7 +411,12 @@ pub fn render_checkpoint(cp: &CheckpointJson) -> String {
     row("written at", cp.written_at_ms, &utc_ms(cp.written_at_ms));
     row("tick second", cp.tick_second, &utc_second(cp.tick_second));
     row("delivery scan", cp.delivery_scan_from, "deliveries of pending timers lie at or after");
-    row("timer-log end", cp.timer_log_end, "next entry index of the near timer log (timerlog/)");
+    row("timer-log end", cp.timer_log_end, "near timer log (timerlog/) end at the wheel's progress");
+    row(
+        "far timer-log end",
+        cp.far_timer_log_end,
+        "far timer log (timerlog-far/) end at the same; 0 = unknown",
+    );
     t.render(2)
 }
 

@@ -225,13 +225,16 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
                 cp.log_durable
             )));
         }
-        // The near log's end (the far log's is in no checkpoint); unknown without files.
-        let timer_end = logs.0[0].end().unwrap_or(u64::MAX);
-        if resume.resumes && cp.timer_log_end > timer_end {
-            return Err(bad(format!(
-                "timer-log end {} lies past the timer log's end {timer_end}",
-                cp.timer_log_end
-            )));
+        // Each log's end is unknown without files; a far end of 0 was not recorded.
+        for (name, cp_end, log) in
+            [("near", cp.timer_log_end, &logs.0[0]), ("far", cp.far_timer_log_end, &logs.0[1])]
+        {
+            let timer_end = log.end().unwrap_or(u64::MAX);
+            if resume.resumes && cp_end > timer_end {
+                return Err(bad(format!(
+                    "{name} timer-log end {cp_end} lies past the timer log's end {timer_end}"
+                )));
+            }
         }
     }
     Ok(checked)

@@ -62,16 +62,17 @@ files
   timer/segment_pending                              84        1
 
 checkpoint
-  field                  value  meaning
-  clean                    yes  written by a clean close
-  position                   0  byte position of the slot
-  sequence                   2  the valid slot with the highest sequence is used
-  log durable              469  commit-log bytes below were on disk
-  dispatched               469  records below are in the indexes
-  written at     1700000011000  2023-11-14T22:13:31.000Z
-  tick second       1700000013  2023-11-14T22:13:33Z
-  delivery scan            469  deliveries of pending timers lie at or after
-  timer-log end              6  next entry index of the near timer log (timerlog/)
+  field                      value  meaning
+  clean                        yes  written by a clean close
+  position                       0  byte position of the slot
+  sequence                       2  the valid slot with the highest sequence is used
+  log durable                  469  commit-log bytes below were on disk
+  dispatched                   469  records below are in the indexes
+  written at         1700000011000  2023-11-14T22:13:31.000Z
+  tick second           1700000013  2023-11-14T22:13:33Z
+  delivery scan                469  deliveries of pending timers lie at or after
+  timer-log end                  6  near timer log (timerlog/) end at the wheel's progress
+  far timer-log end              2  far timer log (timerlog-far/) end at the same; 0 = unknown
 
 timer logs
   log                  chains of    files  first entry  end  entries
@@ -101,7 +102,7 @@ consume queues
   Orders      0        3      1
 "#;
 
-const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":4250752},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
+const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":4250752},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
 "#;
 
 const SLOTS_TEXT: &str = r#"level   slot      window  start (epoch s)  start (UTC)           seconds  count  cancels  state
@@ -160,31 +161,33 @@ end of the far timer log (timer/timerlog-far/) at index 2
 const CHECKPOINT_TEXT: &str = r#"checkpoint  1,024 bytes
 
 slot at 0: valid  (newest valid: the one a store uses)
-  field                  value  meaning
-  clean                    yes  written by a clean close
-  position                   0  byte position of the slot
-  sequence                   2  the valid slot with the highest sequence is used
-  log durable              469  commit-log bytes below were on disk
-  dispatched               469  records below are in the indexes
-  written at     1700000011000  2023-11-14T22:13:31.000Z
-  tick second       1700000013  2023-11-14T22:13:33Z
-  delivery scan            469  deliveries of pending timers lie at or after
-  timer-log end              6  next entry index of the near timer log (timerlog/)
+  field                      value  meaning
+  clean                        yes  written by a clean close
+  position                       0  byte position of the slot
+  sequence                       2  the valid slot with the highest sequence is used
+  log durable                  469  commit-log bytes below were on disk
+  dispatched                   469  records below are in the indexes
+  written at         1700000011000  2023-11-14T22:13:31.000Z
+  tick second           1700000013  2023-11-14T22:13:33Z
+  delivery scan                469  deliveries of pending timers lie at or after
+  timer-log end                  6  near timer log (timerlog/) end at the wheel's progress
+  far timer-log end              2  far timer log (timerlog-far/) end at the same; 0 = unknown
 
 slot at 512: valid
-  field                  value  meaning
-  clean                     no  not a clean close: recovery replays
-  position                 512  byte position of the slot
-  sequence                   1  the valid slot with the highest sequence is used
-  log durable               32  commit-log bytes below were on disk
-  dispatched                32  records below are in the indexes
-  written at     1700000000000  2023-11-14T22:13:20.000Z
-  tick second       1700000000  2023-11-14T22:13:20Z
-  delivery scan             32  deliveries of pending timers lie at or after
-  timer-log end              1  next entry index of the near timer log (timerlog/)
+  field                      value  meaning
+  clean                         no  not a clean close: recovery replays
+  position                     512  byte position of the slot
+  sequence                       1  the valid slot with the highest sequence is used
+  log durable                   32  commit-log bytes below were on disk
+  dispatched                    32  records below are in the indexes
+  written at         1700000000000  2023-11-14T22:13:20.000Z
+  tick second           1700000000  2023-11-14T22:13:20Z
+  delivery scan                 32  deliveries of pending timers lie at or after
+  timer-log end                  1  near timer log (timerlog/) end at the wheel's progress
+  far timer-log end              1  far timer log (timerlog-far/) end at the same; 0 = unknown
 "#;
 
-const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists":true,"bytes":1024,"slots":[{"position":0,"state":"valid","problem":null,"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6}},{"position":512,"state":"valid","problem":null,"checkpoint":{"position":512,"sequence":1,"clean":false,"log_durable":32,"dispatched":32,"written_at_ms":1700000000000,"tick_second":1700000000,"delivery_scan_from":32,"timer_log_end":1}}],"newest":0}
+const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists":true,"bytes":1024,"slots":[{"position":0,"state":"valid","problem":null,"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2}},{"position":512,"state":"valid","problem":null,"checkpoint":{"position":512,"sequence":1,"clean":false,"log_durable":32,"dispatched":32,"written_at_ms":1700000000000,"tick_second":1700000000,"delivery_scan_from":32,"timer_log_end":1,"far_timer_log_end":1}}],"newest":0}
 "#;
 
 const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
