@@ -20,11 +20,11 @@ use crate::commitlog::record::{
 use crate::commitlog::relocated;
 use crate::error::CorruptionKind;
 use crate::format::{self, HeaderProblem};
-use crate::timer::tails;
 use crate::timer::wheel::{self, LEVELS};
+use crate::timer::{ledger, tails};
 
 /// Bytes of the header that starts every commit-log segment, consume-queue,
-/// timer-log, wheel, relocation and segment-counts file.
+/// timer-log, cancel-ledger, wheel, relocation and segment-counts file.
 pub const FILE_HEADER_LEN: usize = format::FILE_HEADER_LEN;
 /// The file format version this build reads.
 pub const FORMAT_VERSION: u32 = format::FORMAT_VERSION;
@@ -35,6 +35,8 @@ pub enum FileKind {
     CommitLog,
     ConsumeQueue,
     TimerLog,
+    /// `timer/cancelled/<first index>`: the cancel ledger (the timer-log layout).
+    CancelLedger,
     Wheel,
     /// `commitlog/relocated/<window second>`: copies of relocated records.
     RelocationWindow,
@@ -52,6 +54,7 @@ impl FileKind {
             Self::CommitLog => format::COMMITLOG_MAGIC,
             Self::ConsumeQueue => format::CONSUME_QUEUE_MAGIC,
             Self::TimerLog => format::TIMER_LOG_MAGIC,
+            Self::CancelLedger => format::CANCEL_LEDGER_MAGIC,
             Self::Wheel => format::WHEEL_MAGIC,
             Self::RelocationWindow => format::RELOCATED_MAGIC,
             Self::RelocationIndex => format::RELOCATION_INDEX_MAGIC,
@@ -64,8 +67,8 @@ impl FileKind {
 /// A checked file header.
 ///
 /// `a`: segment size (commit log), entries per file (consume queue, timer
-/// log), [`WHEEL_GEOMETRY_ID`], [`RELOCATION_WINDOW_SECS`] (relocation window),
-/// [`RELOCATION_ENTRY_LEN`] (relocation index) or the offset below which the
+/// log, cancel ledger), [`WHEEL_GEOMETRY_ID`], [`RELOCATION_WINDOW_SECS`]
+/// (relocation window), [`RELOCATION_ENTRY_LEN`] (relocation index) or the offset below which the
 /// segment counts cover every insert, [`TAIL_RECORD_LEN`] (tails); `b`: the
 /// segment's start offset, the index of the file's first entry, `0` (wheel),
 /// the window's first second (relocation window), [`RELOCATION_WINDOW_SECS`]
@@ -376,6 +379,42 @@ pub const FAR_TIMER_LOG_DIR: &str = wheel::FAR_LOG_DIR;
 /// for levels 1 and 2.
 pub fn timer_log_of(level: usize) -> usize {
     usize::from(level > 0)
+}
+
+// ------------------------------------------------------------- cancel ledger
+
+/// The cancel ledger's directory inside `timer/`: one entry per cancel the
+/// store answered `Cancelled`, in commit-log order of the cancel records.
+pub const CANCEL_LEDGER_DIR: &str = ledger::LEDGER_DIR;
+/// Entries per cancel-ledger file (its header's `a`); entries are
+/// [`TIMER_ENTRY_LEN`] bytes, laid out as in a timer log.
+pub const CANCEL_LEDGER_ENTRIES_PER_FILE: u64 = ledger::LEDGER_ENTRIES_PER_FILE;
+
+/// One cancel-ledger entry: the store answered `Cancelled` for the timer of
+/// `message_offset`, due at `deliver_at_ms`, whose cancel record is at
+/// `cancel_record_offset`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CancelLedgerEntry {
+    pub message_offset: u64,
+    pub deliver_at_ms: u64,
+    /// The commit-log offset of the cancel record (the timer-log `prev` field).
+    pub cancel_record_offset: u64,
+    /// Bit 63 of the deliver-at field, which the store sets on every entry.
+    pub cancel_bit: bool,
+}
+
+/// Decodes cancel-ledger entry `index` (the timer-log layout, so the same
+/// decoder and CRC). `Ok(None)`: all zero, unwritten.
+pub fn decode_cancel_ledger_entry(
+    bytes: &[u8],
+    index: u64,
+) -> Result<Option<CancelLedgerEntry>, CorruptionKind> {
+    Ok(decode_timer_entry(bytes, index)?.map(|e| CancelLedgerEntry {
+        message_offset: e.message_offset,
+        deliver_at_ms: e.deliver_at_ms,
+        cancel_record_offset: e.prev,
+        cancel_bit: e.cancel,
+    }))
 }
 
 // --------------------------------------------------------------- chain starts
@@ -692,6 +731,36 @@ mod tests {
         flipped[FILE_HEADER_LEN + 20] ^= 1;
         assert!(decode_segment_pending(&flipped, 1000).is_err());
         assert!(decode_segment_pending(&bytes[..bytes.len() - 1], 1000).is_err());
+    }
+
+    #[test]
+    fn cancel_ledger_entries_decode_what_the_store_encodes() {
+        // wheel-format.md's example: message 32 due at 1,700,000,001,000, cancel record 4096, entry 1.
+        let entry = crate::timer::log::TimerEntry {
+            message_offset: 32,
+            deliver_at_ms: 1_700_000_001_000,
+            prev: 4096,
+            cancel: true,
+        };
+        let bytes = entry.encode(1);
+        assert_eq!(format::hex(&bytes[8..16]), "e86be5cf8b010080", "bit 63 set");
+        let want = CancelLedgerEntry {
+            message_offset: 32,
+            deliver_at_ms: 1_700_000_001_000,
+            cancel_record_offset: 4096,
+            cancel_bit: true,
+        };
+        assert_eq!(decode_cancel_ledger_entry(&bytes, 1), Ok(Some(want)));
+        assert!(decode_cancel_ledger_entry(&bytes, 2).is_err(), "bound to its index");
+        assert_eq!(decode_cancel_ledger_entry(&[0u8; 28], 1), Ok(None));
+
+        let header = format::FileHeader::new(format::CANCEL_LEDGER_MAGIC, CANCEL_LEDGER_ENTRIES_PER_FILE, 0);
+        let header = header.encode();
+        assert_eq!(&header[..8], b"DWCNCL\0\0");
+        let decoded = decode_file_header(&header, FileKind::CancelLedger).unwrap();
+        assert_eq!((decoded.a, decoded.b), (65_536, 0), "wheel-format.md: a = 65,536 entries per file");
+        assert!(decode_file_header(&header, FileKind::TimerLog).is_err(), "not a timer log");
+        assert_eq!(CANCEL_LEDGER_DIR, "cancelled");
     }
 
     #[test]

@@ -588,9 +588,10 @@ impl Wheel {
     /// Cancels a pending timer. Not yet loaded: a cancel entry goes to the
     /// slot its second maps to now, which is where the timer is or will be
     /// cascaded to, so one lookup suffices whatever the level (never
-    /// O(pending)). Loaded: it is dropped when it comes up. Timers of seconds
-    /// already handed out answer `AlreadyDelivered`.
-    /// The cancel record is the caller's: see [`record_cancel`](Self::record_cancel).
+    /// O(pending)). Loaded: it is dropped when it comes up. A timer of a
+    /// second already handed out answers `AlreadyDelivered`, unless the cancel
+    /// ledger has it. The cancel record and the ledger entry are the caller's
+    /// (see [`record_cancel`](Self::record_cancel)).
     pub fn cancel(&mut self, timer: Timer) -> Result<CancelState> {
         let where_ = self.locate_for_cancel(&timer)?;
         self.apply_cancel(timer, where_)

@@ -1,11 +1,12 @@
 //! Reading the index files read-only: the checkpoint, the wheel, the two
-//! timer logs, the chain starts (`timer/tails`) and the consume queues. Each
+//! timer logs, the chain starts (`timer/tails`), the cancel ledger
+//! (`timer/cancelled/`) and the consume queues. Each
 //! reader checks file headers and sizes when it opens; entries are decoded
 //! by `delaywheel::inspect`.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
-use delaywheel::inspect::{self, FileKind, QueueEntry, TimerLogEntry, WheelSlot};
+use delaywheel::inspect::{self, CancelLedgerEntry, FileKind, QueueEntry, TimerLogEntry, WheelSlot};
 use delaywheel::{Checkpoint, CorruptionKind};
 
 use crate::error::{DumpError, Result};
@@ -487,6 +488,67 @@ impl TailsFile {
         let bytes = self.records.get(at..at + inspect::TAIL_RECORD_LEN).unwrap_or(&[]);
         inspect::decode_tail_record(bytes, index)
             .map_err(|kind| DumpError::corruption(&self.path, inspect::tail_position(index), kind))
+    }
+}
+
+// ------------------------------------------------------------- cancel ledger
+
+/// The cancel ledger's files (`timer/cancelled/`), headers checked: the
+/// timer-log layout under its own magic, with a fixed number of entries per
+/// file. Open it after scanning the commit log: a live store enters a cancel
+/// after writing its record, so entries naming records past the log end read
+/// are the live store's newest. Retention deletes the oldest files.
+pub struct CancelLedger {
+    files: Vec<SequenceFile>,
+}
+
+impl CancelLedger {
+    pub fn open(files: &StoreFiles) -> Result<Self> {
+        const PER_FILE: u64 = inspect::CANCEL_LEDGER_ENTRIES_PER_FILE;
+        let file_len = inspect::FILE_HEADER_LEN as u64 + PER_FILE * inspect::TIMER_ENTRY_LEN as u64;
+        // The format fixes the file size: a wrong `a` is reported as such, not as a wrong size.
+        let (list, a) =
+            open_sequence(&files.cancel_ledger_now()?, FileKind::CancelLedger, |_| PER_FILE, |_| file_len)?;
+        if let (Some(a), Some(first)) = (a, list.first()) {
+            first.file.expect_field("entries per file", a, PER_FILE)?;
+            // The store finds entry `i` in the file of `i / PER_FILE`.
+            first.file.expect_field("first index", first.first, first.first - first.first % PER_FILE)?;
+        }
+        Ok(Self { files: list })
+    }
+
+    pub fn file_count(&self) -> usize {
+        self.files.len()
+    }
+
+    /// The first entry its files hold (`None`: no files). Entries below it
+    /// were in files the store deleted.
+    pub fn first(&self) -> Option<u64> {
+        self.files.first().map(|f| f.first.max(1))
+    }
+
+    /// Visits entries in order, with the file and byte position of each, to
+    /// the first unwritten one; returns the index past the last.
+    pub fn scan(
+        &self,
+        mut visit: impl FnMut(u64, &Path, u64, CancelLedgerEntry) -> Result<()>,
+    ) -> Result<u64> {
+        const PER_FILE: u64 = inspect::CANCEL_LEDGER_ENTRIES_PER_FILE;
+        let mut index = self.first().unwrap_or(1);
+        for f in &self.files {
+            let mut reader = ChunkReader::new(&f.file);
+            while index < f.first + PER_FILE {
+                let position =
+                    inspect::FILE_HEADER_LEN as u64 + (index - f.first) * inspect::TIMER_ENTRY_LEN as u64;
+                let bytes = reader.get(position, inspect::TIMER_ENTRY_LEN)?;
+                let entry = inspect::decode_cancel_ledger_entry(bytes, index)
+                    .map_err(|kind| DumpError::corruption(&f.file.path, position, kind))?;
+                let Some(entry) = entry else { return Ok(index) };
+                visit(index, &f.file.path, position, entry)?;
+                index += 1;
+            }
+        }
+        Ok(index)
     }
 }
 

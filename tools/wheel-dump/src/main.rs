@@ -211,6 +211,7 @@ fn render_checked(c: &verify::Checked) -> String {
         ("timer-log entries", c.timer_log_entries),
         ("  near (timerlog/)", c.near_timer_log_entries),
         ("  far (timerlog-far/)", c.far_timer_log_entries),
+        ("cancel-ledger entries", c.cancel_ledger_entries),
         ("wheel slots", c.wheel_slots),
         ("  non-empty", c.non_empty_slots),
         ("  live, chains walked", c.chains_walked),
@@ -239,6 +240,7 @@ fn render_checked(c: &verify::Checked) -> String {
             ("relocation window files", c.relocation_window_files),
             ("references to relocated copies (*)", c.named_relocated),
             ("references to deleted records (*)", c.named_deleted),
+            ("cancel-ledger entries of deleted cancels", c.cancel_ledger_deleted),
             ("queue entries of deleted records", c.queue_entries_deleted),
         ] {
             t.row(vec![what.into(), n(count)]);
@@ -258,6 +260,12 @@ fn render_checked(c: &verify::Checked) -> String {
                 "  timer/{name} starts at entry {first}: the store deleted the files below (no live chain reached them)\n"
             );
         }
+    }
+    if let Some(first) = c.cancel_ledger_first_entry.filter(|&first| first > 1) {
+        out += &format!(
+            "  timer/{}/ starts at entry {first}: the store deleted the files below (no handle can ask about their cancels)\n",
+            delaywheel::inspect::CANCEL_LEDGER_DIR
+        );
     }
     if c.chains_gone_stale > 0 {
         out += &format!(

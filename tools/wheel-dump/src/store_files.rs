@@ -26,6 +26,9 @@ pub struct StoreFiles {
     /// far one (`timer/timerlog-far/`, `[1]`); see [`inspect::timer_log_of`].
     /// Retention deletes a log's oldest files: they may start past index 0.
     pub timer_logs: [BTreeMap<u64, PathBuf>; 2],
+    /// The cancel ledger's files (`timer/cancelled/`), by first entry index.
+    /// Retention deletes its oldest files too: they may start past index 0.
+    pub cancel_ledger: BTreeMap<u64, PathBuf>,
     /// `timer/tails`, where each slot's chain begins (may not exist).
     pub tails: PathBuf,
     /// `timer/segment_pending` (may not exist).
@@ -80,6 +83,7 @@ impl StoreFiles {
             queues,
             wheel: dir.join("timer").join("wheel"),
             timer_logs: [numbered_files(&timer_log_dir(dir, 0))?, numbered_files(&timer_log_dir(dir, 1))?],
+            cancel_ledger: numbered_files(&cancel_ledger_dir(dir))?,
             tails: dir.join("timer").join(inspect::TAILS_FILE),
             segment_pending: dir.join("timer").join(inspect::SEGMENT_PENDING_FILE),
             relocation_index: relocated_dir.join(inspect::RELOCATION_INDEX_FILE),
@@ -113,6 +117,17 @@ impl StoreFiles {
         numbered_files(&self.timer_log_dir(log))
     }
 
+    /// The cancel ledger's directory, `timer/cancelled/`.
+    pub fn cancel_ledger_dir(&self) -> PathBuf {
+        cancel_ledger_dir(&self.dir)
+    }
+
+    /// The cancel ledger's files as they are now: a live store creates them
+    /// as cancels come (and retention deletes the oldest), as for the timer logs.
+    pub fn cancel_ledger_now(&self) -> Result<BTreeMap<u64, PathBuf>> {
+        numbered_files(&self.cancel_ledger_dir())
+    }
+
     /// `path` relative to the store directory, for listings.
     pub fn relative(&self, path: &Path) -> String {
         path.strip_prefix(&self.dir).unwrap_or(path).display().to_string()
@@ -122,6 +137,10 @@ impl StoreFiles {
 fn timer_log_dir(dir: &Path, log: usize) -> PathBuf {
     let name = if log == 0 { inspect::TIMER_LOG_DIR } else { inspect::FAR_TIMER_LOG_DIR };
     dir.join("timer").join(name)
+}
+
+fn cancel_ledger_dir(dir: &Path) -> PathBuf {
+    dir.join("timer").join(inspect::CANCEL_LEDGER_DIR)
 }
 
 fn file_name(path: &Path) -> String {
@@ -247,8 +266,8 @@ pub struct SequenceFile {
     pub file: DataFile,
 }
 
-/// Opens a numbered file sequence (segments, timer-log or queue files) of
-/// `kind`: every header must be valid, agree on `a` (the segment size or the
+/// Opens a numbered file sequence (segments, timer-log, cancel-ledger or
+/// queue files) of `kind`: every header must be valid, agree on `a` (the segment size or the
 /// entries per file) and carry its name's number as `b`; the files must be
 /// contiguous (a gap is a missing file) and `size(a)` bytes each.
 pub fn open_sequence(

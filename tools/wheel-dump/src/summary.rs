@@ -66,7 +66,7 @@ struct DiskBytes {
     commit_log: u64,
     relocated: u64,
     consume_queues: u64,
-    /// The wheel file, `timer/tails` and both timer logs.
+    /// The wheel file, `timer/tails`, both timer logs and the cancel ledger.
     timer_index: u64,
 }
 
@@ -322,7 +322,7 @@ impl Summary {
             ("commit-log segments", d.commit_log),
             ("relocation area", d.relocated),
             ("consume queues", d.consume_queues),
-            ("wheel, tails + timer logs", d.timer_index),
+            ("wheel, tails, timer logs, ledger", d.timer_index),
         ] {
             t.row(vec![what.into(), thousands(n)]);
         }
@@ -362,7 +362,8 @@ fn retention(files: &StoreFiles, file_infos: &[FileInfo]) -> Result<RetentionInf
         timer_index: bytes("timer/wheel")
             + bytes(&files.relative(&files.tails))
             + bytes(&format!("{}/", files.relative(&files.timer_log_dir(0))))
-            + bytes(&format!("{}/", files.relative(&files.timer_log_dir(1)))),
+            + bytes(&format!("{}/", files.relative(&files.timer_log_dir(1))))
+            + bytes(&format!("{}/", files.relative(&files.cancel_ledger_dir()))),
     };
     // The index's header was checked with the files; its entries are counted, not read.
     let index_bytes = bytes(&files.relative(&files.relocation_index));
@@ -499,6 +500,9 @@ fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
         for path in log.values() {
             add(path, Some(FileKind::TimerLog))?;
         }
+    }
+    for path in files.cancel_ledger.values() {
+        add(path, Some(FileKind::CancelLedger))?;
     }
     add(&files.segment_pending, Some(FileKind::SegmentPending))?;
     Ok(out)

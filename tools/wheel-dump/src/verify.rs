@@ -24,6 +24,14 @@
 //!    entry names a timed message record with that deliver time (or one
 //!    retention deleted); a log's files may start past index 0 (the store
 //!    deletes its oldest files once no live chain reaches them);
+//!
+//!    5b. the cancel ledger (`timer/cancelled/`): headers (65,536 entries per
+//!    file, first index), every entry's CRC and cancel bit, cancel-record
+//!    offsets strictly increasing, and each entry's cancel record, if it lies
+//!    in the retained log, is a cancel record naming the entry's message and
+//!    deliver time (one below the oldest segment was deleted by retention:
+//!    counted). A cancel record need not have an entry: the cancels of a
+//!    store written before the ledger existed have none;
 //! 6. the wheel: header and size, every slot's CRC, level and window; each
 //!    live slot's chain (as of the checkpoint's tick second), through the log
 //!    of its level: exactly `count` entries, `cancels` of them cancel entries,
@@ -42,11 +50,12 @@
 //!    below the oldest segment.
 //!
 //! A store that was not closed cleanly may be running: index entries that
-//! point at records past the end of the log as read here are then written
-//! after the scan, and are skipped (and counted), not reported; so are
-//! relocation index entries at its tail that belong to an unfinished pass,
-//! and live chains that reach deleted timer-log files when a newer
-//! checkpoint has made their slot stale meanwhile.
+//! point at records past the end of the log as read here (cancel-ledger
+//! entries by their cancel record) are then written after the scan, and
+//! are skipped (and counted), not reported; so are relocation index
+//! entries at its tail that belong to an unfinished pass, and live chains
+//! that reach deleted timer-log files when a newer checkpoint has made
+//! their slot stale meanwhile.
 
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
@@ -57,8 +66,8 @@ use serde::Serialize;
 use crate::commitlog::{CommitLog, LogEnd, LogFacts, MessageFacts};
 use crate::error::{DumpError, Result};
 use crate::indexes::{
-    CheckpointFile, CheckpointSlot, ConsumeQueue, LoadedLog, LoadedLogs, LogSide, TailsFile, TimerLogs,
-    WheelFile,
+    CancelLedger, CheckpointFile, CheckpointSlot, ConsumeQueue, LoadedLog, LoadedLogs, LogSide, TailsFile,
+    TimerLogs, WheelFile,
 };
 use crate::relocated::{CopyKind, Relocated};
 use crate::store_files::{DataFile, StoreFiles};
@@ -86,6 +95,14 @@ pub struct Checked {
     /// The first entry of each timer log on disk (near, far; `None`: no
     /// files): the store deleted the files below.
     pub timer_log_first_entries: [Option<u64>; 2],
+    /// Entries of the cancel ledger (`timer/cancelled/`), checked.
+    pub cancel_ledger_entries: u64,
+    /// Of those, entries whose cancel record lies below the oldest segment
+    /// (retention deleted it; its message went before it).
+    pub cancel_ledger_deleted: u64,
+    /// The first entry of the cancel ledger on disk (`None`: no files): the
+    /// store deleted the files below.
+    pub cancel_ledger_first_entry: Option<u64>,
     pub wheel_slots: u64,
     pub non_empty_slots: u64,
     /// Live slots (as of the checkpoint's tick second) whose chains were walked.
@@ -186,6 +203,7 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
     for log in &logs.0 {
         check_timer_entries(&timer_logs, log, &facts, &relocated, clean, &mut checked)?;
     }
+    check_cancel_ledger(files, &facts, log.start(), clean, &mut checked)?;
     if let Some(wheel) = &wheel {
         checked.file_headers += 1;
         let tails = TailsFile::read(files)?;
@@ -468,6 +486,63 @@ fn check_timer_entries(
             );
             return Err(DumpError::bad_reference(path, position, why));
         }
+    }
+    Ok(())
+}
+
+/// Step 5b: the cancel ledger's entries, in log order of their cancel
+/// records, each naming its cancel record (one in the retained log is checked).
+fn check_cancel_ledger(
+    files: &StoreFiles,
+    facts: &LogFacts,
+    log_start: u64,
+    clean: bool,
+    checked: &mut Checked,
+) -> Result<()> {
+    let ledger = CancelLedger::open(files)?;
+    checked.file_headers += ledger.file_count() as u64;
+    checked.cancel_ledger_first_entry = ledger.first();
+    let mut last = None;
+    ledger.scan(|index, path, position, e| {
+        checked.cancel_ledger_entries += 1;
+        let bad = |why: String| DumpError::bad_reference(path, position, format!("entry {index}: {why}"));
+        let cancel = e.cancel_record_offset;
+        if !e.cancel_bit {
+            return Err(bad("bit 63 of its deliver-at is clear, the store sets it on every entry".into()));
+        }
+        // The store binary-searches by cancel record: out of order, a repeated cancel answers wrong.
+        if let Some(last) = last.filter(|&last| cancel <= last) {
+            return Err(bad(format!(
+                "cancel record at log offset {cancel} is not after the previous entry's {last}"
+            )));
+        }
+        last = Some(cancel);
+        if !clean && cancel >= facts.end.offset() {
+            checked.past_log_end += 1;
+            return Ok(());
+        }
+        if cancel < log_start {
+            checked.cancel_ledger_deleted += 1;
+            return Ok(());
+        }
+        ledger_entry_matches(facts, &e).map_err(bad)
+    })?;
+    Ok(())
+}
+
+/// Whether the cancel record a ledger entry names (in the retained log) cancels the entry's timer.
+fn ledger_entry_matches(facts: &LogFacts, e: &inspect::CancelLedgerEntry) -> Result<(), String> {
+    let at = e.cancel_record_offset;
+    // `facts.cancels` is in log order, so sorted by record offset.
+    let Ok(i) = facts.cancels.binary_search_by_key(&at, |&(record, _, _)| record) else {
+        return Err(format!("log offset {at} is not a cancel record"));
+    };
+    let (_, message, deliver_at) = facts.cancels[i];
+    if (message, deliver_at) != (e.message_offset, e.deliver_at_ms) {
+        return Err(format!(
+            "names log offset {} due at {}, its cancel record at log offset {at} cancels log offset {message} due at {deliver_at}",
+            e.message_offset, e.deliver_at_ms
+        ));
     }
     Ok(())
 }

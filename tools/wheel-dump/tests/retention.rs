@@ -119,6 +119,8 @@ fn verify_accepts_what_retention_leaves() {
         assert_eq!(c["relocated_copies"], 7);
         assert_eq!((&c["relocation_unfinished"], &c["relocation_torn"]), (&json!(0), &json!(0)));
         assert_eq!(c["relocation_window_files"], 2);
+        // The far timer's cancel is in the ledger; its cancel record went with its segment.
+        assert_eq!((&c["cancel_ledger_entries"], &c["cancel_ledger_deleted"]), (&json!(1), &json!(1)), "{c}");
     }
     // Later: the delivery of `soon` and the fillers' records were deleted;
     // the queues still point at some of them, the timer log names the copies.

@@ -9,7 +9,8 @@
 //! a and b delivered at T0+11 s; the close's checkpoint at tick second
 //! T0+13 s; the near timer log holds a, b, c, c's cancel entry and d (level
 //! 0), the far timer log e (level 1); `timer/tails` records where each of
-//! the four slots' chains begins. Only the three live slots' chains are
+//! the four slots' chains begins; the cancel ledger (`timer/cancelled/`)
+//! holds one entry, c's cancel. Only the three live slots' chains are
 //! walked by verify (4 entries); the stale slot of a and b is not followed.
 
 mod common;
@@ -59,6 +60,7 @@ files
   timer/tails                                 1,820,192        1
   timer/timerlog/00000000000000000000             1,824        1
   timer/timerlog-far/00000000000000000000         1,824        1
+  timer/cancelled/00000000000000000000        1,835,040        1
   timer/segment_pending                              84        1
 
 checkpoint
@@ -102,7 +104,7 @@ consume queues
   Orders      0        3      1
 "#;
 
-const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":4250752},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
+const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/cancelled/00000000000000000000","bytes":1835040,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":6085792},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
 "#;
 
 const SLOTS_TEXT: &str = r#"level   slot      window  start (epoch s)  start (UTC)           seconds  count  cancels  state
@@ -193,7 +195,7 @@ const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists
 const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   checked                                count
   checkpoint slots                           2
-  file headers                               8
+  file headers                               9
   commit-log records                         9
     messages                                 6
     of which timed                           5
@@ -202,6 +204,7 @@ const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   timer-log entries                          6
     near (timerlog/)                         5
     far (timerlog-far/)                      1
+  cancel-ledger entries                      1
   wheel slots                           75,840
     non-empty                                4
     live, chains walked                      3
@@ -213,7 +216,7 @@ const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   the commit log ends at offset 469
 "#;
 
-const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":8,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"near_timer_log_entries":5,"far_timer_log_entries":1,"timer_log_first_entries":[1,1],"wheel_slots":75840,"non_empty_slots":4,"chains_walked":3,"chain_entries":4,"chains_gone_stale":0,"chain_starts":3,"chain_starts_unknown":0,"consume_queues":1,"queue_entries":3,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1},"problem":null}
+const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":9,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"near_timer_log_entries":5,"far_timer_log_entries":1,"timer_log_first_entries":[1,1],"cancel_ledger_entries":1,"cancel_ledger_deleted":0,"cancel_ledger_first_entry":1,"wheel_slots":75840,"non_empty_slots":4,"chains_walked":3,"chain_entries":4,"chains_gone_stale":0,"chain_starts":3,"chain_starts_unknown":0,"consume_queues":1,"queue_entries":3,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1},"problem":null}
 "#;
 
 const AUDIT_TEXT: &str = r#"timed messages              count
