@@ -376,7 +376,7 @@ impl ConsumeQueue {
             // Not under the table's lock: an msync can take milliseconds, and
             // the dispatcher takes the lock to add the next file.
             if let Some(file) = self.file(file_no) {
-                file.flush(at, in_file as usize * ENTRY_LEN)?;
+                file.flush_appended(at, in_file as usize * ENTRY_LEN)?;
             }
             index += in_file;
         }

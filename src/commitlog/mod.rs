@@ -513,7 +513,8 @@ impl CommitLog {
             let base = at - at % self.segment_size;
             let until = to.min(base + self.segment_size);
             let seg = self.segment(base).ok_or_else(|| self.missing(at))?;
-            seg.flush((at - base) as usize, (until - at) as usize)?;
+            // Every byte below `to` is published, never written again.
+            seg.flush_appended((at - base) as usize, (until - at) as usize)?;
             at = until;
         }
         Ok(())

@@ -14,11 +14,10 @@ use crate::commitlog::CommitLog;
 use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
 use crate::error::Result;
 use crate::message::CancelOutcome;
-use crate::mmap::Mapped;
 use crate::retention::Floor;
 use crate::retention::pending::SegmentCounts;
 use crate::stats::TimerStats;
-use crate::timer::wheel::{CancelState, CancelTarget, Timer, Wheel};
+use crate::timer::wheel::{CancelState, CancelTarget, FilesToSync, Timer, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -64,7 +63,7 @@ pub(crate) struct WheelCheckpoint {
 /// vouch for, the files to sync first, and the per-segment pending counts.
 pub(crate) struct WheelSnapshot {
     pub checkpoint: WheelCheckpoint,
-    pub files: Vec<Arc<Mapped>>,
+    pub files: FilesToSync,
     pub counts: Arc<SegmentCounts>,
 }
 

@@ -310,6 +310,15 @@ impl Preindexed {
     }
 }
 
+/// The wheel's files a checkpoint syncs.
+pub(crate) struct FilesToSync {
+    /// Only appended to (timer logs, cancel ledger): synced with
+    /// [`Mapped::flush_appended`], which drops their page-table entries first.
+    pub appended: Vec<Arc<Mapped>>,
+    /// Written in place again and again (wheel slots, chain starts).
+    pub in_place: Vec<Arc<Mapped>>,
+}
+
 /// Timers known to have fired or been cancelled, by message offset.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Settled {
@@ -1037,16 +1046,15 @@ impl Wheel {
         self.logs.iter().map(|log| log.end() - 1).sum()
     }
 
-    /// The mapped files to sync for a checkpoint: every timer-log file, then
-    /// the wheel file. Syncing them from another thread is safe (`msync` does
-    /// not touch content), so the ticking thread never waits for the disk.
-    pub fn files_to_sync(&self) -> Vec<Arc<Mapped>> {
-        let mut files = self.logs[0].files();
-        files.extend(self.logs[1].files());
-        files.extend(self.ledger.files());
-        files.push(Arc::clone(self.tails.shared()));
-        files.push(Arc::clone(self.file.shared()));
-        files
+    /// The mapped files to sync for a checkpoint. Syncing them from another
+    /// thread is safe (`msync` does not touch content), so the ticking thread
+    /// never waits for the disk.
+    pub fn files_to_sync(&self) -> FilesToSync {
+        let mut appended = self.logs[0].files();
+        appended.extend(self.logs[1].files());
+        appended.extend(self.ledger.files());
+        let in_place = vec![Arc::clone(self.tails.shared()), Arc::clone(self.file.shared())];
+        FilesToSync { appended, in_place }
     }
 
     /// Bytes of the wheel file, the tails file, the timer logs and the cancel ledger.
