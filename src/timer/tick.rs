@@ -190,7 +190,12 @@ impl Ticker {
             }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
-                self.indexed_log_ends = self.wheel.timer_log_ends();
+                // Until the replay is done, the ends stay where it began: the
+                // entries past them are what a restart must not index twice
+                // (see `Wheel::note_preindexed`), and the replay skips some of them.
+                if offset >= self.replay_end {
+                    self.indexed_log_ends = self.wheel.timer_log_ends();
+                }
                 let ready: Vec<_> = {
                     let (ready, waiting) =
                         self.deferred_cancels.drain(..).partition(|(t, _)| t.message_offset < offset);
@@ -211,31 +216,20 @@ impl Ticker {
     /// delivers or cancels, so the answer and the record agree.
     fn cancel(&mut self, timer: Timer, reply: Sender<Result<CancelOutcome>>) -> Result<()> {
         let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
-        // Decide, write the record, then change the wheel: a cancel that could
-        // not be recorded changes nothing.
-        let outcome = match self.wheel.locate_for_cancel(&timer) {
-            Err(e) => Err(e),
-            Ok(CancelTarget::AlreadyDelivered) => Ok(CancelOutcome::AlreadyDelivered),
-            Ok(CancelTarget::AlreadyCancelled) => Ok(CancelOutcome::Cancelled),
-            Ok(target) => {
-                let now_ms = self.clock.now_ms();
-                self.log
-                    .append_reserved(CANCEL_LEN, |buf, offset| {
-                        encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);
-                    })
-                    .and_then(|(cancel_offset, _)| {
-                        let state = self.wheel.apply_cancel(timer, target)?;
-                        if state == CancelState::Cancelled {
-                            self.wheel.record_cancel(timer, cancel_offset)?;
-                            self.count_cancel(timer, cancel_offset);
-                        }
-                        Ok(state)
-                    })
-                    .map(|state| match state {
-                        CancelState::Cancelled => CancelOutcome::Cancelled,
-                        CancelState::AlreadyDelivered => CancelOutcome::AlreadyDelivered,
-                    })
+        let target = match self.wheel.locate_for_cancel(&timer) {
+            Ok(target) => target,
+            Err(e) => {
+                // Reading the cancel ledger failed: this caller learns why;
+                // nothing changed, so the wheel goes on.
+                tracing::error!(error = %e, "could not tell whether a timer was cancelled");
+                let _ = reply.send(Err(e));
+                return Ok(());
             }
+        };
+        let outcome = match target {
+            CancelTarget::AlreadyDelivered => Ok(CancelOutcome::AlreadyDelivered),
+            CancelTarget::AlreadyCancelled => Ok(CancelOutcome::Cancelled),
+            target => self.record_and_apply_cancel(timer, target),
         };
         let failed = outcome.is_err();
         let _ = reply.send(outcome);
@@ -243,6 +237,28 @@ impl Ticker {
             return Err(crate::error::Error::invalid("cancel", "the wheel could not record a cancel"));
         }
         Ok(())
+    }
+
+    /// Writes the cancel record, then changes the wheel: a cancel that could
+    /// not be recorded changes nothing.
+    fn record_and_apply_cancel(&mut self, timer: Timer, target: CancelTarget) -> Result<CancelOutcome> {
+        let now_ms = self.clock.now_ms();
+        let (cancel_offset, _) = self.log.append_reserved(CANCEL_LEN, |buf, offset| {
+            encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);
+        })?;
+        let state = self.wheel.apply_cancel(timer, target)?;
+        if state == CancelState::Cancelled {
+            // The timer is cancelled either way; without its ledger entry only
+            // a repeated cancel after its time would answer wrong.
+            if let Err(e) = self.wheel.record_cancel(timer, cancel_offset) {
+                tracing::error!(error = %e, offset = timer.message_offset, "could not enter a cancel in the ledger");
+            }
+            self.count_cancel(timer, cancel_offset);
+        }
+        Ok(match state {
+            CancelState::Cancelled => CancelOutcome::Cancelled,
+            CancelState::AlreadyDelivered => CancelOutcome::AlreadyDelivered,
+        })
     }
 
     /// A cancel settles its timer, and its record stays of use until the

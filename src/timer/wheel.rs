@@ -279,30 +279,35 @@ struct SlotCount {
     count: u32,
 }
 
-/// Message offsets of timers a resumed wheel holds in entries written after
-/// its checkpoint, sorted; each may excuse one insert of its timer.
+/// Timers a resumed wheel holds in entries written after its checkpoint,
+/// each with the level of its slot, sorted; each may excuse one insert of its timer.
 #[derive(Debug, Default)]
 struct Preindexed {
-    offsets: Vec<u64>,
+    /// (message offset, level), sorted.
+    entries: Vec<(u64, usize)>,
     used: Vec<bool>,
 }
 
 impl Preindexed {
-    fn new(mut offsets: Vec<u64>) -> Self {
-        offsets.sort_unstable();
-        let used = vec![false; offsets.len()];
-        Self { offsets, used }
+    fn new(mut entries: Vec<(u64, usize)>) -> Self {
+        entries.sort_unstable();
+        let used = vec![false; entries.len()];
+        Self { entries, used }
     }
 
     fn is_empty(&self) -> bool {
-        self.offsets.is_empty()
+        self.entries.is_empty()
     }
 
-    /// Whether an entry of the timer of `offset` is left to excuse an insert (and uses it).
-    fn take(&mut self, offset: u64) -> bool {
-        let first = self.offsets.partition_point(|&o| o < offset);
-        let found =
-            (first..self.offsets.len()).take_while(|&i| self.offsets[i] == offset).find(|&i| !self.used[i]);
+    /// Whether an entry of the timer of `offset` on a level below `below` is
+    /// left to excuse an insert (and uses it, the coarsest first: a replayed
+    /// timer found on two levels is the coarser one's, cascaded since).
+    fn take(&mut self, offset: u64, below: usize) -> bool {
+        let first = self.entries.partition_point(|&(o, _)| o < offset);
+        let found = (first..self.entries.len())
+            .take_while(|&i| self.entries[i].0 == offset)
+            .filter(|&i| !self.used[i] && self.entries[i].1 < below)
+            .last();
         if let Some(i) = found {
             self.used[i] = true;
         }
@@ -460,8 +465,12 @@ impl Wheel {
                 let mut at = self.read_slot(index)?.head;
                 while at != 0 && at >= end {
                     let entry = log.read_linked(at)?;
-                    if !entry.cancel {
-                        offsets.push(entry.message_offset);
+                    // A late timer sits in the slot of a later second (see
+                    // `insert`), where a cancel would not find it: the replay
+                    // indexes it again, and the copy that comes up second is dropped.
+                    let late = level == 0 && entry.deliver_at_ms / 1000 != window;
+                    if !entry.cancel && !late {
+                        offsets.push((entry.message_offset, level));
                     }
                     at = entry.prev;
                 }
@@ -554,12 +563,19 @@ impl Wheel {
     /// to the loaded timers at once. Returns `false` if it was not indexed:
     /// it fired or was cancelled before a restart.
     pub fn insert(&mut self, timer: Timer) -> Result<bool> {
+        self.insert_below(timer, LEVELS.len())
+    }
+
+    /// [`insert`](Self::insert), skipped if the timer was indexed before a
+    /// restart on a level below `level`, in a slot still to be loaded or
+    /// cascaded. A cascade from `level` passes its own level: its slot's own
+    /// entries excuse nothing.
+    fn insert_below(&mut self, timer: Timer, level: usize) -> Result<bool> {
         if self.settled.contains(&timer.message_offset) {
             // Fired or cancelled before a restart: the replay sends it again.
             return Ok(false);
         }
-        if self.preindexed.take(timer.message_offset) {
-            // Indexed before a restart, in a slot still to be loaded or cascaded.
+        if self.preindexed.take(timer.message_offset, level) {
             return Ok(true);
         }
         let sec = timer.deliver_at_ms / 1000;
@@ -776,8 +792,19 @@ impl Wheel {
             && *entry.key() <= self.loaded_through
         {
             for offset in entry.remove() {
-                self.cancelled.remove(&offset);
+                self.forget_cancelled(offset);
             }
+        }
+    }
+
+    /// Forgets a cancelled timer that can no longer come up from where it
+    /// was. The replay may have indexed it a second time, in another second's
+    /// slot: that copy counts as handed out already, so it is dropped when it
+    /// comes up.
+    fn forget_cancelled(&mut self, offset: u64) {
+        self.cancelled.remove(&offset);
+        if self.replay_range.contains(&offset) {
+            self.replay_seen.insert(offset);
         }
     }
 
@@ -807,7 +834,7 @@ impl Wheel {
                     // Applied: from now on the ledger answers a repeated cancel.
                     for offset in &prefetch.cancels {
                         self.slot_cancels.remove(offset);
-                        self.cancelled.remove(offset);
+                        self.forget_cancelled(*offset);
                     }
                 }
                 // A second left empty (all cancelled, or fired before a
@@ -921,7 +948,7 @@ impl Wheel {
                     self.cancel(timer)?;
                 }
             } else if !cancels.contains(&entry.message_offset) {
-                self.insert(timer)?;
+                self.insert_below(timer, level)?;
                 self.reindexed += 1;
             }
         }
