@@ -81,7 +81,7 @@ impl Flusher {
         let to_sync = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
         let mut synced = self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(snapshot) = to_sync {
-            let appended = snapshot.files.appended.iter().map(|f| f.flush_appended(0, f.len()));
+            let appended = snapshot.files.appended.iter().map(|(f, written)| f.flush_appended(0, *written));
             let in_place = snapshot.files.in_place.iter().map(|f| f.flush(0, f.len()));
             for synced in appended.chain(in_place) {
                 if let Err(e) = synced {

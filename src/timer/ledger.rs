@@ -189,8 +189,8 @@ impl CancelLedger {
     }
 
     /// The ledger's files, for a checkpoint to sync.
-    pub fn files(&self) -> Vec<Arc<Mapped>> {
-        self.log.files()
+    pub fn files(&self) -> Vec<(Arc<Mapped>, usize)> {
+        self.log.written_files()
     }
 
     pub fn disk_bytes(&self) -> u64 {

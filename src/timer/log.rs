@@ -230,9 +230,12 @@ impl TimerLog {
         Ok(dead.len() as u64)
     }
 
-    /// Every timer-log file, oldest first.
-    pub fn files(&self) -> Vec<std::sync::Arc<Mapped>> {
-        self.files.values().map(|w| std::sync::Arc::clone(w.shared())).collect()
+    /// Every timer-log file, oldest first, with how many of its bytes hold
+    /// entries written so far (what a sync needs; the rest is zeros).
+    pub fn written_files(&self) -> Vec<(std::sync::Arc<Mapped>, usize)> {
+        let (end_file, end_at) = self.position(self.end);
+        let written = |no: u64, w: &MapWriter| if no < end_file { w.shared().len() } else { end_at };
+        self.files.iter().map(|(&no, w)| (std::sync::Arc::clone(w.shared()), written(no, w))).collect()
     }
 
     /// Bytes of the timer-log files.

@@ -317,9 +317,11 @@ impl Preindexed {
 
 /// The wheel's files a checkpoint syncs.
 pub(crate) struct FilesToSync {
-    /// Only appended to (timer logs, cancel ledger): synced with
-    /// [`Mapped::flush_appended`], which drops their page-table entries first.
-    pub appended: Vec<Arc<Mapped>>,
+    /// Only appended to (timer logs, cancel ledger), with how many bytes of
+    /// each hold entries: synced with [`Mapped::flush_appended`], which drops
+    /// their page-table entries first (not those of the pages faulted in
+    /// ahead of the writer, past the written bytes).
+    pub appended: Vec<(Arc<Mapped>, usize)>,
     /// Written in place again and again (wheel slots, chain starts).
     pub in_place: Vec<Arc<Mapped>>,
 }
@@ -1077,8 +1079,8 @@ impl Wheel {
     /// thread is safe (`msync` does not touch content), so the ticking thread
     /// never waits for the disk.
     pub fn files_to_sync(&self) -> FilesToSync {
-        let mut appended = self.logs[0].files();
-        appended.extend(self.logs[1].files());
+        let mut appended = self.logs[0].written_files();
+        appended.extend(self.logs[1].written_files());
         appended.extend(self.ledger.files());
         let in_place = vec![Arc::clone(self.tails.shared()), Arc::clone(self.file.shared())];
         FilesToSync { appended, in_place }
