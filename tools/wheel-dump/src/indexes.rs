@@ -12,6 +12,45 @@ use delaywheel::{Checkpoint, CorruptionKind};
 use crate::error::{DumpError, Result};
 use crate::store_files::{ChunkReader, DataFile, QueueFiles, SequenceFile, StoreFiles, open_sequence};
 
+// ------------------------------------------------------- fixed-size entries
+
+/// How a sequence of files lays out fixed-size entries: `per_file` entries
+/// of `len` bytes after each file's header.
+#[derive(Clone, Copy)]
+struct EntryLayout {
+    per_file: u64,
+    len: usize,
+}
+
+/// Visits the entries of `files` in order from index `from` to the first
+/// unwritten one (or a missing file: entries are dense), with the file and
+/// byte position of each; returns the index past the last.
+fn scan_entries<E>(
+    files: &[SequenceFile],
+    layout: EntryLayout,
+    from: u64,
+    decode: impl Fn(&[u8], u64) -> std::result::Result<Option<E>, CorruptionKind>,
+    mut visit: impl FnMut(u64, &Path, u64, E) -> Result<()>,
+) -> Result<u64> {
+    let mut index = from;
+    for f in files.iter().filter(|f| f.first + layout.per_file > from) {
+        if f.first > index {
+            break;
+        }
+        let mut reader = ChunkReader::new(&f.file);
+        while index < f.first + layout.per_file {
+            let position = inspect::FILE_HEADER_LEN as u64 + (index - f.first) * layout.len as u64;
+            let bytes = reader.get(position, layout.len)?;
+            let entry =
+                decode(bytes, index).map_err(|kind| DumpError::corruption(&f.file.path, position, kind))?;
+            let Some(entry) = entry else { return Ok(index) };
+            visit(index, &f.file.path, position, entry)?;
+            index += 1;
+        }
+    }
+    Ok(index)
+}
+
 // ---------------------------------------------------------------- checkpoint
 
 /// One of the checkpoint file's two slots.
@@ -249,25 +288,11 @@ impl TimerLog {
     /// used; at least the first entry on disk) to the first unwritten one;
     /// returns the index past the last.
     pub fn scan(&self, from: u64, mut visit: impl FnMut(u64, TimerLogEntry) -> Result<()>) -> Result<u64> {
-        let mut index = from.max(1).max(self.first().unwrap_or(1));
-        let start = index;
-        for f in self.files.iter().filter(|f| f.first + self.per_file > start) {
-            if f.first > index {
-                break; // entries are dense: a file past the end holds nothing
-            }
-            let mut reader = ChunkReader::new(&f.file);
-            while index < f.first + self.per_file {
-                let position =
-                    inspect::FILE_HEADER_LEN as u64 + (index - f.first) * inspect::TIMER_ENTRY_LEN as u64;
-                let bytes = reader.get(position, inspect::TIMER_ENTRY_LEN)?;
-                let entry = inspect::decode_timer_entry(bytes, index)
-                    .map_err(|kind| DumpError::corruption(&f.file.path, position, kind))?;
-                let Some(entry) = entry else { return Ok(index) };
-                visit(index, entry)?;
-                index += 1;
-            }
-        }
-        Ok(index)
+        let from = from.max(1).max(self.first().unwrap_or(1));
+        let layout = EntryLayout { per_file: self.per_file, len: inspect::TIMER_ENTRY_LEN };
+        scan_entries(&self.files, layout, from, inspect::decode_timer_entry, |index, _, _, entry| {
+            visit(index, entry)
+        })
     }
 
     /// The index the next entry gets (`None`: no files): entries are dense,
@@ -529,26 +554,11 @@ impl CancelLedger {
 
     /// Visits entries in order, with the file and byte position of each, to
     /// the first unwritten one; returns the index past the last.
-    pub fn scan(
-        &self,
-        mut visit: impl FnMut(u64, &Path, u64, CancelLedgerEntry) -> Result<()>,
-    ) -> Result<u64> {
-        const PER_FILE: u64 = inspect::CANCEL_LEDGER_ENTRIES_PER_FILE;
-        let mut index = self.first().unwrap_or(1);
-        for f in &self.files {
-            let mut reader = ChunkReader::new(&f.file);
-            while index < f.first + PER_FILE {
-                let position =
-                    inspect::FILE_HEADER_LEN as u64 + (index - f.first) * inspect::TIMER_ENTRY_LEN as u64;
-                let bytes = reader.get(position, inspect::TIMER_ENTRY_LEN)?;
-                let entry = inspect::decode_cancel_ledger_entry(bytes, index)
-                    .map_err(|kind| DumpError::corruption(&f.file.path, position, kind))?;
-                let Some(entry) = entry else { return Ok(index) };
-                visit(index, &f.file.path, position, entry)?;
-                index += 1;
-            }
-        }
-        Ok(index)
+    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, CancelLedgerEntry) -> Result<()>) -> Result<u64> {
+        let layout =
+            EntryLayout { per_file: inspect::CANCEL_LEDGER_ENTRIES_PER_FILE, len: inspect::TIMER_ENTRY_LEN };
+        let from = self.first().unwrap_or(1);
+        scan_entries(&self.files, layout, from, inspect::decode_cancel_ledger_entry, visit)
     }
 }
 
@@ -578,22 +588,10 @@ impl ConsumeQueue {
     }
 
     /// Visits entries in order to the first unwritten one; returns the queue's length.
-    pub fn scan(&self, mut visit: impl FnMut(u64, &PathBuf, u64, QueueEntry) -> Result<()>) -> Result<u64> {
-        let mut index = self.files.first().map_or(0, |f| f.first);
-        for f in &self.files {
-            let mut reader = ChunkReader::new(&f.file);
-            while index < f.first + self.per_file {
-                let position =
-                    inspect::FILE_HEADER_LEN as u64 + (index - f.first) * inspect::QUEUE_ENTRY_LEN as u64;
-                let bytes = reader.get(position, inspect::QUEUE_ENTRY_LEN)?;
-                let entry = inspect::decode_queue_entry(bytes, index)
-                    .map_err(|kind| DumpError::corruption(&f.file.path, position, kind))?;
-                let Some(entry) = entry else { return Ok(index) };
-                visit(index, &f.file.path, position, entry)?;
-                index += 1;
-            }
-        }
-        Ok(index)
+    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, QueueEntry) -> Result<()>) -> Result<u64> {
+        let layout = EntryLayout { per_file: self.per_file, len: inspect::QUEUE_ENTRY_LEN };
+        let from = self.files.first().map_or(0, |f| f.first);
+        scan_entries(&self.files, layout, from, inspect::decode_queue_entry, visit)
     }
 
     /// The number of entries: entries are dense, so a binary search in the
