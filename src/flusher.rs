@@ -45,7 +45,12 @@ pub(crate) struct Flusher {
     /// `timer/segment_pending`, and when it was last written.
     pub counts_path: PathBuf,
     pub counts_written: Instant,
+    /// What the checkpoint before the last one vouched for (see `cycle`).
+    pub vouched_before_last: Option<Vouched>,
 }
+
+/// What a checkpoint vouches for, as far as deciding whether to write one.
+pub(crate) type Vouched = (u64, u64, u64);
 
 /// How often the segment counts are persisted at most.
 const COUNTS_INTERVAL: Duration = Duration::from_secs(1);
@@ -136,12 +141,15 @@ impl Flusher {
             sequence: 0,
         };
         let last = self.checkpoint.last().unwrap_or_default();
-        if clean
-            || (last.log_durable, last.dispatched, last.tick_second)
-                != (log_durable, dispatched, cp.tick_second)
-        {
+        let last_vouched = (last.log_durable, last.dispatched, last.tick_second);
+        let vouched = (log_durable, dispatched, cp.tick_second);
+        // Retention trusts the older of the last two checkpoints (the newest
+        // may be torn), so once nothing changes one more is written: then
+        // both vouch for the same state, and retention can reach it too.
+        if clean || last_vouched != vouched || self.vouched_before_last != Some(vouched) {
             let written = self.checkpoint.write(cp)?;
             self.floor.record(&written, wheel.log_end, counts);
+            self.vouched_before_last = Some(last_vouched);
         }
         Ok(())
     }

@@ -241,6 +241,7 @@ impl Store {
             floor: Arc::clone(&floor),
             counts_path: timer_dir.join(SEGMENT_COUNTS_FILE),
             counts_written: std::time::Instant::now(),
+            vouched_before_last: None,
         };
         let counters = Arc::new(Counters::default());
         let retainer = (config.scheduler == Scheduler::Wheel).then(|| {

@@ -177,3 +177,30 @@ fn after_a_crash_each_pending_timer_is_held_once() {
     assert_eq!(got, want, "each fires once, in deliver-time order");
     assert_eq!(pending_once_indexed(&store), 0);
 }
+
+/// Retention trusts the older of the last two checkpoints, so once nothing
+/// changes the store writes one more: both slots then vouch for the same
+/// state (the floor reaches it), instead of the older one lagging for good.
+#[test]
+fn once_nothing_changes_both_checkpoint_slots_vouch_for_the_same_state() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = delaywheel::ManualClock::new(1_700_000_000_000);
+    let config =
+        small_config(dir.path()).with_flush_interval(Duration::from_millis(5)).with_clock(clock.clone());
+    let store = Store::open(config).unwrap();
+    put_numbered(&store, "T", 0..10);
+    store.put(delaywheel::Message::new("T", "later").deliver_at_ms(1_700_000_060_000)).unwrap();
+    let vouched = |at: usize| {
+        let bytes = std::fs::read(dir.path().join("checkpoint")).unwrap();
+        let cp = delaywheel::inspect::decode_checkpoint_slot(&bytes[at..at + 96]).unwrap();
+        cp.map(|cp| (cp.log_durable, cp.dispatched, cp.tick_second))
+    };
+    let started = std::time::Instant::now();
+    let end =
+        |vouched: Option<(u64, u64, u64)>| vouched.map(|(durable, dispatched, _)| durable.min(dispatched));
+    while !(vouched(0) == vouched(512) && end(vouched(0)) == Some(store.stats().log_bytes + 32)) {
+        assert!(started.elapsed() < Duration::from_secs(10), "slots {:?} and {:?}", vouched(0), vouched(512));
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    store.close().unwrap();
+}
