@@ -10,115 +10,10 @@
 use std::fs::{File, OpenOptions};
 use std::path::{Path, PathBuf};
 
-use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{get_u32, get_u64, put_u32, put_u64};
-use crate::mmap::{sync_parent_dir, write_all_at};
-
-const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
-const VERSION: u32 = 1;
-/// Byte position of each of the two slots.
-pub(crate) const SLOT_POSITIONS: [u64; 2] = [0, 512];
-pub(crate) const SLOT_LEN: usize = 96;
-pub(crate) const FILE_LEN: u64 = 1024;
-
-const MAGIC_OFFSET: usize = 0;
-const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
-const FLAGS_OFFSET: usize = VERSION_OFFSET + 4;
-const SEQUENCE_OFFSET: usize = FLAGS_OFFSET + 4;
-const LOG_DURABLE_OFFSET: usize = SEQUENCE_OFFSET + 8;
-const DISPATCHED_OFFSET: usize = LOG_DURABLE_OFFSET + 8;
-const WRITTEN_AT_OFFSET: usize = DISPATCHED_OFFSET + 8;
-const TICK_SECOND_OFFSET: usize = WRITTEN_AT_OFFSET + 8;
-const DELIVERY_SCAN_OFFSET: usize = TICK_SECOND_OFFSET + 8;
-const TIMER_LOG_END_OFFSET: usize = DELIVERY_SCAN_OFFSET + 8;
-const FAR_TIMER_LOG_END_OFFSET: usize = TIMER_LOG_END_OFFSET + 8;
-const RESERVED_OFFSET: usize = FAR_TIMER_LOG_END_OFFSET + 8;
-const CRC_OFFSET: usize = SLOT_LEN - 4;
-const _: () = assert!(RESERVED_OFFSET <= CRC_OFFSET);
-
-/// Set when the checkpoint was written by a clean close.
-const FLAG_CLEAN: u32 = 1;
-
-/// One checkpoint.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct Checkpoint {
-    pub sequence: u64,
-    /// Every commit-log byte below this offset was on disk.
-    pub log_durable: u64,
-    /// Every record below this offset is in the consume queues and (timers)
-    /// in the wheel, and those index entries were on disk.
-    pub dispatched: u64,
-    /// Wall-clock time of the write, epoch ms.
-    pub written_at_ms: u64,
-    /// Every timer due before this epoch second had been delivered.
-    pub tick_second: u64,
-    /// Delivery records of timers due at or after `tick_second` lie at or after this log offset.
-    pub delivery_scan_from: u64,
-    /// The near timer log's end (next entry index) when the wheel had
-    /// received every timer below `dispatched`: later entries are of records
-    /// the replay reads again (or of later cascades).
-    pub timer_log_end: u64,
-    /// The same for the far timer log; `0` if unknown (written by an older build).
-    pub far_timer_log_end: u64,
-    /// Written by a clean close: the log ends exactly at `log_durable`.
-    pub clean: bool,
-}
-
-impl Checkpoint {
-    pub(crate) fn encode(&self) -> [u8; SLOT_LEN] {
-        let mut out = [0u8; SLOT_LEN];
-        out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&MAGIC);
-        put_u32(&mut out, VERSION_OFFSET, VERSION);
-        put_u32(&mut out, FLAGS_OFFSET, if self.clean { FLAG_CLEAN } else { 0 });
-        put_u64(&mut out, SEQUENCE_OFFSET, self.sequence);
-        put_u64(&mut out, LOG_DURABLE_OFFSET, self.log_durable);
-        put_u64(&mut out, DISPATCHED_OFFSET, self.dispatched);
-        put_u64(&mut out, WRITTEN_AT_OFFSET, self.written_at_ms);
-        put_u64(&mut out, TICK_SECOND_OFFSET, self.tick_second);
-        put_u64(&mut out, DELIVERY_SCAN_OFFSET, self.delivery_scan_from);
-        put_u64(&mut out, TIMER_LOG_END_OFFSET, self.timer_log_end);
-        put_u64(&mut out, FAR_TIMER_LOG_END_OFFSET, self.far_timer_log_end);
-        let crc = crc32c::crc32c(&out[..CRC_OFFSET]);
-        put_u32(&mut out, CRC_OFFSET, crc);
-        out
-    }
-
-    /// A slot's checkpoint, or `None` if the slot is empty, torn or of another version.
-    pub(crate) fn decode(slot: &[u8]) -> Option<Self> {
-        Self::check(slot).ok()
-    }
-
-    /// A slot's checkpoint, or why it is not one (an empty slot has a bad magic).
-    pub(crate) fn check(slot: &[u8]) -> std::result::Result<Self, CorruptionKind> {
-        let slot = slot
-            .get(..SLOT_LEN)
-            .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: slot.len() as u64 })?;
-        if slot[..8] != MAGIC {
-            return Err(CorruptionKind::BadMagic);
-        }
-        let (stored, computed) = (get_u32(slot, CRC_OFFSET), crc32c::crc32c(&slot[..CRC_OFFSET]));
-        if stored != computed {
-            return Err(CorruptionKind::ChecksumMismatch { stored, computed });
-        }
-        let version = get_u32(slot, VERSION_OFFSET);
-        if version != VERSION {
-            return Err(CorruptionKind::BadFrame(format!(
-                "checkpoint version {version}, this build reads {VERSION}"
-            )));
-        }
-        Ok(Self {
-            sequence: get_u64(slot, SEQUENCE_OFFSET),
-            log_durable: get_u64(slot, LOG_DURABLE_OFFSET),
-            dispatched: get_u64(slot, DISPATCHED_OFFSET),
-            written_at_ms: get_u64(slot, WRITTEN_AT_OFFSET),
-            tick_second: get_u64(slot, TICK_SECOND_OFFSET),
-            delivery_scan_from: get_u64(slot, DELIVERY_SCAN_OFFSET),
-            timer_log_end: get_u64(slot, TIMER_LOG_END_OFFSET),
-            far_timer_log_end: get_u64(slot, FAR_TIMER_LOG_END_OFFSET),
-            clean: get_u32(slot, FLAGS_OFFSET) & FLAG_CLEAN != 0,
-        })
-    }
-}
+use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::checkpoint::{FILE_LEN, SLOT_LEN, SLOT_POSITIONS};
+use crate::fs::{sync_parent_dir, write_all_at};
 
 /// The checkpoint file, open for writing.
 pub(crate) struct CheckpointFile {
@@ -180,40 +75,6 @@ pub(crate) fn read_newest(file: &File) -> Option<Checkpoint> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::hex;
-
-    #[test]
-    fn golden_bytes_match_wheel_format_md() {
-        let cp = Checkpoint {
-            sequence: 2,
-            log_durable: 4096,
-            dispatched: 1024,
-            written_at_ms: 1,
-            tick_second: 1_700_000_000,
-            delivery_scan_from: 1024,
-            timer_log_end: 5,
-            far_timer_log_end: 2,
-            clean: true,
-        };
-        assert_eq!(
-            hex(&cp.encode()),
-            concat!(
-                "4457434b50540000",
-                "01000000",
-                "01000000",
-                "0200000000000000",
-                "0010000000000000",
-                "0004000000000000",
-                "0100000000000000",
-                "00f1536500000000",
-                "0004000000000000",
-                "0500000000000000",
-                "0200000000000000",
-                "000000000000000000000000",
-                "c7b89a75"
-            )
-        );
-    }
 
     #[test]
     fn a_torn_slot_falls_back_to_the_previous_checkpoint() {
@@ -231,17 +92,5 @@ mod tests {
         write_all_at(&raw, &[0xFF; 10], SLOT_POSITIONS[0] + 20).unwrap();
         let reopened = CheckpointFile::open(&path).unwrap().last().unwrap();
         assert_eq!((reopened.sequence, reopened.log_durable), (1, 100));
-    }
-
-    #[test]
-    fn every_flipped_bit_invalidates_a_slot() {
-        let bytes =
-            Checkpoint { sequence: 9, log_durable: 7, dispatched: 5, written_at_ms: 3, ..Default::default() }
-                .encode();
-        for bit in 0..SLOT_LEN * 8 {
-            let mut copy = bytes;
-            copy[bit / 8] ^= 1 << (bit % 8);
-            assert_eq!(Checkpoint::decode(&copy), None, "bit {bit}");
-        }
     }
 }

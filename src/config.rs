@@ -5,9 +5,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::{Clock, SystemClock};
-use crate::commitlog::record::MAX_FIXED_MESSAGE_LEN;
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
+use crate::message::MAX_FIXED_MESSAGE_LEN;
 use crate::timer::levels::DEFAULT_DELAY_LEVELS;
 
 /// When a `put` may return relative to its bytes reaching the disk.
@@ -104,8 +104,6 @@ impl Default for Retention {
 const SMALL_FILES_RESERVE: u64 = 64 << 10;
 /// The smallest segment size accepted (tests use it to roll segments quickly).
 pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
-/// The largest topic name in bytes.
-pub const MAX_TOPIC_LEN: usize = 127;
 
 impl Config {
     /// Defaults: 1 GiB segments, 300,000 entries per consume-queue file, 4 queues
@@ -158,8 +156,8 @@ impl Config {
     }
 
     pub(crate) fn disk_reserve(&self) -> u64 {
-        let timer_log_file = 32 + self.timer_log_file_entries * crate::timer::log::ENTRY_LEN as u64;
-        let queue_file = 32 + self.queue_file_entries * crate::consume_queue::ENTRY_LEN as u64;
+        let timer_log_file = 32 + self.timer_log_file_entries * crate::format::timer_entry::ENTRY_LEN as u64;
+        let queue_file = 32 + self.queue_file_entries * crate::format::queue_entry::ENTRY_LEN as u64;
         // Two timer logs (near and far), each may need a new file.
         self.disk_reserve.unwrap_or(4 * timer_log_file + 2 * queue_file + SMALL_FILES_RESERVE)
     }

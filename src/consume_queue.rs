@@ -15,89 +15,16 @@ use std::sync::{Arc, Mutex, RwLock};
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::queue_entry::{ENTRY_LEN, Entry, EntryProblem};
 use crate::format::{
-    CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN, FileHeader, check_file_header, crc_at, get_u32, get_u64,
-    numbered_file_name, parse_numbered_file_name, put_u32, put_u64,
+    CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN, FileHeader, check_file_header, numbered_file_name,
+    parse_numbered_file_name,
 };
-use crate::mmap::{MapWriter, Mapped, sync_dir};
-
-/// Entry flag: the message was made visible by its timer (a delivery record).
-pub(crate) const FLAG_TIMER_DELIVERY: u32 = 1;
+use crate::fs::sync_dir;
+use crate::mmap::{MapWriter, Mapped};
 
 /// How far ahead of a queue's last entry the prefault thread keeps pages faulted in.
 const PREFAULT_AHEAD: usize = 256 << 10;
-
-/// Bytes per consume-queue entry.
-pub(crate) const ENTRY_LEN: usize = 32;
-
-const LOG_OFFSET: usize = 0;
-const RECORD_LEN: usize = LOG_OFFSET + 8;
-const TAG_HASH: usize = RECORD_LEN + 4;
-const TIME: usize = TAG_HASH + 4;
-const FLAGS: usize = TIME + 8;
-const CRC: usize = FLAGS + 4;
-const _: () = assert!(CRC + 4 == ENTRY_LEN);
-
-/// One consume-queue entry.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Entry {
-    /// Offset of the message record in the commit log (never 0: offset 0 is a file header).
-    pub log_offset: u64,
-    /// Length of that record.
-    pub record_len: u32,
-    /// CRC32C of the message's tags, 0 if it has none: lets a consumer filter without reading the log.
-    pub tag_hash: u32,
-    /// When the message became visible: its store time, or its delivery time for a timer.
-    pub time_ms: u64,
-    /// Bit 0: made visible by a timer's delivery record. Other bits 0.
-    pub flags: u32,
-}
-
-impl Entry {
-    /// Encodes the entry that sits at queue position `index`; the CRC binds it there.
-    pub fn encode(&self, index: u64) -> [u8; ENTRY_LEN] {
-        let mut out = [0u8; ENTRY_LEN];
-        put_u64(&mut out, LOG_OFFSET, self.log_offset);
-        put_u32(&mut out, RECORD_LEN, self.record_len);
-        put_u32(&mut out, TAG_HASH, self.tag_hash);
-        put_u64(&mut out, TIME, self.time_ms);
-        put_u32(&mut out, FLAGS, self.flags);
-        let crc = crc_at(index, &out[..CRC]);
-        put_u32(&mut out, CRC, crc);
-        out
-    }
-
-    /// Decodes the entry at `index`; `None` if it is empty or fails its CRC.
-    pub fn decode(bytes: &[u8], index: u64) -> std::result::Result<Self, EntryProblem> {
-        let bytes = bytes.get(..ENTRY_LEN).ok_or(EntryProblem::Empty)?;
-        if bytes.iter().all(|&b| b == 0) {
-            return Err(EntryProblem::Empty);
-        }
-        let stored = get_u32(bytes, CRC);
-        let computed = crc_at(index, &bytes[..CRC]);
-        if stored != computed {
-            return Err(EntryProblem::Checksum { stored, computed });
-        }
-        Ok(Self {
-            log_offset: get_u64(bytes, LOG_OFFSET),
-            record_len: get_u32(bytes, RECORD_LEN),
-            tag_hash: get_u32(bytes, TAG_HASH),
-            time_ms: get_u64(bytes, TIME),
-            flags: get_u32(bytes, FLAGS),
-        })
-    }
-}
-
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EntryProblem {
-    Empty,
-    Checksum { stored: u32, computed: u32 },
-}
-
-/// The tag hash stored in entries.
-pub(crate) fn tag_hash(tags: &str) -> u32 {
-    if tags.is_empty() { 0 } else { crc32c::crc32c(tags.as_bytes()) }
-}
 
 /// One consume queue.
 pub(crate) struct ConsumeQueue {
@@ -595,27 +522,9 @@ fn list_queue_dirs(root: &Path) -> Result<Vec<(String, u32, PathBuf)>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::format::hex;
 
     fn entry(log_offset: u64) -> Entry {
         Entry { log_offset, record_len: 100, tag_hash: 0, time_ms: 5, flags: 0 }
-    }
-
-    #[test]
-    fn golden_bytes_match_wheel_format_md() {
-        let e = Entry { log_offset: 32, record_len: 58, tag_hash: 0, time_ms: 1_700_000_000_000, flags: 0 };
-        assert_eq!(
-            hex(&e.encode(0)),
-            concat!("2000000000000000", "3a000000", "00000000", "0068e5cf8b010000", "00000000", "425e50b6")
-        );
-    }
-
-    #[test]
-    fn entries_are_bound_to_their_index() {
-        let bytes = entry(64).encode(7);
-        assert_eq!(Entry::decode(&bytes, 7), Ok(entry(64)));
-        assert!(matches!(Entry::decode(&bytes, 8), Err(EntryProblem::Checksum { .. })));
-        assert_eq!(Entry::decode(&[0u8; ENTRY_LEN], 7), Err(EntryProblem::Empty));
     }
 
     #[test]

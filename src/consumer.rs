@@ -10,13 +10,14 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::Receiver;
 use serde::{Deserialize, Serialize};
 
-use crate::commitlog::record::{DeliveryView, MessageView, RecordKind};
 use crate::commitlog::{CommitLog, LogReader};
-use crate::consume_queue::{ConsumeQueue, Entry, FLAG_TIMER_DELIVERY};
+use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY};
+use crate::format::record::{DeliveryView, MessageView, RecordKind};
+use crate::fs::write_atomically;
 use crate::message::ConsumedMessage;
-use crate::mmap::sync_parent_dir;
-use crate::retention::Counters;
+use crate::stats::RetentionCounters;
 
 /// Entries whose messages are touched together before they are read: enough
 /// for the cache misses to overlap, few enough that the touched lines and
@@ -36,7 +37,7 @@ pub struct Consumer {
     next: u64,
     wake: Receiver<()>,
     /// Where skipped entries are counted.
-    retention: Arc<Counters>,
+    retention: Arc<RetentionCounters>,
 }
 
 impl Consumer {
@@ -45,7 +46,7 @@ impl Consumer {
         queue: Arc<ConsumeQueue>,
         offsets: Arc<OffsetStore>,
         group: &str,
-        retention: Arc<Counters>,
+        retention: Arc<RetentionCounters>,
     ) -> Self {
         // Subscribe before reading the committed offset, so no append is missed.
         let wake = queue.subscribe();
@@ -323,19 +324,6 @@ impl OffsetStore {
         }
         result
     }
-}
-
-/// Temp file, fsync, rename, directory fsync: the file is either old or new, never torn.
-pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
-        let mut file = std::fs::File::create(&tmp)?;
-        std::io::Write::write_all(&mut file, bytes)?;
-        file.sync_all()
-    };
-    write().map_err(|e| Error::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))?;
-    sync_parent_dir(path)
 }
 
 #[cfg(test)]

@@ -15,10 +15,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use crossbeam_channel::Sender;
 
-use crate::commitlog::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
 use crate::commitlog::{CommitLog, LogReader};
-use crate::consume_queue::{ConsumeQueue, Entry, FLAG_TIMER_DELIVERY, QueueRegistry, tag_hash};
+use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
+use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
 use crate::message::validate_topic;
 use crate::scheduling::Scheduling;
 use crate::timer::tick::WheelCommand;

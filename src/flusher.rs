@@ -12,15 +12,15 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, RecvTimeoutError};
 
-use crate::checkpoint::{Checkpoint, CheckpointFile};
+use crate::checkpoint::CheckpointFile;
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
-use crate::consumer::write_atomically;
+use crate::durable::{Floor, SegmentCounts};
 use crate::error::Result;
-use crate::retention::Floor;
-use crate::retention::pending::SegmentCounts;
+use crate::format::checkpoint::Checkpoint;
+use crate::fs::write_atomically;
 use crate::timer::tick::{WheelCheckpoint, WheelShared};
 
 /// What the flusher's channel carries.

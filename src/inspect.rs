@@ -12,16 +12,15 @@
 //! the functions here know only the bytes and the position they are bound to
 //! (a log offset, an entry index or a slot index).
 
-use crate::checkpoint::Checkpoint;
-use crate::commitlog::record::{
+use crate::error::CorruptionKind;
+use crate::format::checkpoint::Checkpoint;
+use crate::format::record::{
     self, CancelView, DeliveryView, FrameError, MessageView, RECORD_HEADER_LEN as RECORD_HEADER,
     RelocationView,
 };
-use crate::commitlog::relocated;
-use crate::error::CorruptionKind;
 use crate::format::{self, HeaderProblem};
+use crate::timer::ledger;
 use crate::timer::wheel::{self, LEVELS};
-use crate::timer::{ledger, tails};
 
 /// Bytes of the header that starts every commit-log segment, consume-queue,
 /// timer-log, cancel-ledger, wheel, relocation and segment-counts file.
@@ -292,7 +291,7 @@ pub fn normalize_log_offset(offset: u64, segment_size: u64) -> u64 {
 // ------------------------------------------------------------- consume queue
 
 /// Bytes per consume-queue entry.
-pub const QUEUE_ENTRY_LEN: usize = crate::consume_queue::ENTRY_LEN;
+pub const QUEUE_ENTRY_LEN: usize = crate::format::queue_entry::ENTRY_LEN;
 
 /// One consume-queue entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -312,7 +311,7 @@ pub struct QueueEntry {
 
 /// Decodes the entry at queue position `index`. `Ok(None)`: all zero, unwritten.
 pub fn decode_queue_entry(bytes: &[u8], index: u64) -> Result<Option<QueueEntry>, CorruptionKind> {
-    use crate::consume_queue::{Entry, EntryProblem, FLAG_TIMER_DELIVERY};
+    use crate::format::queue_entry::{Entry, EntryProblem, FLAG_TIMER_DELIVERY};
     if bytes.len() < QUEUE_ENTRY_LEN {
         return Err(CorruptionKind::WrongSize {
             expected: QUEUE_ENTRY_LEN as u64,
@@ -337,13 +336,13 @@ pub fn decode_queue_entry(bytes: &[u8], index: u64) -> Result<Option<QueueEntry>
 
 /// The tag hash a consume-queue entry stores for a message with `tags`.
 pub fn tag_hash(tags: &str) -> u32 {
-    crate::consume_queue::tag_hash(tags)
+    crate::format::queue_entry::tag_hash(tags)
 }
 
 // ----------------------------------------------------------------- timer log
 
 /// Bytes per timer-log entry.
-pub const TIMER_ENTRY_LEN: usize = crate::timer::log::ENTRY_LEN;
+pub const TIMER_ENTRY_LEN: usize = crate::format::timer_entry::ENTRY_LEN;
 
 /// One timer-log entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -359,7 +358,7 @@ pub struct TimerLogEntry {
 
 /// Decodes timer-log entry `index`. `Ok(None)`: all zero, unwritten.
 pub fn decode_timer_entry(bytes: &[u8], index: u64) -> Result<Option<TimerLogEntry>, CorruptionKind> {
-    let entry = crate::timer::log::TimerEntry::decode(bytes, index)?;
+    let entry = crate::format::timer_entry::TimerEntry::decode(bytes, index)?;
     Ok(entry.map(|e| TimerLogEntry {
         message_offset: e.message_offset,
         deliver_at_ms: e.deliver_at_ms,
@@ -422,7 +421,7 @@ pub fn decode_cancel_ledger_entry(
 /// The chain starts' file name, inside `timer/`.
 pub const TAILS_FILE: &str = "tails";
 /// Bytes per `timer/tails` record (also the header's `a`).
-pub const TAIL_RECORD_LEN: usize = tails::TAIL_LEN;
+pub const TAIL_RECORD_LEN: usize = crate::format::tail::TAIL_LEN;
 /// The `timer/tails` file's exact size: the header, then one record per wheel slot.
 pub const TAILS_FILE_LEN: u64 = FILE_HEADER_LEN as u64 + WHEEL_TOTAL_SLOTS * TAIL_RECORD_LEN as u64;
 
@@ -451,7 +450,7 @@ pub fn decode_tail_record(bytes: &[u8], slot_index: u64) -> Result<Option<TailRe
     }
     let (window, first_entry) = (format::get_u64(bytes, 0), format::get_u64(bytes, 8));
     // The store's own encoding of these fields, CRC included.
-    let expected = tails::encode(slot_index, window, first_entry);
+    let expected = crate::format::tail::encode(slot_index, window, first_entry);
     if bytes[..20] != expected[..20] {
         return Err(CorruptionKind::ChecksumMismatch {
             stored: format::get_u32(bytes, 16),
@@ -466,7 +465,7 @@ pub fn decode_tail_record(bytes: &[u8], slot_index: u64) -> Result<Option<TailRe
 /// How many levels the wheel has.
 pub const WHEEL_LEVELS: usize = LEVELS.len();
 /// Bytes per slot record in the wheel file.
-pub const WHEEL_SLOT_LEN: usize = wheel::SLOT_LEN;
+pub const WHEEL_SLOT_LEN: usize = crate::format::slot::SLOT_LEN;
 /// Slot records in the wheel file, over all levels.
 pub const WHEEL_TOTAL_SLOTS: u64 = wheel::TOTAL_SLOTS;
 /// The wheel file's exact size.
@@ -494,7 +493,7 @@ pub fn decode_wheel_slot(bytes: &[u8], slot_index: u64) -> Result<Option<WheelSl
     if bytes.get(..WHEEL_SLOT_LEN).is_some_and(|b| b.iter().all(|&x| x == 0)) {
         return Ok(None);
     }
-    let s = wheel::Slot::decode(bytes, slot_index)?;
+    let s = crate::format::slot::Slot::decode(bytes, slot_index)?;
     Ok(Some(WheelSlot { window: s.window, head: s.head, count: s.count, level: s.level, cancels: s.cancels }))
 }
 
@@ -569,9 +568,9 @@ pub const RELOCATED_DIR: &str = crate::commitlog::RELOCATED_DIR;
 /// The relocation index's file name, inside [`RELOCATED_DIR`].
 pub const RELOCATION_INDEX_FILE: &str = "index";
 /// Seconds of deliver time one relocation window file covers.
-pub const RELOCATION_WINDOW_SECS: u64 = relocated::WINDOW_SECS;
+pub const RELOCATION_WINDOW_SECS: u64 = crate::format::relocation::WINDOW_SECS;
 /// Bytes per relocation index entry.
-pub const RELOCATION_ENTRY_LEN: usize = relocated::INDEX_ENTRY_LEN;
+pub const RELOCATION_ENTRY_LEN: usize = crate::format::relocation::INDEX_ENTRY_LEN;
 
 /// One relocation index entry: the copy of the record at `original_offset`
 /// is `len` bytes at `position` of the window file of `deliver_at_ms`.
@@ -595,7 +594,7 @@ impl RelocationEntry {
 /// Decodes the relocation index entry stored at byte `position` of the
 /// index file (its CRC binds it there).
 pub fn decode_relocation_entry(bytes: &[u8], position: u64) -> Result<RelocationEntry, CorruptionKind> {
-    let e = relocated::IndexEntry::decode(bytes, position)?;
+    let e = crate::format::relocation::IndexEntry::decode(bytes, position)?;
     Ok(RelocationEntry {
         original_offset: e.original_offset,
         deliver_at_ms: e.deliver_at_ms,
@@ -606,13 +605,13 @@ pub fn decode_relocation_entry(bytes: &[u8], position: u64) -> Result<Relocation
 
 /// The first second of the relocation window that holds copies due at `deliver_at_ms`.
 pub fn relocation_window_of(deliver_at_ms: u64) -> u64 {
-    relocated::window_of(deliver_at_ms)
+    crate::format::relocation::window_of(deliver_at_ms)
 }
 
 // ------------------------------------------------------------ segment counts
 
 /// The segment counts' file name, inside `timer/`.
-pub const SEGMENT_PENDING_FILE: &str = crate::retention::pending::FILE_NAME;
+pub const SEGMENT_PENDING_FILE: &str = crate::durable::segment_counts::FILE_NAME;
 
 /// The per-segment pending-timer counts (`timer/segment_pending`), an index.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -632,8 +631,8 @@ pub fn decode_segment_pending(
     bytes: &[u8],
     segment_size: u64,
 ) -> Result<SegmentPendingCounts, CorruptionKind> {
-    let (counts, covered_below) =
-        crate::retention::pending::SegmentCounts::decode(bytes, segment_size.max(1)).ok_or_else(|| {
+    let (counts, covered_below) = crate::durable::SegmentCounts::decode(bytes, segment_size.max(1))
+        .ok_or_else(|| {
             CorruptionKind::BadFrame("segment counts that fail their checksum or do not fit the file".into())
         })?;
     Ok(SegmentPendingCounts { covered_below, segments: counts.iter().collect() })
@@ -642,11 +641,11 @@ pub fn decode_segment_pending(
 // ---------------------------------------------------------------- checkpoint
 
 /// Byte positions of the checkpoint file's two slots.
-pub const CHECKPOINT_SLOT_POSITIONS: [u64; 2] = crate::checkpoint::SLOT_POSITIONS;
+pub const CHECKPOINT_SLOT_POSITIONS: [u64; 2] = crate::format::checkpoint::SLOT_POSITIONS;
 /// Bytes of one checkpoint slot.
-pub const CHECKPOINT_SLOT_LEN: usize = crate::checkpoint::SLOT_LEN;
+pub const CHECKPOINT_SLOT_LEN: usize = crate::format::checkpoint::SLOT_LEN;
 /// The checkpoint file's size.
-pub const CHECKPOINT_FILE_LEN: u64 = crate::checkpoint::FILE_LEN;
+pub const CHECKPOINT_FILE_LEN: u64 = crate::format::checkpoint::FILE_LEN;
 
 /// Decodes one checkpoint slot. `Ok(None)`: all zero, never written; an
 /// error: torn, damaged or of another version.
@@ -704,8 +703,12 @@ mod tests {
 
     #[test]
     fn relocation_entries_and_segment_counts_decode_what_the_store_encodes() {
-        let entry =
-            relocated::IndexEntry { original_offset: 0x40, deliver_at_ms: 1_000, position: 32, len: 100 };
+        let entry = crate::format::relocation::IndexEntry {
+            original_offset: 0x40,
+            deliver_at_ms: 1_000,
+            position: 32,
+            len: 100,
+        };
         let decoded = decode_relocation_entry(&entry.encode(32), 32).unwrap();
         assert_eq!(
             decoded,
@@ -716,7 +719,7 @@ mod tests {
         assert!(decode_relocation_entry(&[0u8; 31], 32).is_err());
         assert_eq!(relocation_window_of(1_800_000_000_000), 1_800_000_000 - 1_800_000_000 % (1 << 20));
 
-        let mut counts = crate::retention::pending::SegmentCounts::new(1000);
+        let mut counts = crate::durable::SegmentCounts::new(1000);
         counts.indexed(1_500, 10, true);
         counts.indexed(5_500, 20, false);
         let bytes = counts.encode(6_000);
@@ -736,7 +739,7 @@ mod tests {
     #[test]
     fn cancel_ledger_entries_decode_what_the_store_encodes() {
         // wheel-format.md's example: message 32 due at 1,700,000,001,000, cancel record 4096, entry 1.
-        let entry = crate::timer::log::TimerEntry {
+        let entry = crate::format::timer_entry::TimerEntry {
             message_offset: 32,
             deliver_at_ms: 1_700_000_001_000,
             prev: 4096,
@@ -765,7 +768,7 @@ mod tests {
 
     #[test]
     fn tail_records_decode_what_the_store_encodes() {
-        let bytes = tails::encode(5, 1_700_000_000, 42);
+        let bytes = crate::format::tail::encode(5, 1_700_000_000, 42);
         let header = format::FileHeader::new(format::TAILS_MAGIC, TAIL_RECORD_LEN as u64, WHEEL_TOTAL_SLOTS);
         let header = decode_file_header(&header.encode(), FileKind::Tails).unwrap();
         assert_eq!((header.a, header.b), (24, 75_840), "wheel-format.md: a = 24, b = the slot count");
@@ -786,7 +789,8 @@ mod tests {
 
     #[test]
     fn decodes_what_the_store_encodes() {
-        let slot = wheel::Slot { window: 1_700_000_000, head: 5, count: 2, level: 0, cancels: 1 };
+        let slot =
+            crate::format::slot::Slot { window: 1_700_000_000, head: 5, count: 2, level: 0, cancels: 1 };
         let decoded = decode_wheel_slot(&slot.encode(3), 3).unwrap().unwrap();
         assert_eq!((decoded.window, decoded.head, decoded.count, decoded.cancels), (1_700_000_000, 5, 2, 1));
         assert!(decode_wheel_slot(&slot.encode(3), 4).is_err(), "bound to its index");

@@ -30,9 +30,11 @@ mod config;
 mod consume_queue;
 mod consumer;
 mod dispatcher;
+mod durable;
 mod error;
 mod flusher;
 mod format;
+mod fs;
 pub mod inspect;
 mod message;
 mod mmap;
@@ -43,15 +45,15 @@ mod stats;
 mod store;
 mod timer;
 
-pub use checkpoint::Checkpoint;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commitlog::RecoveryReport;
-pub use config::{Config, FlushMode, MAX_TOPIC_LEN, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
+pub use config::{Config, FlushMode, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
 pub use consumer::Consumer;
 pub use error::{CorruptionKind, Error, Result};
-pub use message::MAX_DELIVER_AT_MS;
+pub use format::checkpoint::Checkpoint;
 pub use message::{
-    CancelOutcome, ConsumedMessage, Handle, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, Message, Receipt,
+    CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
+    MAX_TOPIC_LEN, Message, Receipt,
 };
 pub use retention::ReclaimReport;
 pub use schedule::SCHEDULE_TOPIC;

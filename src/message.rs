@@ -4,16 +4,21 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
-use crate::config::MAX_TOPIC_LEN;
 use crate::error::{Error, Result};
+use crate::format::record::{MESSAGE_FIXED_LEN, MessageFields, Timing, properties_len};
 use crate::timer::levels::DelayLevels;
 
+/// The largest topic name in bytes.
+pub const MAX_TOPIC_LEN: usize = 127;
 /// Longest message key, in bytes.
 pub const MAX_KEY_LEN: usize = 1024;
 /// Longest tags string, in bytes.
 pub const MAX_TAGS_LEN: usize = 1024;
 /// Largest encoded property block, in bytes.
 pub const MAX_PROPERTIES_LEN: usize = 16 * 1024;
+/// Bytes of a message record other than its body, at the largest topic, key, tags and properties.
+pub(crate) const MAX_FIXED_MESSAGE_LEN: usize =
+    MESSAGE_FIXED_LEN + MAX_TOPIC_LEN + MAX_KEY_LEN + MAX_TAGS_LEN + MAX_PROPERTIES_LEN;
 
 /// A message to put: a topic, a body, and optional routing and metadata.
 #[derive(Debug, Clone)]
@@ -137,7 +142,7 @@ impl Message {
         if self.tags.as_ref().is_some_and(|t| t.len() > MAX_TAGS_LEN) {
             return Err(Error::invalid("tags", format!("longer than {MAX_TAGS_LEN} bytes")));
         }
-        if crate::commitlog::record::properties_len(&self.properties) > MAX_PROPERTIES_LEN {
+        if properties_len(&self.properties) > MAX_PROPERTIES_LEN {
             return Err(Error::invalid(
                 "properties",
                 format!("more than {MAX_PROPERTIES_LEN} bytes encoded"),
@@ -148,6 +153,20 @@ impl Message {
 }
 
 impl Message {
+    /// The record fields of this (validated) message on `queue_id`, stored at `store_time_ms`.
+    pub(crate) fn fields(&self, queue_id: u32, store_time_ms: u64, timing: Timing) -> MessageFields<'_> {
+        MessageFields {
+            topic: &self.topic,
+            key: self.key.as_deref().unwrap_or(""),
+            tags: self.tags.as_deref().unwrap_or(""),
+            properties: &self.properties,
+            body: &self.body,
+            queue_id,
+            store_time_ms,
+            timing,
+        }
+    }
+
     /// The deliver time and level this message asks for, given its store time:
     /// `(0, 0)` for an ordinary message.
     pub(crate) fn resolve_timing(&self, store_time_ms: u64, levels: &DelayLevels) -> Result<(u64, u16)> {

@@ -33,6 +33,7 @@ use memmap2::{MmapOptions, MmapRaw};
 use rustix::fs::FallocateFlags;
 
 use crate::error::{CorruptionKind, Error, Result};
+use crate::fs::{sync_parent_dir, write_all_at};
 
 /// A mapped, fixed-size data file, shared by its readers.
 pub(crate) struct Mapped {
@@ -312,20 +313,6 @@ fn write_zeros(file: &File, len: u64) -> std::io::Result<()> {
         at += n as u64;
     }
     Ok(())
-}
-
-pub(crate) fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> std::io::Result<()> {
-    std::os::unix::fs::FileExt::write_all_at(file, bytes, offset)
-}
-
-/// `fsync` of the directory holding `path`, so a create, rename or delete is durable.
-pub(crate) fn sync_parent_dir(path: &Path) -> Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    sync_dir(dir)
-}
-
-pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("fsync directory", dir, e))
 }
 
 #[cfg(test)]

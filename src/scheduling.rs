@@ -10,9 +10,9 @@ use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
-use crate::commitlog::record::MessageView;
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
+use crate::format::record::MessageView;
 use crate::message::CancelOutcome;
 use crate::stats::TimerStats;
 use crate::timer::tick::WheelCommand;

@@ -1,5 +1,7 @@
 //! What `Store::stats` reports.
 
+use std::sync::atomic::AtomicU64;
+
 /// A snapshot of the store's counters and gauges. Wheel gauges are refreshed
 /// about once a second by the ticking thread; with the bucket scheduler,
 /// `pending` is refreshed every poll (100 ms) and the per-level, per-horizon,
@@ -144,4 +146,18 @@ impl TimerStats {
             refreshes: 0,
         }
     }
+}
+
+/// Counters of what retention did since open (and consumers skipped).
+#[derive(Debug, Default)]
+pub(crate) struct RetentionCounters {
+    pub segments_deleted: AtomicU64,
+    pub relocated_timers: AtomicU64,
+    pub relocated_bytes: AtomicU64,
+    pub windows_deleted: AtomicU64,
+    pub queue_files_deleted: AtomicU64,
+    /// Segments deleted without reading them: their count said no timer was pending.
+    pub deleted_unread: AtomicU64,
+    /// Consume-queue entries consumers skipped because retention deleted their records.
+    pub consumer_skipped: AtomicU64,
 }

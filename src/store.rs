@@ -23,22 +23,25 @@ use std::time::{Duration, Instant};
 
 use crossbeam_channel::{Receiver, Sender};
 
-use crate::checkpoint::{Checkpoint, CheckpointFile};
-use crate::commitlog::record::{
-    CancelView, DeliveryView, MessageView, RecordKind, Timing, check_crc, encode_message, message_len,
-};
+use crate::checkpoint::CheckpointFile;
 use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport};
 use crate::config::{Config, FlushMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::{Consumer, OffsetStore};
 use crate::dispatcher::Dispatcher;
+use crate::durable::segment_counts::FILE_NAME as SEGMENT_COUNTS_FILE;
+use crate::durable::{Floor, SegmentCounts};
 use crate::error::{Error, Result};
 use crate::flusher::{FlushSignal, Flusher};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::record::{
+    CancelView, DeliveryView, MessageView, RecordKind, Timing, check_crc, encode_message,
+};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
-use crate::retention::pending::{FILE_NAME as SEGMENT_COUNTS_FILE, SegmentCounts};
-use crate::retention::{Counters, Floor, ReclaimReport, Retainer, is_size_cap};
+use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::schedule::{BucketScheduling, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::scheduling::{Scheduling, WheelScheduling};
+use crate::stats::RetentionCounters;
 use crate::stats::{DiskUsage, Lateness, RetentionStats, Stats};
 use crate::timer::ledger::LedgerEntry;
 use crate::timer::levels::DelayLevels;
@@ -71,7 +74,7 @@ pub struct Store {
     recovery: RecoveryReport,
     /// Deletes old segments (wheel scheduler only; the bucket baseline keeps all).
     retainer: Option<Arc<Retainer>>,
-    retention: Arc<Counters>,
+    retention: Arc<RetentionCounters>,
     _lock: File,
 }
 
@@ -243,7 +246,7 @@ impl Store {
             counts_written: std::time::Instant::now(),
             vouched_before_last: None,
         };
-        let counters = Arc::new(Counters::default());
+        let counters = Arc::new(RetentionCounters::default());
         let retainer = (config.scheduler == Scheduler::Wheel).then(|| {
             log.set_size_cap(config.retention.max_log_bytes);
             Arc::new(Retainer {
@@ -307,13 +310,9 @@ impl Store {
         }
         let store_time_ms = self.config.clock.now_ms();
         let (deliver_at_ms, delay_level) = message.resolve_timing(store_time_ms, &self.levels)?;
-        let timing = Timing { deliver_at_ms, delay_level };
-        let len = message_len(&message);
-        let append = || {
-            self.log.append(len, |buf, offset| {
-                encode_message(buf, offset, &message, queue_id, store_time_ms, timing);
-            })
-        };
+        let fields = message.fields(queue_id, store_time_ms, Timing { deliver_at_ms, delay_level });
+        let len = fields.record_len();
+        let append = || self.log.append(len, |buf, offset| encode_message(buf, offset, &fields));
         let (offset, prefault) = match append() {
             Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
             appended => appended?,
@@ -435,7 +434,7 @@ impl Store {
         ))
     }
 
-    /// Counters and gauges: pending timers (per level and per coming horizon),
+    /// RetentionCounters and gauges: pending timers (per level and per coming horizon),
     /// deliveries and their lateness, disk use.
     pub fn stats(&self) -> Stats {
         let timers = self.scheduler.stats();

@@ -8,7 +8,6 @@
 //! append has published it. Everything else on disk is an index rebuilt from here.
 
 mod reader;
-pub(crate) mod record;
 mod recovery;
 pub(crate) mod relocated;
 mod segment;
@@ -27,7 +26,9 @@ use crate::mmap::{MapWriter, Mapped, PREFAULT_CHUNK};
 
 /// How far ahead of the writer the prefaulter keeps pages ready.
 const PREFAULT_AHEAD: usize = 32 << 20;
-use record::{Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding};
+use crate::format::record::{
+    Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding,
+};
 use relocated::RelocationArea;
 
 /// The relocation area's directory inside the commit log's.
@@ -408,7 +409,7 @@ impl CommitLog {
             self.publish_table(&segments);
         }
         let path = segment::segment_path(&self.dir, base);
-        crate::mmap::sync_dir(&self.dir)?;
+        crate::fs::sync_dir(&self.dir)?;
         tracing::info!(segment = %path.display(), "deleted a commit-log segment");
         Ok(())
     }

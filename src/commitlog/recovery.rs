@@ -17,8 +17,8 @@ use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FILE_HEADER_LEN, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
-use super::record::{FrameError, RecordKind, check_frame};
 use super::segment;
+use crate::format::record::{FrameError, RecordKind, check_frame};
 
 /// What the checkpoint tells recovery.
 #[derive(Debug, Clone, Copy)]
@@ -243,7 +243,7 @@ fn set_aside(dir: &Path, base: u64) -> Result<PathBuf> {
     let from = segment::segment_path(dir, base);
     let to = from.with_extension("discarded");
     std::fs::rename(&from, &to).map_err(|e| Error::io("set aside", &from, e))?;
-    crate::mmap::sync_dir(dir)?;
+    crate::fs::sync_dir(dir)?;
     tracing::warn!(segment = %from.display(), "set aside a segment past the recovered end");
     Ok(to)
 }

@@ -38,80 +38,17 @@ use std::sync::{Mutex, RwLock};
 use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, window_of};
 use crate::format::{
-    FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header, crc_at, get_u32,
-    get_u64, numbered_file_name, parse_numbered_file_name, put_u32, put_u64,
+    FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header,
+    numbered_file_name, parse_numbered_file_name,
 };
-use crate::mmap::sync_dir;
+use crate::fs::{sync_dir, write_atomically};
 
-/// Seconds of deliver time one window file covers: 2^20 s, about 12 days,
-/// so timers spread over 10 years fill about 300 files.
-pub(crate) const WINDOW_SECS: u64 = 1 << 20;
-/// Bytes per index entry.
-pub(crate) const INDEX_ENTRY_LEN: usize = 32;
 /// The file (`relocated/compacted`, one decimal number and a newline) holding
 /// the commit-log end at the last compaction of the index, for inspection:
 /// relocation records below it may name copies the index has since dropped.
 pub(crate) const COMPACTED_FILE: &str = "compacted";
-const I_ORIGINAL: usize = 0;
-const I_DELIVER_AT: usize = I_ORIGINAL + 8;
-const I_POSITION: usize = I_DELIVER_AT + 8;
-const I_LEN: usize = I_POSITION + 8;
-const I_CRC: usize = I_LEN + 4;
-const _: () = assert!(I_CRC + 4 == INDEX_ENTRY_LEN);
-
-/// One index entry: where the copy of the record at `original_offset` is.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IndexEntry {
-    pub original_offset: u64,
-    pub deliver_at_ms: u64,
-    /// Byte position of the copy in its window file.
-    pub position: u64,
-    pub len: u32,
-}
-
-impl IndexEntry {
-    /// Encodes the entry stored at byte `at` of the index file.
-    pub fn encode(&self, at: u64) -> [u8; INDEX_ENTRY_LEN] {
-        let mut out = [0u8; INDEX_ENTRY_LEN];
-        put_u64(&mut out, I_ORIGINAL, self.original_offset);
-        put_u64(&mut out, I_DELIVER_AT, self.deliver_at_ms);
-        put_u64(&mut out, I_POSITION, self.position);
-        put_u32(&mut out, I_LEN, self.len);
-        let crc = crc_at(at, &out[..I_CRC]);
-        put_u32(&mut out, I_CRC, crc);
-        out
-    }
-
-    pub fn decode(bytes: &[u8], at: u64) -> std::result::Result<Self, CorruptionKind> {
-        if bytes.len() < INDEX_ENTRY_LEN {
-            return Err(CorruptionKind::BadFrame(format!("index entry of {} bytes", bytes.len())));
-        }
-        let stored = get_u32(bytes, I_CRC);
-        let computed = crc_at(at, &bytes[..I_CRC]);
-        if stored != computed {
-            return Err(CorruptionKind::ChecksumMismatch { stored, computed });
-        }
-        Ok(Self {
-            original_offset: get_u64(bytes, I_ORIGINAL),
-            deliver_at_ms: get_u64(bytes, I_DELIVER_AT),
-            position: get_u64(bytes, I_POSITION),
-            len: get_u32(bytes, I_LEN),
-        })
-    }
-
-    /// The window file the copy is in.
-    pub fn window(&self) -> u64 {
-        window_of(self.deliver_at_ms)
-    }
-}
-
-/// The start second of the window that holds timers due at `deliver_at_ms`.
-pub(crate) fn window_of(deliver_at_ms: u64) -> u64 {
-    let sec = deliver_at_ms / 1000;
-    sec - sec % WINDOW_SECS
-}
-
 /// The relocation area of one store.
 pub(crate) struct RelocationArea {
     dir: PathBuf,
@@ -364,7 +301,7 @@ impl RelocationArea {
     /// First records `log_end` in [`COMPACTED_FILE`]: relocation records
     /// below it may name more copies than the index still holds.
     fn compact(&self, log_end: u64) -> Result<()> {
-        crate::consumer::write_atomically(&self.dir.join(COMPACTED_FILE), format!("{log_end}\n").as_bytes())?;
+        write_atomically(&self.dir.join(COMPACTED_FILE), format!("{log_end}\n").as_bytes())?;
         let live: std::collections::HashSet<u64> = self.windows()?.into_iter().map(|(w, _)| w).collect();
         let path = self.index_path();
         let kept: Vec<IndexEntry> = {
@@ -496,19 +433,6 @@ impl RelocationArea {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn index_entry_golden_bytes_match_wheel_format_md() {
-        let entry = IndexEntry { original_offset: 0x40, deliver_at_ms: 1_000, position: 32, len: 100 };
-        let bytes = entry.encode(32);
-        // The same hex stands in wheel-format.md, "Retention and the relocation area".
-        assert_eq!(
-            crate::format::hex(&bytes[..28]),
-            concat!("4000000000000000", "e803000000000000", "2000000000000000", "64000000")
-        );
-        assert_eq!(IndexEntry::decode(&bytes, 32), Ok(entry));
-        assert!(IndexEntry::decode(&bytes, 64).is_err(), "the CRC binds the entry to its place");
-    }
 
     #[test]
     fn copies_are_found_by_original_offset_and_unfinished_passes_are_cut() {

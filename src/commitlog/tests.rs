@@ -1,6 +1,7 @@
 use super::*;
 use crate::config::RecoveryMode;
 use crate::format::get_u32;
+use crate::format::record;
 
 const SEG: u64 = 64 * 1024;
 

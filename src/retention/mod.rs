@@ -15,111 +15,24 @@
 //! nothing pending go unread, and keep one whose near timers fired recently
 //! until consumers had the retention time to read them.
 
-pub(crate) mod pending;
-
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 
 use crossbeam_channel::Receiver;
 
-use crate::checkpoint::Checkpoint;
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{
-    CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, record_time_ms,
-};
 use crate::commitlog::relocated::Copied;
 use crate::config::Retention;
 use crate::consume_queue::QueueRegistry;
+use crate::durable::{Floor, Mark};
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
+use crate::format::record::{
+    CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, record_time_ms,
+};
+use crate::stats::RetentionCounters;
 use crate::timer::tick::WheelShared;
-use pending::SegmentCounts;
-
-/// What retention may not delete, as of the checkpoints written so far.
-#[derive(Debug, Clone)]
-pub(crate) struct Mark {
-    /// No record below this offset is needed by a recovery (the lower
-    /// `min(dispatched, delivery scan from)` of the last two checkpoints).
-    pub log_offset: u64,
-    /// Every timer due before this second has fired or was cancelled, and
-    /// the dispatcher has indexed its delivery record (it lies below `log_offset`).
-    pub settled_before_second: u64,
-    /// The lower tick second of the last two checkpoints: a restart resumes
-    /// the wheel there or later.
-    pub tick_second: u64,
-    /// Pending timers per segment, as of a moment whose deliveries and
-    /// cancels were durable (the older of the last two checkpoints).
-    pub counts: Arc<SegmentCounts>,
-}
-
-/// One checkpoint written: its floor, its tick second, the log end when its
-/// wheel snapshot was taken, and that snapshot's counts.
-#[derive(Debug, Clone)]
-struct Written {
-    log_offset: u64,
-    tick_second: u64,
-    log_end: u64,
-    counts: Arc<SegmentCounts>,
-}
-
-/// How many checkpoints the floor remembers to find a tick second whose
-/// deliveries are all indexed.
-const HISTORY: usize = 64;
-
-/// Tells retention what it may delete, from the checkpoints written.
-#[derive(Debug, Default)]
-pub(crate) struct Floor {
-    /// The newest last.
-    written: Mutex<std::collections::VecDeque<Written>>,
-}
-
-impl Floor {
-    /// Records a checkpoint that is on disk, with the log end at its wheel
-    /// snapshot and the snapshot's segment counts (the log was synced after it).
-    pub fn record(&self, cp: &Checkpoint, log_end: u64, counts: Arc<SegmentCounts>) {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        if written.len() == HISTORY {
-            written.pop_front();
-        }
-        let log_offset = cp.dispatched.min(cp.delivery_scan_from);
-        written.push_back(Written { log_offset, tick_second: cp.tick_second, log_end, counts });
-    }
-
-    /// The floor, once two checkpoints are known. A torn checkpoint falls
-    /// back to the previous one, so the lower of the last two counts.
-    pub fn get(&self) -> Option<Mark> {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        let [.., older, newer] = written.make_contiguous() else { return None };
-        let (older, newer) = (older.clone(), newer.clone());
-        let log_offset = newer.log_offset.min(older.log_offset);
-        // The newest tick second whose deliveries all lie below the floor: the
-        // dispatcher still reads the message of any delivery above it.
-        let settled_before_second = written
-            .iter()
-            .filter(|w| w.log_end <= log_offset)
-            .map(|w| w.tick_second)
-            .max()
-            .unwrap_or(0)
-            .min(newer.tick_second.min(older.tick_second));
-        let tick_second = newer.tick_second.min(older.tick_second);
-        Some(Mark { log_offset, settled_before_second, tick_second, counts: Arc::clone(&older.counts) })
-    }
-}
-
-/// Counters of what retention did since open (and consumers skipped).
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub segments_deleted: AtomicU64,
-    pub relocated_timers: AtomicU64,
-    pub relocated_bytes: AtomicU64,
-    pub windows_deleted: AtomicU64,
-    pub queue_files_deleted: AtomicU64,
-    /// Segments deleted without reading them: their count said no timer was pending.
-    pub deleted_unread: AtomicU64,
-    /// Consume-queue entries consumers skipped because retention deleted their records.
-    pub consumer_skipped: AtomicU64,
-}
 
 /// What one retention pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -147,7 +60,7 @@ pub(crate) struct Retainer {
     pub clock: Arc<dyn Clock>,
     pub policy: Retention,
     pub floor: Arc<Floor>,
-    pub counters: Arc<Counters>,
+    pub counters: Arc<RetentionCounters>,
     pub running: Mutex<()>,
     /// When the store was opened, and the first second the wheel had not
     /// delivered then: timers due since may fire in this session, long after

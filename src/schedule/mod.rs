@@ -36,9 +36,10 @@ use std::time::Duration;
 use crossbeam_channel::Sender;
 
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{MessageView, RecordKind, Timing};
-use crate::consume_queue::{ConsumeQueue, Entry, QueueRegistry, tag_hash};
+use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{Error, Result};
+use crate::format::queue_entry::{Entry, tag_hash};
+use crate::format::record::{MessageView, RecordKind, Timing};
 use crate::message::CancelOutcome;
 use crate::scheduling::Scheduling;
 use crate::stats::TimerStats;

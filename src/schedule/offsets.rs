@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
 
-use crate::consumer::write_atomically;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::fs::write_atomically;
 
 const VERSION: u32 = 1;
 

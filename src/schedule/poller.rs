@@ -12,11 +12,11 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use super::{DelayOffsets, POLL_INTERVAL};
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{
-    CANCEL_LEN, CancelView, MessageView, RecordKind, check_crc, encode_cancel, encode_rescheduled,
-};
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::record::{
+    CANCEL_LEN, CancelView, MessageView, RecordKind, check_crc, encode_cancel, encode_rescheduled,
+};
 use crate::message::CancelOutcome;
 use crate::stats::TimerStats;
 use crate::timer::wheel::Timer;

@@ -33,8 +33,9 @@ use bloomfilter::Bloom;
 
 use crate::error::Result;
 use crate::format::CANCEL_LEDGER_MAGIC;
+use crate::format::timer_entry::TimerEntry;
 use crate::mmap::Mapped;
-use crate::timer::log::{TimerEntry, TimerLog};
+use crate::timer::log::TimerLog;
 use crate::timer::wheel::Timer;
 
 /// The ledger's directory, beside the timer logs.

@@ -11,11 +11,10 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
-use crate::commitlog::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
+use crate::durable::{Floor, SegmentCounts};
 use crate::error::Result;
+use crate::format::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
 use crate::message::CancelOutcome;
-use crate::retention::Floor;
-use crate::retention::pending::SegmentCounts;
 use crate::stats::TimerStats;
 use crate::timer::wheel::{CancelState, CancelTarget, FilesToSync, Timer, Wheel};
 

@@ -32,13 +32,13 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{
-    FILE_HEADER_LEN, FileHeader, WHEEL_MAGIC, check_file_header, crc_at, get_u32, get_u64, put_u32, put_u64,
-};
+use crate::format::slot::{SLOT_LEN, Slot};
+use crate::format::timer_entry::TimerEntry;
+use crate::format::{FILE_HEADER_LEN, FileHeader, WHEEL_MAGIC, check_file_header};
 use crate::mmap::{MapWriter, Mapped};
 use crate::timer::ledger::{CancelLedger, LEDGER_DIR, LedgerEntry};
 use crate::timer::loaded::Loaded;
-use crate::timer::log::{TimerEntry, TimerLog};
+use crate::timer::log::TimerLog;
 use crate::timer::tails::Tails;
 
 /// One level of the wheel.
@@ -65,15 +65,6 @@ const LOAD_AHEAD: u64 = 64;
 const L0_SPAN: u64 = LEVELS[0].slots;
 pub(crate) const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
 
-/// Bytes per slot record in the wheel file.
-pub(crate) const SLOT_LEN: usize = 32;
-const S_WINDOW: usize = 0;
-const S_HEAD: usize = S_WINDOW + 8;
-const S_COUNT: usize = S_HEAD + 8;
-const S_LEVEL: usize = S_COUNT + 4;
-const S_CANCELS: usize = S_LEVEL + 4;
-const S_CRC: usize = S_CANCELS + 4;
-const _: () = assert!(S_CRC + 4 == SLOT_LEN);
 /// The wheel file header's `a`: which geometry the file was laid out for.
 pub(crate) const GEOMETRY_ID: u64 = 0x0210_0F0D_1B0B;
 
@@ -82,53 +73,6 @@ pub(crate) const GEOMETRY_ID: u64 = 0x0210_0F0D_1B0B;
 pub(crate) struct Timer {
     pub deliver_at_ms: u64,
     pub message_offset: u64,
-}
-
-/// One slot record: which absolute window it holds, its chain head, and an exact count.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Slot {
-    pub window: u64,
-    pub head: u64,
-    pub count: u32,
-    pub level: u32,
-    /// How many of the `count` entries are cancel entries.
-    pub cancels: u32,
-}
-
-impl Slot {
-    pub fn encode(&self, slot_index: u64) -> [u8; SLOT_LEN] {
-        let mut out = [0u8; SLOT_LEN];
-        put_u64(&mut out, S_WINDOW, self.window);
-        put_u64(&mut out, S_HEAD, self.head);
-        put_u32(&mut out, S_COUNT, self.count);
-        put_u32(&mut out, S_LEVEL, self.level);
-        put_u32(&mut out, S_CANCELS, self.cancels);
-        let crc = crc_at(slot_index, &out[..S_CRC]);
-        put_u32(&mut out, S_CRC, crc);
-        out
-    }
-
-    /// An all-zero record is an empty slot.
-    pub fn decode(bytes: &[u8], slot_index: u64) -> std::result::Result<Self, CorruptionKind> {
-        let bytes = bytes
-            .get(..SLOT_LEN)
-            .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: bytes.len() as u64 })?;
-        if bytes.iter().all(|&b| b == 0) {
-            return Ok(Self::default());
-        }
-        let stored = get_u32(bytes, S_CRC);
-        let computed = crc_at(slot_index, &bytes[..S_CRC]);
-        if stored != computed {
-            return Err(CorruptionKind::ChecksumMismatch { stored, computed });
-        }
-        Ok(Self {
-            window: get_u64(bytes, S_WINDOW),
-            head: get_u64(bytes, S_HEAD),
-            count: get_u32(bytes, S_COUNT),
-            level: get_u32(bytes, S_LEVEL),
-            cancels: get_u32(bytes, S_CANCELS),
-        })
-    }
 }
 
 /// Index of the slot holding `window` of `level`, counted over all levels.

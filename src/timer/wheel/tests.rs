@@ -3,6 +3,7 @@ use std::collections::BTreeMap;
 use proptest::prelude::*;
 
 use super::*;
+use crate::format::slot::S_COUNT;
 
 const START_MS: u64 = 1_700_000_000_123;
 const HOUR: u64 = 3_600_000;

@@ -7,7 +7,6 @@
 
 use crate::error::CorruptionKind;
 use crate::format::{crc_at, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
-use crate::message::Message;
 
 /// Bytes in every record's frame header.
 pub(crate) const RECORD_HEADER_LEN: usize = 12;
@@ -34,13 +33,6 @@ const M_PROPS_LEN: usize = M_TAGS_LEN + 2;
 const M_BODY_LEN: usize = M_PROPS_LEN + 4;
 /// Where the variable part of a message record begins.
 pub(crate) const MESSAGE_FIXED_LEN: usize = M_BODY_LEN + 4;
-
-/// Bytes of a message record other than its body, at the largest topic, key, tags and properties.
-pub(crate) const MAX_FIXED_MESSAGE_LEN: usize = MESSAGE_FIXED_LEN
-    + crate::config::MAX_TOPIC_LEN
-    + crate::message::MAX_KEY_LEN
-    + crate::message::MAX_TAGS_LEN
-    + crate::message::MAX_PROPERTIES_LEN;
 
 /// What a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -304,48 +296,57 @@ pub(crate) fn properties_len(props: &[(String, String)]) -> usize {
     props.iter().map(|(k, v)| 4 + k.len() + v.len()).sum()
 }
 
-/// Size of the message record for `msg`.
-pub(crate) fn message_len(msg: &Message) -> usize {
-    MESSAGE_FIXED_LEN
-        + msg.topic.len()
-        + msg.key.as_ref().map_or(0, String::len)
-        + msg.tags.as_ref().map_or(0, String::len)
-        + properties_len(&msg.properties)
-        + msg.body.len()
+/// The fields of a message record, borrowed from the producer's message
+/// (checked against the limits in `message.rs` before they get here).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct MessageFields<'a> {
+    pub topic: &'a str,
+    pub key: &'a str,
+    pub tags: &'a str,
+    pub properties: &'a [(String, String)],
+    pub body: &'a [u8],
+    pub queue_id: u32,
+    pub store_time_ms: u64,
+    pub timing: Timing,
 }
 
-/// Encodes a validated message into `buf`, which is exactly [`message_len`] long.
-pub(crate) fn encode_message(
-    buf: &mut [u8],
-    offset: u64,
-    msg: &Message,
-    queue_id: u32,
-    store_time_ms: u64,
-    timing: Timing,
-) {
+impl MessageFields<'_> {
+    /// Size of the message record.
+    pub fn record_len(&self) -> usize {
+        MESSAGE_FIXED_LEN
+            + self.topic.len()
+            + self.key.len()
+            + self.tags.len()
+            + properties_len(self.properties)
+            + self.body.len()
+    }
+}
+
+/// Encodes a message record into `buf`, which is exactly
+/// [`MessageFields::record_len`] long.
+pub(crate) fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
     let len = buf.len();
+    debug_assert_eq!(len, m.record_len());
     write_header(buf, RecordKind::Message, len);
-    let key = msg.key.as_deref().unwrap_or("").as_bytes();
-    let tags = msg.tags.as_deref().unwrap_or("").as_bytes();
-    put_u64(buf, M_STORE_TIME, store_time_ms);
-    put_u64(buf, M_DELIVER_AT, timing.deliver_at_ms);
-    put_u32(buf, M_QUEUE_ID, queue_id);
-    put_u16(buf, M_DELAY_LEVEL, timing.delay_level);
-    buf[M_TOPIC_LEN] = msg.topic.len() as u8;
+    put_u64(buf, M_STORE_TIME, m.store_time_ms);
+    put_u64(buf, M_DELIVER_AT, m.timing.deliver_at_ms);
+    put_u32(buf, M_QUEUE_ID, m.queue_id);
+    put_u16(buf, M_DELAY_LEVEL, m.timing.delay_level);
+    buf[M_TOPIC_LEN] = m.topic.len() as u8;
     buf[M_RESERVED] = 0;
-    put_u16(buf, M_KEY_LEN, key.len() as u16);
-    put_u16(buf, M_TAGS_LEN, tags.len() as u16);
-    put_u32(buf, M_PROPS_LEN, properties_len(&msg.properties) as u32);
-    put_u32(buf, M_BODY_LEN, msg.body.len() as u32);
+    put_u16(buf, M_KEY_LEN, m.key.len() as u16);
+    put_u16(buf, M_TAGS_LEN, m.tags.len() as u16);
+    put_u32(buf, M_PROPS_LEN, properties_len(m.properties) as u32);
+    put_u32(buf, M_BODY_LEN, m.body.len() as u32);
     let mut at = MESSAGE_FIXED_LEN;
     let mut push = |bytes: &[u8]| {
         buf[at..at + bytes.len()].copy_from_slice(bytes);
         at += bytes.len();
     };
-    push(msg.topic.as_bytes());
-    push(key);
-    push(tags);
-    for (name, value) in &msg.properties {
+    push(m.topic.as_bytes());
+    push(m.key.as_bytes());
+    push(m.tags.as_bytes());
+    for (name, value) in m.properties {
         push(&(name.len() as u16).to_le_bytes());
         push(name.as_bytes());
         push(&(value.len() as u16).to_le_bytes());
@@ -355,9 +356,9 @@ pub(crate) fn encode_message(
     // than from the fresh map pages just written (measured: most of a 4 KiB
     // put's time went to a CRC reading back the destination).
     let meta_end = at;
-    buf[meta_end..].copy_from_slice(&msg.body);
-    debug_assert_eq!(meta_end + msg.body.len(), len);
-    let crc = crc32c::crc32c_append(crc_at(offset, &buf[LEN_OFFSET..meta_end]), &msg.body);
+    buf[meta_end..].copy_from_slice(m.body);
+    debug_assert_eq!(meta_end + m.body.len(), len);
+    let crc = crc32c::crc32c_append(crc_at(offset, &buf[LEN_OFFSET..meta_end]), m.body);
     put_u32(buf, CRC_OFFSET, crc);
 }
 
@@ -469,11 +470,13 @@ impl<'a> MessageView<'a> {
 mod tests {
     use super::*;
     use crate::format::hex;
+    use crate::message::Message;
     use proptest::prelude::*;
 
     fn encode(msg: &Message, offset: u64, queue: u32, store: u64, timing: Timing) -> Vec<u8> {
-        let mut buf = vec![0u8; message_len(msg)];
-        encode_message(&mut buf, offset, msg, queue, store, timing);
+        let fields = msg.fields(queue, store, timing);
+        let mut buf = vec![0u8; fields.record_len()];
+        encode_message(&mut buf, offset, &fields);
         buf
     }
 

@@ -20,27 +20,10 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
-use crate::format::{FILE_HEADER_LEN, FileHeader, SEGMENT_PENDING_MAGIC, get_u64, put_u64};
+use crate::format::segment_counts::{self as codec, SegmentPending};
 
 /// The counts file's name inside `timer/`.
 pub(crate) const FILE_NAME: &str = "segment_pending";
-/// Bytes per entry in the file: segment start, count, latest due time, latest near due time.
-const ENTRY_LEN: usize = 32;
-
-/// What one segment holds for the timers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct SegmentPending {
-    /// Timers indexed and not yet fired or cancelled, plus cancel records.
-    pub count: u64,
-    /// The latest deliver time of any timer (or cancelled timer) it holds.
-    pub latest_due_ms: u64,
-    /// The latest deliver time of its *near* timers, those due within the
-    /// retention time of being indexed: they fire before the segment could
-    /// expire, and the segment then stays until the retention time after
-    /// the last of them, so consumers can read them (and they need no copy).
-    pub latest_near_due_ms: u64,
-}
-
 /// Pending timers per segment (by segment base offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SegmentCounts {
@@ -111,49 +94,14 @@ impl SegmentCounts {
 
     /// The file's bytes: these counts cover every insert below `covered_below`.
     pub fn encode(&self, covered_below: u64) -> Vec<u8> {
-        let header = FileHeader::new(SEGMENT_PENDING_MAGIC, covered_below, self.counts.len() as u64);
-        let mut out = header.encode().to_vec();
-        let mut field = |value: u64| {
-            let mut bytes = [0u8; 8];
-            put_u64(&mut bytes, 0, value);
-            out.extend_from_slice(&bytes);
-        };
-        field(self.unknown.start);
-        field(self.unknown.end);
-        for (&base, pending) in &self.counts {
-            field(base);
-            field(pending.count);
-            field(pending.latest_due_ms);
-            field(pending.latest_near_due_ms);
-        }
-        let crc = crc32c::crc32c(&out[FILE_HEADER_LEN..]);
-        out.extend_from_slice(&crc.to_le_bytes());
-        out
+        codec::encode(covered_below, &self.unknown, &self.counts)
     }
 
     /// Decodes a counts file; `None` if it is not a valid one.
     pub fn decode(bytes: &[u8], segment_size: u64) -> Option<(Self, u64)> {
-        let header = FileHeader::decode(bytes, SEGMENT_PENDING_MAGIC).ok()?;
-        let entries = usize::try_from(header.b).ok()?;
-        let body_len = entries.checked_mul(ENTRY_LEN)?.checked_add(16)?;
-        let body = bytes.get(FILE_HEADER_LEN..FILE_HEADER_LEN + body_len)?;
-        let crc = bytes.get(FILE_HEADER_LEN + body_len..FILE_HEADER_LEN + body_len + 4)?;
-        if crc32c::crc32c(body).to_le_bytes() != crc {
-            return None;
-        }
-        let unknown = get_u64(body, 0)..get_u64(body, 8);
-        let counts = (0..entries)
-            .map(|i| {
-                let at = 16 + ENTRY_LEN * i;
-                let pending = SegmentPending {
-                    count: get_u64(body, at + 8),
-                    latest_due_ms: get_u64(body, at + 16),
-                    latest_near_due_ms: get_u64(body, at + 24),
-                };
-                (get_u64(body, at), pending)
-            })
-            .collect();
-        Some((Self { segment_size, counts, unknown }, header.a))
+        let decoded = codec::decode(bytes)?;
+        let counts = Self { segment_size, counts: decoded.counts, unknown: decoded.unknown };
+        Some((counts, decoded.covered_below))
     }
 
     /// The counts a resumed wheel starts from: the file's, with unknown

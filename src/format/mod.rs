@@ -8,6 +8,15 @@ use std::path::Path;
 
 use crate::error::{CorruptionKind, Error, Result};
 
+pub(crate) mod checkpoint;
+pub(crate) mod queue_entry;
+pub(crate) mod record;
+pub(crate) mod relocation;
+pub(crate) mod segment_counts;
+pub(crate) mod slot;
+pub(crate) mod tail;
+pub(crate) mod timer_entry;
+
 /// Size of the header at the start of every commit-log segment and consume-queue file.
 pub(crate) const FILE_HEADER_LEN: usize = 32;
 

@@ -1,0 +1,62 @@
+//! A wheel slot record (32 bytes): the absolute window a slot holds, the
+//! head of its chain in the timer log, and exact counts. The CRC binds the
+//! record to its slot index. `wheel-format.md` ("Wheel") is the byte ruler.
+
+use crate::error::CorruptionKind;
+use crate::format::{crc_at, get_u32, get_u64, put_u32, put_u64};
+
+/// Bytes per slot record in the wheel file.
+pub(crate) const SLOT_LEN: usize = 32;
+const S_WINDOW: usize = 0;
+const S_HEAD: usize = S_WINDOW + 8;
+pub(crate) const S_COUNT: usize = S_HEAD + 8;
+const S_LEVEL: usize = S_COUNT + 4;
+const S_CANCELS: usize = S_LEVEL + 4;
+const S_CRC: usize = S_CANCELS + 4;
+const _: () = assert!(S_CRC + 4 == SLOT_LEN);
+/// One slot record: which absolute window it holds, its chain head, and an exact count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub(crate) struct Slot {
+    pub window: u64,
+    pub head: u64,
+    pub count: u32,
+    pub level: u32,
+    /// How many of the `count` entries are cancel entries.
+    pub cancels: u32,
+}
+
+impl Slot {
+    pub fn encode(&self, slot_index: u64) -> [u8; SLOT_LEN] {
+        let mut out = [0u8; SLOT_LEN];
+        put_u64(&mut out, S_WINDOW, self.window);
+        put_u64(&mut out, S_HEAD, self.head);
+        put_u32(&mut out, S_COUNT, self.count);
+        put_u32(&mut out, S_LEVEL, self.level);
+        put_u32(&mut out, S_CANCELS, self.cancels);
+        let crc = crc_at(slot_index, &out[..S_CRC]);
+        put_u32(&mut out, S_CRC, crc);
+        out
+    }
+
+    /// An all-zero record is an empty slot.
+    pub fn decode(bytes: &[u8], slot_index: u64) -> std::result::Result<Self, CorruptionKind> {
+        let bytes = bytes
+            .get(..SLOT_LEN)
+            .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: bytes.len() as u64 })?;
+        if bytes.iter().all(|&b| b == 0) {
+            return Ok(Self::default());
+        }
+        let stored = get_u32(bytes, S_CRC);
+        let computed = crc_at(slot_index, &bytes[..S_CRC]);
+        if stored != computed {
+            return Err(CorruptionKind::ChecksumMismatch { stored, computed });
+        }
+        Ok(Self {
+            window: get_u64(bytes, S_WINDOW),
+            head: get_u64(bytes, S_HEAD),
+            count: get_u32(bytes, S_COUNT),
+            level: get_u32(bytes, S_LEVEL),
+            cancels: get_u32(bytes, S_CANCELS),
+        })
+    }
+}
