@@ -12,8 +12,9 @@
 use std::cell::{Cell, RefCell};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::Receiver;
 
 use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::{ConsumeQueue, QueueRegistry};
@@ -21,8 +22,8 @@ use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
 use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
 use crate::message::validate_topic;
-use crate::scheduling::Scheduling;
-use crate::timer::tick::WheelCommand;
+use crate::scheduler::SchedulerFront;
+use crate::threads::StopFlag;
 
 /// How many records the dispatcher looks ahead to touch the messages that
 /// deliveries name: enough for the loads to overlap, few enough that the
@@ -37,9 +38,8 @@ pub(crate) struct Dispatcher {
     /// Reads the messages that deliveries name, in any order.
     originals: RefCell<LogReader>,
     queues: Arc<QueueRegistry>,
-    scheduler: Arc<dyn Scheduling>,
-    /// The ticking thread hears of the dispatcher's progress (what a checkpoint may vouch for).
-    wheel: Sender<WheelCommand>,
+    /// The wheel or the buckets: timed messages and the dispatcher's progress go there.
+    scheduler: Arc<dyn SchedulerFront>,
     next: u64,
     queues_per_topic: u32,
     /// Every record below this offset is indexed (read by the flusher for checkpoints).
@@ -54,7 +54,7 @@ impl Dispatcher {
     pub fn new(
         log: Arc<CommitLog>,
         queues: Arc<QueueRegistry>,
-        (scheduler, wheel): (Arc<dyn Scheduling>, Sender<WheelCommand>),
+        scheduler: Arc<dyn SchedulerFront>,
         queues_per_topic: u32,
         from: u64,
         progress: Arc<AtomicU64>,
@@ -66,7 +66,6 @@ impl Dispatcher {
             log,
             queues,
             scheduler,
-            wheel,
             next: from,
             touched_to: from,
             queues_per_topic,
@@ -119,7 +118,7 @@ impl Dispatcher {
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());
         if count > 0 {
-            self.send(WheelCommand::Progress(self.next))?;
+            self.scheduler.indexed_below(self.next)?;
         }
         result
     }
@@ -148,10 +147,6 @@ impl Dispatcher {
         }
         std::hint::black_box(touched);
         at
-    }
-
-    fn send(&self, command: WheelCommand) -> Result<()> {
-        self.wheel.send(command).map_err(|_| Error::invalid("dispatch", "the ticking thread has stopped"))
     }
 
     /// Indexes one record; returns the consume queue it went to, if any.
@@ -237,7 +232,20 @@ impl Dispatcher {
         Ok(queue)
     }
 
-    pub fn next(&self) -> u64 {
-        self.next
+    /// The `delaywheel-dispatch` thread's body: indexes whatever is appended,
+    /// until `stop` is set and everything appended before it is indexed. A
+    /// failure poisons the log: the indexes cannot follow it any more.
+    pub fn run(mut self, wake: Receiver<()>, stop: StopFlag) -> Result<()> {
+        loop {
+            if let Err(e) = self.dispatch_available() {
+                tracing::error!(error = %e, "dispatcher stopped");
+                self.log.poison(&format!("dispatcher: {e}"));
+                return Ok(());
+            }
+            if stop.is_set() && self.next >= self.log.write_end() {
+                return Ok(());
+            }
+            let _ = wake.recv_timeout(Duration::from_millis(100));
+        }
     }
 }

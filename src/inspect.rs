@@ -19,8 +19,8 @@ use crate::format::record::{
     RelocationView,
 };
 use crate::format::{self, HeaderProblem};
+use crate::timer::geometry::{self as wheel, LEVELS};
 use crate::timer::ledger;
-use crate::timer::wheel::{self, LEVELS};
 
 /// Bytes of the header that starts every commit-log segment, consume-queue,
 /// timer-log, cancel-ledger, wheel, relocation and segment-counts file.
@@ -370,7 +370,7 @@ pub fn decode_timer_entry(bytes: &[u8], index: u64) -> Result<Option<TimerLogEnt
 /// The near timer log's directory inside `timer/`: the chains of level-0 slots.
 pub const TIMER_LOG_DIR: &str = "timerlog";
 /// The far timer log's directory inside `timer/`: the chains of level-1 and level-2 slots.
-pub const FAR_TIMER_LOG_DIR: &str = wheel::FAR_LOG_DIR;
+pub const FAR_TIMER_LOG_DIR: &str = crate::format::layout::FAR_TIMER_LOG_DIR;
 
 /// Which timer log the chains of `level`'s slots run through (a slot's
 /// `head` and every `prev` in its chain index that log): `0` the near log
@@ -384,7 +384,7 @@ pub fn timer_log_of(level: usize) -> usize {
 
 /// The cancel ledger's directory inside `timer/`: one entry per cancel the
 /// store answered `Cancelled`, in commit-log order of the cancel records.
-pub const CANCEL_LEDGER_DIR: &str = ledger::LEDGER_DIR;
+pub const CANCEL_LEDGER_DIR: &str = crate::format::layout::CANCEL_LEDGER_DIR;
 /// Entries per cancel-ledger file (its header's `a`); entries are
 /// [`TIMER_ENTRY_LEN`] bytes, laid out as in a timer log.
 pub const CANCEL_LEDGER_ENTRIES_PER_FILE: u64 = ledger::LEDGER_ENTRIES_PER_FILE;
@@ -564,7 +564,7 @@ pub const HORIZONS_MS: [u64; 5] = crate::timer::tick::HORIZONS_MS;
 // ---------------------------------------------------------- relocation area
 
 /// The relocation area's directory, inside `commitlog/`.
-pub const RELOCATED_DIR: &str = crate::commitlog::RELOCATED_DIR;
+pub const RELOCATED_DIR: &str = crate::format::layout::RELOCATED_DIR;
 /// The relocation index's file name, inside [`RELOCATED_DIR`].
 pub const RELOCATION_INDEX_FILE: &str = "index";
 /// Seconds of deliver time one relocation window file covers.
@@ -611,7 +611,7 @@ pub fn relocation_window_of(deliver_at_ms: u64) -> u64 {
 // ------------------------------------------------------------ segment counts
 
 /// The segment counts' file name, inside `timer/`.
-pub const SEGMENT_PENDING_FILE: &str = crate::durable::segment_counts::FILE_NAME;
+pub const SEGMENT_PENDING_FILE: &str = crate::format::layout::SEGMENT_COUNTS_FILE;
 
 /// The per-segment pending-timer counts (`timer/segment_pending`), an index.
 #[derive(Debug, Clone, PartialEq, Eq)]

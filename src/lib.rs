@@ -23,6 +23,7 @@
 //! Which file is truth and which is an index, and every byte of each, is in
 //! `wheel-format.md` at the repository root.
 
+mod buckets;
 mod checkpoint;
 mod clock;
 mod commitlog;
@@ -38,13 +39,17 @@ mod fs;
 pub mod inspect;
 mod message;
 mod mmap;
+mod open;
+mod prefault;
+mod recovery;
 mod retention;
-mod schedule;
-mod scheduling;
+mod scheduler;
 mod stats;
 mod store;
+mod threads;
 mod timer;
 
+pub use buckets::SCHEDULE_TOPIC;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commitlog::RecoveryReport;
 pub use config::{Config, FlushMode, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
@@ -56,7 +61,6 @@ pub use message::{
     MAX_TOPIC_LEN, Message, Receipt,
 };
 pub use retention::ReclaimReport;
-pub use schedule::SCHEDULE_TOPIC;
 pub use stats::{DiskUsage, HORIZON_LABELS, Lateness, RetentionStats, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

@@ -31,9 +31,6 @@ use crate::format::record::{
 };
 use relocated::RelocationArea;
 
-/// The relocation area's directory inside the commit log's.
-pub(crate) const RELOCATED_DIR: &str = "relocated";
-
 /// How much of a record a read checks.
 #[derive(Clone, Copy)]
 enum Verify {
@@ -120,7 +117,10 @@ impl CommitLog {
     ) -> Result<(Self, RecoveryReport)> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
         let recovered = recovery::recover(dir, segment_size, plan)?;
-        let relocated = RelocationArea::open(&dir.join(RELOCATED_DIR), recovered.segments_start())?;
+        let relocated = RelocationArea::open(
+            &dir.join(crate::format::layout::RELOCATED_DIR),
+            recovered.segments_start(),
+        )?;
         let log = Self {
             dir: dir.to_path_buf(),
             segment_size,

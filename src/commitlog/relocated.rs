@@ -38,6 +38,7 @@ use std::sync::{Mutex, RwLock};
 use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::layout::{RELOCATION_COMPACTED_FILE, RELOCATION_INDEX_FILE};
 use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, window_of};
 use crate::format::{
     FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header,
@@ -45,10 +46,6 @@ use crate::format::{
 };
 use crate::fs::{sync_dir, write_atomically};
 
-/// The file (`relocated/compacted`, one decimal number and a newline) holding
-/// the commit-log end at the last compaction of the index, for inspection:
-/// relocation records below it may name copies the index has since dropped.
-pub(crate) const COMPACTED_FILE: &str = "compacted";
 /// The relocation area of one store.
 pub(crate) struct RelocationArea {
     dir: PathBuf,
@@ -106,7 +103,7 @@ impl RelocationArea {
     /// leftovers of an unfinished pass and are cut.
     pub fn open(dir: &Path, log_start: u64) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
-        let path = dir.join("index");
+        let path = dir.join(RELOCATION_INDEX_FILE);
         let index = OpenOptions::new()
             .read(true)
             .write(true)
@@ -137,7 +134,7 @@ impl RelocationArea {
     }
 
     fn index_path(&self) -> PathBuf {
-        self.dir.join("index")
+        self.dir.join(RELOCATION_INDEX_FILE)
     }
 
     fn window_path(&self, window: u64) -> PathBuf {
@@ -275,7 +272,7 @@ impl RelocationArea {
 
     /// Deletes the window files whose whole window ends at or before
     /// `before_sec`, then compacts the index; `log_end` is the commit log's
-    /// end now (see [`COMPACTED_FILE`]). Returns how many files and their bytes.
+    /// end now (see [`RELOCATION_COMPACTED_FILE`]). Returns how many files and their bytes.
     pub fn delete_windows_before(&self, before_sec: u64, log_end: u64) -> Result<(u64, u64)> {
         let _guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
         let mut deleted = (0, 0);
@@ -298,10 +295,10 @@ impl RelocationArea {
     /// Rewrites the index without the entries whose window file is gone
     /// (temporary file, fsync, rename, directory fsync), so the index holds
     /// only copies that can still be read. Called under the writer lock.
-    /// First records `log_end` in [`COMPACTED_FILE`]: relocation records
+    /// First records `log_end` in [`RELOCATION_COMPACTED_FILE`]: relocation records
     /// below it may name more copies than the index still holds.
     fn compact(&self, log_end: u64) -> Result<()> {
-        write_atomically(&self.dir.join(COMPACTED_FILE), format!("{log_end}\n").as_bytes())?;
+        write_atomically(&self.dir.join(RELOCATION_COMPACTED_FILE), format!("{log_end}\n").as_bytes())?;
         let live: std::collections::HashSet<u64> = self.windows()?.into_iter().map(|(w, _)| w).collect();
         let path = self.index_path();
         let kept: Vec<IndexEntry> = {
@@ -477,7 +474,7 @@ mod tests {
         pass.finish().unwrap();
         drop(guard);
         let (files, _) = area.delete_windows_before(window_of(1_000_000) + WINDOW_SECS, 1_000).unwrap();
-        let compacted = std::fs::read_to_string(dir.path().join(COMPACTED_FILE)).unwrap();
+        let compacted = std::fs::read_to_string(dir.path().join(RELOCATION_COMPACTED_FILE)).unwrap();
         assert_eq!(compacted, "1000\n");
         assert_eq!(files, 1);
         assert_eq!(area.entries(), 1);

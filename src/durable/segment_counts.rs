@@ -20,10 +20,9 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
 
+use crate::format::layout::SEGMENT_COUNTS_FILE;
 use crate::format::segment_counts::{self as codec, SegmentPending};
 
-/// The counts file's name inside `timer/`.
-pub(crate) const FILE_NAME: &str = "segment_pending";
 /// Pending timers per segment (by segment base offset).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SegmentCounts {
@@ -110,7 +109,7 @@ impl SegmentCounts {
     /// and cancel records, which the replay does not count. No valid file:
     /// every segment below `replay_end` is unknown.
     pub fn load(dir: &Path, segment_size: u64, replay_from: u64, replay_end: u64) -> Self {
-        let path = dir.join(FILE_NAME);
+        let path = dir.join(SEGMENT_COUNTS_FILE);
         let loaded = std::fs::read(&path).ok().and_then(|bytes| Self::decode(&bytes, segment_size));
         let Some((mut counts, covered_below)) = loaded else {
             tracing::info!(file = %path.display(), "no segment counts; old segments will be scanned before deletion");
@@ -161,7 +160,7 @@ mod tests {
         let mut counts = SegmentCounts::new(1000);
         counts.indexed(1_500, 10, true);
         counts.indexed(5_500, 20, false);
-        std::fs::write(dir.path().join(FILE_NAME), counts.encode(4_000)).unwrap();
+        std::fs::write(dir.path().join(SEGMENT_COUNTS_FILE), counts.encode(4_000)).unwrap();
 
         let same = SegmentCounts::load(dir.path(), 1000, 3_000, 3_000);
         assert_eq!(same, counts, "a clean close: nothing to replay, nothing unknown");
@@ -180,7 +179,7 @@ mod tests {
         let mut bytes = counts.encode(4_000);
         let last = bytes.len() - 6;
         bytes[last] ^= 1;
-        std::fs::write(dir.path().join(FILE_NAME), bytes).unwrap();
+        std::fs::write(dir.path().join(SEGMENT_COUNTS_FILE), bytes).unwrap();
         let damaged = SegmentCounts::load(dir.path(), 1000, 3_000, 3_000);
         assert_eq!(damaged.pending_in(1_000), None, "a damaged file knows nothing");
         assert_eq!(

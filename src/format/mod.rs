@@ -9,6 +9,7 @@ use std::path::Path;
 use crate::error::{CorruptionKind, Error, Result};
 
 pub(crate) mod checkpoint;
+pub(crate) mod layout;
 pub(crate) mod queue_entry;
 pub(crate) mod record;
 pub(crate) mod relocation;

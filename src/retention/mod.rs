@@ -15,10 +15,10 @@
 //! nothing pending go unread, and keep one whose near timers fired recently
 //! until consumers had the retention time to read them.
 
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::{Arc, Mutex};
 
-use crossbeam_channel::Receiver;
+use crossbeam_channel::{Receiver, Sender};
 
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
@@ -32,7 +32,7 @@ use crate::format::record::{
     CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, record_time_ms,
 };
 use crate::stats::RetentionCounters;
-use crate::timer::tick::WheelShared;
+use crate::threads::StopFlag;
 
 /// What one retention pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -55,8 +55,9 @@ pub struct ReclaimReport {
 pub(crate) struct Retainer {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
-    /// Asked to delete timer-log files after each pass (the ticking thread owns them).
-    pub wheel: Arc<WheelShared>,
+    /// Tells the ticking thread (which owns the timer logs) to look for
+    /// timer-log files to delete, after each pass.
+    pub timer_log_reclaim: Sender<()>,
     pub clock: Arc<dyn Clock>,
     pub policy: Retention,
     pub floor: Arc<Floor>,
@@ -72,14 +73,15 @@ pub(crate) struct Retainer {
 impl Retainer {
     /// The `delaywheel-retention` thread's body: a pass every check interval
     /// or when woken (a put found the log at its size cap).
-    pub fn run(self: Arc<Self>, wake: Receiver<()>, stop: Arc<AtomicBool>) {
-        while !stop.load(Ordering::Acquire) {
+    pub fn run(self: Arc<Self>, wake: Receiver<()>, stop: StopFlag) -> Result<()> {
+        while !stop.is_set() {
             if let Err(e) = self.pass() {
                 // Nothing was deleted that is still needed; the next pass retries.
                 tracing::error!(error = %e, "retention pass failed");
             }
             let _ = wake.recv_timeout(self.policy.check_interval);
         }
+        Ok(())
     }
 
     /// Deletes every segment and relocation window that may go now.
@@ -100,7 +102,7 @@ impl Retainer {
             self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
         report.windows_deleted = self.delete_passed_windows(needed_from_ms)?;
-        self.wheel.reclaim_requested.store(true, Ordering::Release);
+        let _ = self.timer_log_reclaim.try_send(());
         Ok(report)
     }
 

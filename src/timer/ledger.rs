@@ -33,13 +33,12 @@ use bloomfilter::Bloom;
 
 use crate::error::Result;
 use crate::format::CANCEL_LEDGER_MAGIC;
+use crate::format::layout::CANCEL_LEDGER_DIR;
 use crate::format::timer_entry::TimerEntry;
 use crate::mmap::Mapped;
+use crate::timer::Timer;
 use crate::timer::log::TimerLog;
-use crate::timer::wheel::Timer;
 
-/// The ledger's directory, beside the timer logs.
-pub(crate) const LEDGER_DIR: &str = "cancelled";
 /// Entries per ledger file (64 Ki entries, 1.75 MiB): retention deletes whole files.
 pub(crate) const LEDGER_ENTRIES_PER_FILE: u64 = 1 << 16;
 
@@ -77,7 +76,7 @@ impl CancelLedger {
     /// Opens the ledger in `timer_dir`, keeping only the entries of cancel
     /// records below `scan_from` (the caller appends the rest again).
     pub fn open(timer_dir: &Path, scan_from: u64) -> Result<Self> {
-        let dir = timer_dir.join(LEDGER_DIR);
+        let dir = timer_dir.join(CANCEL_LEDGER_DIR);
         let log = TimerLog::open_with_magic(&dir, CANCEL_LEDGER_MAGIC, LEDGER_ENTRIES_PER_FILE, None)?;
         let mut ledger = Self {
             log,
@@ -227,7 +226,8 @@ mod tests {
         ledger.record(cancelled, 4096).unwrap();
         drop(ledger);
         let file =
-            std::fs::read(dir.path().join(LEDGER_DIR).join(crate::format::numbered_file_name(0))).unwrap();
+            std::fs::read(dir.path().join(CANCEL_LEDGER_DIR).join(crate::format::numbered_file_name(0)))
+                .unwrap();
         assert_eq!(&file[..8], b"DWCNCL\0\0");
         let entry = &file[crate::format::FILE_HEADER_LEN + 28..][..24];
         let want = concat!("2000000000000000", "e86be5cf8b010080", "0010000000000000");

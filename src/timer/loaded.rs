@@ -9,7 +9,7 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
-use crate::timer::wheel::Timer;
+use crate::timer::Timer;
 
 /// One loaded second.
 struct Second {

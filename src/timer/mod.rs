@@ -1,15 +1,40 @@
 //! Timed delivery: one persisted hierarchical wheel for arbitrary deliver
 //! times and legacy delay levels alike, and the one thread that ticks it.
 //!
-//! `wheel.rs` is the wheel (slots in a mapped file, pure `tick(now_ms)`),
-//! `log.rs` the timer log its slots chain through, `tails.rs` where each
-//! slot's chain begins (so old timer-log files can be deleted), `ledger.rs`
-//! the cancels answered (for a repeated cancel), `levels.rs` the legacy level table. All of them are indexes of the commit log.
+//! * `geometry.rs`: levels, placement, slot indexes, cascades (pure);
+//! * `wheel.rs`: the wheel itself: insert, the pure `tick(now_ms)`, loading,
+//!   prefetching and cascading, on slots in a mapped file;
+//! * `cancels.rs`: how a cancel finds its timer; `ledger.rs`: every cancel
+//!   answered, on disk, for a repeated cancel;
+//! * `restart.rs`: the wheel's recovery contract (what the log says happened
+//!   since the checkpoint); `reclaim.rs`: the timer-log and ledger files it
+//!   may delete; `gauges.rs`: pending counts;
+//! * `log.rs`: the timer logs the slots chain through; `tails.rs`: where each
+//!   slot's chain begins; `loaded.rs`: the seconds in memory;
+//! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
+//!   scheduler seam; `levels.rs`: the legacy level table.
+//!
+//! All of it is an index of the commit log.
 
+pub(crate) mod cancels;
+mod front;
+mod gauges;
+pub(crate) mod geometry;
 pub(crate) mod ledger;
 pub(crate) mod levels;
 mod loaded;
 pub(crate) mod log;
+mod reclaim;
+pub(crate) mod restart;
 pub(crate) mod tails;
 pub(crate) mod tick;
 pub(crate) mod wheel;
+
+pub(crate) use front::WheelFront;
+
+/// A timer: the message it delivers and when.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub(crate) struct Timer {
+    pub deliver_at_ms: u64,
+    pub message_offset: u64,
+}

@@ -15,6 +15,7 @@ use std::path::Path;
 use std::sync::Arc;
 
 use crate::error::Result;
+use crate::format::layout::TAILS_FILE;
 use crate::format::tail::{TAIL_LEN, decode, encode};
 use crate::format::{FILE_HEADER_LEN, FileHeader, TAILS_MAGIC, check_file_header};
 use crate::mmap::{MapWriter, Mapped};
@@ -27,7 +28,7 @@ pub(crate) struct Tails {
 impl Tails {
     /// Opens (or creates, all unknown) the file for `slots` slots in `dir`.
     pub fn open(dir: &Path, slots: u64) -> Result<Self> {
-        let path = dir.join("tails");
+        let path = dir.join(TAILS_FILE);
         let size = FILE_HEADER_LEN as u64 + slots * TAIL_LEN as u64;
         let file = if path.exists() {
             let file = Mapped::open(&path, size)?;

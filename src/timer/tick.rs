@@ -3,7 +3,6 @@
 //! pure step), appends a delivery record for every timer that comes due, and
 //! periodically syncs the wheel and publishes what a checkpoint may vouch for.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -16,7 +15,10 @@ use crate::error::Result;
 use crate::format::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
 use crate::message::CancelOutcome;
 use crate::stats::TimerStats;
-use crate::timer::wheel::{CancelState, CancelTarget, FilesToSync, Timer, Wheel};
+use crate::threads::StopFlag;
+use crate::timer::Timer;
+use crate::timer::cancels::{CancelState, CancelTarget};
+use crate::timer::wheel::{FilesToSync, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -73,9 +75,6 @@ pub(crate) struct WheelShared {
     /// The latest snapshot whose files have been synced, and its counts.
     pub synced: Mutex<(WheelCheckpoint, Arc<SegmentCounts>)>,
     pub stats: Arc<Mutex<TimerStats>>,
-    pub failed: AtomicBool,
-    /// Set by retention after a pass: look for timer-log files to delete now.
-    pub reclaim_requested: AtomicBool,
 }
 
 impl WheelShared {
@@ -84,8 +83,6 @@ impl WheelShared {
             to_sync: Mutex::new(None),
             synced: Mutex::new((checkpoint, counts)),
             stats: Arc::new(Mutex::new(TimerStats::new())),
-            failed: AtomicBool::new(false),
-            reclaim_requested: AtomicBool::new(false),
         }
     }
 }
@@ -118,20 +115,23 @@ pub(crate) struct Ticker {
     /// (once before a crash, once by the replay) has both copies in place
     /// before either comes up, and the second copy is dropped.
     pub replay_end: u64,
+    /// A token after each retention pass: look for timer-log files to delete now.
+    pub reclaim_wake: Receiver<()>,
 }
 
 impl Ticker {
     /// The thread's body: runs until `stop` is set and the command channel is
     /// drained (or disconnected), then syncs the wheel one last time.
-    pub fn run(mut self, commands: Receiver<WheelCommand>, stop: Arc<AtomicBool>) {
+    /// A failure poisons the log: nothing fires until the store is reopened.
+    pub fn run(mut self, commands: Receiver<WheelCommand>, stop: StopFlag) -> Result<()> {
         if let Err(e) = self.run_inner(&commands, &stop) {
             tracing::error!(error = %e, "the ticking thread stopped");
-            self.shared.failed.store(true, Ordering::Release);
             self.log.poison(&format!("timing wheel: {e}"));
         }
+        Ok(())
     }
 
-    fn run_inner(&mut self, commands: &Receiver<WheelCommand>, stop: &AtomicBool) -> Result<()> {
+    fn run_inner(&mut self, commands: &Receiver<WheelCommand>, stop: &StopFlag) -> Result<()> {
         let mut last_sync = Instant::now();
         let mut last_stats = Instant::now();
         let mut last_reclaim = Instant::now();
@@ -140,7 +140,7 @@ impl Ticker {
             for command in commands.try_iter().take(COMMAND_BATCH) {
                 self.handle(command)?;
             }
-            if stop.load(Ordering::Acquire) && commands.is_empty() {
+            if stop.is_set() && commands.is_empty() {
                 return self.sync();
             }
             let now_ms = self.clock.now_ms();
@@ -158,9 +158,7 @@ impl Ticker {
                 self.publish_stats()?;
                 last_stats = Instant::now();
             }
-            if last_reclaim.elapsed() >= RECLAIM_INTERVAL
-                || self.shared.reclaim_requested.swap(false, Ordering::AcqRel)
-            {
+            if last_reclaim.elapsed() >= RECLAIM_INTERVAL || self.reclaim_wake.try_recv().is_ok() {
                 self.reclaim_timer_log()?;
                 last_reclaim = Instant::now();
             }

@@ -4,6 +4,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::format::slot::S_COUNT;
+use crate::timer::cancels::{CancelState, CancelTarget};
+use crate::timer::geometry::L0_SPAN;
 
 const START_MS: u64 = 1_700_000_000_123;
 const HOUR: u64 = 3_600_000;
@@ -16,22 +18,6 @@ fn wheel(dir: &Path, now_ms: u64) -> Wheel {
 
 fn timer(deliver_at_ms: u64, message_offset: u64) -> Timer {
     Timer { deliver_at_ms, message_offset }
-}
-
-#[test]
-fn placement_boundaries() {
-    let cur = 1 << 20;
-    assert_eq!(place(cur - 1, cur, cur), None, "a past second is due");
-    assert_eq!(place(cur, cur, cur), Some((0, cur)));
-    assert_eq!(place(cur + L0_SPAN - 1, cur, cur), Some((0, cur + L0_SPAN - 1)));
-    assert_eq!(place(cur + L0_SPAN, cur, cur), Some((1, (cur + L0_SPAN) >> 15)));
-    // An older undelivered second keeps its slot from being reused.
-    assert_eq!(place(cur + L0_SPAN - 1, cur, cur - 1), Some((1, (cur + L0_SPAN - 1) >> 15)));
-    let l1_limit = ((cur >> 15) + LEVELS[1].slots) << 15;
-    assert_eq!(place(l1_limit - 1, cur, cur), Some((1, (l1_limit - 1) >> 15)));
-    assert_eq!(place(l1_limit, cur, cur), Some((2, l1_limit >> 27)));
-    let last = crate::message::MAX_DELIVER_AT_MS / 1000;
-    assert!(last >> 27 < LEVELS[2].slots, "level 2 reaches past the year 9999 without wrapping");
 }
 
 #[test]
@@ -325,21 +311,6 @@ fn a_big_second_is_prefetched_over_several_ticks_and_delivered_whole() {
 }
 
 #[test]
-fn slot_golden_bytes_match_wheel_format_md() {
-    let slot = Slot { window: 1_700_000_000, head: 5, count: 2, level: 0, cancels: 1 };
-    let bytes = slot.encode(3);
-    assert_eq!(
-        crate::format::hex(&bytes[..28]),
-        concat!("00f1536500000000", "0500000000000000", "02000000", "00000000", "01000000")
-    );
-    // The CRC over the slot's index (3) and bytes 0..28, checked with an independent CRC32C.
-    assert_eq!(crate::format::hex(&bytes[28..]), "ceac22ed");
-    assert_eq!(Slot::decode(&bytes, 3), Ok(slot));
-    assert!(Slot::decode(&bytes, 4).is_err(), "bound to its index");
-    assert_eq!(Slot::decode(&[0u8; SLOT_LEN], 3), Ok(Slot::default()), "zeros are an empty slot");
-}
-
-#[test]
 fn pending_by_due_time_counts_every_horizon_and_survives_a_reopen() {
     let dir = tempfile::tempdir().unwrap();
     let mut w = wheel(dir.path(), START_MS);
@@ -380,8 +351,7 @@ fn cancelled_timers_are_forgotten_from_memory_once_behind_and_the_ledger_answers
         now += 3_600_000;
         assert_eq!(w.tick(now, 0).unwrap(), [], "nothing cancelled fires");
     }
-    assert!(w.cancelled.is_empty() && w.cancelled_ahead.is_empty(), "forgotten: {:?}", w.cancelled);
-    assert!(w.slot_cancels.is_empty());
+    assert!(w.cancels.holds_nothing(), "forgotten: {:?}", w.cancels.held());
     for t in &timers {
         assert_eq!(w.cancel(*t).unwrap(), CancelState::Cancelled, "{t:?}: the ledger still knows");
     }

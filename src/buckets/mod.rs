@@ -41,10 +41,10 @@ use crate::error::{Error, Result};
 use crate::format::queue_entry::{Entry, tag_hash};
 use crate::format::record::{MessageView, RecordKind, Timing};
 use crate::message::CancelOutcome;
-use crate::scheduling::Scheduling;
+use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::timer::levels::DelayLevels;
-use crate::timer::wheel::Timer;
+use crate::timer::{Timer, WheelFront};
 
 pub(crate) use offsets::DelayOffsets;
 pub(crate) use poller::{Poller, ScheduleCommand};
@@ -86,7 +86,7 @@ fn round_up_to_level(levels: &DelayLevels, delay_ms: u64) -> u16 {
 
 /// The buckets' front: the dispatcher appends to the level queues directly;
 /// cancels go to the poller thread, the one place that decides a timer's fate.
-pub(crate) struct BucketScheduling {
+pub(crate) struct BucketFront {
     pub levels: DelayLevels,
     pub queues: Arc<QueueRegistry>,
     pub log: Arc<CommitLog>,
@@ -95,9 +95,12 @@ pub(crate) struct BucketScheduling {
     /// The dispatcher's progress: a cancel waits until its message is indexed.
     pub dispatched: Arc<AtomicU64>,
     pub timeout: Duration,
+    /// The wheel, empty, ticks beside the buckets: the checkpoint's wheel
+    /// fields come from it, so it hears of the dispatcher's progress.
+    pub idle_wheel: WheelFront,
 }
 
-impl Scheduling for BucketScheduling {
+impl SchedulerFront for BucketFront {
     fn index(&self, offset: u64, len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
         let bucket = bucket_for(&self.levels, view.store_time_ms, view.timing)?;
         let queue = self.queues.get_or_create(SCHEDULE_TOPIC, u32::from(bucket.level) - 1);
@@ -111,6 +114,10 @@ impl Scheduling for BucketScheduling {
             flags: 0,
         })?;
         Ok(Some(queue))
+    }
+
+    fn indexed_below(&self, offset: u64) -> Result<()> {
+        self.idle_wheel.indexed_below(offset)
     }
 
     fn cancel(&self, timer: Timer) -> Result<CancelOutcome> {
@@ -127,7 +134,7 @@ impl Scheduling for BucketScheduling {
     }
 }
 
-impl BucketScheduling {
+impl BucketFront {
     /// The bucket of the timed message record at `offset` (checked by the caller).
     fn bucket_of(&self, offset: u64) -> Result<Bucket> {
         let record = self.log.read(offset)?;

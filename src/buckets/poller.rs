@@ -3,7 +3,7 @@
 //! due; cancels are decided here too, so a timer gets one fate.
 
 use std::collections::HashSet;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -19,7 +19,8 @@ use crate::format::record::{
 };
 use crate::message::CancelOutcome;
 use crate::stats::TimerStats;
-use crate::timer::wheel::Timer;
+use crate::threads::StopFlag;
+use crate::timer::Timer;
 
 /// What the store asks of the poller.
 pub(crate) enum ScheduleCommand {
@@ -50,14 +51,15 @@ pub(crate) struct Poller {
 
 impl Poller {
     /// The thread's body: runs until `stop` is set, then persists the offsets.
-    pub fn run(mut self, commands: Receiver<ScheduleCommand>, stop: Arc<AtomicBool>) {
+    pub fn run(mut self, commands: Receiver<ScheduleCommand>, stop: StopFlag) -> Result<()> {
         if let Err(e) = self.run_inner(&commands, &stop) {
             tracing::error!(error = %e, "the schedule thread stopped");
             self.log.poison(&format!("bucket scheduler: {e}"));
         }
+        Ok(())
     }
 
-    fn run_inner(&mut self, commands: &Receiver<ScheduleCommand>, stop: &AtomicBool) -> Result<()> {
+    fn run_inner(&mut self, commands: &Receiver<ScheduleCommand>, stop: &StopFlag) -> Result<()> {
         if !self.wait_for_replay(stop) {
             return Ok(());
         }
@@ -68,7 +70,7 @@ impl Poller {
             for command in commands.try_iter() {
                 self.handle(command)?;
             }
-            if stop.load(Ordering::Acquire) {
+            if stop.is_set() {
                 return self.persist();
             }
             if self.deliver {
@@ -89,9 +91,9 @@ impl Poller {
 
     /// Waits until the dispatcher has replayed the log written before open.
     /// Returns `false` if asked to stop first.
-    fn wait_for_replay(&self, stop: &AtomicBool) -> bool {
+    fn wait_for_replay(&self, stop: &StopFlag) -> bool {
         while self.dispatched.load(Ordering::Acquire) < self.replay_end {
-            if stop.load(Ordering::Acquire) {
+            if stop.is_set() {
                 return false;
             }
             std::thread::sleep(Duration::from_millis(5));

@@ -31,7 +31,7 @@ impl DelayOffsets {
     /// Reads the table in `dir` (empty if there is none yet).
     pub fn open(dir: &Path) -> Result<Self> {
         std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
-        let path = dir.join("delay_offsets.json");
+        let path = dir.join(crate::format::layout::DELAY_OFFSETS_FILE);
         let written = match std::fs::read(&path) {
             Ok(bytes) => parse(&path, &bytes)?,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => BTreeMap::new(),

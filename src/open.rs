@@ -1,0 +1,416 @@
+//! Opening a store: take the directory's lock, check the scheduler it was
+//! written with, recover (`recovery.rs`), build the components, clear the
+//! clean flag, and start the background threads in order.
+
+use std::fs::{File, OpenOptions, TryLockError};
+use std::path::Path;
+use std::sync::atomic::AtomicU64;
+use std::sync::{Arc, RwLock};
+
+use crossbeam_channel::{Receiver, Sender};
+
+use crate::buckets::{BucketFront, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
+use crate::checkpoint::CheckpointFile;
+use crate::commitlog::CommitLog;
+use crate::config::{Config, Scheduler};
+use crate::consume_queue::QueueRegistry;
+use crate::consumer::OffsetStore;
+use crate::dispatcher::Dispatcher;
+use crate::durable::{Floor, SegmentCounts};
+use crate::error::{Error, Result};
+use crate::flusher::{FlushSignal, Flusher};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::layout::Layout;
+use crate::prefault::Prefaulter;
+use crate::recovery::{Recovered, recover};
+use crate::retention::Retainer;
+use crate::scheduler::SchedulerFront;
+use crate::stats::{RetentionCounters, TimerStats};
+use crate::store::{Store, Wakes};
+use crate::threads::{Stop, StopFlag, Threads};
+use crate::timer::WheelFront;
+use crate::timer::levels::DelayLevels;
+use crate::timer::restart::Restarted;
+use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
+
+/// Commands in flight from the dispatcher to the ticking thread (bounded:
+/// a dispatcher faster than the wheel waits instead of growing memory).
+const WHEEL_QUEUE: usize = 1 << 16;
+
+/// The receiving ends of the channels that wake or command each thread.
+struct Inboxes {
+    dispatch: Receiver<()>,
+    prefault: Receiver<()>,
+    flush: Receiver<FlushSignal>,
+    retention: Receiver<()>,
+    wheel: Receiver<WheelCommand>,
+    timer_log_reclaim: Receiver<()>,
+}
+
+/// What the threads of a store are built from, between recovery and start.
+struct Parts {
+    config: Config,
+    layout: Layout,
+    log: Arc<CommitLog>,
+    queues: Arc<QueueRegistry>,
+    offsets: Arc<OffsetStore>,
+    shared: Arc<WheelShared>,
+    floor: Arc<Floor>,
+    /// Where the dispatcher's replay starts.
+    replay_from: u64,
+    dispatched: Arc<AtomicU64>,
+    wakes: Wakes,
+    wheel_commands: Sender<WheelCommand>,
+    timer_log_reclaim: Sender<()>,
+    counters: Arc<RetentionCounters>,
+    /// The first second the wheel had not delivered at this open (see `Retainer`).
+    open_tick_second: u64,
+    opened_at_ms: u64,
+}
+
+impl Store {
+    /// Opens the store in `config.dir`, creating it if needed and recovering it
+    /// if it was not closed cleanly.
+    ///
+    /// Errors: [`Error::Locked`] if another process (or another `Store` in
+    /// this one) has the directory open; [`Error::Invalid`] for a bad
+    /// configuration or a directory written with the other scheduler;
+    /// [`Error::Corruption`] or [`Error::UnsupportedVersion`] naming the file
+    /// and offset of bytes recovery cannot accept; [`Error::Io`] naming the
+    /// path of a failed file operation.
+    pub fn open(config: Config) -> Result<Self> {
+        config.validate()?;
+        let levels = DelayLevels::parse(&config.delay_levels)?;
+        let layout = Layout::new(config.dir.clone());
+        std::fs::create_dir_all(layout.dir()).map_err(|e| Error::io("create directory", layout.dir(), e))?;
+        let lock = lock_dir(&layout)?;
+        let _span = tracing::info_span!("open", dir = %layout.dir().display()).entered();
+        check_scheduler(&layout, config.scheduler)?;
+        let Recovered { log, report, checkpoint, timers } = recover(&config, &layout)?;
+        let replay_from = timers.replay_from;
+        let (parts, inboxes, counts, checkpoint) = Parts::assemble(config, layout, log, &timers, checkpoint)?;
+        let (scheduler, retainer, threads) = parts.start(timers, counts, checkpoint, inboxes, &levels)?;
+        tracing::info!(end = report.end, replay_from, scheduler = ?parts.config.scheduler, "store open");
+        Ok(Store {
+            config: parts.config,
+            levels,
+            log: parts.log,
+            queues: parts.queues,
+            offsets: parts.offsets,
+            wheel: parts.shared,
+            accepting: RwLock::new(true),
+            wakes: parts.wakes,
+            scheduler,
+            dispatched: parts.dispatched,
+            threads: Some(threads),
+            recovery: report,
+            retention: parts.counters,
+            retainer,
+            _lock: lock,
+        })
+    }
+}
+
+impl Parts {
+    /// Opens the indexes beside the recovered log, records the checkpoints
+    /// on disk in the floor, and writes the checkpoint that clears the clean
+    /// flag (and records the replay start) before anything is appended.
+    fn assemble(
+        config: Config,
+        layout: Layout,
+        log: Arc<CommitLog>,
+        timers: &Restarted,
+        mut checkpoint: CheckpointFile,
+    ) -> Result<(Self, Inboxes, SegmentCounts, CheckpointFile)> {
+        let Restarted { wheel, replay_from, delivery_scan_from, fresh } = timers;
+        let (replay_from, end) = (*replay_from, log.write_end());
+        // Segment counts: rebuilt by the replay; a fresh wheel's replay sees every segment.
+        let counts = if *fresh {
+            SegmentCounts::rebuilt(config.segment_size, replay_from..end)
+        } else {
+            SegmentCounts::load(&layout.timer(), config.segment_size, replay_from, end)
+        };
+        let open_counts = Arc::new(counts.clone());
+        let queues =
+            Arc::new(QueueRegistry::open(&layout.consume_queues(), config.queue_file_entries, replay_from)?);
+        let offsets = Arc::new(OffsetStore::open(&layout.consumer_offsets())?);
+        let now_ms = config.clock.now_ms();
+        let wheel_checkpoint = WheelCheckpoint {
+            indexed: replay_from,
+            tick_second: wheel.tick_second(),
+            delivery_scan_from: *delivery_scan_from,
+            timer_log_ends: wheel.replay_start_ends(),
+            log_end: end,
+        };
+        let floor = Arc::new(Floor::default());
+        let last = checkpoint.last();
+        if let Some(last) = last {
+            floor.record(&last, end, Arc::clone(&open_counts));
+        }
+        // A wheel built afresh starts at now, but the timers the replay finds
+        // overdue fire from now on: only the last checkpoint's tick (0 without
+        // one) vouches for what fired before.
+        let open_tick_second =
+            if *fresh { last.map_or(0, |last| last.tick_second) } else { wheel_checkpoint.tick_second };
+        let written = checkpoint.write(Checkpoint {
+            log_durable: log.durable_end(),
+            dispatched: replay_from,
+            written_at_ms: now_ms,
+            tick_second: wheel_checkpoint.tick_second,
+            delivery_scan_from: *delivery_scan_from,
+            timer_log_end: wheel_checkpoint.timer_log_ends[0],
+            far_timer_log_end: wheel_checkpoint.timer_log_ends[1],
+            ..Default::default()
+        })?;
+        let vouched = Checkpoint { tick_second: written.tick_second.min(open_tick_second), ..written };
+        floor.record(&vouched, end, Arc::clone(&open_counts));
+        let shared = Arc::new(WheelShared::new(wheel_checkpoint, open_counts));
+        let (wakes, inboxes, wheel_commands, timer_log_reclaim) = channels();
+        let parts = Self {
+            config,
+            layout,
+            log,
+            queues,
+            offsets,
+            shared,
+            floor,
+            replay_from,
+            dispatched: Arc::new(AtomicU64::new(replay_from)),
+            wakes,
+            wheel_commands,
+            timer_log_reclaim,
+            counters: Arc::new(RetentionCounters::default()),
+            open_tick_second,
+            opened_at_ms: now_ms,
+        };
+        Ok((parts, inboxes, counts, checkpoint))
+    }
+
+    /// Starts the threads: the flusher first and the dispatcher (which feeds
+    /// the others) last but retention, so stopping them in reverse stops
+    /// every producer of work before what it feeds.
+    fn start(
+        &self,
+        timers: Restarted,
+        counts: SegmentCounts,
+        checkpoint: CheckpointFile,
+        inboxes: Inboxes,
+        levels: &DelayLevels,
+    ) -> Result<(Arc<dyn SchedulerFront>, Option<Arc<Retainer>>, Threads)> {
+        let mut threads = Threads::default();
+        let flusher = self.flusher(checkpoint);
+        let wake_flusher = self.wakes.flush.clone();
+        let stop_flusher = Stop::Call(Box::new(move || drop(wake_flusher.send(FlushSignal::Stop))));
+        threads.spawn("flush", stop_flusher, move || flusher.run(inboxes.flush))?;
+        let prefaulter = Prefaulter { log: Arc::clone(&self.log), queues: Arc::clone(&self.queues) };
+        let stop = StopFlag::new(Some(self.wakes.prefault.clone()));
+        threads
+            .spawn("prefault", Stop::Flag(stop.clone()), move || prefaulter.run(inboxes.prefault, stop))?;
+        let ticker = self.ticker(timers, counts, inboxes.timer_log_reclaim);
+        let stop = StopFlag::new(None);
+        let wheel = inboxes.wheel;
+        threads.spawn("tick", Stop::Flag(stop.clone()), move || ticker.run(wheel, stop))?;
+        let scheduler = self.scheduler_front(levels, &mut threads)?;
+        let dispatcher = Dispatcher::new(
+            Arc::clone(&self.log),
+            Arc::clone(&self.queues),
+            Arc::clone(&scheduler),
+            self.config.queues_per_topic,
+            self.replay_from,
+            Arc::clone(&self.dispatched),
+        );
+        let stop = StopFlag::new(Some(self.wakes.dispatch.clone()));
+        let wake = inboxes.dispatch;
+        threads.spawn("dispatch", Stop::Flag(stop.clone()), move || dispatcher.run(wake, stop))?;
+        let retainer = self.retainer();
+        if let Some(retainer) = retainer.clone() {
+            let stop = StopFlag::new(Some(self.wakes.retention.clone()));
+            let wake = inboxes.retention;
+            threads.spawn("retention", Stop::Flag(stop.clone()), move || retainer.run(wake, stop))?;
+        }
+        Ok((scheduler, retainer, threads))
+    }
+
+    fn flusher(&self, checkpoint: CheckpointFile) -> Flusher {
+        Flusher {
+            log: Arc::clone(&self.log),
+            queues: Arc::clone(&self.queues),
+            offsets: Arc::clone(&self.offsets),
+            wheel: Arc::clone(&self.shared),
+            checkpoint,
+            dispatched: Arc::clone(&self.dispatched),
+            clock: Arc::clone(&self.config.clock),
+            interval: self.config.flush_interval,
+            floor: Arc::clone(&self.floor),
+            counts_path: self.layout.segment_counts(),
+            counts_written: std::time::Instant::now(),
+            vouched_before_last: None,
+        }
+    }
+
+    fn ticker(&self, timers: Restarted, counts: SegmentCounts, reclaim_wake: Receiver<()>) -> Ticker {
+        let indexed = timers.replay_from;
+        let indexed_log_ends = timers.wheel.replay_start_ends();
+        Ticker {
+            wheel: timers.wheel,
+            log: Arc::clone(&self.log),
+            clock: Arc::clone(&self.config.clock),
+            shared: Arc::clone(&self.shared),
+            dispatch_wake: self.wakes.dispatch.clone(),
+            flush_interval: self.config.flush_interval,
+            deliver: self.config.deliver,
+            indexed,
+            indexed_log_ends,
+            deferred_cancels: Vec::new(),
+            counts,
+            keep_ms: self.config.retention.keep_for.map_or(0, |keep| keep.as_millis() as u64),
+            floor: Arc::clone(&self.floor),
+            replay_end: self.log.write_end(),
+            reclaim_wake,
+        }
+    }
+
+    /// The scheduler's front, starting the bucket poller's thread for the baseline.
+    fn scheduler_front(
+        &self,
+        levels: &DelayLevels,
+        threads: &mut Threads,
+    ) -> Result<Arc<dyn SchedulerFront>> {
+        let wheel = WheelFront {
+            commands: self.wheel_commands.clone(),
+            stats: Arc::clone(&self.shared.stats),
+            timeout: self.config.put_timeout,
+        };
+        if self.config.scheduler == Scheduler::Wheel {
+            return Ok(Arc::new(wheel));
+        }
+        let (front, poller, commands) = self.buckets(levels, wheel)?;
+        let stop = StopFlag::new(None);
+        threads.spawn("schedule", Stop::Flag(stop.clone()), move || poller.run(commands, stop))?;
+        Ok(Arc::new(front))
+    }
+
+    /// The bucket scheduler's front and its poller, with each level's queue
+    /// and its restored offset. The wheel, empty, keeps ticking beside it:
+    /// the checkpoint's wheel fields come from it, as for a wheel store.
+    fn buckets(
+        &self,
+        levels: &DelayLevels,
+        idle_wheel: WheelFront,
+    ) -> Result<(BucketFront, Poller, Receiver<ScheduleCommand>)> {
+        let offsets = DelayOffsets::open(&self.layout.buckets())?;
+        let level_queues = (1..=levels.len() as u16)
+            .map(|level| {
+                (self.queues.get_or_create(SCHEDULE_TOPIC, u32::from(level) - 1), offsets.get(level))
+            })
+            .collect();
+        let stats = Arc::new(std::sync::Mutex::new(TimerStats::new()));
+        let (commands, command_rx) = crossbeam_channel::bounded(64);
+        let front = BucketFront {
+            levels: levels.clone(),
+            queues: Arc::clone(&self.queues),
+            log: Arc::clone(&self.log),
+            commands,
+            stats: Arc::clone(&stats),
+            dispatched: Arc::clone(&self.dispatched),
+            timeout: self.config.put_timeout,
+            idle_wheel,
+        };
+        let poller = Poller {
+            log: Arc::clone(&self.log),
+            queues: level_queues,
+            offsets,
+            clock: Arc::clone(&self.config.clock),
+            stats,
+            dispatch_wake: self.wakes.dispatch.clone(),
+            dispatched: Arc::clone(&self.dispatched),
+            replay_end: self.log.write_end(),
+            cancelled: Default::default(),
+            persist_interval: self.config.schedule_offsets_interval,
+            deliver: self.config.deliver,
+        };
+        Ok((front, poller, command_rx))
+    }
+
+    /// Retention, for the wheel scheduler only (the bucket baseline keeps every segment).
+    fn retainer(&self) -> Option<Arc<Retainer>> {
+        (self.config.scheduler == Scheduler::Wheel).then(|| {
+            self.log.set_size_cap(self.config.retention.max_log_bytes);
+            Arc::new(Retainer {
+                log: Arc::clone(&self.log),
+                queues: Arc::clone(&self.queues),
+                timer_log_reclaim: self.timer_log_reclaim.clone(),
+                clock: Arc::clone(&self.config.clock),
+                policy: self.config.retention,
+                floor: Arc::clone(&self.floor),
+                counters: Arc::clone(&self.counters),
+                running: Default::default(),
+                opened_at_ms: self.opened_at_ms,
+                open_tick_second: self.open_tick_second,
+            })
+        })
+    }
+}
+
+/// Every channel that wakes or commands a thread: the senders the store
+/// keeps, the receivers the threads take.
+fn channels() -> (Wakes, Inboxes, Sender<WheelCommand>, Sender<()>) {
+    let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
+    let (prefault, prefault_rx) = crossbeam_channel::bounded(1);
+    let (flush, flush_rx) = crossbeam_channel::bounded(1);
+    let (retention, retention_rx) = crossbeam_channel::bounded(1);
+    let (wheel, wheel_rx) = crossbeam_channel::bounded(WHEEL_QUEUE);
+    let (reclaim, reclaim_rx) = crossbeam_channel::bounded(1);
+    let wakes = Wakes { dispatch, prefault, flush, retention };
+    let inboxes = Inboxes {
+        dispatch: dispatch_rx,
+        prefault: prefault_rx,
+        flush: flush_rx,
+        retention: retention_rx,
+        wheel: wheel_rx,
+        timer_log_reclaim: reclaim_rx,
+    };
+    (wakes, inboxes, wheel, reclaim)
+}
+
+/// Refuses to open a store with the other scheduler than the one it was
+/// written with: the pending timers of one are not in the other's index, so
+/// they would silently never fire. A store written by the buckets has a
+/// `schedule/` directory; one with log segments and none is the wheel's.
+fn check_scheduler(layout: &Layout, scheduler: Scheduler) -> Result<()> {
+    let bucket_store = layout.buckets().exists();
+    let has_log = std::fs::read_dir(layout.commit_log()).is_ok_and(|mut entries| entries.next().is_some());
+    let written_with = match (bucket_store, has_log) {
+        (true, _) => Scheduler::Buckets,
+        (false, true) => Scheduler::Wheel,
+        (false, false) => return Ok(()),
+    };
+    if written_with != scheduler {
+        let why = format!(
+            "{} was written with Scheduler::{written_with:?}; open it with that scheduler",
+            layout.dir().display()
+        );
+        return Err(Error::invalid("scheduler", why));
+    }
+    Ok(())
+}
+
+/// Takes the directory's `LOCK` file, exclusively.
+fn lock_dir(layout: &Layout) -> Result<File> {
+    let path = layout.lock();
+    let file = OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .map_err(|e| Error::io("open", &path, e))?;
+    match file.try_lock() {
+        Ok(()) => Ok(file),
+        Err(TryLockError::WouldBlock) => Err(Error::Locked { dir: dir_of(&path).to_path_buf() }),
+        Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
+    }
+}
+
+fn dir_of(path: &Path) -> &Path {
+    path.parent().unwrap_or(path)
+}

@@ -1,0 +1,34 @@
+//! The one seam between the store and whichever scheduler holds its timed
+//! messages ([`Config::with_scheduler`](crate::Config::with_scheduler)): the
+//! dispatcher hands it every timed message and its progress, the store
+//! cancels through it and reads its counters. [`WheelFront`](crate::timer::WheelFront)
+//! fronts the timing wheel's ticking thread (`src/timer/`);
+//! [`BucketFront`](crate::buckets::BucketFront) the RocketMQ 4.x baseline (`src/buckets/`).
+
+use std::sync::Arc;
+
+use crate::consume_queue::ConsumeQueue;
+use crate::error::Result;
+use crate::format::record::MessageView;
+use crate::message::CancelOutcome;
+use crate::stats::TimerStats;
+use crate::timer::Timer;
+
+/// Where timed messages wait until they are due.
+pub(crate) trait SchedulerFront: Send + Sync {
+    /// Indexes the timed message record at `offset`, `len` bytes long. Called
+    /// by the dispatcher in commit-log order; returns the consume queue it
+    /// appended to, if any.
+    fn index(&self, offset: u64, len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>>;
+
+    /// Every timed record below `offset` has been handed to [`index`](Self::index):
+    /// what a checkpoint may vouch for on the scheduler's behalf.
+    fn indexed_below(&self, offset: u64) -> Result<()>;
+
+    /// Decides the fate of `timer` (a timed message record the caller checked):
+    /// `Cancelled` once a cancel record is in the log, or `AlreadyDelivered`.
+    fn cancel(&self, timer: Timer) -> Result<CancelOutcome>;
+
+    /// The scheduler's latest counters and gauges.
+    fn stats(&self) -> TimerStats;
+}

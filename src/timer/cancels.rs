@@ -1,0 +1,234 @@
+//! What the wheel knows of cancels, and how a cancel finds its timer.
+//!
+//! A cancel of a timer not yet loaded appends a cancel entry to the slot its
+//! second maps to now, which is where the timer is or will be cascaded to,
+//! so one lookup suffices whatever the level (never O(pending)). A loaded
+//! timer is dropped when it comes up. Once a timer's second is handed out the
+//! wheel forgets it, and the cancel ledger (`ledger.rs`) answers a repeated
+//! cancel. The cancel record in the commit log is the caller's, written
+//! between [`Wheel::locate_for_cancel`] and [`Wheel::apply_cancel`].
+
+use std::collections::{BTreeMap, HashSet};
+
+use crate::error::Result;
+use crate::timer::Timer;
+use crate::timer::geometry::LEVEL_COUNT;
+use crate::timer::ledger::CancelLedger;
+use crate::timer::restart::Restart;
+use crate::timer::wheel::{Prefetch, Wheel};
+
+/// The wheel's memory of cancels.
+pub(crate) struct Cancels {
+    /// Cancelled timers still ahead: loaded ones (dropped when they come
+    /// up), or dropped by a cascade before their second is loaded. Each is
+    /// forgotten once its second is behind; the cancel ledger answers then.
+    cancelled: HashSet<u64>,
+    /// The timers a cascade dropped with their cancel entries, by second:
+    /// forgotten from `cancelled` once that second is loaded.
+    cancelled_ahead: BTreeMap<u64, Vec<u64>>,
+    /// Cancel entries in slots not yet loaded, per level (for the pending count).
+    pub entries: [u64; LEVEL_COUNT],
+    /// Every cancel answered `Cancelled`, on disk: answers a repeated cancel
+    /// once the timer's second is handed out and forgotten (also after a restart).
+    pub ledger: CancelLedger,
+    /// Timers cancelled by an entry in a slot not yet loaded (a second cancel is a no-op).
+    slot_cancels: HashSet<u64>,
+    /// Loaded timers cancelled and not yet come up (still counted by `loaded`).
+    pub cancelled_loaded: u64,
+}
+
+/// Where a cancel finds its timer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CancelTarget {
+    AlreadyCancelled,
+    AlreadyDelivered,
+    /// In a slot not loaded yet: a cancel entry goes there.
+    Slot,
+    /// In the second being read in.
+    Prefetching,
+    /// Loaded in memory, not yet handed out.
+    Loaded,
+}
+
+/// What [`Wheel::cancel`] found.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum CancelState {
+    Cancelled,
+    AlreadyDelivered,
+}
+
+impl Cancels {
+    pub fn new(ledger: CancelLedger) -> Self {
+        Self {
+            cancelled: HashSet::new(),
+            cancelled_ahead: BTreeMap::new(),
+            entries: [0; LEVEL_COUNT],
+            ledger,
+            slot_cancels: HashSet::new(),
+            cancelled_loaded: 0,
+        }
+    }
+
+    /// Whether no cancelled timer is remembered in memory any more.
+    #[cfg(test)]
+    pub fn holds_nothing(&self) -> bool {
+        self.cancelled.is_empty() && self.cancelled_ahead.is_empty() && self.slot_cancels.is_empty()
+    }
+
+    /// The cancelled timers remembered in memory, for test messages.
+    #[cfg(test)]
+    pub fn held(&self) -> (&HashSet<u64>, &BTreeMap<u64, Vec<u64>>, &HashSet<u64>) {
+        (&self.cancelled, &self.cancelled_ahead, &self.slot_cancels)
+    }
+
+    /// Whether this session already cancelled the timer of `offset`.
+    fn knows_cancelled(&self, offset: u64) -> bool {
+        self.cancelled.contains(&offset) || self.slot_cancels.contains(&offset)
+    }
+
+    /// A loaded timer came up: `true` if it was cancelled (and is dropped).
+    /// `repeat`: it is a second copy, whose cancel was counted with the first.
+    pub fn take_cancelled(&mut self, offset: u64, repeat: bool) -> bool {
+        if !self.cancelled.remove(&offset) {
+            return false;
+        }
+        if !repeat {
+            debug_assert!(self.cancelled_loaded > 0, "a cancelled loaded timer was not counted");
+            self.cancelled_loaded = self.cancelled_loaded.saturating_sub(1);
+        }
+        true
+    }
+
+    /// Applies the cancel entries of a second read in whole and returns its
+    /// timers: from now on the ledger answers a repeated cancel of them.
+    pub(super) fn apply_at_loading(&mut self, prefetch: Prefetch, restart: &mut Restart) -> Vec<Timer> {
+        let mut timers = prefetch.timers;
+        let applied = u64::from(prefetch.cancel_entries);
+        debug_assert!(self.entries[0] >= applied, "level 0 counts fewer cancel entries");
+        self.entries[0] -= applied.min(self.entries[0]);
+        if !prefetch.cancels.is_empty() {
+            timers.retain(|t| !prefetch.cancels.contains(&t.message_offset));
+            for offset in &prefetch.cancels {
+                self.slot_cancels.remove(offset);
+                self.forget(*offset, restart);
+            }
+        }
+        timers
+    }
+
+    /// Forgets a cancelled timer that can no longer come up from where it
+    /// was. The replay may have indexed it a second time, in another second's
+    /// slot: that copy counts as handed out already, so it is dropped when it
+    /// comes up.
+    fn forget(&mut self, offset: u64, restart: &mut Restart) {
+        self.cancelled.remove(&offset);
+        restart.forget(offset);
+    }
+}
+
+impl Wheel {
+    /// Cancels a pending timer (see the module docs). The cancel record and
+    /// the ledger entry are the caller's (see [`record_cancel`](Self::record_cancel)).
+    pub fn cancel(&mut self, timer: Timer) -> Result<CancelState> {
+        let where_ = self.locate_for_cancel(&timer)?;
+        self.apply_cancel(timer, where_)
+    }
+
+    /// What cancelling `timer` would answer, without changing anything: the
+    /// caller writes the cancel record before [`apply_cancel`](Self::apply_cancel).
+    pub fn locate_for_cancel(&self, timer: &Timer) -> Result<CancelTarget> {
+        let offset = timer.message_offset;
+        if self.restart.settled.cancelled.contains(&offset) || self.cancels.knows_cancelled(offset) {
+            return Ok(CancelTarget::AlreadyCancelled);
+        }
+        if self.restart.settled.delivered.contains(&offset) {
+            return Ok(CancelTarget::AlreadyDelivered);
+        }
+        let sec = timer.deliver_at_ms / 1000;
+        if self.prefetch.as_ref().is_some_and(|p| p.second == sec) {
+            return Ok(CancelTarget::Prefetching);
+        }
+        if sec > self.loaded_through {
+            return Ok(CancelTarget::Slot);
+        }
+        // Loaded: pending exactly if not yet handed out (a replayed copy may have been).
+        if self.loaded.contains(timer) && !self.restart.handed_out(offset) {
+            return Ok(CancelTarget::Loaded);
+        }
+        // Handed out or dropped: only the ledger still knows which (read only
+        // here, where the memory of this session has nothing to say).
+        if self.cancels.ledger.contains(offset)? {
+            return Ok(CancelTarget::AlreadyCancelled);
+        }
+        Ok(CancelTarget::AlreadyDelivered)
+    }
+
+    /// Enters a cancel the store answered `Cancelled` in the ledger, with
+    /// its cancel record's commit-log offset (records come in log order).
+    pub fn record_cancel(&mut self, timer: Timer, cancel_offset: u64) -> Result<()> {
+        self.cancels.ledger.record(timer, cancel_offset)
+    }
+
+    /// Carries out a cancel located by [`locate_for_cancel`](Self::locate_for_cancel).
+    pub fn apply_cancel(&mut self, timer: Timer, target: CancelTarget) -> Result<CancelState> {
+        let offset = timer.message_offset;
+        let sec = timer.deliver_at_ms / 1000;
+        match target {
+            CancelTarget::AlreadyCancelled => {}
+            CancelTarget::AlreadyDelivered => return Ok(CancelState::AlreadyDelivered),
+            CancelTarget::Slot => {
+                let (level, window) = self.place(sec).expect("a second not yet loaded");
+                self.append_to_slot(level, window, timer, true)?;
+                self.unloaded[level] += 1;
+                self.cancels.entries[level] += 1;
+                self.cancels.slot_cancels.insert(offset);
+            }
+            CancelTarget::Prefetching => {
+                // Being read in: the walk started below any entry appended now,
+                // so the cancel entry is for a restart, the walk's set for now.
+                self.append_to_slot(0, sec, timer, true)?;
+                if let Some(prefetch) = &mut self.prefetch {
+                    prefetch.cancels.insert(offset);
+                }
+                self.cancels.cancelled.insert(offset);
+            }
+            CancelTarget::Loaded => {
+                self.cancels.cancelled.insert(offset);
+                self.cancels.cancelled_loaded += 1;
+            }
+        }
+        Ok(CancelState::Cancelled)
+    }
+
+    /// A cascade from `level` met the cancel entry of `timer`. With the
+    /// timer in the same slot (`with_its_timer`) the two cancel out here, and
+    /// the timer is remembered as cancelled until its second is loaded, so a
+    /// later cancel still answers `Cancelled` (and adds no entry); otherwise
+    /// the timer is coarser still and the cancel moves down with it.
+    pub(super) fn cascade_cancel(&mut self, level: usize, timer: Timer, with_its_timer: bool) -> Result<()> {
+        let offset = timer.message_offset;
+        debug_assert!(self.cancels.entries[level] > 0, "level {level} counts fewer cancel entries");
+        self.cancels.entries[level] = self.cancels.entries[level].saturating_sub(1);
+        self.cancels.slot_cancels.remove(&offset);
+        if with_its_timer {
+            self.cancels.cancelled.insert(offset);
+            let second = timer.deliver_at_ms / 1000;
+            self.cancels.cancelled_ahead.entry(second).or_default().push(offset);
+            Ok(())
+        } else {
+            self.cancel(timer).map(drop)
+        }
+    }
+
+    /// Forgets the cascade-dropped cancelled timers whose second is loaded:
+    /// they can no longer be in a slot, and the ledger answers for them.
+    pub(super) fn forget_cancelled_behind(&mut self) {
+        while let Some(entry) = self.cancels.cancelled_ahead.first_entry()
+            && *entry.key() <= self.loaded_through
+        {
+            for offset in entry.remove() {
+                self.cancels.forget(offset, &mut self.restart);
+            }
+        }
+    }
+}

@@ -1,0 +1,415 @@
+//! The wheel's side of recovery: one contract, [`restart_wheel`], that the
+//! store's recovery calls once the commit log is recovered.
+//!
+//! The commit log says what happened since the checkpoint: its delivery and
+//! cancel records settle timers (they must not fire again), and the
+//! dispatcher's replay of the records after the checkpoint sends their
+//! timers again. A wheel resumed at the checkpoint may already hold some of
+//! those (indexed after it was written, or moved by a cascade it redoes), so
+//! each such insert is excused once; a timer indexed twice anyway (a late
+//! timer sits in the slot of a later second) is handed out once. A wheel that
+//! cannot be resumed (no trusted checkpoint, or chains a power loss tore) is
+//! rebuilt from the oldest segment, plus the relocated timers retention
+//! copied out of deleted ones.
+
+use std::collections::HashSet;
+use std::ops::Range;
+use std::path::Path;
+
+use crate::commitlog::CommitLog;
+use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
+use crate::format::record::{CancelView, DeliveryView, RecordKind, check_crc};
+use crate::timer::Timer;
+use crate::timer::geometry::{LEVELS, slot_index, timer_log_of};
+use crate::timer::ledger::LedgerEntry;
+use crate::timer::wheel::{SlotCount, Wheel};
+
+/// Where a wheel resumes: the first second not fully delivered.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Resume {
+    pub tick_second: u64,
+}
+
+/// Timers known to have fired or been cancelled, by message offset.
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Settled {
+    pub delivered: HashSet<u64>,
+    pub cancelled: HashSet<u64>,
+    /// The cancel records read, in log order, for the cancel ledger.
+    pub cancel_records: Vec<LedgerEntry>,
+}
+
+impl Settled {
+    pub fn contains(&self, offset: &u64) -> bool {
+        self.delivered.contains(offset) || self.cancelled.contains(offset)
+    }
+}
+
+/// What the wheel remembers of the time before this open.
+#[derive(Debug)]
+pub(crate) struct Restart {
+    /// Delivered or cancelled before a restart (from the commit log's records
+    /// after the checkpoint); dropped when loaded again.
+    pub settled: Settled,
+    /// Commit-log offsets the dispatcher replays after a restart: their timers
+    /// may be indexed twice, in slots of different seconds (a late timer sits
+    /// in the slot of a later second), so the copies need not come up together.
+    replay_range: Range<u64>,
+    /// Timers of the replay range handed out so far: a second copy is dropped.
+    replay_seen: HashSet<u64>,
+    /// Timers a resumed wheel already holds in entries the replay (or a
+    /// redone cascade) would write again: such an insert is skipped.
+    preindexed: Preindexed,
+    /// The timer logs' ends that go with the replay start (see [`Wheel::note_preindexed`]).
+    pub replay_start_ends: [u64; 2],
+    /// Seconds up to this one may have been loaded before the last restart.
+    reloaded_through: u64,
+    /// The mark given at open.
+    open_mark: u64,
+}
+
+impl Restart {
+    pub fn new(resume: Option<Resume>, now_ms: u64, settled: Settled, mark: u64) -> Self {
+        Self {
+            settled,
+            replay_range: 0..0,
+            replay_seen: HashSet::new(),
+            preindexed: Preindexed::default(),
+            replay_start_ends: [0; 2],
+            // Before a restart the wheel loaded at most one second past the
+            // clock (a clock that moved back since may have let it load more).
+            reloaded_through: if resume.is_some() { now_ms / 1000 + 2 } else { 0 },
+            open_mark: mark,
+        }
+    }
+
+    /// Whether an insert of the timer of `offset` is already taken care of:
+    /// `Some(false)` it fired or was cancelled before a restart (the replay
+    /// sends it again); `Some(true)` the wheel already holds it on a level
+    /// below `level`; `None` it must be indexed.
+    pub fn excuses(&mut self, offset: u64, level: usize) -> Option<bool> {
+        if self.settled.contains(&offset) {
+            return Some(false);
+        }
+        self.preindexed.take(offset, level).then_some(true)
+    }
+
+    /// A timer of `offset` comes up: `true` if it is a second copy from the
+    /// replay (the first was handed out already).
+    pub fn seen_again(&mut self, offset: u64) -> bool {
+        self.replay_range.contains(&offset) && !self.replay_seen.insert(offset)
+    }
+
+    /// Whether a copy of the timer of `offset` from the replay was handed out.
+    pub fn handed_out(&self, offset: u64) -> bool {
+        self.replay_seen.contains(&offset)
+    }
+
+    /// A cancelled timer of `offset` can no longer come up from where it
+    /// was: a replayed copy elsewhere counts as handed out already.
+    pub fn forget(&mut self, offset: u64) {
+        if self.replay_range.contains(&offset) {
+            self.replay_seen.insert(offset);
+        }
+    }
+
+    /// The mark a second loaded now gets. A second the wheel may already have
+    /// loaded before the last restart keeps the open-time mark: deliveries
+    /// of its timers from before the restart lie after that mark, not after now.
+    pub fn mark_for(&self, second: u64, mark: u64) -> u64 {
+        if second <= self.reloaded_through { self.open_mark } else { mark }
+    }
+
+    /// The wheel has loaded every second up to `loaded_through`: once that is
+    /// past what it may have loaded before the restart, every cascade it may
+    /// have done then is redone, and nothing is excused any more.
+    pub fn note_loaded_through(&mut self, loaded_through: u64) {
+        if loaded_through > self.reloaded_through && !self.preindexed.is_empty() {
+            self.preindexed = Preindexed::default();
+        }
+    }
+}
+
+/// Timers a resumed wheel holds in entries written after its checkpoint,
+/// each with the level of its slot, sorted; each may excuse one insert of its timer.
+#[derive(Debug, Default)]
+struct Preindexed {
+    /// (message offset, level), sorted.
+    entries: Vec<(u64, usize)>,
+    used: Vec<bool>,
+}
+
+impl Preindexed {
+    fn new(mut entries: Vec<(u64, usize)>) -> Self {
+        entries.sort_unstable();
+        let used = vec![false; entries.len()];
+        Self { entries, used }
+    }
+
+    fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Whether an entry of the timer of `offset` on a level below `below` is
+    /// left to excuse an insert (and uses it, the coarsest first: a replayed
+    /// timer found on two levels is the coarser one's, cascaded since).
+    fn take(&mut self, offset: u64, below: usize) -> bool {
+        let first = self.entries.partition_point(|&(o, _)| o < offset);
+        let found = (first..self.entries.len())
+            .take_while(|&i| self.entries[i].0 == offset)
+            .filter(|&i| !self.used[i] && self.entries[i].1 < below)
+            .last();
+        if let Some(i) = found {
+            self.used[i] = true;
+        }
+        found.is_some()
+    }
+}
+
+impl Wheel {
+    /// After a resume, notes the timers held in entries past `ends` (the
+    /// timer logs' ends when the wheel had received every timer below the
+    /// replay start, from the checkpoint) in slots this wheel will still load
+    /// or cascade. The replay sends those timers again, and a cascade redone
+    /// since the checkpoint moves some again: each such insert is skipped as
+    /// often as the timer has such entries, so no timer is held twice (and
+    /// counted twice as pending). Reads only the entries past `ends`.
+    pub fn note_preindexed(&mut self, ends: [u64; 2]) -> Result<()> {
+        let _span = tracing::info_span!("note_preindexed", near_from = ends[0], far_from = ends[1]).entered();
+        let mut offsets = Vec::new();
+        for (level, l) in LEVELS.iter().enumerate() {
+            let (log, end) = (&self.logs[timer_log_of(level)], ends[timer_log_of(level)]);
+            for i in 0..l.slots {
+                let index = slot_index(level, i);
+                let SlotCount { window, count } = self.slot_counts[index as usize];
+                if count == 0 || !self.is_live(level, window) {
+                    continue;
+                }
+                let mut at = self.read_slot(index)?.head;
+                while at != 0 && at >= end {
+                    let entry = log.read_linked(at)?;
+                    // A late timer sits in the slot of a later second (see
+                    // `insert`), where a cancel would not find it: the replay
+                    // indexes it again, and the copy that comes up second is dropped.
+                    let late = level == 0 && entry.deliver_at_ms / 1000 != window;
+                    if !entry.cancel && !late {
+                        offsets.push((entry.message_offset, level));
+                    }
+                    at = entry.prev;
+                }
+            }
+        }
+        tracing::info!(timers = offsets.len(), "timers indexed after the checkpoint found in the wheel");
+        self.restart.preindexed = Preindexed::new(offsets);
+        self.restart.replay_start_ends = ends;
+        Ok(())
+    }
+
+    /// Declares the commit-log range the dispatcher replays after this open.
+    pub(super) fn set_replay_range(&mut self, range: Range<u64>) {
+        self.restart.replay_range = range;
+    }
+
+    /// The timer logs' ends that go with the replay start of this open: what
+    /// the checkpoint records until the first progress after it.
+    pub fn replay_start_ends(&self) -> [u64; 2] {
+        self.restart.replay_start_ends
+    }
+
+    /// Whether every slot still holding timers starts a chain that exists:
+    /// its head entry is below the timer log's end and passes its checksum.
+    /// After a power loss the wheel file may be newer than the timer log; a
+    /// broken chain cannot be followed, so the caller rebuilds the wheel.
+    pub(super) fn chains_intact(&self) -> bool {
+        LEVELS.iter().enumerate().all(|(level, l)| {
+            (0..l.slots).all(|i| match self.read_slot(slot_index(level, i)) {
+                Ok(slot) if slot.count == 0 || !self.is_live(level, slot.window) => true,
+                Ok(slot) => {
+                    let log = &self.logs[timer_log_of(level)];
+                    slot.head != 0 && slot.head < log.end() && log.read_linked(slot.head).is_ok()
+                }
+                Err(_) => false,
+            })
+        })
+    }
+
+    /// Enters the cancel records recovery read into the ledger (after any
+    /// relocated ones: the ledger is in log order).
+    fn record_recovered_cancels(&mut self) -> Result<()> {
+        for entry in std::mem::take(&mut self.restart.settled.cancel_records) {
+            self.cancels.ledger.record(entry.timer, entry.cancel_offset)?;
+        }
+        Ok(())
+    }
+}
+
+/// What the wheel's restart needs to know.
+pub(crate) struct RestartPlan<'a> {
+    /// The recovered commit log.
+    pub log: &'a CommitLog,
+    /// `timer/`.
+    pub dir: &'a Path,
+    pub entries_per_log_file: u64,
+    pub now_ms: u64,
+    /// The checkpoint the indexes resume at (`None`: they are rebuilt).
+    pub resume_at: Option<Checkpoint>,
+    /// The newest valid checkpoint, trusted or not: its tick second vouches
+    /// that every timer due before it fired.
+    pub last: Option<Checkpoint>,
+    /// Where the dispatcher's replay would start for a resumed wheel.
+    pub replay_from: u64,
+}
+
+/// The wheel, restarted.
+pub(crate) struct Restarted {
+    pub wheel: Wheel,
+    /// Where the dispatcher replays from (the oldest segment if the wheel was rebuilt).
+    pub replay_from: u64,
+    /// Where the scan for settled timers started; it stays the scan start until the ticker moves on.
+    pub delivery_scan_from: u64,
+    /// The wheel was built afresh (and the replay starts at the oldest segment).
+    pub fresh: bool,
+}
+
+/// The wheel's recovery contract: opens the wheel resumed at the plan's
+/// checkpoint (or afresh), told of every timer the log settled since; falls
+/// back to a rebuild if its chains are torn; restores relocated timers into
+/// a rebuilt wheel; fills the cancel ledger; notes what the replay must not
+/// index twice; and declares the replay range.
+pub(crate) fn restart_wheel(plan: RestartPlan<'_>) -> Result<Restarted> {
+    let log = plan.log;
+    let scan_from =
+        plan.resume_at.map_or(log.start(), |cp| cp.delivery_scan_from.min(plan.replay_from)).max(log.start());
+    let resume = plan.resume_at.map(|cp| Resume { tick_second: cp.tick_second });
+    let open_wheel = |resume, scan_from| -> Result<Wheel> {
+        let settled = scan_settled(log, scan_from)?;
+        Wheel::open(plan.dir, plan.entries_per_log_file, plan.now_ms, resume, settled, scan_from)
+    };
+    // Only a wheel resumed from a checkpoint can be damaged; a new one is built here.
+    let resumed = match open_wheel(resume, scan_from) {
+        Ok(wheel) if resume.is_none() || wheel.chains_intact() => Some(wheel),
+        Ok(_) => None,
+        Err(Error::Corruption { .. }) if resume.is_some() => None,
+        Err(e) => return Err(e),
+    };
+    let (mut wheel, replay_from, scan_from, fresh) = match resumed {
+        Some(wheel) => (wheel, plan.replay_from, scan_from, resume.is_none()),
+        None => {
+            // The wheel files are newer than what they chain to (a power loss
+            // tore them): rebuild every index from the start of the log.
+            tracing::warn!(dir = %plan.dir.display(), "the wheel is damaged; rebuilding the indexes from the commit log");
+            (open_wheel(None, log.start())?, log.start(), log.start(), true)
+        }
+    };
+    // A wheel built afresh knows nothing of relocated timers yet.
+    if fresh {
+        restore_relocated(&mut wheel, log, plan.last.map_or(0, |cp| cp.tick_second))?;
+    }
+    wheel.record_recovered_cancels()?;
+    // A checkpoint from a build that did not record the far log's end cannot say which entries to skip.
+    if let Some(cp) = plan.resume_at.filter(|cp| !fresh && cp.far_timer_log_end != 0)
+        && let Err(e) = wheel.note_preindexed([cp.timer_log_end, cp.far_timer_log_end])
+    {
+        // Not fatal: the replay then indexes those timers twice, and the
+        // second copy is dropped when it comes due (only the pending count is high until then).
+        tracing::warn!(error = %e, "could not read the timer entries written after the checkpoint");
+    }
+    wheel.set_replay_range(replay_from..log.write_end());
+    Ok(Restarted { wheel, replay_from, delivery_scan_from: scan_from, fresh })
+}
+
+/// Indexes, into a wheel built afresh, the relocated timers that may still
+/// be pending (due at or after `tick_second`, before which the checkpoint
+/// vouches every timer fired) and then their relocated cancels: the replay
+/// that follows starts at the oldest segment and cannot see them. Every
+/// relocated cancel goes to the cancel ledger, also of a timer that is past.
+fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Result<()> {
+    let area = log.relocated();
+    let _span = tracing::info_span!("restore_relocated", copies = area.entries()).entered();
+    let from_ms = tick_second.saturating_mul(1000);
+    let mut cancels = Vec::new();
+    for i in 0..area.entries() {
+        let entry = area.entry(i)?;
+        let record = match log.read(entry.original_offset) {
+            Ok(record) => record,
+            // Its window was deleted: all of its timers had fired.
+            Err(Error::Reclaimed { .. }) => continue,
+            Err(e) => return Err(e),
+        };
+        let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.original_offset };
+        match record.kind {
+            RecordKind::Message if entry.deliver_at_ms >= from_ms => {
+                // Not counted per segment: its segment is gone.
+                wheel.insert(timer)?;
+            }
+            RecordKind::Cancel => {
+                let cancel =
+                    CancelView::parse(&record.bytes).map_err(|k| log.corruption_at(record.offset, k))?;
+                let timer =
+                    Timer { deliver_at_ms: cancel.deliver_at_ms, message_offset: cancel.message_offset };
+                cancels.push(LedgerEntry { timer, cancel_offset: record.offset });
+            }
+            _ => {}
+        }
+    }
+    // The ledger is in log order; the index is in the order copies were made.
+    cancels.sort_unstable_by_key(|c| c.cancel_offset);
+    for LedgerEntry { timer, cancel_offset } in cancels {
+        if timer.deliver_at_ms >= from_ms {
+            wheel.cancel(timer)?;
+        }
+        wheel.record_cancel(timer, cancel_offset)?;
+    }
+    Ok(())
+}
+
+/// What a record settles: a delivery (of the message at an offset) or a
+/// cancel (by the cancel record at `record`).
+enum Settles {
+    Delivery(u64),
+    Cancel { record: u64, timer: Timer },
+}
+
+/// The timers that fired or were cancelled, from the delivery and cancel
+/// records after `from`: the wheel must not deliver them again.
+fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
+    let _span = tracing::info_span!("scan_settled", from).entered();
+    let mut settled = Settled::default();
+    let mut at = from;
+    while at < log.write_end() {
+        // Records below the replay start were not validated at open: the
+        // deliveries and cancels relied on here have their checksums checked;
+        // a damaged message is left to be reported when it is read.
+        let (found, next) = log.visit_trusted(at, |offset, kind, bytes| {
+            let corrupt = |kind| log.corruption_at(offset, kind);
+            match kind {
+                RecordKind::Delivery => check_crc(bytes, offset)
+                    .and_then(|()| DeliveryView::parse(bytes))
+                    .map(|d| Some(Settles::Delivery(d.message_offset)))
+                    .map_err(corrupt),
+                RecordKind::Cancel => check_crc(bytes, offset)
+                    .and_then(|()| CancelView::parse(bytes))
+                    .map(|c| {
+                        let timer =
+                            Timer { deliver_at_ms: c.deliver_at_ms, message_offset: c.message_offset };
+                        Some(Settles::Cancel { record: offset, timer })
+                    })
+                    .map_err(corrupt),
+                _ => Ok(None),
+            }
+        })?;
+        match found? {
+            Some(Settles::Delivery(message_offset)) => {
+                settled.delivered.insert(message_offset);
+            }
+            Some(Settles::Cancel { record, timer }) => {
+                settled.cancelled.insert(timer.message_offset);
+                settled.cancel_records.push(LedgerEntry { timer, cancel_offset: record });
+            }
+            None => {}
+        }
+        at = next;
+    }
+    Ok(settled)
+}
