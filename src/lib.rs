@@ -36,7 +36,9 @@ mod error;
 mod flusher;
 mod format;
 mod fs;
-pub mod inspect;
+#[cfg(feature = "internals")]
+#[doc(hidden)]
+pub mod internals;
 mod message;
 mod mmap;
 mod open;
@@ -55,12 +57,11 @@ pub use commitlog::RecoveryReport;
 pub use config::{Config, FlushMode, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
 pub use consumer::Consumer;
 pub use error::{CorruptionKind, Error, Result};
-pub use format::checkpoint::Checkpoint;
 pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
     MAX_TOPIC_LEN, Message, Receipt,
 };
 pub use retention::ReclaimReport;
-pub use stats::{DiskUsage, HORIZON_LABELS, Lateness, RetentionStats, Stats};
+pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

@@ -195,7 +195,7 @@ impl Message {
 }
 
 /// Topic names become directory names, so they are restricted to a safe alphabet.
-pub(crate) fn validate_topic(topic: &str) -> Result<()> {
+pub fn validate_topic(topic: &str) -> Result<()> {
     if topic.is_empty() {
         return Err(Error::invalid("topic", "empty"));
     }

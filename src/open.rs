@@ -47,6 +47,13 @@ struct Inboxes {
     timer_log_reclaim: Receiver<()>,
 }
 
+/// The running store's moving parts.
+struct Started {
+    scheduler: Arc<dyn SchedulerFront>,
+    retainer: Option<Arc<Retainer>>,
+    threads: Threads,
+}
+
 /// What the threads of a store are built from, between recovery and start.
 struct Parts {
     config: Config,
@@ -89,7 +96,8 @@ impl Store {
         let Recovered { log, report, checkpoint, timers } = recover(&config, &layout)?;
         let replay_from = timers.replay_from;
         let (parts, inboxes, counts, checkpoint) = Parts::assemble(config, layout, log, &timers, checkpoint)?;
-        let (scheduler, retainer, threads) = parts.start(timers, counts, checkpoint, inboxes, &levels)?;
+        let Started { scheduler, retainer, threads } =
+            parts.start(timers, counts, checkpoint, inboxes, &levels)?;
         tracing::info!(end = report.end, replay_from, scheduler = ?parts.config.scheduler, "store open");
         Ok(Store {
             config: parts.config,
@@ -196,7 +204,7 @@ impl Parts {
         checkpoint: CheckpointFile,
         inboxes: Inboxes,
         levels: &DelayLevels,
-    ) -> Result<(Arc<dyn SchedulerFront>, Option<Arc<Retainer>>, Threads)> {
+    ) -> Result<Started> {
         let mut threads = Threads::default();
         let flusher = self.flusher(checkpoint);
         let wake_flusher = self.wakes.flush.clone();
@@ -228,7 +236,7 @@ impl Parts {
             let wake = inboxes.retention;
             threads.spawn("retention", Stop::Flag(stop.clone()), move || retainer.run(wake, stop))?;
         }
-        Ok((scheduler, retainer, threads))
+        Ok(Started { scheduler, retainer, threads })
     }
 
     fn flusher(&self, checkpoint: CheckpointFile) -> Flusher {

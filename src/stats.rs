@@ -80,6 +80,9 @@ pub struct RetentionStats {
     pub consumer_skipped: u64,
 }
 
+/// How far ahead the first five counts of [`Stats::pending_by_horizon`]
+/// reach, in ms: 5 s, 1 min, 5 min, 1 h, 1 d (the sixth is the rest).
+pub const HORIZONS_MS: [u64; 5] = [5_000, 60_000, 300_000, 3_600_000, 86_400_000];
 /// Labels of [`Stats::pending_by_horizon`].
 pub const HORIZON_LABELS: [&str; 6] = ["5s", "1m", "5m", "1h", "1d", "beyond"];
 

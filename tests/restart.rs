@@ -192,7 +192,7 @@ fn once_nothing_changes_both_checkpoint_slots_vouch_for_the_same_state() {
     store.put(delaywheel::Message::new("T", "later").deliver_at_ms(1_700_000_060_000)).unwrap();
     let vouched = |at: usize| {
         let bytes = std::fs::read(dir.path().join("checkpoint")).unwrap();
-        let cp = delaywheel::inspect::decode_checkpoint_slot(&bytes[at..at + 96]).unwrap();
+        let cp = delaywheel::internals::checkpoint::Checkpoint::decode_slot(&bytes[at..at + 96]).unwrap();
         cp.map(|cp| (cp.log_durable, cp.dispatched, cp.tick_second))
     };
     let started = std::time::Instant::now();

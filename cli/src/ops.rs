@@ -5,7 +5,8 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
-use delaywheel::inspect::{self, FileKind};
+use delaywheel::internals::layout::Layout;
+use delaywheel::internals::{self, COMMITLOG_MAGIC, CONSUME_QUEUE_MAGIC, FileHeader, TIMER_LOG_MAGIC};
 use delaywheel::{Config, Stats, Store};
 
 use crate::Failure;
@@ -31,38 +32,39 @@ pub struct RecoverArgs {
 /// from their headers (a store opened with other sizes is refused), so the
 /// operator commands open any store.
 fn config_for(dir: &Path) -> Config {
-    let first_header = |files_dir: &Path, kind: FileKind| -> Option<u64> {
+    let first_header = |files_dir: &Path, magic: [u8; 8]| -> Option<u64> {
         let mut numbered: Vec<PathBuf> = std::fs::read_dir(files_dir)
             .ok()?
             .flatten()
-            .filter(|e| inspect::parse_file_number(&e.file_name().to_string_lossy()).is_some())
+            .filter(|e| internals::parse_numbered_file_name(&e.file_name().to_string_lossy()).is_some())
             .map(|e| e.path())
             .collect();
         numbered.sort();
-        let mut header = [0u8; inspect::FILE_HEADER_LEN];
+        let mut header = [0u8; internals::FILE_HEADER_LEN];
         std::fs::File::open(numbered.first()?).ok()?.read_exact(&mut header).ok()?;
-        inspect::decode_file_header(&header, kind).ok().map(|h| h.a)
+        FileHeader::decode(&header, magic).ok().map(|h| h.a)
     };
+    let layout = Layout::new(dir);
     let first_queue_dir = || -> Option<PathBuf> {
-        let topic = std::fs::read_dir(dir.join("consumequeue")).ok()?.flatten().next()?.path();
+        let topic = std::fs::read_dir(layout.consume_queues()).ok()?.flatten().next()?.path();
         Some(std::fs::read_dir(topic).ok()?.flatten().next()?.path())
     };
     let mut config = Config::new(dir);
-    if let Some(size) = first_header(&dir.join("commitlog"), FileKind::CommitLog) {
+    if let Some(size) = first_header(&layout.commit_log(), COMMITLOG_MAGIC) {
         config = config.with_segment_size(size);
     }
-    let timer_log = |name: &str| first_header(&dir.join("timer").join(name), FileKind::TimerLog);
-    if let Some(entries) = timer_log("timerlog").or_else(|| timer_log("timerlog-far")) {
+    let timer_log = |log: usize| first_header(&layout.timer_log(log), TIMER_LOG_MAGIC);
+    if let Some(entries) = timer_log(0).or_else(|| timer_log(1)) {
         config = config.with_timer_log_file_entries(entries);
     }
-    if let Some(entries) = first_queue_dir().and_then(|q| first_header(&q, FileKind::ConsumeQueue)) {
+    if let Some(entries) = first_queue_dir().and_then(|q| first_header(&q, CONSUME_QUEUE_MAGIC)) {
         config = config.with_queue_file_entries(entries);
     }
     config
 }
 
 fn existing_store(dir: &std::path::Path) -> Result<(), Failure> {
-    if !dir.join("commitlog").is_dir() {
+    if !Layout::new(dir).commit_log().is_dir() {
         return Err(Failure::Run(format!("{} is not a delaywheel store (no commitlog/)", dir.display())));
     }
     Ok(())

@@ -39,7 +39,7 @@ use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::layout::{RELOCATION_COMPACTED_FILE, RELOCATION_INDEX_FILE};
-use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, window_of};
+use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, is_unfinished, window_of};
 use crate::format::{
     FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header,
     numbered_file_name, parse_numbered_file_name,
@@ -167,7 +167,7 @@ impl RelocationArea {
                 continue;
             }
             match IndexEntry::decode(&bytes, at) {
-                Ok(entry) if entry.original_offset < log_start => break,
+                Ok(entry) if !is_unfinished(entry.original_offset, log_start) => break,
                 Ok(_) => end = at,
                 Err(kind) => return Err(Error::corruption(&path, at, kind)),
             }

@@ -8,9 +8,9 @@ use crate::format::{get_u32, get_u64, put_u32, put_u64};
 const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
 const VERSION: u32 = 1;
 /// Byte position of each of the two slots.
-pub(crate) const SLOT_POSITIONS: [u64; 2] = [0, 512];
-pub(crate) const SLOT_LEN: usize = 96;
-pub(crate) const FILE_LEN: u64 = 1024;
+pub const SLOT_POSITIONS: [u64; 2] = [0, 512];
+pub const SLOT_LEN: usize = 96;
+pub const FILE_LEN: u64 = 1024;
 
 const MAGIC_OFFSET: usize = 0;
 const VERSION_OFFSET: usize = MAGIC_OFFSET + 8;
@@ -56,7 +56,7 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
-    pub(crate) fn encode(&self) -> [u8; SLOT_LEN] {
+    pub fn encode(&self) -> [u8; SLOT_LEN] {
         let mut out = [0u8; SLOT_LEN];
         out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&MAGIC);
         put_u32(&mut out, VERSION_OFFSET, VERSION);
@@ -75,12 +75,21 @@ impl Checkpoint {
     }
 
     /// A slot's checkpoint, or `None` if the slot is empty, torn or of another version.
-    pub(crate) fn decode(slot: &[u8]) -> Option<Self> {
+    pub fn decode(slot: &[u8]) -> Option<Self> {
         Self::check(slot).ok()
     }
 
+    /// A slot's checkpoint: `Ok(None)` if the slot is all zero (never
+    /// written), an error if it is torn, damaged or of another version.
+    pub fn decode_slot(slot: &[u8]) -> std::result::Result<Option<Self>, CorruptionKind> {
+        if slot.get(..SLOT_LEN).is_some_and(|b| b.iter().all(|&x| x == 0)) {
+            return Ok(None);
+        }
+        Self::check(slot).map(Some)
+    }
+
     /// A slot's checkpoint, or why it is not one (an empty slot has a bad magic).
-    pub(crate) fn check(slot: &[u8]) -> std::result::Result<Self, CorruptionKind> {
+    pub fn check(slot: &[u8]) -> std::result::Result<Self, CorruptionKind> {
         let slot = slot
             .get(..SLOT_LEN)
             .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: slot.len() as u64 })?;

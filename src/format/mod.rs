@@ -8,18 +8,19 @@ use std::path::Path;
 
 use crate::error::{CorruptionKind, Error, Result};
 
-pub(crate) mod checkpoint;
-pub(crate) mod layout;
-pub(crate) mod queue_entry;
-pub(crate) mod record;
-pub(crate) mod relocation;
-pub(crate) mod segment_counts;
-pub(crate) mod slot;
-pub(crate) mod tail;
-pub(crate) mod timer_entry;
+pub mod chain;
+pub mod checkpoint;
+pub mod layout;
+pub mod queue_entry;
+pub mod record;
+pub mod relocation;
+pub mod segment_counts;
+pub mod slot;
+pub mod tail;
+pub mod timer_entry;
 
 /// Size of the header at the start of every commit-log segment and consume-queue file.
-pub(crate) const FILE_HEADER_LEN: usize = 32;
+pub const FILE_HEADER_LEN: usize = 32;
 
 // Offsets inside the file header, chained so nothing shifts silently.
 const MAGIC_OFFSET: usize = 0;
@@ -30,25 +31,25 @@ const HEADER_CRC_OFFSET: usize = FIELD_B_OFFSET + 8;
 const _: () = assert!(HEADER_CRC_OFFSET + 4 == FILE_HEADER_LEN);
 
 /// Magic of a commit-log segment file.
-pub(crate) const COMMITLOG_MAGIC: [u8; 8] = *b"DWCLOG\0\0";
+pub const COMMITLOG_MAGIC: [u8; 8] = *b"DWCLOG\0\0";
 /// Magic of a consume-queue file.
-pub(crate) const CONSUME_QUEUE_MAGIC: [u8; 8] = *b"DWCQUE\0\0";
+pub const CONSUME_QUEUE_MAGIC: [u8; 8] = *b"DWCQUE\0\0";
 /// Magic of a timer-log file.
-pub(crate) const TIMER_LOG_MAGIC: [u8; 8] = *b"DWTLOG\0\0";
+pub const TIMER_LOG_MAGIC: [u8; 8] = *b"DWTLOG\0\0";
 /// Magic of the cancel ledger's files (the timer-log layout).
-pub(crate) const CANCEL_LEDGER_MAGIC: [u8; 8] = *b"DWCNCL\0\0";
+pub const CANCEL_LEDGER_MAGIC: [u8; 8] = *b"DWCNCL\0\0";
 /// Magic of the wheel file.
-pub(crate) const WHEEL_MAGIC: [u8; 8] = *b"DWWHEL\0\0";
+pub const WHEEL_MAGIC: [u8; 8] = *b"DWWHEL\0\0";
 /// Magic of a relocation-area window file (copies of relocated timers).
-pub(crate) const RELOCATED_MAGIC: [u8; 8] = *b"DWRELO\0\0";
+pub const RELOCATED_MAGIC: [u8; 8] = *b"DWRELO\0\0";
 /// Magic of the relocation area's index.
-pub(crate) const RELOCATION_INDEX_MAGIC: [u8; 8] = *b"DWRIDX\0\0";
+pub const RELOCATION_INDEX_MAGIC: [u8; 8] = *b"DWRIDX\0\0";
 /// Magic of `timer/tails`, where each wheel slot's chain begins.
-pub(crate) const TAILS_MAGIC: [u8; 8] = *b"DWTAIL\0\0";
+pub const TAILS_MAGIC: [u8; 8] = *b"DWTAIL\0\0";
 /// Magic of `timer/segment_pending`, the per-segment pending-timer counts.
-pub(crate) const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
+pub const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
 /// The only format version this build reads and writes.
-pub(crate) const FORMAT_VERSION: u32 = 1;
+pub const FORMAT_VERSION: u32 = 1;
 
 /// The header that makes a data file self-identifying: magic, format version,
 /// two kind-specific numbers and a CRC32C over the first 28 bytes.
@@ -56,7 +57,7 @@ pub(crate) const FORMAT_VERSION: u32 = 1;
 /// * commit log: `a` = segment size in bytes, `b` = the segment's start offset;
 /// * consume queue: `a` = entries per file, `b` = index of the file's first entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct FileHeader {
+pub struct FileHeader {
     pub magic: [u8; 8],
     pub version: u32,
     pub a: u64,
@@ -65,10 +66,22 @@ pub(crate) struct FileHeader {
 
 /// Why a file header was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum HeaderProblem {
+pub enum HeaderProblem {
     BadMagic,
     BadChecksum,
     UnsupportedVersion(u32),
+}
+
+impl HeaderProblem {
+    /// What is wrong, as corruption, or `Err(version)` for a valid header of
+    /// a format version this build does not read.
+    pub fn kind(self) -> std::result::Result<CorruptionKind, u32> {
+        match self {
+            Self::BadMagic => Ok(CorruptionKind::BadMagic),
+            Self::BadChecksum => Ok(CorruptionKind::BadHeader),
+            Self::UnsupportedVersion(found) => Err(found),
+        }
+    }
 }
 
 impl FileHeader {
@@ -106,15 +119,12 @@ impl FileHeader {
 }
 
 /// Checks a file header read from `path` against what its name and the configuration say.
-pub(crate) fn check_file_header(path: &Path, bytes: &[u8], magic: [u8; 8], a: u64, b: u64) -> Result<()> {
-    let header = FileHeader::decode(bytes, magic).map_err(|problem| match problem {
-        HeaderProblem::BadMagic => Error::corruption(path, 0, CorruptionKind::BadMagic),
-        HeaderProblem::BadChecksum => Error::corruption(path, 0, CorruptionKind::BadHeader),
-        HeaderProblem::UnsupportedVersion(found) => Error::UnsupportedVersion {
-            file: path.to_path_buf(),
-            found,
-            supported: crate::format::FORMAT_VERSION,
-        },
+pub fn check_file_header(path: &Path, bytes: &[u8], magic: [u8; 8], a: u64, b: u64) -> Result<()> {
+    let header = FileHeader::decode(bytes, magic).map_err(|problem| match problem.kind() {
+        Ok(kind) => Error::corruption(path, 0, kind),
+        Err(found) => {
+            Error::UnsupportedVersion { file: path.to_path_buf(), found, supported: FORMAT_VERSION }
+        }
     })?;
     if header.a != a || header.b != b {
         let why = format!("header says ({}, {}), expected ({a}, {b})", header.a, header.b);
@@ -124,34 +134,34 @@ pub(crate) fn check_file_header(path: &Path, bytes: &[u8], magic: [u8; 8], a: u6
 }
 
 /// File names of segments and consume-queue files: a 20-digit, zero-padded number.
-pub(crate) fn numbered_file_name(n: u64) -> String {
+pub fn numbered_file_name(n: u64) -> String {
     format!("{n:020}")
 }
 
 /// The inverse of [`numbered_file_name`]; `None` for anything else (temp files, strays).
-pub(crate) fn parse_numbered_file_name(name: &str) -> Option<u64> {
+pub fn parse_numbered_file_name(name: &str) -> Option<u64> {
     if name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()) { name.parse().ok() } else { None }
 }
 
 // Callers check lengths before calling these; a short slice is a bug, not bad data.
-pub(crate) fn put_u16(buf: &mut [u8], at: usize, v: u16) {
+pub fn put_u16(buf: &mut [u8], at: usize, v: u16) {
     buf[at..at + 2].copy_from_slice(&v.to_le_bytes());
 }
-pub(crate) fn put_u32(buf: &mut [u8], at: usize, v: u32) {
+pub fn put_u32(buf: &mut [u8], at: usize, v: u32) {
     buf[at..at + 4].copy_from_slice(&v.to_le_bytes());
 }
-pub(crate) fn put_u64(buf: &mut [u8], at: usize, v: u64) {
+pub fn put_u64(buf: &mut [u8], at: usize, v: u64) {
     buf[at..at + 8].copy_from_slice(&v.to_le_bytes());
 }
-pub(crate) fn get_u16(buf: &[u8], at: usize) -> u16 {
+pub fn get_u16(buf: &[u8], at: usize) -> u16 {
     u16::from_le_bytes([buf[at], buf[at + 1]])
 }
-pub(crate) fn get_u32(buf: &[u8], at: usize) -> u32 {
+pub fn get_u32(buf: &[u8], at: usize) -> u32 {
     let mut b = [0u8; 4];
     b.copy_from_slice(&buf[at..at + 4]);
     u32::from_le_bytes(b)
 }
-pub(crate) fn get_u64(buf: &[u8], at: usize) -> u64 {
+pub fn get_u64(buf: &[u8], at: usize) -> u64 {
     let mut b = [0u8; 8];
     b.copy_from_slice(&buf[at..at + 8]);
     u64::from_le_bytes(b)
@@ -159,19 +169,50 @@ pub(crate) fn get_u64(buf: &[u8], at: usize) -> u64 {
 
 /// CRC32C bound to a position: the position's 8 little-endian bytes are
 /// hashed first, so a valid record copied to another offset does not pass.
-pub(crate) fn crc_at(position: u64, bytes: &[u8]) -> u32 {
+pub fn crc_at(position: u64, bytes: &[u8]) -> u32 {
     crc32c::crc32c_append(crc32c::crc32c(&position.to_le_bytes()), bytes)
 }
 
 /// Lowercase hex, for golden-bytes tests and dumps.
 #[cfg(test)]
-pub(crate) fn hex(bytes: &[u8]) -> String {
+pub fn hex(bytes: &[u8]) -> String {
     bytes.iter().map(|b| format!("{b:02x}")).collect()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Every decoder of bytes read from disk refuses bytes that are too
+    /// short or garbage with an error, never a panic, and reads all-zero
+    /// bytes as unwritten.
+    #[test]
+    fn decoders_refuse_short_or_garbage_bytes_and_read_zeros_as_unwritten() {
+        use crate::format::checkpoint::Checkpoint;
+        use crate::format::record::{Frame, Record, RecordKind, check_header_in};
+        use crate::format::{queue_entry, relocation, segment_counts, slot, tail, timer_entry};
+        for len in [0, 1, 11, 27, 31, 95] {
+            let bytes = vec![0xA5u8; len];
+            assert!(FileHeader::decode(&bytes, WHEEL_MAGIC).is_err());
+            assert!(check_header_in(&bytes, len).is_err());
+            assert!(queue_entry::decode_entry(&bytes, 1).is_err());
+            assert!(timer_entry::TimerEntry::decode(&bytes, 1).is_err());
+            assert!(slot::Slot::decode_record(&bytes, 1).is_err());
+            assert!(Checkpoint::decode_slot(&bytes).is_err());
+            assert!(tail::decode_record(&bytes, 1).is_err());
+            assert!(relocation::IndexEntry::decode(&bytes, 32).is_err());
+            assert!(segment_counts::decode(&bytes).is_none());
+        }
+        let frame = Frame { kind: RecordKind::Message, len: 100 };
+        assert!(Record::decode(&[1u8; 20], 32, frame).is_err());
+        let zeros = [0u8; 128];
+        assert!(matches!(check_header_in(&zeros, 128), Err(record::FrameError::Empty)));
+        assert_eq!(queue_entry::decode_entry(&zeros, 1), Ok(None));
+        assert_eq!(timer_entry::TimerEntry::decode(&zeros, 1), Ok(None));
+        assert_eq!(slot::Slot::decode_record(&zeros, 1), Ok(None));
+        assert_eq!(Checkpoint::decode_slot(&zeros), Ok(None));
+        assert_eq!(tail::decode_record(&zeros, 1), Ok(None));
+    }
 
     #[test]
     fn header_golden_bytes_match_wheel_format_md() {

@@ -1,13 +1,14 @@
 //! A consume-queue entry (32 bytes): where a message a consumer may read
 //! is in the commit log. `wheel-format.md` ("Consume queue") is the byte ruler.
 
+use crate::error::CorruptionKind;
 use crate::format::{crc_at, get_u32, get_u64, put_u32, put_u64};
 
 /// Entry flag: the message was made visible by its timer (a delivery record).
-pub(crate) const FLAG_TIMER_DELIVERY: u32 = 1;
+pub const FLAG_TIMER_DELIVERY: u32 = 1;
 
 /// Bytes per consume-queue entry.
-pub(crate) const ENTRY_LEN: usize = 32;
+pub const ENTRY_LEN: usize = 32;
 
 const LOG_OFFSET: usize = 0;
 const RECORD_LEN: usize = LOG_OFFSET + 8;
@@ -19,7 +20,7 @@ const _: () = assert!(CRC + 4 == ENTRY_LEN);
 
 /// One consume-queue entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Entry {
+pub struct Entry {
     /// Offset of the message record in the commit log (never 0: offset 0 is a file header).
     pub log_offset: u64,
     /// Length of that record.
@@ -68,13 +69,35 @@ impl Entry {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum EntryProblem {
+pub enum EntryProblem {
     Empty,
     Checksum { stored: u32, computed: u32 },
 }
 
+impl Entry {
+    /// Whether the message was made visible by its timer's delivery record.
+    pub fn timer_delivery(&self) -> bool {
+        self.flags & FLAG_TIMER_DELIVERY != 0
+    }
+}
+
+/// Decodes the entry at queue position `index`: `Ok(None)` if it is all zero
+/// (unwritten), an error if it is short or fails its CRC.
+pub fn decode_entry(bytes: &[u8], index: u64) -> std::result::Result<Option<Entry>, CorruptionKind> {
+    if bytes.len() < ENTRY_LEN {
+        return Err(CorruptionKind::WrongSize { expected: ENTRY_LEN as u64, found: bytes.len() as u64 });
+    }
+    match Entry::decode(bytes, index) {
+        Ok(entry) => Ok(Some(entry)),
+        Err(EntryProblem::Empty) => Ok(None),
+        Err(EntryProblem::Checksum { stored, computed }) => {
+            Err(CorruptionKind::ChecksumMismatch { stored, computed })
+        }
+    }
+}
+
 /// The tag hash stored in entries.
-pub(crate) fn tag_hash(tags: &str) -> u32 {
+pub fn tag_hash(tags: &str) -> u32 {
     if tags.is_empty() { 0 } else { crc32c::crc32c(tags.as_bytes()) }
 }
 

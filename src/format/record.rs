@@ -9,9 +9,9 @@ use crate::error::CorruptionKind;
 use crate::format::{crc_at, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 
 /// Bytes in every record's frame header.
-pub(crate) const RECORD_HEADER_LEN: usize = 12;
+pub const RECORD_HEADER_LEN: usize = 12;
 /// The record format version written by this build.
-pub(crate) const RECORD_VERSION: u8 = 1;
+pub const RECORD_VERSION: u8 = 1;
 
 const CRC_OFFSET: usize = 0;
 const LEN_OFFSET: usize = CRC_OFFSET + 4;
@@ -32,12 +32,12 @@ const M_TAGS_LEN: usize = M_KEY_LEN + 2;
 const M_PROPS_LEN: usize = M_TAGS_LEN + 2;
 const M_BODY_LEN: usize = M_PROPS_LEN + 4;
 /// Where the variable part of a message record begins.
-pub(crate) const MESSAGE_FIXED_LEN: usize = M_BODY_LEN + 4;
+pub const MESSAGE_FIXED_LEN: usize = M_BODY_LEN + 4;
 
 /// What a record is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[repr(u8)]
-pub(crate) enum RecordKind {
+pub enum RecordKind {
     /// A message with its body: the only record that carries a payload.
     Message = 1,
     /// A timer's delivery: names the message record it makes visible.
@@ -65,14 +65,14 @@ impl RecordKind {
 
 /// A checked frame: the record's kind and total length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Frame {
+pub struct Frame {
     pub kind: RecordKind,
     pub len: usize,
 }
 
 /// Why bytes at an offset are not a record.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) enum FrameError {
+pub enum FrameError {
     /// Nothing has been written here (an all-zero header): the normal end of the log.
     Empty,
     /// Something is here but it is not a valid record.
@@ -82,7 +82,7 @@ pub(crate) enum FrameError {
 /// Checks the frame header at the start of `bytes`: `bytes` runs from the
 /// record's offset to the end of its segment, and the record must fit in it.
 /// The CRC is checked over the whole record.
-pub(crate) fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError> {
+pub fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError> {
     let frame = check_header(bytes)?;
     // Padding covers unwritten space, so its CRC covers only its own header.
     let covered = if frame.kind == RecordKind::Padding { RECORD_HEADER_LEN } else { frame.len };
@@ -95,7 +95,7 @@ pub(crate) fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError
 }
 
 /// Checks the CRC of a record whose frame header was already checked.
-pub(crate) fn check_crc(record: &[u8], offset: u64) -> Result<(), CorruptionKind> {
+pub fn check_crc(record: &[u8], offset: u64) -> Result<(), CorruptionKind> {
     let stored = get_u32(record, CRC_OFFSET);
     let computed = crc_at(offset, &record[LEN_OFFSET..]);
     if stored != computed {
@@ -106,13 +106,13 @@ pub(crate) fn check_crc(record: &[u8], offset: u64) -> Result<(), CorruptionKind
 
 /// Checks the frame header alone (kind, version, length), not the CRC: for
 /// records whose checksum this process already knows to be good.
-pub(crate) fn check_header(bytes: &[u8]) -> Result<Frame, FrameError> {
+pub fn check_header(bytes: &[u8]) -> Result<Frame, FrameError> {
     check_header_in(bytes, bytes.len())
 }
 
 /// [`check_header`] for a reader that holds only the start of the record:
 /// `room` is how many bytes run from the record's offset to the end of its segment.
-pub(crate) fn check_header_in(bytes: &[u8], room: usize) -> Result<Frame, FrameError> {
+pub fn check_header_in(bytes: &[u8], room: usize) -> Result<Frame, FrameError> {
     let invalid = |why: String| FrameError::Invalid(CorruptionKind::BadFrame(why));
     let Some(header) = bytes.get(..RECORD_HEADER_LEN).filter(|_| room >= RECORD_HEADER_LEN) else {
         return Err(invalid("header runs past the end of the segment".into()));
@@ -146,7 +146,7 @@ fn seal(buf: &mut [u8], offset: u64, covered: usize) {
 }
 
 /// Writes a padding record filling `buf` (the rest of a segment, at least a header long).
-pub(crate) fn encode_padding(buf: &mut [u8], offset: u64) {
+pub fn encode_padding(buf: &mut [u8], offset: u64) {
     let len = buf.len();
     write_header(buf, RecordKind::Padding, len);
     seal(buf, offset, RECORD_HEADER_LEN);
@@ -156,11 +156,11 @@ pub(crate) fn encode_padding(buf: &mut [u8], offset: u64) {
 const D_DELIVERED_AT: usize = RECORD_HEADER_LEN;
 const D_MESSAGE_OFFSET: usize = D_DELIVERED_AT + 8;
 /// Length of a delivery record.
-pub(crate) const DELIVERY_LEN: usize = D_MESSAGE_OFFSET + 8;
+pub const DELIVERY_LEN: usize = D_MESSAGE_OFFSET + 8;
 
 /// Encodes a delivery record: the timer of the message at `message_offset`
 /// fired at `delivered_at_ms`. `buf` is exactly [`DELIVERY_LEN`] long.
-pub(crate) fn encode_delivery(buf: &mut [u8], offset: u64, delivered_at_ms: u64, message_offset: u64) {
+pub fn encode_delivery(buf: &mut [u8], offset: u64, delivered_at_ms: u64, message_offset: u64) {
     write_header(buf, RecordKind::Delivery, DELIVERY_LEN);
     put_u64(buf, D_DELIVERED_AT, delivered_at_ms);
     put_u64(buf, D_MESSAGE_OFFSET, message_offset);
@@ -169,7 +169,7 @@ pub(crate) fn encode_delivery(buf: &mut [u8], offset: u64, delivered_at_ms: u64,
 
 /// A decoded delivery record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct DeliveryView {
+pub struct DeliveryView {
     pub delivered_at_ms: u64,
     pub message_offset: u64,
 }
@@ -191,11 +191,11 @@ const C_CANCELLED_AT: usize = RECORD_HEADER_LEN;
 const C_MESSAGE_OFFSET: usize = C_CANCELLED_AT + 8;
 const C_DELIVER_AT: usize = C_MESSAGE_OFFSET + 8;
 /// Length of a cancel record.
-pub(crate) const CANCEL_LEN: usize = C_DELIVER_AT + 8;
+pub const CANCEL_LEN: usize = C_DELIVER_AT + 8;
 
 /// Encodes a cancel record: the timer of the message at `message_offset`
 /// (due at `deliver_at_ms`) was cancelled at `cancelled_at_ms`.
-pub(crate) fn encode_cancel(
+pub fn encode_cancel(
     buf: &mut [u8],
     offset: u64,
     cancelled_at_ms: u64,
@@ -211,7 +211,7 @@ pub(crate) fn encode_cancel(
 
 /// A decoded cancel record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct CancelView {
+pub struct CancelView {
     pub cancelled_at_ms: u64,
     pub message_offset: u64,
     pub deliver_at_ms: u64,
@@ -237,14 +237,14 @@ const R_TIMERS: usize = R_SEGMENT + 8;
 const R_CANCELS: usize = R_TIMERS + 8;
 const R_BYTES: usize = R_CANCELS + 8;
 /// Length of a relocation record.
-pub(crate) const RELOCATION_LEN: usize = R_BYTES + 8;
+pub const RELOCATION_LEN: usize = R_BYTES + 8;
 
 /// A decoded relocation record: at `relocated_at_ms`, the `timers` pending
 /// timers and the `cancels` cancels of timers not yet due of the segment
 /// starting at `segment_base` (`bytes` of records in all) were copied to the
 /// relocation area, and the segment is then deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct RelocationView {
+pub struct RelocationView {
     pub relocated_at_ms: u64,
     pub segment_base: u64,
     pub timers: u64,
@@ -279,27 +279,27 @@ impl RelocationView {
 
 /// The time every record but padding carries first in its body: a message's
 /// store time, a delivery's, a cancel's or a relocation's time.
-pub(crate) fn record_time_ms(kind: RecordKind, record: &[u8]) -> Option<u64> {
+pub fn record_time_ms(kind: RecordKind, record: &[u8]) -> Option<u64> {
     (kind != RecordKind::Padding && record.len() >= RECORD_HEADER_LEN + 8)
         .then(|| get_u64(record, RECORD_HEADER_LEN))
 }
 
 /// The timing fields a message record carries (zero for an ordinary message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Timing {
+pub struct Timing {
     pub deliver_at_ms: u64,
     pub delay_level: u16,
 }
 
 /// Encoded size of a property list: `u16 name_len | name | u16 value_len | value` per pair.
-pub(crate) fn properties_len(props: &[(String, String)]) -> usize {
+pub fn properties_len(props: &[(String, String)]) -> usize {
     props.iter().map(|(k, v)| 4 + k.len() + v.len()).sum()
 }
 
 /// The fields of a message record, borrowed from the producer's message
 /// (checked against the limits in `message.rs` before they get here).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct MessageFields<'a> {
+pub struct MessageFields<'a> {
     pub topic: &'a str,
     pub key: &'a str,
     pub tags: &'a str,
@@ -324,7 +324,7 @@ impl MessageFields<'_> {
 
 /// Encodes a message record into `buf`, which is exactly
 /// [`MessageFields::record_len`] long.
-pub(crate) fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
+pub fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
     let len = buf.len();
     debug_assert_eq!(len, m.record_len());
     write_header(buf, RecordKind::Message, len);
@@ -366,12 +366,12 @@ pub(crate) fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>)
 /// message, written when it came due (RocketMQ 4.x writes the message again
 /// into its real topic). Its deliver-at and level say when it was due; it is
 /// indexed into its topic at once, never scheduled again.
-pub(crate) const FLAG_RESCHEDULED: u16 = 1;
+pub const FLAG_RESCHEDULED: u16 = 1;
 
 /// Encodes the bucket scheduler's copy of the message record `original`
 /// (checked, from the log): the same bytes, stored at `stored_at_ms`, with
 /// [`FLAG_RESCHEDULED`] set, sealed for its new offset. `buf` is as long as `original`.
-pub(crate) fn encode_rescheduled(buf: &mut [u8], offset: u64, original: &[u8], stored_at_ms: u64) {
+pub fn encode_rescheduled(buf: &mut [u8], offset: u64, original: &[u8], stored_at_ms: u64) {
     buf.copy_from_slice(original);
     put_u16(buf, FLAGS_OFFSET, FLAG_RESCHEDULED);
     put_u64(buf, M_STORE_TIME, stored_at_ms);
@@ -381,7 +381,7 @@ pub(crate) fn encode_rescheduled(buf: &mut [u8], offset: u64, original: &[u8], s
 
 /// A decoded view of a message record whose frame was already checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct MessageView<'a> {
+pub struct MessageView<'a> {
     pub store_time_ms: u64,
     pub timing: Timing,
     pub queue_id: u32,
@@ -463,6 +463,53 @@ impl<'a> MessageView<'a> {
             out.push((name, value));
         }
         Ok(out)
+    }
+}
+
+/// A decoded, checksummed record.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Record<'a> {
+    Message(MessageView<'a>),
+    Delivery(DeliveryView),
+    Cancel(CancelView),
+    Relocation(RelocationView),
+    Padding,
+}
+
+impl<'a> Record<'a> {
+    /// Checks the CRC of the record at log `offset` whose frame was checked
+    /// (`frame`), and decodes it. `bytes` holds the record's `frame.len`
+    /// bytes; for padding its header is enough (its CRC covers only that).
+    /// A message's properties must be well-formed too. (Whether its topic is
+    /// one `put` accepts is the caller's check: `message::validate_topic`.)
+    pub fn decode(bytes: &'a [u8], offset: u64, frame: Frame) -> Result<Self, CorruptionKind> {
+        let covered = if frame.kind == RecordKind::Padding { RECORD_HEADER_LEN } else { frame.len };
+        let record = bytes.get(..covered).ok_or_else(|| {
+            CorruptionKind::BadFrame(format!("record of {} bytes, {} available", covered, bytes.len()))
+        })?;
+        check_crc(record, offset)?;
+        Ok(match frame.kind {
+            RecordKind::Message => {
+                let view = MessageView::parse(record)?;
+                view.properties()?;
+                Record::Message(view)
+            }
+            RecordKind::Delivery => Record::Delivery(DeliveryView::parse(record)?),
+            RecordKind::Cancel => Record::Cancel(CancelView::parse(record)?),
+            RecordKind::Relocation => Record::Relocation(RelocationView::parse(record)?),
+            RecordKind::Padding => Record::Padding,
+        })
+    }
+
+    /// The time the record carries first in its body (see [`record_time_ms`]).
+    pub fn time_ms(&self) -> Option<u64> {
+        match self {
+            Record::Message(m) => Some(m.store_time_ms),
+            Record::Delivery(d) => Some(d.delivered_at_ms),
+            Record::Cancel(c) => Some(c.cancelled_at_ms),
+            Record::Relocation(r) => Some(r.relocated_at_ms),
+            Record::Padding => None,
+        }
     }
 }
 

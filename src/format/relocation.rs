@@ -9,9 +9,9 @@ use crate::format::{crc_at, get_u32, get_u64, put_u32, put_u64};
 
 /// Seconds of deliver time one window file covers: 2^20 s, about 12 days,
 /// so timers spread over 10 years fill about 300 files.
-pub(crate) const WINDOW_SECS: u64 = 1 << 20;
+pub const WINDOW_SECS: u64 = 1 << 20;
 /// Bytes per index entry.
-pub(crate) const INDEX_ENTRY_LEN: usize = 32;
+pub const INDEX_ENTRY_LEN: usize = 32;
 const I_ORIGINAL: usize = 0;
 const I_DELIVER_AT: usize = I_ORIGINAL + 8;
 const I_POSITION: usize = I_DELIVER_AT + 8;
@@ -19,9 +19,19 @@ const I_LEN: usize = I_POSITION + 8;
 const I_CRC: usize = I_LEN + 4;
 const _: () = assert!(I_CRC + 4 == INDEX_ENTRY_LEN);
 
+/// Whether an index entry for the record at `original_offset` belongs to a
+/// relocation that did not finish: its original still lies in a segment on
+/// disk (at or after `log_start`, the first offset of the oldest segment),
+/// since a segment is deleted only after its copies are synced and its
+/// relocation record is durable. Recovery cuts such entries from the tail of
+/// the index, and the next pass copies that segment again.
+pub fn is_unfinished(original_offset: u64, log_start: u64) -> bool {
+    original_offset >= log_start
+}
+
 /// One index entry: where the copy of the record at `original_offset` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct IndexEntry {
+pub struct IndexEntry {
     pub original_offset: u64,
     pub deliver_at_ms: u64,
     /// Byte position of the copy in its window file.
@@ -66,7 +76,7 @@ impl IndexEntry {
 }
 
 /// The start second of the window that holds timers due at `deliver_at_ms`.
-pub(crate) fn window_of(deliver_at_ms: u64) -> u64 {
+pub fn window_of(deliver_at_ms: u64) -> u64 {
     let sec = deliver_at_ms / 1000;
     sec - sec % WINDOW_SECS
 }

@@ -16,7 +16,7 @@ const ENTRY_LEN: usize = 32;
 
 /// What one segment holds for the timers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct SegmentPending {
+pub struct SegmentPending {
     /// Timers indexed and not yet fired or cancelled, plus cancel records.
     pub count: u64,
     /// The latest deliver time of any timer (or cancelled timer) it holds.
@@ -30,7 +30,7 @@ pub(crate) struct SegmentPending {
 
 /// A decoded counts file.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Decoded {
+pub struct Decoded {
     /// Every insert below this commit-log offset is counted.
     pub covered_below: u64,
     /// Log offsets whose segments' counts may miss inserts.
@@ -40,11 +40,7 @@ pub(crate) struct Decoded {
 }
 
 /// The file's bytes.
-pub(crate) fn encode(
-    covered_below: u64,
-    unknown: &Range<u64>,
-    counts: &BTreeMap<u64, SegmentPending>,
-) -> Vec<u8> {
+pub fn encode(covered_below: u64, unknown: &Range<u64>, counts: &BTreeMap<u64, SegmentPending>) -> Vec<u8> {
     let header = FileHeader::new(SEGMENT_PENDING_MAGIC, covered_below, counts.len() as u64);
     let mut out = header.encode().to_vec();
     let mut field = |value: u64| {
@@ -66,7 +62,7 @@ pub(crate) fn encode(
 }
 
 /// Decodes a counts file; `None` if it is not a valid one.
-pub(crate) fn decode(bytes: &[u8]) -> Option<Decoded> {
+pub fn decode(bytes: &[u8]) -> Option<Decoded> {
     let header = FileHeader::decode(bytes, SEGMENT_PENDING_MAGIC).ok()?;
     let entries = usize::try_from(header.b).ok()?;
     let body_len = entries.checked_mul(ENTRY_LEN)?.checked_add(16)?;
@@ -88,4 +84,24 @@ pub(crate) fn decode(bytes: &[u8]) -> Option<Decoded> {
         })
         .collect();
     Some(Decoded { covered_below: header.a, unknown, counts })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_round_trips_and_a_flipped_bit_or_a_short_file_is_refused() {
+        let near = SegmentPending { count: 1, latest_due_ms: 10, latest_near_due_ms: 10 };
+        let far = SegmentPending { count: 1, latest_due_ms: 20, latest_near_due_ms: 0 };
+        let counts = BTreeMap::from([(1_000, near), (5_000, far)]);
+        let bytes = encode(6_000, &(0..0), &counts);
+        let header = FileHeader::decode(&bytes, SEGMENT_PENDING_MAGIC).unwrap();
+        assert_eq!((header.a, header.b), (6_000, 2), "wheel-format.md: a = covered below, b = entries");
+        assert_eq!(decode(&bytes), Some(Decoded { covered_below: 6_000, unknown: 0..0, counts }));
+        let mut flipped = bytes.clone();
+        flipped[FILE_HEADER_LEN + 20] ^= 1;
+        assert_eq!(decode(&flipped), None);
+        assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
+    }
 }

@@ -6,17 +6,17 @@ use crate::error::CorruptionKind;
 use crate::format::{FILE_HEADER_LEN, crc_at, get_u32, get_u64, put_u32, put_u64};
 
 /// Bytes per slot record in the wheel file.
-pub(crate) const SLOT_LEN: usize = 32;
+pub const SLOT_LEN: usize = 32;
 const S_WINDOW: usize = 0;
 const S_HEAD: usize = S_WINDOW + 8;
-pub(crate) const S_COUNT: usize = S_HEAD + 8;
+pub const S_COUNT: usize = S_HEAD + 8;
 const S_LEVEL: usize = S_COUNT + 4;
 const S_CANCELS: usize = S_LEVEL + 4;
 const S_CRC: usize = S_CANCELS + 4;
 const _: () = assert!(S_CRC + 4 == SLOT_LEN);
 /// One slot record: which absolute window it holds, its chain head, and an exact count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub(crate) struct Slot {
+pub struct Slot {
     pub window: u64,
     pub head: u64,
     pub count: u32,
@@ -38,31 +38,43 @@ impl Slot {
         out
     }
 
-    /// An all-zero record is an empty slot.
+    /// Decodes slot record `slot_index`; an all-zero record is an empty slot.
     pub fn decode(bytes: &[u8], slot_index: u64) -> std::result::Result<Self, CorruptionKind> {
+        Self::decode_record(bytes, slot_index).map(Option::unwrap_or_default)
+    }
+
+    /// Decodes slot record `slot_index`: `Ok(None)` if it is all zero (never
+    /// used), an error if it fails its CRC (which binds it to its index) or
+    /// counts more cancel entries than entries.
+    pub fn decode_record(bytes: &[u8], slot_index: u64) -> std::result::Result<Option<Self>, CorruptionKind> {
         let bytes = bytes
             .get(..SLOT_LEN)
             .ok_or(CorruptionKind::WrongSize { expected: SLOT_LEN as u64, found: bytes.len() as u64 })?;
         if bytes.iter().all(|&b| b == 0) {
-            return Ok(Self::default());
+            return Ok(None);
         }
         let stored = get_u32(bytes, S_CRC);
         let computed = crc_at(slot_index, &bytes[..S_CRC]);
         if stored != computed {
             return Err(CorruptionKind::ChecksumMismatch { stored, computed });
         }
-        Ok(Self {
+        let slot = Self {
             window: get_u64(bytes, S_WINDOW),
             head: get_u64(bytes, S_HEAD),
             count: get_u32(bytes, S_COUNT),
             level: get_u32(bytes, S_LEVEL),
             cancels: get_u32(bytes, S_CANCELS),
-        })
+        };
+        if slot.cancels > slot.count {
+            let why = format!("{} cancel entries among {} entries", slot.cancels, slot.count);
+            return Err(CorruptionKind::BadFrame(why));
+        }
+        Ok(Some(slot))
     }
 }
 
 /// Byte position of slot record `index` (counted over all levels) in the wheel file.
-pub(crate) fn slot_position(index: u64) -> u64 {
+pub fn slot_position(index: u64) -> u64 {
     FILE_HEADER_LEN as u64 + index * SLOT_LEN as u64
 }
 

@@ -9,7 +9,7 @@ use crate::error::CorruptionKind;
 use crate::format::{crc_at, get_u32, get_u64, put_u32, put_u64};
 
 /// Bytes per timer-log entry.
-pub(crate) const ENTRY_LEN: usize = 28;
+pub const ENTRY_LEN: usize = 28;
 const MESSAGE_OFFSET: usize = 0;
 const DELIVER_AT: usize = MESSAGE_OFFSET + 8;
 const PREV: usize = DELIVER_AT + 8;
@@ -22,7 +22,7 @@ const CANCEL_BIT: u64 = 1 << 63;
 
 /// One timer-log entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct TimerEntry {
+pub struct TimerEntry {
     /// The message record in the commit log.
     pub message_offset: u64,
     pub deliver_at_ms: u64,

@@ -47,6 +47,12 @@ pub const LOAD_AHEAD: u64 = 64;
 pub const L0_SPAN: u64 = LEVELS[0].slots;
 /// Slot records in the wheel file, over all levels.
 pub const TOTAL_SLOTS: u64 = LEVELS[0].slots + LEVELS[1].slots + LEVELS[2].slots;
+/// The wheel file's exact size: its header, then one slot record per slot.
+pub const WHEEL_FILE_LEN: u64 =
+    crate::format::FILE_HEADER_LEN as u64 + TOTAL_SLOTS * crate::format::slot::SLOT_LEN as u64;
+/// The `timer/tails` file's exact size: its header, then one record per slot.
+pub const TAILS_FILE_LEN: u64 =
+    crate::format::FILE_HEADER_LEN as u64 + TOTAL_SLOTS * crate::format::tail::TAIL_LEN as u64;
 /// The wheel file header's `a`: which geometry the file was laid out for.
 pub const GEOMETRY_ID: u64 = 0x0210_0F0D_1B0B;
 

@@ -40,7 +40,7 @@ use crate::timer::Timer;
 use crate::timer::log::TimerLog;
 
 /// Entries per ledger file (64 Ki entries, 1.75 MiB): retention deletes whole files.
-pub(crate) const LEDGER_ENTRIES_PER_FILE: u64 = 1 << 16;
+pub const LEDGER_ENTRIES_PER_FILE: u64 = 1 << 16;
 
 /// One cancel the store answered `Cancelled`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -19,7 +19,7 @@
 pub(crate) mod cancels;
 mod front;
 mod gauges;
-pub(crate) mod geometry;
+pub mod geometry;
 pub(crate) mod ledger;
 pub(crate) mod levels;
 mod loaded;

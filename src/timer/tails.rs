@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::format::layout::TAILS_FILE;
-use crate::format::tail::{TAIL_LEN, decode, encode};
+use crate::format::tail::{TAIL_LEN, decode, encode, tail_position};
 use crate::format::{FILE_HEADER_LEN, FileHeader, TAILS_MAGIC, check_file_header};
 use crate::mmap::{MapWriter, Mapped};
 
@@ -41,7 +41,7 @@ impl Tails {
     }
 
     fn at(index: u64) -> usize {
-        FILE_HEADER_LEN + index as usize * TAIL_LEN
+        tail_position(index) as usize
     }
 
     /// Records that slot `index`'s chain for `window` starts at entry `first`.

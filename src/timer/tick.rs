@@ -14,7 +14,7 @@ use crate::durable::{Floor, SegmentCounts};
 use crate::error::Result;
 use crate::format::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
 use crate::message::CancelOutcome;
-use crate::stats::TimerStats;
+use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::threads::StopFlag;
 use crate::timer::Timer;
 use crate::timer::cancels::{CancelState, CancelTarget};
@@ -23,8 +23,6 @@ use crate::timer::wheel::{FilesToSync, Wheel};
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
 const MAX_SLEEP: Duration = Duration::from_millis(20);
-/// The horizons of `pending_by_horizon`: 5 s, 1 min, 5 min, 1 h, 1 d.
-pub(crate) const HORIZONS_MS: [u64; 5] = [5_000, 60_000, 300_000, 3_600_000, 86_400_000];
 /// How often the gauges are refreshed (one pass over the slot counts).
 const STATS_INTERVAL: Duration = Duration::from_secs(1);
 /// How often the timer log is checked for files no chain reads any more.

@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::chain::{self, Chain, Lookup, WalkError};
 use crate::format::layout::{CANCEL_LEDGER_DIR, FAR_TIMER_LOG_DIR, TAILS_FILE, TIMER_LOG_DIR, WHEEL_FILE};
 use crate::format::slot::{SLOT_LEN, Slot, slot_position};
 use crate::format::timer_entry::TimerEntry;
@@ -26,7 +27,7 @@ use crate::mmap::{MapWriter, Mapped};
 use crate::timer::Timer;
 use crate::timer::cancels::Cancels;
 use crate::timer::geometry::{
-    GEOMETRY_ID, LEVEL_COUNT, LEVELS, TOTAL_SLOTS, place, slot_index, timer_log_of,
+    GEOMETRY_ID, LEVEL_COUNT, LEVELS, TOTAL_SLOTS, WHEEL_FILE_LEN, place, slot_index, timer_log_of,
 };
 use crate::timer::ledger::CancelLedger;
 use crate::timer::loaded::Loaded;
@@ -137,7 +138,7 @@ impl Wheel {
                 let _ = std::fs::remove_dir_all(dir.join(stale));
             }
         }
-        let size = FILE_HEADER_LEN as u64 + TOTAL_SLOTS * SLOT_LEN as u64;
+        let size = WHEEL_FILE_LEN;
         let file = if path.exists() {
             let file = Mapped::open(&path, size)?;
             check_file_header(&path, file.view(0, FILE_HEADER_LEN), WHEEL_MAGIC, GEOMETRY_ID, 0)?;
@@ -494,24 +495,27 @@ impl Wheel {
         Ok(())
     }
 
-    /// The entries of a slot, oldest first, following its chain and checking its count.
+    /// The entries of a slot, oldest first, following its chain and checking
+    /// it against the slot's counts.
     pub(super) fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<TimerEntry>> {
-        let mut timers = Vec::with_capacity(slot.count as usize);
-        let mut next = slot.head;
         let log = &self.logs[timer_log_of(slot.level as usize)];
-        while next != 0 && timers.len() < slot.count as usize {
-            let entry = log.read_linked(next)?;
-            timers.push(entry);
-            next = entry.prev;
+        let lookup = |at: u64| -> Result<Lookup> {
+            Ok(match log.read(at)? {
+                Some(entry) => Lookup::Entry(entry),
+                None if at < log.first() => Lookup::Deleted,
+                None => Lookup::Unwritten,
+            })
+        };
+        match chain::walk(slot, lookup) {
+            Ok(Chain { entries, deleted_from: None }) => {
+                Ok(entries.into_iter().rev().map(|(_, e)| e).collect())
+            }
+            Ok(Chain { deleted_from: Some(at), .. }) => {
+                Err(self.slot_error(index, format!("the chain reaches entry {at}, whose file was deleted")))
+            }
+            Err(WalkError::Read(e)) => Err(e),
+            Err(WalkError::Broken(why)) => Err(self.slot_error(index, why.to_string())),
         }
-        if timers.len() != slot.count as usize || next != 0 {
-            return Err(self.slot_error(
-                index,
-                format!("slot count is {} but its chain holds {} or more", slot.count, timers.len()),
-            ));
-        }
-        timers.reverse();
-        Ok(timers)
     }
 
     /// When the earliest loaded timer is due.

@@ -10,10 +10,37 @@
 use std::path::PathBuf;
 
 use delaywheel::CorruptionKind;
-use delaywheel::inspect::{self, FileKind, MessageRecord, Record, RecordKind, RelocationRecord};
+use delaywheel::internals::record::{
+    self, Frame, FrameError, MessageView, Record, RecordKind, RelocationView,
+};
+use delaywheel::internals::{self, queue_entry, validate_topic};
 
 use crate::error::Result;
-use crate::store_files::{ChunkReader, SequenceFile, StoreFiles, open_sequence};
+use crate::store_files::{ChunkReader, FileKind, SequenceFile, StoreFiles, open_sequence};
+
+/// The frame header at the start of `header` (`room` bytes to the end of its
+/// segment), as the store checks it: `Ok(None)` for an all-zero header, the
+/// end of the log.
+pub fn frame_at(header: &[u8], room: usize) -> Result<Option<Frame>, CorruptionKind> {
+    match record::check_header_in(header, room) {
+        Ok(frame) => Ok(Some(frame)),
+        Err(FrameError::Empty) => Ok(None),
+        Err(FrameError::Invalid(kind)) => Err(kind),
+    }
+}
+
+/// Checks and decodes the record at log `offset` as the store reads it: its
+/// CRC, its fields, and (a message) a topic `put` could have written, since
+/// the topic names a directory.
+pub fn decode_record(bytes: &[u8], offset: u64, frame: Frame) -> Result<Record<'_>, CorruptionKind> {
+    let record = Record::decode(bytes, offset, frame)?;
+    if let Record::Message(m) = &record
+        && validate_topic(m.topic).is_err()
+    {
+        return Err(CorruptionKind::BadFrame(format!("message record names topic {:?}", m.topic)));
+    }
+    Ok(record)
+}
 
 /// The commit log's segments, headers checked.
 pub struct CommitLog {
@@ -80,8 +107,8 @@ impl CommitLog {
 
     /// Visits every record (padding excluded) in log order, from the first
     /// segment to the end of the log.
-    pub fn scan(&self, mut visit: impl FnMut(u64, usize, Record) -> Result<()>) -> Result<LogEnd> {
-        let header_len = inspect::FILE_HEADER_LEN as u64;
+    pub fn scan(&self, mut visit: impl FnMut(u64, usize, Record<'_>) -> Result<()>) -> Result<LogEnd> {
+        let header_len = internals::FILE_HEADER_LEN as u64;
         let mut end = self.segments.first().map_or(header_len, |s| s.first + header_len);
         // `end` is where the next record would start: after the last segment
         // read, the start of the one that would follow it.
@@ -91,21 +118,21 @@ impl CommitLog {
             loop {
                 let offset = segment.first + local;
                 let room = (self.segment_size - local) as usize;
-                if room < inspect::RECORD_HEADER_LEN {
+                if room < record::RECORD_HEADER_LEN {
                     break;
                 }
                 let invalid =
                     |kind| LogEnd::Invalid { offset, file: segment.file.path.clone(), position: local, kind };
-                let header = reader.get(local, inspect::RECORD_HEADER_LEN)?;
-                let frame = match inspect::record_frame(header, room) {
+                let header = reader.get(local, record::RECORD_HEADER_LEN)?;
+                let frame = match frame_at(header, room) {
                     Ok(Some(frame)) => frame,
                     Ok(None) => return Ok(LogEnd::Clean { offset }),
                     Err(kind) => return Ok(invalid(kind)),
                 };
                 let read_len =
-                    if frame.kind == RecordKind::Padding { inspect::RECORD_HEADER_LEN } else { frame.len };
+                    if frame.kind == RecordKind::Padding { record::RECORD_HEADER_LEN } else { frame.len };
                 let bytes = reader.get(local, read_len)?;
-                match inspect::decode_record(bytes, offset, frame) {
+                match decode_record(bytes, offset, frame) {
                     Err(kind) => return Ok(invalid(kind)),
                     Ok(Record::Padding) => break,
                     Ok(record) => visit(offset, frame.len, record)?,
@@ -128,7 +155,7 @@ pub struct LogFacts {
     /// Cancel records in log order: (record offset, message offset, deliver at).
     pub cancels: Vec<(u64, u64, u64)>,
     /// Relocation records in log order: (record offset, record).
-    pub relocations: Vec<(u64, RelocationRecord)>,
+    pub relocations: Vec<(u64, RelocationView)>,
     pub topics: Vec<String>,
     topic_ids: std::collections::HashMap<String, u32>,
     pub counts: RecordCounts,
@@ -177,44 +204,38 @@ impl LogFacts {
     /// Adds the relocated copy of the timer message whose original record
     /// (deleted by retention) was at `offset`: it is known as a timed message
     /// like the others, but not counted as a record of the retained log.
-    pub fn add_relocated_timer(&mut self, offset: u64, len: usize, m: &MessageRecord) {
+    pub fn add_relocated_timer(&mut self, offset: u64, len: usize, m: &MessageView<'_>) {
         let facts = self.message_facts(len, m);
         self.messages.insert(offset, facts);
     }
 
-    fn message_facts(&mut self, len: usize, m: &MessageRecord) -> MessageFacts {
+    fn message_facts(&mut self, len: usize, m: &MessageView<'_>) -> MessageFacts {
         let next_id = self.topics.len() as u32;
-        let topic = *self.topic_ids.entry(m.topic.clone()).or_insert_with(|| {
-            self.topics.push(m.topic.clone());
+        let topic = *self.topic_ids.entry(m.topic.to_string()).or_insert_with(|| {
+            self.topics.push(m.topic.to_string());
             next_id
         });
         MessageFacts {
             len: len as u32,
             store_time_ms: m.store_time_ms,
             // A bucket scheduler's copy is an ordinary message of its topic.
-            deliver_at_ms: if m.is_timer() { m.deliver_at_ms } else { 0 },
-            delay_level: m.delay_level,
+            deliver_at_ms: m.timer_deliver_at_ms().unwrap_or(0),
+            delay_level: m.timing.delay_level,
             queue_id: m.queue_id,
             topic,
-            tag_hash: inspect::tag_hash(&m.tags),
+            tag_hash: queue_entry::tag_hash(m.tags),
         }
     }
 
-    fn note(&mut self, offset: u64, len: usize, record: Record) {
-        let time = match &record {
-            Record::Message(m) => Some(m.store_time_ms),
-            Record::Delivery(d) => Some(d.delivered_at_ms),
-            Record::Cancel(c) => Some(c.cancelled_at_ms),
-            Record::Relocation(r) => Some(r.relocated_at_ms),
-            Record::Padding => None,
-        };
+    fn note(&mut self, offset: u64, len: usize, record: Record<'_>) {
+        let time = record.time_ms();
         if self.oldest_time_ms.is_none() {
             self.oldest_time_ms = time;
         }
         match record {
             Record::Message(m) => {
                 self.counts.messages += 1;
-                self.counts.timed += u64::from(m.is_timer());
+                self.counts.timed += u64::from(m.timer_deliver_at_ms().is_some());
                 self.newest_time_ms = self.newest_time_ms.max(m.store_time_ms);
                 let facts = self.message_facts(len, &m);
                 self.messages.insert(offset, facts);

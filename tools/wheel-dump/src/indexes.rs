@@ -2,15 +2,21 @@
 //! timer logs, the chain starts (`timer/tails`), the cancel ledger
 //! (`timer/cancelled/`) and the consume queues. Each
 //! reader checks file headers and sizes when it opens; entries are decoded
-//! by `delaywheel::inspect`.
+//! by the store's own codecs (`delaywheel::internals`).
 
 use std::path::{Path, PathBuf};
 
-use delaywheel::inspect::{self, CancelLedgerEntry, FileKind, QueueEntry, TimerLogEntry, WheelSlot};
-use delaywheel::{Checkpoint, CorruptionKind};
+use delaywheel::CorruptionKind;
+use delaywheel::internals::chain::{self, Chain, Lookup, WalkError};
+use delaywheel::internals::checkpoint::Checkpoint;
+use delaywheel::internals::slot::Slot;
+use delaywheel::internals::timer_entry::{self, TimerEntry};
+use delaywheel::internals::{self, geometry, queue_entry, tail};
 
 use crate::error::{DumpError, Result};
-use crate::store_files::{ChunkReader, DataFile, QueueFiles, SequenceFile, StoreFiles, open_sequence};
+use crate::store_files::{
+    ChunkReader, DataFile, FileKind, QueueFiles, SequenceFile, StoreFiles, open_sequence,
+};
 
 // ------------------------------------------------------- fixed-size entries
 
@@ -39,7 +45,7 @@ fn scan_entries<E>(
         }
         let mut reader = ChunkReader::new(&f.file);
         while index < f.first + layout.per_file {
-            let position = inspect::FILE_HEADER_LEN as u64 + (index - f.first) * layout.len as u64;
+            let position = internals::FILE_HEADER_LEN as u64 + (index - f.first) * layout.len as u64;
             let bytes = reader.get(position, layout.len)?;
             let entry =
                 decode(bytes, index).map_err(|kind| DumpError::corruption(&f.file.path, position, kind))?;
@@ -80,11 +86,11 @@ impl CheckpointFile {
         }
         let file = DataFile::open(&path)?;
         let mut slots = Vec::new();
-        for position in inspect::CHECKPOINT_SLOT_POSITIONS {
+        for position in internals::checkpoint::SLOT_POSITIONS {
             // A short file leaves a slot short: decoding says so.
-            let available = file.len.saturating_sub(position).min(inspect::CHECKPOINT_SLOT_LEN as u64);
+            let available = file.len.saturating_sub(position).min(internals::checkpoint::SLOT_LEN as u64);
             let bytes = file.read(position, available as usize)?;
-            let slot = match inspect::decode_checkpoint_slot(&bytes) {
+            let slot = match Checkpoint::decode_slot(&bytes) {
                 Ok(None) => CheckpointSlot::Empty,
                 Ok(Some(cp)) => CheckpointSlot::Valid(cp),
                 Err(kind) => CheckpointSlot::Invalid(kind),
@@ -119,18 +125,18 @@ pub struct WheelFile {
 pub struct PlacedSlot {
     pub index: u64,
     pub level: usize,
-    pub slot: WheelSlot,
+    pub slot: Slot,
 }
 
 impl PlacedSlot {
     /// First epoch second the slot's window covers.
     pub fn start_second(&self) -> u64 {
-        inspect::window_start(self.level, self.slot.window)
+        geometry::window_start(self.level, self.slot.window)
     }
 
     /// Seconds the window covers.
     pub fn seconds(&self) -> u64 {
-        1 << inspect::window_shift(self.level)
+        1 << geometry::LEVELS[self.level].window_shift
     }
 
     /// Timers the slot still delivers, from its counts: its timer entries less
@@ -149,24 +155,24 @@ impl WheelFile {
         }
         let file = DataFile::open(&files.wheel)?;
         let header = file.header(FileKind::Wheel)?;
-        file.expect_field("geometry id", header.a, inspect::WHEEL_GEOMETRY_ID)?;
+        file.expect_field("geometry id", header.a, geometry::GEOMETRY_ID)?;
         file.expect_field("b", header.b, 0)?;
-        file.expect_len(inspect::WHEEL_FILE_LEN)?;
-        let header_len = inspect::FILE_HEADER_LEN as u64;
-        let slots = file.read(header_len, (inspect::WHEEL_FILE_LEN - header_len) as usize)?;
+        file.expect_len(geometry::WHEEL_FILE_LEN)?;
+        let header_len = internals::FILE_HEADER_LEN as u64;
+        let slots = file.read(header_len, (geometry::WHEEL_FILE_LEN - header_len) as usize)?;
         Ok(Some(Self { path: file.path, slots }))
     }
 
     /// Slot `index`: `Ok(None)` if never used. Checks its CRC, and that its
     /// level field and window belong to this slot.
     pub fn slot(&self, index: u64) -> Result<Option<PlacedSlot>> {
-        let at = index as usize * inspect::WHEEL_SLOT_LEN;
-        let position = inspect::slot_position(index);
+        let at = index as usize * internals::slot::SLOT_LEN;
+        let position = internals::slot::slot_position(index);
         let corrupt = |kind| DumpError::corruption(&self.path, position, kind);
-        let bytes = self.slots.get(at..at + inspect::WHEEL_SLOT_LEN).unwrap_or(&[]);
-        let Some(slot) = inspect::decode_wheel_slot(bytes, index).map_err(corrupt)? else { return Ok(None) };
-        let (level, _) = inspect::slot_level(index).expect("index below the slot count");
-        if slot.level as usize != level || inspect::slot_index(level, slot.window) != index {
+        let bytes = self.slots.get(at..at + internals::slot::SLOT_LEN).unwrap_or(&[]);
+        let Some(slot) = Slot::decode_record(bytes, index).map_err(corrupt)? else { return Ok(None) };
+        let (level, _) = geometry::slot_level(index).expect("index below the slot count");
+        if slot.level as usize != level || geometry::slot_index(level, slot.window) != index {
             let why =
                 format!("slot says level {} window {}, which belong elsewhere", slot.level, slot.window);
             return Err(DumpError::bad_reference(&self.path, position, why));
@@ -176,7 +182,7 @@ impl WheelFile {
 
     /// Every non-empty slot, in file order; stops at the first that does not check out.
     pub fn slots(&self) -> impl Iterator<Item = Result<PlacedSlot>> + '_ {
-        (0..inspect::WHEEL_TOTAL_SLOTS).filter_map(|index| self.slot(index).transpose())
+        (0..geometry::TOTAL_SLOTS).filter_map(|index| self.slot(index).transpose())
     }
 }
 
@@ -195,10 +201,10 @@ pub enum LogSide {
 impl LogSide {
     /// The log the chains of `level`'s slots run through.
     pub fn of_level(level: usize) -> Self {
-        if inspect::timer_log_of(level) == 0 { Self::Near } else { Self::Far }
+        if geometry::timer_log_of(level) == 0 { Self::Near } else { Self::Far }
     }
 
-    /// `0` near, `1` far (as [`inspect::timer_log_of`]).
+    /// `0` near, `1` far (as [`geometry::timer_log_of`]).
     pub fn index(self) -> usize {
         match self {
             Self::Near => 0,
@@ -233,8 +239,8 @@ pub struct TimerLog {
 
 impl TimerLog {
     pub fn open(files: &StoreFiles, side: LogSide) -> Result<Self> {
-        let entry = inspect::TIMER_ENTRY_LEN as u64;
-        let header = inspect::FILE_HEADER_LEN as u64;
+        let entry = timer_entry::ENTRY_LEN as u64;
+        let header = internals::FILE_HEADER_LEN as u64;
         let (list, per_file) = open_sequence(
             &files.timer_log_now(side.index())?,
             FileKind::TimerLog,
@@ -269,7 +275,7 @@ impl TimerLog {
     pub fn locate(&self, index: u64) -> (Option<&DataFile>, PathBuf, u64) {
         let first = index - index % self.per_file;
         let position =
-            inspect::FILE_HEADER_LEN as u64 + (index % self.per_file) * inspect::TIMER_ENTRY_LEN as u64;
+            internals::FILE_HEADER_LEN as u64 + (index % self.per_file) * timer_entry::ENTRY_LEN as u64;
         match self.files.iter().find(|f| f.first == first) {
             Some(f) => (Some(&f.file), f.file.path.clone(), position),
             None => (None, self.dir.join(format!("{first:020}")), position),
@@ -277,22 +283,20 @@ impl TimerLog {
     }
 
     /// Entry `index`: `Ok(None)` if unwritten (or its file does not exist).
-    pub fn entry(&self, index: u64) -> Result<Option<TimerLogEntry>> {
+    pub fn entry(&self, index: u64) -> Result<Option<TimerEntry>> {
         let (file, path, position) = self.locate(index);
         let Some(file) = file else { return Ok(None) };
-        let bytes = file.read(position, inspect::TIMER_ENTRY_LEN)?;
-        inspect::decode_timer_entry(&bytes, index).map_err(|kind| DumpError::corruption(path, position, kind))
+        let bytes = file.read(position, timer_entry::ENTRY_LEN)?;
+        TimerEntry::decode(&bytes, index).map_err(|kind| DumpError::corruption(path, position, kind))
     }
 
     /// Visits entries in order from `from` (at least 1: index 0 is never
     /// used; at least the first entry on disk) to the first unwritten one;
     /// returns the index past the last.
-    pub fn scan(&self, from: u64, mut visit: impl FnMut(u64, TimerLogEntry) -> Result<()>) -> Result<u64> {
+    pub fn scan(&self, from: u64, mut visit: impl FnMut(u64, TimerEntry) -> Result<()>) -> Result<u64> {
         let from = from.max(1).max(self.first().unwrap_or(1));
-        let layout = EntryLayout { per_file: self.per_file, len: inspect::TIMER_ENTRY_LEN };
-        scan_entries(&self.files, layout, from, inspect::decode_timer_entry, |index, _, _, entry| {
-            visit(index, entry)
-        })
+        let layout = EntryLayout { per_file: self.per_file, len: timer_entry::ENTRY_LEN };
+        scan_entries(&self.files, layout, from, TimerEntry::decode, |index, _, _, entry| visit(index, entry))
     }
 
     /// The index the next entry gets (`None`: no files): entries are dense,
@@ -300,8 +304,8 @@ impl TimerLog {
     pub fn end(&self) -> Result<Option<u64>> {
         let Some(last) = self.files.last() else { return Ok(None) };
         let written = |i: u64| -> Result<bool> {
-            let position = inspect::FILE_HEADER_LEN as u64 + i * inspect::TIMER_ENTRY_LEN as u64;
-            let bytes = last.file.read(position, inspect::TIMER_ENTRY_LEN)?;
+            let position = internals::FILE_HEADER_LEN as u64 + i * timer_entry::ENTRY_LEN as u64;
+            let bytes = last.file.read(position, timer_entry::ENTRY_LEN)?;
             Ok(bytes.iter().any(|&b| b != 0))
         };
         // Index 0 is never used: file 0's first entry is index 1.
@@ -330,12 +334,12 @@ pub struct LoadedLog {
     pub side: LogSide,
     /// The index of `entries[0]`: the first entry on disk.
     start: u64,
-    entries: Vec<TimerLogEntry>,
+    entries: Vec<TimerEntry>,
     has_files: bool,
 }
 
 impl LoadedLog {
-    pub fn get(&self, index: u64) -> Option<TimerLogEntry> {
+    pub fn get(&self, index: u64) -> Option<TimerEntry> {
         index.checked_sub(self.start).and_then(|i| self.entries.get(i as usize)).copied()
     }
 
@@ -350,7 +354,7 @@ impl LoadedLog {
     }
 
     /// (index, entry) in order.
-    pub fn iter(&self) -> impl Iterator<Item = (u64, &TimerLogEntry)> {
+    pub fn iter(&self) -> impl Iterator<Item = (u64, &TimerEntry)> {
         (self.start..).zip(&self.entries)
     }
 }
@@ -384,13 +388,13 @@ impl LoadedLogs {
 /// Where chains are read from: both timer logs, on disk or in memory.
 pub trait Entries {
     /// Entry `index` of log `side`: `Ok(None)` if it is not there.
-    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerLogEntry>>;
+    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerEntry>>;
     /// The first entry of log `side` on disk (`None`: no files).
     fn first(&self, side: LogSide) -> Option<u64>;
 }
 
 impl Entries for TimerLogs {
-    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerLogEntry>> {
+    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerEntry>> {
         self.get(side).entry(index)
     }
 
@@ -400,7 +404,7 @@ impl Entries for TimerLogs {
 }
 
 impl Entries for LoadedLogs {
-    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerLogEntry>> {
+    fn entry(&self, side: LogSide, index: u64) -> Result<Option<TimerEntry>> {
         Ok(self.get(side).get(index))
     }
 
@@ -409,78 +413,46 @@ impl Entries for LoadedLogs {
     }
 }
 
-/// A slot's chain as far as its timer log holds it.
-pub struct Chain {
-    /// (entry index, entry), newest first.
-    pub entries: Vec<(u64, TimerLogEntry)>,
-    /// The entry the chain goes on to whose file was deleted (`None`: the
-    /// chain was read whole, and checked against the slot's counts).
-    pub deleted_from: Option<u64>,
-}
-
 /// The chain of `slot`, newest first, through the log of its level, as far
-/// as that log's files go. The chain must link backwards, and (read whole)
-/// hold exactly `count` entries, `cancels` of them cancel entries; otherwise
-/// the slot is corrupt. Only the chains of live slots are sure to be read
+/// as that log's files go, walked and checked by the store's own walk (see
+/// [`chain::walk`]): it must link backwards and, read whole, hold exactly
+/// the slot's counts. Only the chains of live slots are sure to be read
 /// whole: the store deletes timer-log files that only stale chains reach.
 pub fn read_chain(wheel: &WheelFile, slot: &PlacedSlot, logs: &impl Entries) -> Result<Chain> {
     let side = LogSide::of_level(slot.level);
-    let position = inspect::slot_position(slot.index);
-    let bad = |why: String| DumpError::bad_reference(&wheel.path, position, why);
-    let mut out = Vec::with_capacity(slot.slot.count as usize);
-    let mut next = slot.slot.head;
-    while next != 0 && out.len() < slot.slot.count as usize {
-        if logs.first(side).is_none_or(|first| next < first) {
-            return Ok(Chain { entries: out, deleted_from: Some(next) });
+    let lookup = |at: u64| -> Result<Lookup> {
+        if logs.first(side).is_none_or(|first| at < first) {
+            return Ok(Lookup::Deleted);
         }
-        let Some(e) = logs.entry(side, next)? else {
-            return Err(bad(format!("the chain points at unwritten entry {next} of {}", side.name())));
-        };
-        if e.prev >= next {
-            return Err(bad(format!("entry {next} of {} links forward to {}", side.name(), e.prev)));
+        Ok(logs.entry(side, at)?.map_or(Lookup::Unwritten, Lookup::Entry))
+    };
+    chain::walk(&slot.slot, lookup).map_err(|e| match e {
+        WalkError::Read(e) => e,
+        WalkError::Broken(why) => {
+            let position = internals::slot::slot_position(slot.index);
+            DumpError::bad_reference(&wheel.path, position, format!("{why}, in {}", side.name()))
         }
-        out.push((next, e));
-        next = e.prev;
-    }
-    if out.len() != slot.slot.count as usize || next != 0 {
-        let longer = if next != 0 { " or more" } else { "" };
-        return Err(bad(format!(
-            "slot count is {} but its chain in {} holds {}{longer}",
-            slot.slot.count,
-            side.name(),
-            out.len()
-        )));
-    }
-    let cancels = out.iter().filter(|(_, e)| e.cancel).count();
-    if cancels != slot.slot.cancels as usize {
-        return Err(bad(format!(
-            "slot says {} cancel entries, its chain holds {cancels}",
-            slot.slot.cancels
-        )));
-    }
-    Ok(Chain { entries: out, deleted_from: None })
+    })
 }
 
-impl Chain {
-    /// The whole chain; one that reaches a deleted file is an error (for a live slot).
-    pub fn whole(
-        self,
-        wheel: &WheelFile,
-        slot: &PlacedSlot,
-        logs: &impl Entries,
-    ) -> Result<Vec<(u64, TimerLogEntry)>> {
-        let Some(index) = self.deleted_from else { return Ok(self.entries) };
-        let side = LogSide::of_level(slot.level);
-        let files = match logs.first(side) {
-            Some(first) => format!("its files start at entry {first}"),
-            None => "it has no files".into(),
-        };
-        let why = format!(
-            "the chain of a live slot reaches entry {index} of {}, whose file was deleted ({files})",
-            side.name()
-        );
-        Err(DumpError::bad_reference(&wheel.path, inspect::slot_position(slot.index), why))
-    }
+/// The whole chain; one that reaches a deleted file is an error (for a live slot).
+pub fn whole_chain(
+    chain: Chain,
+    wheel: &WheelFile,
+    slot: &PlacedSlot,
+    logs: &impl Entries,
+) -> Result<Vec<(u64, TimerEntry)>> {
+    let Some(index) = chain.deleted_from else { return Ok(chain.entries) };
+    let side = LogSide::of_level(slot.level);
+    let files = match logs.first(side) {
+        Some(first) => format!("its files start at entry {first}"),
+        None => "it has no files".into(),
+    };
+    let why = format!(
+        "the chain of a live slot reaches entry {index} of {}, whose file was deleted ({files})",
+        side.name()
+    );
+    Err(DumpError::bad_reference(&wheel.path, internals::slot::slot_position(slot.index), why))
 }
 
 // -------------------------------------------------------------- chain starts
@@ -499,20 +471,20 @@ impl TailsFile {
         }
         let file = DataFile::open(&files.tails)?;
         let header = file.header(FileKind::Tails)?;
-        file.expect_field("a (record length)", header.a, inspect::TAIL_RECORD_LEN as u64)?;
-        file.expect_field("b (slots)", header.b, inspect::WHEEL_TOTAL_SLOTS)?;
-        file.expect_len(inspect::TAILS_FILE_LEN)?;
-        let header_len = inspect::FILE_HEADER_LEN as u64;
-        let records = file.read(header_len, (inspect::TAILS_FILE_LEN - header_len) as usize)?;
+        file.expect_field("a (record length)", header.a, tail::TAIL_LEN as u64)?;
+        file.expect_field("b (slots)", header.b, geometry::TOTAL_SLOTS)?;
+        file.expect_len(geometry::TAILS_FILE_LEN)?;
+        let header_len = internals::FILE_HEADER_LEN as u64;
+        let records = file.read(header_len, (geometry::TAILS_FILE_LEN - header_len) as usize)?;
         Ok(Some(Self { path: file.path, records }))
     }
 
     /// Slot `index`'s record: `Ok(None)` if never written; an error if it fails its CRC.
-    pub fn record(&self, index: u64) -> Result<Option<inspect::TailRecord>> {
-        let at = index as usize * inspect::TAIL_RECORD_LEN;
-        let bytes = self.records.get(at..at + inspect::TAIL_RECORD_LEN).unwrap_or(&[]);
-        inspect::decode_tail_record(bytes, index)
-            .map_err(|kind| DumpError::corruption(&self.path, inspect::tail_position(index), kind))
+    pub fn record(&self, index: u64) -> Result<Option<tail::TailRecord>> {
+        let at = index as usize * tail::TAIL_LEN;
+        let bytes = self.records.get(at..at + tail::TAIL_LEN).unwrap_or(&[]);
+        tail::decode_record(bytes, index)
+            .map_err(|kind| DumpError::corruption(&self.path, tail::tail_position(index), kind))
     }
 }
 
@@ -529,8 +501,8 @@ pub struct CancelLedger {
 
 impl CancelLedger {
     pub fn open(files: &StoreFiles) -> Result<Self> {
-        const PER_FILE: u64 = inspect::CANCEL_LEDGER_ENTRIES_PER_FILE;
-        let file_len = inspect::FILE_HEADER_LEN as u64 + PER_FILE * inspect::TIMER_ENTRY_LEN as u64;
+        const PER_FILE: u64 = internals::LEDGER_ENTRIES_PER_FILE;
+        let file_len = internals::FILE_HEADER_LEN as u64 + PER_FILE * timer_entry::ENTRY_LEN as u64;
         // The format fixes the file size: a wrong `a` is reported as such, not as a wrong size.
         let (list, a) =
             open_sequence(&files.cancel_ledger_now()?, FileKind::CancelLedger, |_| PER_FILE, |_| file_len)?;
@@ -554,11 +526,11 @@ impl CancelLedger {
 
     /// Visits entries in order, with the file and byte position of each, to
     /// the first unwritten one; returns the index past the last.
-    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, CancelLedgerEntry) -> Result<()>) -> Result<u64> {
+    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, TimerEntry) -> Result<()>) -> Result<u64> {
         let layout =
-            EntryLayout { per_file: inspect::CANCEL_LEDGER_ENTRIES_PER_FILE, len: inspect::TIMER_ENTRY_LEN };
+            EntryLayout { per_file: internals::LEDGER_ENTRIES_PER_FILE, len: timer_entry::ENTRY_LEN };
         let from = self.first().unwrap_or(1);
-        scan_entries(&self.files, layout, from, inspect::decode_cancel_ledger_entry, visit)
+        scan_entries(&self.files, layout, from, TimerEntry::decode, visit)
     }
 }
 
@@ -572,8 +544,8 @@ pub struct ConsumeQueue {
 
 impl ConsumeQueue {
     pub fn open(queue: &QueueFiles) -> Result<Self> {
-        let entry = inspect::QUEUE_ENTRY_LEN as u64;
-        let header = inspect::FILE_HEADER_LEN as u64;
+        let entry = queue_entry::ENTRY_LEN as u64;
+        let header = internals::FILE_HEADER_LEN as u64;
         let (files, per_file) = open_sequence(
             &queue.files,
             FileKind::ConsumeQueue,
@@ -588,10 +560,10 @@ impl ConsumeQueue {
     }
 
     /// Visits entries in order to the first unwritten one; returns the queue's length.
-    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, QueueEntry) -> Result<()>) -> Result<u64> {
-        let layout = EntryLayout { per_file: self.per_file, len: inspect::QUEUE_ENTRY_LEN };
+    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, queue_entry::Entry) -> Result<()>) -> Result<u64> {
+        let layout = EntryLayout { per_file: self.per_file, len: queue_entry::ENTRY_LEN };
         let from = self.files.first().map_or(0, |f| f.first);
-        scan_entries(&self.files, layout, from, inspect::decode_queue_entry, visit)
+        scan_entries(&self.files, layout, from, queue_entry::decode_entry, visit)
     }
 
     /// The number of entries: entries are dense, so a binary search in the
@@ -600,8 +572,8 @@ impl ConsumeQueue {
     pub fn len(&self) -> Result<u64> {
         for (i, file) in self.files.iter().enumerate().rev() {
             let written = |n: u64| -> Result<bool> {
-                let position = inspect::FILE_HEADER_LEN as u64 + n * inspect::QUEUE_ENTRY_LEN as u64;
-                let bytes = file.file.read(position, inspect::QUEUE_ENTRY_LEN)?;
+                let position = internals::FILE_HEADER_LEN as u64 + n * queue_entry::ENTRY_LEN as u64;
+                let bytes = file.file.read(position, queue_entry::ENTRY_LEN)?;
                 Ok(bytes.iter().any(|&b| b != 0))
             };
             let (mut lo, mut hi) = (0, self.per_file);

@@ -3,7 +3,8 @@
 use std::collections::HashMap;
 use std::io::Write;
 
-use delaywheel::inspect;
+use delaywheel::internals::timer_entry::TimerEntry;
+use delaywheel::internals::{geometry, slot};
 use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogFacts};
@@ -124,8 +125,8 @@ pub fn slots(
 fn slot_line(s: &PlacedSlot, live: bool) -> SlotLine {
     SlotLine {
         level: s.level,
-        slot: s.index - inspect::slot_index(s.level, 0),
-        position: inspect::slot_position(s.index),
+        slot: s.index - geometry::slot_index(s.level, 0),
+        position: slot::slot_position(s.index),
         window: s.slot.window,
         start_second: s.start_second(),
         start_utc: utc_second(s.start_second()),
@@ -192,9 +193,9 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
     cancelled.extend(relocated.cancel_copies.iter().map(|c| c.message_offset));
     let mut lines = Vec::new();
     if let Some(wheel) = wheel {
-        for level in 0..inspect::WHEEL_LEVELS {
-            let window = inspect::window_of(level, second);
-            let Some(slot) = wheel.slot(inspect::slot_index(level, window))? else { continue };
+        for level in 0..geometry::LEVEL_COUNT {
+            let window = geometry::window_of(level, second);
+            let Some(slot) = wheel.slot(geometry::slot_index(level, window))? else { continue };
             if slot.slot.window != window {
                 continue;
             }
@@ -312,7 +313,7 @@ pub fn log(files: &StoreFiles, from: u64, far: bool, format: Format, out: &mut i
     let log = TimerLog::open(files, side)?;
     // The store deletes a log's oldest files: the listing starts at the first entry on disk.
     let first = log.first().unwrap_or(1);
-    let line = |index, e: inspect::TimerLogEntry| LogLine {
+    let line = |index, e: TimerEntry| LogLine {
         index,
         kind: if e.cancel { "cancel" } else { "timer" },
         message_offset: e.message_offset,

@@ -264,7 +264,7 @@ fn render_checked(c: &verify::Checked) -> String {
     if let Some(first) = c.cancel_ledger_first_entry.filter(|&first| first > 1) {
         out += &format!(
             "  timer/{}/ starts at entry {first}: the store deleted the files below (no handle can ask about their cancels)\n",
-            delaywheel::inspect::CANCEL_LEDGER_DIR
+            delaywheel::internals::layout::CANCEL_LEDGER_DIR
         );
     }
     if c.chains_gone_stale > 0 {

@@ -21,18 +21,20 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::PathBuf;
 
 use delaywheel::CorruptionKind;
-use delaywheel::inspect::{self, FileKind, Record, RelocationEntry};
+use delaywheel::internals;
+use delaywheel::internals::record::{self, Frame, Record};
+use delaywheel::internals::relocation::{self, IndexEntry};
 
-use crate::commitlog::{CommitLog, LogFacts};
+use crate::commitlog::{CommitLog, LogFacts, decode_record, frame_at};
 use crate::error::{DumpError, Result};
 use crate::indexes::CheckpointFile;
-use crate::store_files::{DataFile, StoreFiles};
+use crate::store_files::{DataFile, FileKind, StoreFiles};
 
 /// The index file, every whole entry decoded (or why not).
 pub struct RelocationIndex {
     pub path: PathBuf,
     /// Every whole entry in file order: (byte position, the entry or why it does not check out).
-    pub entries: Vec<(u64, Result<RelocationEntry, CorruptionKind>)>,
+    pub entries: Vec<(u64, Result<IndexEntry, CorruptionKind>)>,
     /// Bytes after the last whole entry (an append that was cut short).
     pub partial: u64,
 }
@@ -46,18 +48,18 @@ impl RelocationIndex {
         }
         let file = DataFile::open(&files.relocation_index)?;
         let header = file.header(FileKind::RelocationIndex)?;
-        file.expect_field("entry length", header.a, inspect::RELOCATION_ENTRY_LEN as u64)?;
-        file.expect_field("window length", header.b, inspect::RELOCATION_WINDOW_SECS)?;
-        let start = inspect::FILE_HEADER_LEN as u64;
-        let entry_len = inspect::RELOCATION_ENTRY_LEN as u64;
+        file.expect_field("entry length", header.a, relocation::INDEX_ENTRY_LEN as u64)?;
+        file.expect_field("window length", header.b, relocation::WINDOW_SECS)?;
+        let start = internals::FILE_HEADER_LEN as u64;
+        let entry_len = relocation::INDEX_ENTRY_LEN as u64;
         let body = file.len.saturating_sub(start);
         let bytes = file.read(start, (body / entry_len * entry_len) as usize)?;
         let entries = bytes
-            .chunks_exact(inspect::RELOCATION_ENTRY_LEN)
+            .chunks_exact(relocation::INDEX_ENTRY_LEN)
             .enumerate()
             .map(|(i, chunk)| {
                 let position = start + i as u64 * entry_len;
-                (position, inspect::decode_relocation_entry(chunk, position))
+                (position, relocation::IndexEntry::decode(chunk, position))
             })
             .collect();
         Ok(Some(Self { path: file.path, entries, partial: body % entry_len }))
@@ -72,10 +74,19 @@ pub struct Windows<'a> {
     pub headers_checked: u64,
 }
 
-/// A copy read back: the record it holds, decoded and checked against its original offset.
+/// A copy read back: its bytes, checked as the record at its original offset.
 pub struct CopyRead {
     pub path: PathBuf,
-    pub record: Record,
+    bytes: Vec<u8>,
+    frame: Frame,
+    original_offset: u64,
+}
+
+impl CopyRead {
+    /// The record the copy holds (checked when it was read).
+    pub fn record(&self) -> Record<'_> {
+        decode_record(&self.bytes, self.original_offset, self.frame).expect("checked when read")
+    }
 }
 
 impl<'a> Windows<'a> {
@@ -98,7 +109,7 @@ impl<'a> Windows<'a> {
             let file = match DataFile::open(&path) {
                 Ok(file) => {
                     let header = file.header(FileKind::RelocationWindow)?;
-                    file.expect_field("window length", header.a, inspect::RELOCATION_WINDOW_SECS)?;
+                    file.expect_field("window length", header.a, relocation::WINDOW_SECS)?;
                     file.expect_field("window", header.b, window)?;
                     self.headers_checked += 1;
                     Some(file)
@@ -115,16 +126,16 @@ impl<'a> Windows<'a> {
     /// offset; `None` if its window file does not exist (deleted once its
     /// window passed). A copy that does not check out is a corruption naming
     /// the window file and the copy's position.
-    pub fn read(&mut self, entry: &RelocationEntry) -> Result<Option<CopyRead>> {
+    pub fn read(&mut self, entry: &IndexEntry) -> Result<Option<CopyRead>> {
         let Some(file) = self.file(entry.window())? else { return Ok(None) };
         let corrupt = |kind| DumpError::corruption(&file.path, entry.position, kind);
         let len = entry.len as usize;
-        if entry.position < inspect::FILE_HEADER_LEN as u64 || len < inspect::RECORD_HEADER_LEN {
+        if entry.position < internals::FILE_HEADER_LEN as u64 || len < record::RECORD_HEADER_LEN {
             let why = format!("a copy of {len} bytes at {} cannot be a record", entry.position);
             return Err(corrupt(CorruptionKind::BadReference(why)));
         }
         let bytes = file.read(entry.position, len)?;
-        let frame = match inspect::record_frame(&bytes, len).map_err(corrupt)? {
+        let frame = match frame_at(&bytes, len).map_err(corrupt)? {
             Some(frame) => frame,
             None => {
                 return Err(corrupt(CorruptionKind::BadFrame("zero bytes where a copy should be".into())));
@@ -134,8 +145,8 @@ impl<'a> Windows<'a> {
             let why = format!("a copy of {len} bytes holds a record of {}", frame.len);
             return Err(corrupt(CorruptionKind::BadFrame(why)));
         }
-        let record = inspect::decode_record(&bytes, entry.original_offset, frame).map_err(corrupt)?;
-        Ok(Some(CopyRead { path: file.path.clone(), record }))
+        decode_record(&bytes, entry.original_offset, frame).map_err(corrupt)?;
+        Ok(Some(CopyRead { path: file.path.clone(), bytes, frame, original_offset: entry.original_offset }))
     }
 }
 
@@ -223,9 +234,8 @@ impl Relocated {
         clean: bool,
         strict: bool,
     ) -> Result<Self> {
-        let compacted = files.dir.join("commitlog").join("relocated").join("compacted");
         // Missing, or unreadable as a number: treated as compacted at the very end (lenient).
-        let compacted_at = match std::fs::read_to_string(&compacted) {
+        let compacted_at = match std::fs::read_to_string(&files.relocation_compacted) {
             Ok(text) => text.trim().parse().unwrap_or(u64::MAX),
             Err(_) => 0,
         };
@@ -259,11 +269,13 @@ impl Relocated {
         let tail_start = index
             .entries
             .iter()
-            .rposition(|(_, e)| e.as_ref().is_ok_and(|e| e.original_offset < r.log_start))
+            .rposition(|(_, e)| {
+                e.as_ref().is_ok_and(|e| !relocation::is_unfinished(e.original_offset, r.log_start))
+            })
             .map_or(0, |i| i + 1);
         if index.partial > 0 {
-            let position = inspect::FILE_HEADER_LEN as u64
-                + index.entries.len() as u64 * inspect::RELOCATION_ENTRY_LEN as u64;
+            let position = internals::FILE_HEADER_LEN as u64
+                + index.entries.len() as u64 * relocation::INDEX_ENTRY_LEN as u64;
             let kind = CorruptionKind::BadFrame(format!("a partial entry of {} bytes", index.partial));
             if clean {
                 check(&mut r, DumpError::corruption(&index.path, position, kind))?;
@@ -302,7 +314,7 @@ impl Relocated {
             }
             previous = Some(entry.original_offset);
             placed.entry(entry.window()).or_default().push((entry.position, u64::from(entry.len), position));
-            let relocated = entry.original_offset < r.log_start;
+            let relocated = !relocation::is_unfinished(entry.original_offset, r.log_start);
             if !relocated {
                 r.unfinished += 1;
             }
@@ -321,7 +333,7 @@ impl Relocated {
                     // Retention deletes a window once it ends at or before the
                     // time every timer before which has fired (at most the tick
                     // second of the checkpoints written by then).
-                    let window_end = entry.window().saturating_add(inspect::RELOCATION_WINDOW_SECS);
+                    let window_end = entry.window().saturating_add(relocation::WINDOW_SECS);
                     // The checkpoint is read after the window was found missing
                     // (again before blaming it), so a live store cannot have
                     // deleted it on the word of a newer checkpoint than ours.
@@ -351,8 +363,8 @@ impl Relocated {
                         );
                         DumpError::bad_reference(&copy.path, entry.position, why)
                     };
-                    match &copy.record {
-                        Record::Message(m) if m.is_timer() && m.deliver_at_ms == entry.deliver_at_ms => {
+                    match &copy.record() {
+                        Record::Message(m) if m.timer_deliver_at_ms() == Some(entry.deliver_at_ms) => {
                             if relocated {
                                 facts.add_relocated_timer(entry.original_offset, entry.len as usize, m);
                             }
@@ -375,8 +387,9 @@ impl Relocated {
                             }
                             CopyKind::Cancel
                         }
-                        Record::Message(m) if m.is_timer() => {
-                            check(&mut r, wrong(format!("a timer message due at {}", m.deliver_at_ms)))?;
+                        Record::Message(m) if m.timer_deliver_at_ms().is_some() => {
+                            let due = m.timing.deliver_at_ms;
+                            check(&mut r, wrong(format!("a timer message due at {due}")))?;
                             CopyKind::Damaged
                         }
                         Record::Message(_) => {
@@ -438,7 +451,7 @@ fn newest_tick_second(files: &StoreFiles) -> Option<u64> {
 }
 
 /// What a record is, in words.
-pub fn record_name(record: &Record) -> &'static str {
+pub fn record_name(record: &Record<'_>) -> &'static str {
     match record {
         Record::Message(_) => "message",
         Record::Delivery(_) => "delivery",

@@ -9,9 +9,46 @@ use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
 use delaywheel::CorruptionKind;
-use delaywheel::inspect::{self, FileHeader, FileKind, HeaderError};
+use delaywheel::internals::layout::Layout;
+use delaywheel::internals::{self, FileHeader};
 
 use crate::error::{DumpError, Result};
+
+/// The kinds of self-identifying data files, each known by the magic its
+/// header starts with (the library's constants).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum FileKind {
+    CommitLog,
+    ConsumeQueue,
+    TimerLog,
+    /// `timer/cancelled/<first index>`: the cancel ledger (the timer-log layout).
+    CancelLedger,
+    Wheel,
+    /// `commitlog/relocated/<window second>`: copies of relocated records.
+    RelocationWindow,
+    /// `commitlog/relocated/index`: where each relocated record's copy is.
+    RelocationIndex,
+    /// `timer/segment_pending`: pending timers per commit-log segment.
+    SegmentPending,
+    /// `timer/tails`: where each wheel slot's chain begins.
+    Tails,
+}
+
+impl FileKind {
+    pub fn magic(self) -> [u8; 8] {
+        match self {
+            Self::CommitLog => internals::COMMITLOG_MAGIC,
+            Self::ConsumeQueue => internals::CONSUME_QUEUE_MAGIC,
+            Self::TimerLog => internals::TIMER_LOG_MAGIC,
+            Self::CancelLedger => internals::CANCEL_LEDGER_MAGIC,
+            Self::Wheel => internals::WHEEL_MAGIC,
+            Self::RelocationWindow => internals::RELOCATED_MAGIC,
+            Self::RelocationIndex => internals::RELOCATION_INDEX_MAGIC,
+            Self::SegmentPending => internals::SEGMENT_PENDING_MAGIC,
+            Self::Tails => internals::TAILS_MAGIC,
+        }
+    }
+}
 
 /// Every file of a store directory, by role. Numbered files are keyed by
 /// the number in their name (a segment's start offset, a file's first index).
@@ -23,7 +60,7 @@ pub struct StoreFiles {
     pub queues: Vec<QueueFiles>,
     pub wheel: PathBuf,
     /// The files of the near timer log (`timer/timerlog/`, `[0]`) and of the
-    /// far one (`timer/timerlog-far/`, `[1]`); see [`inspect::timer_log_of`].
+    /// far one (`timer/timerlog-far/`, `[1]`); see [`geometry::timer_log_of`].
     /// Retention deletes a log's oldest files: they may start past index 0.
     pub timer_logs: [BTreeMap<u64, PathBuf>; 2],
     /// The cancel ledger's files (`timer/cancelled/`), by first entry index.
@@ -37,8 +74,12 @@ pub struct StoreFiles {
     pub relocated_dir: PathBuf,
     /// `commitlog/relocated/index` (may not exist).
     pub relocation_index: PathBuf,
+    /// `commitlog/relocated/compacted` (may not exist).
+    pub relocation_compacted: PathBuf,
     /// The relocation window files, by their window's first second.
     pub relocation_windows: BTreeMap<u64, PathBuf>,
+    /// Where every file of the store lives, as the store lays them out.
+    pub layout: Layout,
 }
 
 /// The files of one consume queue.
@@ -56,12 +97,13 @@ impl StoreFiles {
         if !dir.is_dir() {
             return Err(not_a_store("no such directory"));
         }
-        let commitlog = dir.join("commitlog");
+        let layout = Layout::new(dir);
+        let commitlog = layout.commit_log();
         if !commitlog.is_dir() {
             return Err(not_a_store("it has no commitlog/ directory"));
         }
         let mut queues = Vec::new();
-        let queue_root = dir.join("consumequeue");
+        let queue_root = layout.consume_queues();
         for topic_dir in sorted_dirs(&queue_root)? {
             let topic = file_name(&topic_dir);
             for queue_dir in sorted_dirs(&topic_dir)? {
@@ -75,27 +117,29 @@ impl StoreFiles {
             }
         }
         queues.sort_by(|a, b| (&a.topic, a.queue_id).cmp(&(&b.topic, b.queue_id)));
-        let relocated_dir = commitlog.join(inspect::RELOCATED_DIR);
+        let relocated_dir = layout.relocated();
         Ok(Self {
             dir: dir.to_path_buf(),
-            checkpoint: dir.join("checkpoint"),
+            checkpoint: layout.checkpoint(),
             segments: numbered_files(&commitlog)?,
             queues,
-            wheel: dir.join("timer").join("wheel"),
-            timer_logs: [numbered_files(&timer_log_dir(dir, 0))?, numbered_files(&timer_log_dir(dir, 1))?],
-            cancel_ledger: numbered_files(&cancel_ledger_dir(dir))?,
-            tails: dir.join("timer").join(inspect::TAILS_FILE),
-            segment_pending: dir.join("timer").join(inspect::SEGMENT_PENDING_FILE),
-            relocation_index: relocated_dir.join(inspect::RELOCATION_INDEX_FILE),
+            wheel: layout.wheel(),
+            timer_logs: [numbered_files(&layout.timer_log(0))?, numbered_files(&layout.timer_log(1))?],
+            cancel_ledger: numbered_files(&layout.cancel_ledger())?,
+            tails: layout.tails(),
+            segment_pending: layout.segment_counts(),
+            relocation_index: layout.relocation_index(),
+            relocation_compacted: layout.relocation_compacted(),
             relocation_windows: numbered_files(&relocated_dir)?,
             relocated_dir,
+            layout,
         })
     }
 
     /// The path of the relocation window file that starts at second `window`
     /// (it may not exist: retention deletes a window once it has passed).
     pub fn relocation_window(&self, window: u64) -> PathBuf {
-        self.relocated_dir.join(format!("{window:020}"))
+        self.relocated_dir.join(internals::numbered_file_name(window))
     }
 
     /// The first log offset of the oldest commit-log segment on disk (`0` if
@@ -106,7 +150,7 @@ impl StoreFiles {
 
     /// The directory of timer log `log` (`0` near, `1` far).
     pub fn timer_log_dir(&self, log: usize) -> PathBuf {
-        timer_log_dir(&self.dir, log)
+        self.layout.timer_log(log)
     }
 
     /// The files of timer log `log` as they are now. A live store creates
@@ -119,7 +163,7 @@ impl StoreFiles {
 
     /// The cancel ledger's directory, `timer/cancelled/`.
     pub fn cancel_ledger_dir(&self) -> PathBuf {
-        cancel_ledger_dir(&self.dir)
+        self.layout.cancel_ledger()
     }
 
     /// The cancel ledger's files as they are now: a live store creates them
@@ -132,15 +176,6 @@ impl StoreFiles {
     pub fn relative(&self, path: &Path) -> String {
         path.strip_prefix(&self.dir).unwrap_or(path).display().to_string()
     }
-}
-
-fn timer_log_dir(dir: &Path, log: usize) -> PathBuf {
-    let name = if log == 0 { inspect::TIMER_LOG_DIR } else { inspect::FAR_TIMER_LOG_DIR };
-    dir.join("timer").join(name)
-}
-
-fn cancel_ledger_dir(dir: &Path) -> PathBuf {
-    dir.join("timer").join(inspect::CANCEL_LEDGER_DIR)
 }
 
 fn file_name(path: &Path) -> String {
@@ -158,7 +193,7 @@ fn sorted_dirs(dir: &Path) -> Result<Vec<PathBuf>> {
 pub fn numbered_files(dir: &Path) -> Result<BTreeMap<u64, PathBuf>> {
     Ok(list(dir)?
         .into_iter()
-        .filter_map(|path| inspect::parse_file_number(&file_name(&path)).map(|n| (n, path)))
+        .filter_map(|path| internals::parse_numbered_file_name(&file_name(&path)).map(|n| (n, path)))
         .collect())
 }
 
@@ -203,12 +238,14 @@ impl DataFile {
 
     /// Reads and checks the file header of a file of `kind`.
     pub fn header(&self, kind: FileKind) -> Result<FileHeader> {
-        let bytes = self.read(0, inspect::FILE_HEADER_LEN)?;
-        inspect::decode_file_header(&bytes, kind).map_err(|e| match e {
-            HeaderError::Corrupt(kind) => DumpError::corruption(&self.path, 0, kind),
-            HeaderError::UnsupportedVersion { found, supported } => {
-                DumpError::UnsupportedVersion { file: self.path.clone(), found, supported }
-            }
+        let bytes = self.read(0, internals::FILE_HEADER_LEN)?;
+        FileHeader::decode(&bytes, kind.magic()).map_err(|problem| match problem.kind() {
+            Ok(kind) => DumpError::corruption(&self.path, 0, kind),
+            Err(found) => DumpError::UnsupportedVersion {
+                file: self.path.clone(),
+                found,
+                supported: internals::FORMAT_VERSION,
+            },
         })
     }
 

@@ -8,15 +8,17 @@
 
 use std::path::Path;
 
-use delaywheel::inspect::{self, FileKind};
-use delaywheel::{Checkpoint, HORIZON_LABELS};
+use delaywheel::HORIZON_LABELS;
+use delaywheel::internals::checkpoint::Checkpoint;
+use delaywheel::internals::record::Record;
+use delaywheel::internals::{self, geometry, layout, relocation};
 use serde::Serialize;
 
 use crate::commitlog::CommitLog;
 use crate::error::{DumpError, Result};
 use crate::indexes::{CheckpointFile, ConsumeQueue, LogSide, PlacedSlot, TimerLogs, WheelFile};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
-use crate::store_files::{DataFile, StoreFiles};
+use crate::store_files::{DataFile, FileKind, StoreFiles};
 use crate::time::{utc_ms, utc_second};
 use crate::wheel_view::{LiveChains, Resume, live_slots};
 
@@ -32,7 +34,7 @@ pub struct Summary {
     /// The near timer log (level-0 chains), then the far one (levels 1 and 2).
     timer_logs: Vec<TimerLogInfo>,
     /// Pending timers per level: live slot entries minus cancel entries.
-    pending_per_level: [u64; inspect::WHEEL_LEVELS],
+    pending_per_level: [u64; geometry::LEVEL_COUNT],
     pending_total: u64,
     /// Reference time of the horizon buckets, epoch ms.
     reference_ms: u64,
@@ -161,20 +163,20 @@ impl Summary {
             Some(wheel) => live_slots(wheel, &resume)?,
             None => Vec::new(),
         };
-        let mut entries = [0u64; inspect::WHEEL_LEVELS];
-        let mut cancels = [0u64; inspect::WHEEL_LEVELS];
+        let mut entries = [0u64; geometry::LEVEL_COUNT];
+        let mut cancels = [0u64; geometry::LEVEL_COUNT];
         let mut horizon = vec![0u64; HORIZON_LABELS.len()];
         for slot in &live {
             entries[slot.level] += u64::from(slot.slot.count);
             cancels[slot.level] += u64::from(slot.slot.cancels);
             let due_ms = slot.start_second().saturating_mul(1000);
-            let bucket = inspect::HORIZONS_MS
+            let bucket = delaywheel::HORIZONS_MS
                 .iter()
                 .position(|&ahead| due_ms < reference_ms.saturating_add(ahead))
-                .unwrap_or(inspect::HORIZONS_MS.len());
+                .unwrap_or(delaywheel::HORIZONS_MS.len());
             horizon[bucket] += u64::from(slot.net_timers());
         }
-        let pending_per_level = inspect::net_pending(entries, cancels);
+        let pending_per_level = geometry::net_pending(entries, cancels);
         let next_due = match &wheel {
             Some(wheel) => next_due(files, &resume, wheel, &logs, &live)?,
             None => None,
@@ -194,7 +196,7 @@ impl Summary {
             let (first_entry, end) = (log.first(), log.end()?);
             timer_logs.push(TimerLogInfo {
                 dir: files.relative(&files.timer_log_dir(log.side.index())),
-                levels: (0..inspect::WHEEL_LEVELS).filter(|&l| LogSide::of_level(l) == log.side).collect(),
+                levels: (0..geometry::LEVEL_COUNT).filter(|&l| LogSide::of_level(l) == log.side).collect(),
                 files: log.files().count(),
                 first_entry,
                 end,
@@ -263,7 +265,7 @@ impl Summary {
         out += "\npending timers (live wheel slots, as of the checkpoint's tick second)\n";
         let mut table = Table::new(&["level", ">slot covers", ">pending"]);
         for (level, n) in self.pending_per_level.iter().enumerate() {
-            let covers = format!("{} s", thousands(1 << inspect::window_shift(level)));
+            let covers = format!("{} s", thousands(1 << geometry::LEVELS[level].window_shift));
             table.row(vec![level.to_string(), covers, thousands(*n)]);
         }
         table.row(vec!["total".into(), String::new(), thousands(self.pending_total)]);
@@ -354,7 +356,7 @@ fn retention(files: &StoreFiles, file_infos: &[FileInfo]) -> Result<RetentionInf
     let bytes = |prefix: &str| -> u64 {
         file_infos.iter().filter(|f| f.path.starts_with(prefix)).map(|f| f.bytes).sum()
     };
-    let relocated_prefix = format!("commitlog/{}/", inspect::RELOCATED_DIR);
+    let relocated_prefix = format!("commitlog/{}/", layout::RELOCATED_DIR);
     let disk_bytes = DiskBytes {
         commit_log: bytes("commitlog/") - bytes(&relocated_prefix),
         relocated: bytes(&relocated_prefix),
@@ -368,14 +370,14 @@ fn retention(files: &StoreFiles, file_infos: &[FileInfo]) -> Result<RetentionInf
     // The index's header was checked with the files; its entries are counted, not read.
     let index_bytes = bytes(&files.relative(&files.relocation_index));
     let relocation_index_entries =
-        index_bytes.saturating_sub(inspect::FILE_HEADER_LEN as u64) / inspect::RELOCATION_ENTRY_LEN as u64;
+        index_bytes.saturating_sub(internals::FILE_HEADER_LEN as u64) / relocation::INDEX_ENTRY_LEN as u64;
     let relocation_window_files = files.relocation_windows.len() as u64;
     let oldest_segment = files.log_start();
     let seen = oldest_segment > 0 || relocation_index_entries > 0 || relocation_window_files > 0;
     let relocation_records = if seen {
         let mut records = RelocationRecords::default();
         CommitLog::open(files)?.scan(|_, _, record| {
-            if let inspect::Record::Relocation(r) = record {
+            if let Record::Relocation(r) = record {
                 records.count += 1;
                 records.timers += r.timers;
                 records.cancels += r.cancels;
@@ -389,7 +391,7 @@ fn retention(files: &StoreFiles, file_infos: &[FileInfo]) -> Result<RetentionInf
     };
     Ok(RetentionInfo {
         oldest_segment,
-        oldest_retained_offset: oldest_segment + inspect::FILE_HEADER_LEN as u64,
+        oldest_retained_offset: oldest_segment + internals::FILE_HEADER_LEN as u64,
         segments_deleted: oldest_segment > 0,
         disk_bytes,
         relocation_records,

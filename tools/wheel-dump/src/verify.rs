@@ -60,7 +60,9 @@
 use std::collections::{HashMap, HashSet};
 use std::path::PathBuf;
 
-use delaywheel::inspect::{self, FileKind};
+use delaywheel::CorruptionKind;
+use delaywheel::internals::timer_entry::TimerEntry;
+use delaywheel::internals::{self, geometry, queue_entry, record, segment_counts, tail};
 use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogEnd, LogFacts, MessageFacts};
@@ -70,7 +72,7 @@ use crate::indexes::{
     TimerLogs, WheelFile,
 };
 use crate::relocated::{CopyKind, Relocated};
-use crate::store_files::{DataFile, StoreFiles};
+use crate::store_files::{DataFile, FileKind, StoreFiles};
 use crate::wheel_view::{LiveChains, Resume};
 
 /// What was checked, for the report.
@@ -191,7 +193,7 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
     let relocated = Relocated::gather(files, &log, &mut facts, clean, true)?;
     note_relocated(&relocated, &facts, &mut checked);
     check_relocation_records(&log, &facts, &relocated)?;
-    check_segment_counts(files, &log, &mut checked)?;
+    check_segment_counts(files, &mut checked)?;
     check_settling_records(&log, &facts, &relocated, &mut checked)?;
 
     // The wheel is read before the timer log: a live store appends an entry
@@ -263,9 +265,11 @@ fn check_checkpoint_file(files: &StoreFiles, checked: &mut Checked) -> Result<Ch
     if !file.exists {
         return Err(DumpError::corruption(&file.path, 0, delaywheel::CorruptionKind::MissingFile));
     }
-    if file.len != inspect::CHECKPOINT_FILE_LEN {
-        let kind =
-            delaywheel::CorruptionKind::WrongSize { expected: inspect::CHECKPOINT_FILE_LEN, found: file.len };
+    if file.len != internals::checkpoint::FILE_LEN {
+        let kind = delaywheel::CorruptionKind::WrongSize {
+            expected: internals::checkpoint::FILE_LEN,
+            found: file.len,
+        };
         return Err(DumpError::corruption(&file.path, 0, kind));
     }
     for (position, slot) in &file.slots {
@@ -370,7 +374,7 @@ fn check_relocation_records(log: &CommitLog, facts: &LogFacts, relocated: &Reloc
 }
 
 /// `timer/segment_pending`, an index written whole: its header and checksum.
-fn check_segment_counts(files: &StoreFiles, log: &CommitLog, checked: &mut Checked) -> Result<()> {
+fn check_segment_counts(files: &StoreFiles, checked: &mut Checked) -> Result<()> {
     if !files.segment_pending.is_file() {
         return Ok(());
     }
@@ -378,9 +382,13 @@ fn check_segment_counts(files: &StoreFiles, log: &CommitLog, checked: &mut Check
     file.header(FileKind::SegmentPending)?;
     checked.file_headers += 1;
     let bytes = file.read(0, file.len as usize)?;
-    let counts = inspect::decode_segment_pending(&bytes, log.segment_size)
-        .map_err(|kind| DumpError::corruption(&file.path, inspect::FILE_HEADER_LEN as u64, kind))?;
-    checked.segment_counts = Some(counts.segments.len() as u64);
+    let counts = segment_counts::decode(&bytes).ok_or_else(|| {
+        let kind =
+            CorruptionKind::BadFrame("segment counts that fail their checksum or do not fit the file".into());
+        DumpError::corruption(&file.path, internals::FILE_HEADER_LEN as u64, kind)
+    })?;
+    // Segments listed hold pending timers (or cancels of timers not yet due).
+    checked.segment_counts = Some(counts.counts.values().filter(|p| p.count > 0).count() as u64);
     Ok(())
 }
 
@@ -506,8 +514,10 @@ fn check_cancel_ledger(
     ledger.scan(|index, path, position, e| {
         checked.cancel_ledger_entries += 1;
         let bad = |why: String| DumpError::bad_reference(path, position, format!("entry {index}: {why}"));
-        let cancel = e.cancel_record_offset;
-        if !e.cancel_bit {
+        // A ledger entry has the timer-log layout: `prev` holds its cancel
+        // record's offset, and the cancel bit is set on every one.
+        let cancel = e.prev;
+        if !e.cancel {
             return Err(bad("bit 63 of its deliver-at is clear, the store sets it on every entry".into()));
         }
         // The store binary-searches by cancel record: out of order, a repeated cancel answers wrong.
@@ -531,8 +541,8 @@ fn check_cancel_ledger(
 }
 
 /// Whether the cancel record a ledger entry names (in the retained log) cancels the entry's timer.
-fn ledger_entry_matches(facts: &LogFacts, e: &inspect::CancelLedgerEntry) -> Result<(), String> {
-    let at = e.cancel_record_offset;
+fn ledger_entry_matches(facts: &LogFacts, e: &TimerEntry) -> Result<(), String> {
+    let at = e.prev;
     // `facts.cancels` is in log order, so sorted by record offset.
     let Ok(i) = facts.cancels.binary_search_by_key(&at, |&(record, _, _)| record) else {
         return Err(format!("log offset {at} is not a cancel record"));
@@ -557,7 +567,7 @@ fn check_wheel(
     checked: &mut Checked,
 ) -> Result<()> {
     let mut chains = LiveChains::new(files, resume);
-    for index in 0..inspect::WHEEL_TOTAL_SLOTS {
+    for index in 0..geometry::TOTAL_SLOTS {
         checked.wheel_slots += 1;
         let Some(slot) = wheel.slot(index)? else { continue };
         checked.non_empty_slots += 1;
@@ -575,13 +585,17 @@ fn check_wheel(
             // Level 0 also takes timers that were due when indexed (in the newest loaded second).
             let fits = match slot.level {
                 0 => second <= slot.slot.window,
-                level => inspect::window_of(level, second) == slot.slot.window,
+                level => geometry::window_of(level, second) == slot.slot.window,
             };
             if !fits {
                 let why = format!(
                     "its chain holds timer-log entry {entry}, due in second {second}, outside its window"
                 );
-                return Err(DumpError::bad_reference(&wheel.path, inspect::slot_position(index), why));
+                return Err(DumpError::bad_reference(
+                    &wheel.path,
+                    internals::slot::slot_position(index),
+                    why,
+                ));
             }
             // A pending timer whose segment retention deleted must have a copy.
             let copied = matches!(relocated.by_offset.get(&e.message_offset), Some(CopyKind::Timer));
@@ -591,7 +605,11 @@ fn check_wheel(
                      whose segment was deleted without a readable copy",
                     e.message_offset
                 );
-                return Err(DumpError::bad_reference(&wheel.path, inspect::slot_position(index), why));
+                return Err(DumpError::bad_reference(
+                    &wheel.path,
+                    internals::slot::slot_position(index),
+                    why,
+                ));
             }
         }
         let oldest = chain.last().map_or(0, |&(oldest, _)| oldest);
@@ -607,7 +625,7 @@ fn check_wheel(
                         side.name()
                     );
                     let path = tails.map(|t| t.path.clone()).unwrap_or_default();
-                    return Err(DumpError::bad_reference(path, inspect::tail_position(index), why));
+                    return Err(DumpError::bad_reference(path, tail::tail_position(index), why));
                 }
                 checked.chain_starts += 1;
             }
@@ -657,14 +675,14 @@ fn check_queues(
             }
             // The message the entry makes visible (`None`: a timer's message
             // retention deleted), with the time it became visible.
-            let (message, visible_ms, len) = if e.timer_delivery {
+            let (message, visible_ms, len) = if e.timer_delivery() {
                 let (when, m) = deliveries.get(&e.log_offset).copied().ok_or_else(|| bad(format!("log offset {} is not a delivery record", e.log_offset)))?;
                 let message = match named(facts, relocated, m) {
                     Named::Timer(m) => Some(m),
                     Named::Deleted => None,
                     Named::Not => return Err(bad("its delivery record names no timed message".into())),
                 };
-                (message, when, inspect::DELIVERY_RECORD_LEN as u32)
+                (message, when, record::DELIVERY_LEN as u32)
             } else {
                 let m = facts.messages.get(&e.log_offset).filter(|m| m.deliver_at_ms == 0);
                 let m = m.ok_or_else(|| bad(format!("log offset {} is not an ordinary message record", e.log_offset)))?;
@@ -677,7 +695,7 @@ fn check_queues(
             if e.record_len != len || e.time_ms != visible_ms || e.tag_hash != tag_hash || e.flags & !1 != 0 {
                 let why = format!(
                     "length {}, time {}, tag hash {:#x}, flags {} where the record says {len}, {visible_ms}, {tag_hash:#x}, {}",
-                    e.record_len, e.time_ms, e.tag_hash, e.flags, u32::from(e.timer_delivery)
+                    e.record_len, e.time_ms, e.tag_hash, e.flags, u32::from(e.timer_delivery())
                 );
                 return Err(bad(why));
             }
@@ -707,7 +725,7 @@ fn check_queues(
 /// check, so it is only checked not to be before the message was stored.
 fn check_schedule_entry(
     facts: &LogFacts,
-    e: &inspect::QueueEntry,
+    e: &queue_entry::Entry,
     bad: impl Fn(String) -> DumpError,
 ) -> Result<()> {
     let m = facts

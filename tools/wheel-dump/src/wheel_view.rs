@@ -15,11 +15,12 @@
 
 use std::collections::HashSet;
 
-use delaywheel::Checkpoint;
-use delaywheel::inspect::{self, TimerLogEntry};
+use delaywheel::internals::checkpoint::Checkpoint;
+use delaywheel::internals::geometry;
+use delaywheel::internals::timer_entry::TimerEntry;
 
 use crate::error::Result;
-use crate::indexes::{CheckpointFile, Entries, LoadedLogs, PlacedSlot, WheelFile, read_chain};
+use crate::indexes::{CheckpointFile, Entries, LoadedLogs, PlacedSlot, WheelFile, read_chain, whole_chain};
 use crate::store_files::StoreFiles;
 
 /// What the next open would resume from.
@@ -36,8 +37,9 @@ pub struct Resume {
 impl Resume {
     pub fn new(files: &StoreFiles, checkpoint: &CheckpointFile) -> Self {
         let newest = checkpoint.newest();
-        let indexes_present = files.dir.join("consumequeue").is_dir() && files.wheel.is_file();
-        Self { checkpoint: newest, resumes: newest.is_some() && indexes_present }
+        // The store's own rule: the indexes resume only if all of them are present.
+        let resumes = files.layout.resume_point(newest.map(|(_, cp)| cp)).is_some();
+        Self { checkpoint: newest, resumes }
     }
 
     /// The tick second live slots are judged by, if the wheel is resumed.
@@ -46,7 +48,7 @@ impl Resume {
     }
 
     pub fn is_live(&self, slot: &PlacedSlot) -> bool {
-        self.tick_second().is_some_and(|tick| inspect::slot_is_live(slot.level, slot.slot.window, tick))
+        self.tick_second().is_some_and(|tick| geometry::slot_is_live(slot.level, slot.slot.window, tick))
     }
 
     /// Whether the checkpoint was written by a clean close (nothing runs the store).
@@ -92,7 +94,7 @@ impl<'a> LiveChains<'a> {
         wheel: &WheelFile,
         slot: &PlacedSlot,
         logs: &impl Entries,
-    ) -> Result<Option<Vec<(u64, TimerLogEntry)>>> {
+    ) -> Result<Option<Vec<(u64, TimerEntry)>>> {
         let chain = read_chain(wheel, slot, logs)?;
         if chain.deleted_from.is_some() && !self.resume.clean() {
             if self.later.is_none() {
@@ -102,7 +104,7 @@ impl<'a> LiveChains<'a> {
                 return Ok(None);
             }
         }
-        chain.whole(wheel, slot, logs).map(Some)
+        whole_chain(chain, wheel, slot, logs).map(Some)
     }
 }
 

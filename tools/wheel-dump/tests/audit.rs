@@ -4,7 +4,7 @@
 mod common;
 
 use common::*;
-use delaywheel::inspect::Record;
+use delaywheel::internals::record::Record;
 use serde_json::json;
 
 fn audit_json(dir: &std::path::Path) -> (i32, serde_json::Value) {
@@ -33,8 +33,9 @@ fn delivered_cancelled_and_pending_are_told_apart() {
 /// The delivery record of the message at `message`, in the healthy fixture.
 fn delivery_of(dir: &std::path::Path, message: u64) -> Vec<u8> {
     let (records, _) = records(dir);
-    let found =
-        records.into_iter().find(|(_, _, r)| matches!(r, Record::Delivery(d) if d.message_offset == message));
+    let found = records
+        .into_iter()
+        .find(|(at, b)| matches!(decoded(*at, b), Record::Delivery(d) if d.message_offset == message));
     found.expect("a delivery record").1
 }
 
@@ -74,11 +75,13 @@ fn a_timer_missing_from_the_wheel_long_after_its_time_is_lost() {
     // Zero the slot holding d (as if its index were lost), then move the
     // reference time past d's deliver time + 60 s with a copied-in cancel of e
     // whose cancelled-at is late: d is then overdue and in no live slot.
-    let position =
-        delaywheel::inspect::slot_position(delaywheel::inspect::slot_index(0, (T0 + 7_200_000) / 1000));
+    let position = delaywheel::internals::slot::slot_position(delaywheel::internals::geometry::slot_index(
+        0,
+        (T0 + 7_200_000) / 1000,
+    ));
     write_at(&copy.path().join("timer/wheel"), position, &[0; 32]);
     let (records, _) = records(copy.path());
-    let cancel = records.into_iter().find(|(_, _, r)| matches!(r, Record::Cancel(_))).unwrap().1;
+    let cancel = records.into_iter().find(|(at, b)| matches!(decoded(*at, b), Record::Cancel(_))).unwrap().1;
     append_copy(copy.path(), cancel, |bytes| {
         bytes[12..20].copy_from_slice(&(T0 + 3 * 3_600_000).to_le_bytes()); // cancelled at
         bytes[20..28].copy_from_slice(&h.e.to_le_bytes());

@@ -8,7 +8,9 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use delaywheel::inspect::{self, Record};
+use delaywheel::internals::record::Record;
+use delaywheel::internals::timer_entry::TimerEntry;
+use delaywheel::internals::{CANCEL_LEDGER_MAGIC, FileHeader};
 
 const LEDGER_FILE: &str = "timer/cancelled/00000000000000000000";
 /// Entry 1 at 32 + 1 * 28 (index 0 is never used).
@@ -32,8 +34,11 @@ fn problem(dir: &Path) -> (i32, PathBuf, u64, String) {
 /// The offset of the healthy fixture's one cancel record (c's).
 fn cancel_record(dir: &Path) -> u64 {
     let (records, _) = records(dir);
-    let cancels: Vec<u64> =
-        records.iter().filter(|(_, _, r)| matches!(r, Record::Cancel(_))).map(|&(at, _, _)| at).collect();
+    let cancels: Vec<u64> = records
+        .iter()
+        .filter(|(at, b)| matches!(decoded(*at, b), Record::Cancel(_)))
+        .map(|&(at, _)| at)
+        .collect();
     assert_eq!(cancels.len(), 1, "{cancels:?}");
     cancels[0]
 }
@@ -55,18 +60,19 @@ fn write_entry(dir: &Path, index: u64, message: u64, deliver_at: u64, cancel: u6
 fn the_fixtures_cancel_is_in_the_ledger_and_verified() {
     let h = healthy();
     let bytes = std::fs::read(h.path().join(LEDGER_FILE)).unwrap();
-    let header = inspect::decode_file_header(&bytes, inspect::FileKind::CancelLedger).unwrap();
+    let header = FileHeader::decode(&bytes, CANCEL_LEDGER_MAGIC).unwrap();
     assert_eq!((header.a, header.b), (65_536, 0), "wheel-format.md: 65,536 entries per file, first index");
     assert_eq!(bytes.len(), 32 + 65_536 * 28);
-    let entry = inspect::decode_cancel_ledger_entry(&bytes[ENTRY_1 as usize..], 1).unwrap().unwrap();
-    let expected = inspect::CancelLedgerEntry {
+    let entry = TimerEntry::decode(&bytes[ENTRY_1 as usize..], 1).unwrap().unwrap();
+    // The timer-log layout: `prev` holds the cancel record's offset, and the cancel bit is set.
+    let expected = TimerEntry {
         message_offset: h.c,
         deliver_at_ms: T0 + 20_000,
-        cancel_record_offset: cancel_record(h.path()),
-        cancel_bit: true,
+        prev: cancel_record(h.path()),
+        cancel: true,
     };
     assert_eq!(entry, expected);
-    assert_eq!(inspect::decode_cancel_ledger_entry(&bytes[ENTRY_1 as usize + 28..], 2), Ok(None));
+    assert_eq!(TimerEntry::decode(&bytes[ENTRY_1 as usize + 28..], 2), Ok(None));
 
     let out = dump(h.path(), &["verify", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));

@@ -10,21 +10,21 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use delaywheel::inspect;
+use delaywheel::internals::{FileHeader, RELOCATION_INDEX_MAGIC, relocation};
 use serde_json::json;
 
 /// The relocation index's entries (position, entry), decoded by the library.
-fn index_entries(dir: &Path) -> Vec<(u64, inspect::RelocationEntry)> {
+fn index_entries(dir: &Path) -> Vec<(u64, relocation::IndexEntry)> {
     let bytes = std::fs::read(dir.join("commitlog/relocated/index")).unwrap();
-    let header = inspect::decode_file_header(&bytes, inspect::FileKind::RelocationIndex).unwrap();
+    let header = FileHeader::decode(&bytes, RELOCATION_INDEX_MAGIC).unwrap();
     assert_eq!((header.a, header.b), (32, 1 << 20), "wheel-format.md: entry length, window length");
     (32..bytes.len() as u64)
         .step_by(32)
-        .map(|at| (at, inspect::decode_relocation_entry(&bytes[at as usize..at as usize + 32], at).unwrap()))
+        .map(|at| (at, relocation::IndexEntry::decode(&bytes[at as usize..at as usize + 32], at).unwrap()))
         .collect()
 }
 
-fn window_file(dir: &Path, entry: &inspect::RelocationEntry) -> PathBuf {
+fn window_file(dir: &Path, entry: &relocation::IndexEntry) -> PathBuf {
     dir.join("commitlog/relocated").join(format!("{:020}", entry.window()))
 }
 

@@ -10,7 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use delaywheel::inspect;
+use delaywheel::internals::{self, geometry, tail};
 use serde_json::{Value, json};
 
 /// Runs `verify --json`: (exit code, the document).
@@ -36,7 +36,7 @@ fn lines(out: &std::process::Output) -> Vec<Value> {
 /// The far timer's second and its level-1 slot (index over all levels).
 fn far_slot() -> (u64, u64) {
     let second = (T0 + 2 * 86_400_000) / 1000;
-    (second, inspect::slot_index(1, inspect::window_of(1, second)))
+    (second, geometry::slot_index(1, geometry::window_of(1, second)))
 }
 
 const FAR_FILE: &str = "timer/timerlog-far/00000000000000000000";
@@ -55,13 +55,13 @@ fn summary_lists_both_timer_logs_and_the_chain_starts() {
         .collect();
     let log_file = 32 + 64 * 28;
     for expected in [
-        ("timer/tails", inspect::TAILS_FILE_LEN),
+        ("timer/tails", geometry::TAILS_FILE_LEN),
         ("timer/timerlog/00000000000000000000", log_file),
         (FAR_FILE, log_file),
     ] {
         assert!(files.contains(&expected), "{expected:?} in {files:?}");
     }
-    assert_eq!(inspect::TAILS_FILE_LEN, 32 + 24 * 75_840, "wheel-format.md: 24-byte records, one per slot");
+    assert_eq!(geometry::TAILS_FILE_LEN, 32 + 24 * 75_840, "wheel-format.md: 24-byte records, one per slot");
     assert_eq!(
         doc["timer_logs"],
         json!([
@@ -147,7 +147,10 @@ fn a_live_chain_reaching_a_deleted_file_is_named() {
     std::fs::remove_file(copy.path().join(FAR_FILE)).unwrap();
     let (_, index) = far_slot();
     let (code, path, offset, error) = problem(copy.path());
-    assert_eq!((code, path, offset), (1, copy.path().join("timer/wheel"), inspect::slot_position(index)));
+    assert_eq!(
+        (code, path, offset),
+        (1, copy.path().join("timer/wheel"), internals::slot::slot_position(index))
+    );
     assert!(error.contains("timer/timerlog-far/") && error.contains("deleted"), "{error}");
 }
 
@@ -159,21 +162,21 @@ fn write_tail(dir: &Path, index: u64, window: u64, first: u64) {
     record[8..16].copy_from_slice(&first.to_le_bytes());
     let crc = crc32c::crc32c_append(crc32c::crc32c(&index.to_le_bytes()), &record[..16]);
     record[16..20].copy_from_slice(&crc.to_le_bytes());
-    write_at(&dir.join("timer/tails"), inspect::tail_position(index), &record);
+    write_at(&dir.join("timer/tails"), tail::tail_position(index), &record);
 }
 
 #[test]
 fn chain_starts_are_checked_for_live_slots() {
     let (dir, _, _) = far_and_near();
     let (second, index) = far_slot();
-    let window = inspect::window_of(1, second);
+    let window = geometry::window_of(1, second);
     let tails = dir.path().join("timer/tails");
-    let position = inspect::tail_position(index);
+    let position = tail::tail_position(index);
     assert_eq!(position, 32 + index * 24);
     let bytes = std::fs::read(&tails).unwrap();
     assert_eq!(
-        inspect::decode_tail_record(&bytes[position as usize..position as usize + 24], index),
-        Ok(Some(inspect::TailRecord { window, first_entry: 1 })),
+        tail::decode_record(&bytes[position as usize..position as usize + 24], index),
+        Ok(Some(tail::TailRecord { window, first_entry: 1 })),
         "the far chain starts at entry 1 of the far log"
     );
 

@@ -6,7 +6,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use delaywheel::inspect;
+use delaywheel::internals::{self, geometry};
 
 /// Runs `verify --json` and returns (exit code, problem file, problem offset).
 fn problem(dir: &Path) -> (i32, PathBuf, u64) {
@@ -41,7 +41,7 @@ fn a_flipped_bit_in_a_wheel_slot_is_named() {
     let h = healthy();
     let copy = copy_of(h.path());
     // The slot of d's second (due at T0 + 2 h, level 0).
-    let position = inspect::slot_position(inspect::slot_index(0, (T0 + 7_200_000) / 1000));
+    let position = internals::slot::slot_position(geometry::slot_index(0, (T0 + 7_200_000) / 1000));
     assert_eq!(position, 32 + 48_800 * 32, "wheel-format.md: slot i at 32 + i * 32");
     let wheel = copy.path().join("timer/wheel");
     flip_bit(&wheel, position + 8);

@@ -7,7 +7,8 @@ use std::path::{Path, PathBuf};
 use std::process::Output;
 use std::time::{Duration, Instant};
 
-use delaywheel::inspect::{self, Record};
+use delaywheel::internals;
+use delaywheel::internals::record::{self, FrameError, Record};
 use delaywheel::{Clock, Config, ManualClock, Message, Retention, Store};
 
 /// The epoch ms the fixtures start at (2023-11-14T22:13:20Z).
@@ -259,19 +260,30 @@ pub fn segment0(dir: &Path) -> PathBuf {
     dir.join("commitlog").join(format!("{:020}", 0))
 }
 
-/// Every record of the first segment with its offset and bytes, decoded by
+/// Every record of the first segment with its offset and bytes, checked by
 /// the library, and the offset just past the last.
-pub fn records(dir: &Path) -> (Vec<(u64, Vec<u8>, Record)>, u64) {
+pub fn records(dir: &Path) -> (Vec<(u64, Vec<u8>)>, u64) {
     let segment = std::fs::read(segment0(dir)).unwrap();
-    let mut at = inspect::FILE_HEADER_LEN;
+    let mut at = internals::FILE_HEADER_LEN;
     let mut out = Vec::new();
-    while let Some(frame) = inspect::record_frame(&segment[at..], segment.len() - at).unwrap() {
+    loop {
+        let frame = match record::check_header_in(&segment[at..], segment.len() - at) {
+            Ok(frame) => frame,
+            Err(FrameError::Empty) => break,
+            Err(e) => panic!("{e:?} at {at}"),
+        };
         let bytes = segment[at..at + frame.len].to_vec();
-        let record = inspect::decode_record(&bytes, at as u64, frame).unwrap();
-        out.push((at as u64, bytes, record));
+        decoded(at as u64, &bytes);
+        out.push((at as u64, bytes));
         at += frame.len;
     }
     (out, at as u64)
+}
+
+/// The record `bytes` at log offset `at`, decoded by the library.
+pub fn decoded(at: u64, bytes: &[u8]) -> Record<'_> {
+    let frame = record::check_header(bytes).unwrap();
+    Record::decode(bytes, at, frame).unwrap()
 }
 
 /// Appends a copy of the record `bytes` at the end of the log, with its CRC

@@ -1,0 +1,18 @@
+//! The on-disk format's own codecs and layout rules, for tools that read a
+//! store without opening it (`tools/wheel-dump`). Not a stable API: it is
+//! the engine's own vocabulary, exposed so a tool and the store cannot
+//! disagree about a byte or a rule. Behind the `internals` feature.
+//!
+//! Everything here decodes bytes the caller read (with plain `pread`s, no
+//! maps, no lock) and never panics on bad bytes: a slice that is too short or
+//! bytes that fail their checks give a [`CorruptionKind`](crate::CorruptionKind).
+
+pub use crate::format::{
+    CANCEL_LEDGER_MAGIC, COMMITLOG_MAGIC, CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN, FORMAT_VERSION, FileHeader,
+    HeaderProblem, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, SEGMENT_PENDING_MAGIC, TAILS_MAGIC,
+    TIMER_LOG_MAGIC, WHEEL_MAGIC, chain, checkpoint, layout, numbered_file_name, parse_numbered_file_name,
+    queue_entry, record, relocation, segment_counts, slot, tail, timer_entry,
+};
+pub use crate::message::validate_topic;
+pub use crate::timer::geometry;
+pub use crate::timer::ledger::LEDGER_ENTRIES_PER_FILE;
