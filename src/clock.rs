@@ -7,6 +7,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 /// A source of wall-clock time in epoch milliseconds.
 pub trait Clock: Send + Sync + 'static {
+    /// The current time in milliseconds since the Unix epoch. The store never
+    /// asks for anything else: a clock that jumps is followed (see the README).
     fn now_ms(&self) -> u64;
 }
 
@@ -28,14 +30,17 @@ pub struct ManualClock {
 }
 
 impl ManualClock {
+    /// A clock standing at `start_ms` (epoch ms).
     pub fn new(start_ms: u64) -> Self {
         Self { now_ms: Arc::new(AtomicU64::new(start_ms)) }
     }
 
+    /// Sets the time, for every clone; it may move backwards.
     pub fn set_ms(&self, now_ms: u64) {
         self.now_ms.store(now_ms, Ordering::SeqCst);
     }
 
+    /// Moves the time forward by `by_ms`, for every clone.
     pub fn advance_ms(&self, by_ms: u64) {
         self.now_ms.fetch_add(by_ms, Ordering::SeqCst);
     }

@@ -14,7 +14,7 @@ use crate::timer::levels::DEFAULT_DELAY_LEVELS;
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum FlushMode {
     /// `put` returns once the record is in the page cache; a background flusher
-    /// syncs every [`Config::flush_interval`]. A power loss can lose that window;
+    /// syncs every flush interval ([`Config::with_flush_interval`]). A power loss can lose that window;
     /// a killed process loses nothing (the page cache survives it).
     #[default]
     Async,
@@ -208,21 +208,31 @@ impl Config {
         self
     }
 
+    /// Commit-log segment size in bytes (default 1 GiB): a power of two of at
+    /// least [`MIN_SEGMENT_SIZE`]. A store must be reopened with the size it was
+    /// made with (its segments say so; another size is refused as corruption).
     pub fn with_segment_size(mut self, bytes: u64) -> Self {
         self.segment_size = bytes;
         self
     }
 
+    /// Entries per consume-queue file (default 300,000; at most 16,777,216).
+    /// Like the segment size, fixed for the life of a store.
     pub fn with_queue_file_entries(mut self, entries: u64) -> Self {
         self.queue_file_entries = entries;
         self
     }
 
+    /// Queues per topic (default 4; 1 to 1024). A message goes to the queue its
+    /// id names, or its key picks, or queue 0.
     pub fn with_queues_per_topic(mut self, queues: u32) -> Self {
         self.queues_per_topic = queues;
         self
     }
 
+    /// The largest body `put` accepts (default 4 MiB, or less if a segment
+    /// cannot hold that beside the largest metadata); a larger one is refused
+    /// with [`Error::Invalid`](crate::Error::Invalid) naming the body.
     pub fn with_max_body_bytes(mut self, bytes: usize) -> Self {
         self.max_body_bytes = Some(bytes);
         self
@@ -235,26 +245,33 @@ impl Config {
         self.max_body_bytes.unwrap_or((4 << 20).min(room))
     }
 
+    /// When `put` returns relative to the disk (default [`FlushMode::Async`]).
     pub fn with_flush_mode(mut self, mode: FlushMode) -> Self {
         self.flush_mode = mode;
         self
     }
 
+    /// How often the flusher syncs and checkpoints in async mode (default 200 ms).
     pub fn with_flush_interval(mut self, interval: Duration) -> Self {
         self.flush_interval = interval;
         self
     }
 
+    /// What recovery does with a damaged record below the durable end (default
+    /// [`RecoveryMode::Strict`]: refuse to open).
     pub fn with_recovery_mode(mut self, mode: RecoveryMode) -> Self {
         self.recovery_mode = mode;
         self
     }
 
+    /// The clock the store asks for the time (default [`SystemClock`]); a
+    /// [`ManualClock`](crate::ManualClock) lets tests move through years in milliseconds.
     pub fn with_clock(mut self, clock: impl Clock) -> Self {
         self.clock = Arc::new(clock);
         self
     }
 
+    /// The store directory.
     pub fn dir(&self) -> &std::path::Path {
         &self.dir
     }

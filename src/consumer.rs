@@ -24,7 +24,10 @@ use crate::stats::RetentionCounters;
 /// their TLB entries are still there when the messages are read.
 const TOUCH_CHUNK: usize = 256;
 
-/// A reader of one consume queue on behalf of a consumer group.
+/// A reader of one consume queue on behalf of a consumer group, made by
+/// [`Store::consumer`](crate::Store::consumer). Each message comes once per
+/// position; [`commit`](Self::commit) records how far the group got, so the
+/// next consumer of the group starts there (after a restart too).
 pub struct Consumer {
     /// Shared by every message this consumer hands out (no allocation per message).
     topic: Arc<str>,
@@ -56,8 +59,14 @@ impl Consumer {
         Self { topic, log, reader, queue, offsets, group: group.to_string(), next, wake, retention }
     }
 
-    /// Up to `max` messages from the current position, waiting at most `timeout`
-    /// for the first one. Returns as soon as anything is available.
+    /// Up to `max` messages from the current position, in queue order,
+    /// waiting at most `timeout` for the first one (sleeping, not spinning).
+    /// Returns as soon as anything is available; an empty list if nothing
+    /// came. Entries whose records retention deleted are skipped and counted
+    /// ([`RetentionStats::consumer_skipped`](crate::RetentionStats::consumer_skipped)).
+    ///
+    /// Errors: [`Error::Corruption`] naming the file and offset of an entry
+    /// or record that does not check out; the position stays before it.
     pub fn poll(&mut self, max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
         let polled = self.poll_inner(max, timeout);
         // Between polls, hold no segment retention may want to delete.

@@ -10,50 +10,93 @@ pub enum Error {
     /// An I/O call failed; `path` names the file or directory it was about.
     #[error("{op} {}: {source}", path.display())]
     Io {
+        /// What was being done: `"open"`, `"msync"`, `"rename"`, …
         op: &'static str,
+        /// The file or directory.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },
 
     /// Bytes on disk are not what a writer of this format could have left.
     #[error("corrupt data in {} at offset {offset}: {kind}", file.display())]
-    Corruption { file: PathBuf, offset: u64, kind: CorruptionKind },
+    Corruption {
+        /// The damaged file.
+        file: PathBuf,
+        /// The byte position in it of the record, entry or slot that does not check out.
+        offset: u64,
+        /// What is wrong.
+        kind: CorruptionKind,
+    },
 
     /// A file was written by a format version this build does not know.
     #[error("{} has format version {found}, this build reads version {supported}", file.display())]
-    UnsupportedVersion { file: PathBuf, found: u32, supported: u32 },
+    UnsupportedVersion {
+        /// The file.
+        file: PathBuf,
+        /// The version its header states.
+        found: u32,
+        /// The version this build reads and writes.
+        supported: u32,
+    },
 
     /// Too little disk space is left to start a new segment and still leave
     /// room for the indexes to grow; nothing was written.
     #[error("disk full: {} has {available} bytes free, a new segment needs {needed} (with the index reserve)", dir.display())]
-    DiskFull { dir: PathBuf, needed: u64, available: u64 },
+    DiskFull {
+        /// The commit log's directory.
+        dir: PathBuf,
+        /// Bytes a new segment and the index reserve need.
+        needed: u64,
+        /// Bytes free.
+        available: u64,
+    },
 
     /// The indexes are too far behind the commit log and did not catch up
     /// within the put timeout; nothing was written. Retry later.
     #[error(
         "store is busy: the indexes are {lag_bytes} bytes behind the commit log after waiting {waited_ms} ms"
     )]
-    Busy { lag_bytes: u64, waited_ms: u64 },
+    Busy {
+        /// How far behind the commit log the indexes were when the put gave up.
+        lag_bytes: u64,
+        /// How long it waited.
+        waited_ms: u64,
+    },
 
     /// Another process (or another `Store` in this one) holds the directory.
     #[error("store directory {} is locked by another process", dir.display())]
-    Locked { dir: PathBuf },
+    Locked {
+        /// The store directory.
+        dir: PathBuf,
+    },
 
     /// A flush to disk failed earlier; what the page cache holds is unknowable,
     /// so writes are refused until the store is reopened.
     #[error("store is poisoned by an earlier failed flush, reopen it: {reason}")]
-    Poisoned { reason: String },
+    Poisoned {
+        /// What failed.
+        reason: String,
+    },
 
     /// The message or a configuration value is not acceptable.
     #[error("invalid {what}: {reason}")]
-    Invalid { what: &'static str, reason: String },
+    Invalid {
+        /// The field or setting: `"topic"`, `"body"`, `"segment size"`, …
+        what: &'static str,
+        /// Why it is not acceptable.
+        reason: String,
+    },
 
     /// Retention deleted the segment of the record at this commit-log offset,
     /// and the record was not a pending timer (so it was not relocated), or
     /// its relocated copy's window has passed and was deleted too.
     #[error("the record at commit-log offset {offset} was deleted by retention")]
-    Reclaimed { offset: u64 },
+    Reclaimed {
+        /// The record's commit-log offset.
+        offset: u64,
+    },
 
     /// Retention cannot bring the commit log under its size cap: every byte
     /// left is in segments it may not delete yet (not yet indexed or
@@ -61,7 +104,12 @@ pub enum Error {
     #[error(
         "the commit log is at its size cap of {cap} bytes ({used} used) and nothing more can be reclaimed yet"
     )]
-    SizeCap { cap: u64, used: u64 },
+    SizeCap {
+        /// The configured cap.
+        cap: u64,
+        /// Bytes the segments and relocated copies take now.
+        used: u64,
+    },
 
     /// The store is closed or closing.
     #[error("store is closed")]
@@ -73,13 +121,23 @@ pub enum Error {
 #[non_exhaustive]
 pub enum CorruptionKind {
     /// A stored CRC32C does not match the bytes it covers.
-    ChecksumMismatch { stored: u32, computed: u32 },
+    ChecksumMismatch {
+        /// The CRC the bytes carry.
+        stored: u32,
+        /// The CRC they hash to.
+        computed: u32,
+    },
     /// The file does not start with the magic of its kind.
     BadMagic,
     /// A file header whose own CRC does not match.
     BadHeader,
     /// A file is not the size its header and configuration require.
-    WrongSize { expected: u64, found: u64 },
+    WrongSize {
+        /// The size the format requires.
+        expected: u64,
+        /// The size found.
+        found: u64,
+    },
     /// A record frame that cannot be valid (length, kind or version).
     BadFrame(String),
     /// A file that must exist between two others is missing.

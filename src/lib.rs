@@ -23,6 +23,8 @@
 //! Which file is truth and which is an index, and every byte of each, is in
 //! `wheel-format.md` at the repository root.
 
+#![warn(missing_docs)]
+
 mod buckets;
 mod checkpoint;
 mod clock;

@@ -94,20 +94,25 @@ impl Message {
         self
     }
 
+    /// Tags (up to [`MAX_TAGS_LEN`] bytes): consumers may filter on their hash
+    /// without reading the message.
     pub fn tags(mut self, tags: impl Into<String>) -> Self {
         self.tags = Some(tags.into());
         self
     }
 
+    /// Adds a property (all of them up to [`MAX_PROPERTIES_LEN`] bytes encoded).
     pub fn property(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.properties.push((name.into(), value.into()));
         self
     }
 
+    /// The topic.
     pub fn topic(&self) -> &str {
         &self.topic
     }
 
+    /// The body.
     pub fn body(&self) -> &Bytes {
         &self.body
     }
@@ -226,10 +231,12 @@ impl Receipt {
         self.offset
     }
 
+    /// The queue of its topic the message went to.
     pub fn queue_id(&self) -> u32 {
         self.queue_id
     }
 
+    /// When the store appended it (epoch ms, by the store's clock).
     pub fn store_time_ms(&self) -> u64 {
         self.store_time_ms
     }
@@ -249,11 +256,14 @@ impl Receipt {
 /// where the timer is. Small and serialisable: 16 bytes, or text `offset@deliver_at_ms`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct Handle {
+    /// The commit-log offset of the timed message record.
     pub offset: u64,
+    /// When the timer is due (epoch ms): with the offset, it names exactly one timer.
     pub deliver_at_ms: u64,
 }
 
 impl Handle {
+    /// The handle as 16 bytes (offset then deliver time, little-endian).
     pub fn to_bytes(&self) -> [u8; 16] {
         let mut out = [0u8; 16];
         out[..8].copy_from_slice(&self.offset.to_le_bytes());
@@ -261,6 +271,8 @@ impl Handle {
         out
     }
 
+    /// The inverse of [`to_bytes`](Self::to_bytes). Any 16 bytes make a
+    /// handle; one that names no timer is answered `NotFound` by cancel.
     pub fn from_bytes(bytes: [u8; 16]) -> Self {
         let (offset, at) = bytes.split_at(8);
         let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
@@ -313,9 +325,11 @@ pub struct ConsumedMessage {
 }
 
 impl ConsumedMessage {
+    /// The topic it was consumed from.
     pub fn topic(&self) -> &str {
         &self.topic
     }
+    /// The queue it was consumed from.
     pub fn queue_id(&self) -> u32 {
         self.queue_id
     }
@@ -327,6 +341,7 @@ impl ConsumedMessage {
     pub fn log_offset(&self) -> u64 {
         self.log_offset
     }
+    /// When the store appended the message (epoch ms).
     pub fn store_time_ms(&self) -> u64 {
         self.store_time_ms
     }
@@ -343,15 +358,19 @@ impl ConsumedMessage {
     pub fn delay_level(&self) -> Option<u16> {
         self.delay_level
     }
+    /// Its business key, if it had one.
     pub fn key(&self) -> Option<&str> {
         self.key.as_deref()
     }
+    /// Its tags, if it had any.
     pub fn tags(&self) -> Option<&str> {
         self.tags.as_deref()
     }
+    /// Its properties, in the order they were added.
     pub fn properties(&self) -> &[(String, String)] {
         &self.properties
     }
+    /// The body: a zero-copy view of the commit log.
     pub fn body(&self) -> &Bytes {
         &self.body
     }

@@ -61,6 +61,7 @@ pub struct DiskUsage {
 pub struct RetentionStats {
     /// Offset of the first record of the oldest segment still on disk.
     pub oldest_retained_offset: u64,
+    /// Commit-log segments deleted.
     pub segments_deleted: u64,
     /// Pending timers copied to the relocation area.
     pub relocated_timers: u64,
@@ -89,16 +90,22 @@ pub const HORIZON_LABELS: [&str; 6] = ["5s", "1m", "5m", "1h", "1d", "beyond"];
 /// A summary of a lateness histogram, in milliseconds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Lateness {
+    /// Deliveries measured.
     pub count: u64,
+    /// Median lateness.
     pub p50: u64,
+    /// 90th percentile.
     pub p90: u64,
+    /// 99th percentile.
     pub p99: u64,
+    /// 99.9th percentile.
     pub p999: u64,
+    /// The largest lateness seen.
     pub max: u64,
 }
 
 impl Lateness {
-    pub fn from_histogram(h: &hdrhistogram::Histogram<u64>) -> Self {
+    pub(crate) fn from_histogram(h: &hdrhistogram::Histogram<u64>) -> Self {
         if h.is_empty() {
             return Self::default();
         }

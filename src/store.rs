@@ -63,7 +63,17 @@ pub(crate) struct Wakes {
 impl Store {
     /// Appends a message. In async flush mode it returns once the message is in
     /// the page cache (a killed process loses nothing); in sync mode once it is
-    /// on disk. A timed message is delivered into its topic when due.
+    /// on disk. A timed message is delivered into its topic when due, never
+    /// before; its receipt's [`handle`](Receipt::handle) cancels it.
+    ///
+    /// Errors, with nothing written: [`Error::Invalid`] naming the field of a
+    /// message that is not acceptable (topic, body, key, tags, properties,
+    /// timing, queue id); [`Error::Busy`] if the indexes stayed behind for the
+    /// put timeout; [`Error::DiskFull`] or [`Error::SizeCap`] when a new
+    /// segment does not fit; [`Error::Closed`] after close;
+    /// [`Error::Poisoned`] after a failed flush (reopen the store). In sync
+    /// mode a put whose record is appended but not yet durable when the put
+    /// timeout passes also returns an error, though the record may survive.
     pub fn put(&self, message: Message) -> Result<Receipt> {
         message.validate(self.config.max_body_bytes())?;
         if message.topic() == SCHEDULE_TOPIC {
@@ -104,6 +114,10 @@ impl Store {
     /// cancel record is in the commit log), also when asked again, at any
     /// later time; `AlreadyDelivered`: it has fired; `NotFound`: no timed
     /// message with that deliver time is at that offset.
+    ///
+    /// Errors: [`Error::Closed`] after close (or if the ticking thread did
+    /// not answer within the put timeout); [`Error::Poisoned`] after a failed
+    /// flush; an I/O error if the cancel record could not be written.
     pub fn cancel(&self, handle: Handle) -> Result<CancelOutcome> {
         if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::Closed);
@@ -181,12 +195,17 @@ impl Store {
         }
     }
 
-    /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`].
+    /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`]; see
+    /// [`consumer_in_group`](Self::consumer_in_group).
     pub fn consumer(&self, topic: &str, queue_id: u32) -> Result<Consumer> {
         self.consumer_in_group(DEFAULT_GROUP, topic, queue_id)
     }
 
-    /// A consumer of `topic`'s queue `queue_id` that commits offsets for `group`.
+    /// A consumer of `topic`'s queue `queue_id` that commits offsets for
+    /// `group`. It starts at the group's committed offset (0 if none) and
+    /// sees every message indexed into the queue, timed ones once they fire.
+    /// Errors: [`Error::Invalid`] for a topic `put` would refuse or a queue id
+    /// not below the configured queues per topic.
     pub fn consumer_in_group(&self, group: &str, topic: &str, queue_id: u32) -> Result<Consumer> {
         validate_topic(topic)?;
         if queue_id >= self.config.queues_per_topic {
@@ -204,8 +223,9 @@ impl Store {
         ))
     }
 
-    /// RetentionCounters and gauges: pending timers (per level and per coming horizon),
-    /// deliveries and their lateness, disk use.
+    /// Counters and gauges: pending timers (per level and per coming horizon),
+    /// deliveries and their lateness, disk use. The wheel's gauges are
+    /// refreshed by the ticking thread about once a second (see [`Stats`]).
     pub fn stats(&self) -> Stats {
         let timers = self.scheduler.stats();
         let wheel_files = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner()).disk_bytes;
@@ -262,11 +282,12 @@ impl Store {
         &self.recovery
     }
 
-    /// Bytes of commit-log and consume-queue files.
+    /// Bytes on disk of every file the store writes (see [`Stats::disk`]).
     pub fn disk_bytes(&self) -> u64 {
         self.stats().disk_bytes
     }
 
+    /// The store directory.
     pub fn dir(&self) -> &Path {
         &self.config.dir
     }
@@ -275,6 +296,10 @@ impl Store {
     /// clean checkpoint and joins the threads. Pending timers stay pending and
     /// fire after the next open; deliveries made while closing are indexed
     /// into their queues at the next open.
+    ///
+    /// Errors: the final flush's failure, [`Error::Poisoned`] if an earlier
+    /// flush failed (what was acknowledged before it is on disk), or
+    /// [`Error::Invalid`] naming a background thread that panicked.
     pub fn close(mut self) -> Result<()> {
         self.shutdown()
     }

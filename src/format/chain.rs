@@ -9,6 +9,7 @@ use crate::format::timer_entry::TimerEntry;
 /// What reading entry `index` of a timer log found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Lookup {
+    /// The entry.
     Entry(TimerEntry),
     /// Within the log's files, but never written: the chain is broken.
     Unwritten,
@@ -30,14 +31,33 @@ pub struct Chain {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum ChainBreak {
     /// It points at an entry that was never written.
-    Unwritten { entry: u64 },
+    Unwritten {
+        /// The entry's index.
+        entry: u64,
+    },
     /// An entry's `prev` is not an earlier entry.
-    LinksForward { entry: u64, prev: u64 },
-    /// It holds another number of entries than the slot counts (`more`: at
-    /// least `found`, the walk stopped at the count).
-    Count { count: u32, found: usize, more: bool },
+    LinksForward {
+        /// The entry's index.
+        entry: u64,
+        /// Its `prev`.
+        prev: u64,
+    },
+    /// It holds another number of entries than the slot counts.
+    Count {
+        /// What the slot counts.
+        count: u32,
+        /// Entries read.
+        found: usize,
+        /// The walk stopped at the count with more to go.
+        more: bool,
+    },
     /// It holds another number of cancel entries than the slot counts.
-    Cancels { cancels: u32, found: usize },
+    Cancels {
+        /// What the slot counts.
+        cancels: u32,
+        /// Cancel entries read.
+        found: usize,
+    },
 }
 
 impl std::fmt::Display for ChainBreak {
@@ -59,7 +79,9 @@ impl std::fmt::Display for ChainBreak {
 /// Why a walk stopped: the chain is broken, or reading an entry failed.
 #[derive(Debug)]
 pub enum WalkError<E> {
+    /// The chain does not match its slot.
     Broken(ChainBreak),
+    /// Reading an entry failed.
     Read(E),
 }
 

@@ -9,7 +9,9 @@ const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
 const VERSION: u32 = 1;
 /// Byte position of each of the two slots.
 pub const SLOT_POSITIONS: [u64; 2] = [0, 512];
+/// Bytes of one slot.
 pub const SLOT_LEN: usize = 96;
+/// The checkpoint file's size.
 pub const FILE_LEN: u64 = 1024;
 
 const MAGIC_OFFSET: usize = 0;
@@ -33,6 +35,7 @@ const FLAG_CLEAN: u32 = 1;
 /// One checkpoint.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Checkpoint {
+    /// Grows by one per checkpoint written: the valid slot with the higher one is read.
     pub sequence: u64,
     /// Every commit-log byte below this offset was on disk.
     pub log_durable: u64,
@@ -56,6 +59,7 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// The slot's 96 bytes, CRC included.
     pub fn encode(&self) -> [u8; SLOT_LEN] {
         let mut out = [0u8; SLOT_LEN];
         out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&MAGIC);

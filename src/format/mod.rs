@@ -58,17 +58,24 @@ pub const FORMAT_VERSION: u32 = 1;
 /// * consume queue: `a` = entries per file, `b` = index of the file's first entry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct FileHeader {
+    /// Which kind of file this is.
     pub magic: [u8; 8],
+    /// The format version it was written with.
     pub version: u32,
+    /// Kind-specific (see above).
     pub a: u64,
+    /// Kind-specific (see above).
     pub b: u64,
 }
 
 /// Why a file header was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum HeaderProblem {
+    /// The file does not start with the expected magic.
     BadMagic,
+    /// The header fails its CRC.
     BadChecksum,
+    /// A valid header of another format version.
     UnsupportedVersion(u32),
 }
 
@@ -85,10 +92,12 @@ impl HeaderProblem {
 }
 
 impl FileHeader {
+    /// A header of this build's [`FORMAT_VERSION`].
     pub fn new(magic: [u8; 8], a: u64, b: u64) -> Self {
         Self { magic, version: FORMAT_VERSION, a, b }
     }
 
+    /// The header's 32 bytes, CRC included.
     pub fn encode(&self) -> [u8; FILE_HEADER_LEN] {
         let mut out = [0u8; FILE_HEADER_LEN];
         out[MAGIC_OFFSET..VERSION_OFFSET].copy_from_slice(&self.magic);

@@ -69,9 +69,17 @@ impl Entry {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Why bytes are not an entry.
 pub enum EntryProblem {
+    /// All zero or short: unwritten.
     Empty,
-    Checksum { stored: u32, computed: u32 },
+    /// It fails its CRC.
+    Checksum {
+        /// The CRC the bytes carry.
+        stored: u32,
+        /// The CRC they hash to at this index.
+        computed: u32,
+    },
 }
 
 impl Entry {

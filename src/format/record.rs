@@ -66,7 +66,9 @@ impl RecordKind {
 /// A checked frame: the record's kind and total length.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Frame {
+    /// What the record is.
     pub kind: RecordKind,
+    /// Its total length, frame included (a padding record runs to the segment's end).
     pub len: usize,
 }
 
@@ -170,11 +172,14 @@ pub fn encode_delivery(buf: &mut [u8], offset: u64, delivered_at_ms: u64, messag
 /// A decoded delivery record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct DeliveryView {
+    /// When the timer fired (epoch ms, the ticker's clock).
     pub delivered_at_ms: u64,
+    /// The timed message record it makes visible.
     pub message_offset: u64,
 }
 
 impl DeliveryView {
+    /// Decodes a delivery record whose frame and CRC were checked.
     pub fn parse(record: &[u8]) -> Result<Self, CorruptionKind> {
         if record.len() != DELIVERY_LEN {
             return Err(CorruptionKind::BadFrame(format!("delivery record of {} bytes", record.len())));
@@ -212,12 +217,16 @@ pub fn encode_cancel(
 /// A decoded cancel record.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct CancelView {
+    /// When the cancel was recorded (epoch ms).
     pub cancelled_at_ms: u64,
+    /// The timed message record it cancels.
     pub message_offset: u64,
+    /// That timer's deliver time: with the offset, the handle.
     pub deliver_at_ms: u64,
 }
 
 impl CancelView {
+    /// Decodes a cancel record whose frame and CRC were checked.
     pub fn parse(record: &[u8]) -> Result<Self, CorruptionKind> {
         if record.len() != CANCEL_LEN {
             return Err(CorruptionKind::BadFrame(format!("cancel record of {} bytes", record.len())));
@@ -245,14 +254,20 @@ pub const RELOCATION_LEN: usize = R_BYTES + 8;
 /// relocation area, and the segment is then deleted.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RelocationView {
+    /// When the segment's records were copied.
     pub relocated_at_ms: u64,
+    /// The deleted segment's start offset.
     pub segment_base: u64,
+    /// Pending timers' messages copied.
     pub timers: u64,
+    /// Cancels of timers not yet due copied.
     pub cancels: u64,
+    /// Bytes copied.
     pub bytes: u64,
 }
 
 impl RelocationView {
+    /// Writes the record at log `offset` into `buf` ([`RELOCATION_LEN`] bytes).
     pub fn encode(&self, buf: &mut [u8], offset: u64) {
         write_header(buf, RecordKind::Relocation, RELOCATION_LEN);
         put_u64(buf, R_RELOCATED_AT, self.relocated_at_ms);
@@ -263,6 +278,7 @@ impl RelocationView {
         seal(buf, offset, RELOCATION_LEN);
     }
 
+    /// Decodes a relocation record whose frame and CRC were checked.
     pub fn parse(record: &[u8]) -> Result<Self, CorruptionKind> {
         if record.len() != RELOCATION_LEN {
             return Err(CorruptionKind::BadFrame(format!("relocation record of {} bytes", record.len())));
@@ -287,7 +303,9 @@ pub fn record_time_ms(kind: RecordKind, record: &[u8]) -> Option<u64> {
 /// The timing fields a message record carries (zero for an ordinary message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Timing {
+    /// When the timer is due (epoch ms); 0 for an ordinary message.
     pub deliver_at_ms: u64,
+    /// The legacy delay level it was put with, 0 for none.
     pub delay_level: u16,
 }
 
@@ -300,13 +318,21 @@ pub fn properties_len(props: &[(String, String)]) -> usize {
 /// (checked against the limits in `message.rs` before they get here).
 #[derive(Debug, Clone, Copy)]
 pub struct MessageFields<'a> {
+    /// The topic.
     pub topic: &'a str,
+    /// The key, empty if none.
     pub key: &'a str,
+    /// The tags, empty if none.
     pub tags: &'a str,
+    /// The properties.
     pub properties: &'a [(String, String)],
+    /// The body.
     pub body: &'a [u8],
+    /// The queue of its topic.
     pub queue_id: u32,
+    /// When it was appended (epoch ms).
     pub store_time_ms: u64,
+    /// When it is due.
     pub timing: Timing,
 }
 
@@ -382,13 +408,19 @@ pub fn encode_rescheduled(buf: &mut [u8], offset: u64, original: &[u8], stored_a
 /// A decoded view of a message record whose frame was already checked.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct MessageView<'a> {
+    /// When it was appended (epoch ms).
     pub store_time_ms: u64,
+    /// When it is due (zero for an ordinary message).
     pub timing: Timing,
+    /// The queue of its topic.
     pub queue_id: u32,
     /// The bucket scheduler's copy of a timed message ([`FLAG_RESCHEDULED`]).
     pub rescheduled: bool,
+    /// The topic.
     pub topic: &'a str,
+    /// The key, empty if none.
     pub key: &'a str,
+    /// The tags, empty if none.
     pub tags: &'a str,
     props: &'a [u8],
     /// Byte range of the body within the record.
@@ -439,13 +471,13 @@ impl<'a> MessageView<'a> {
         })
     }
 
-    /// The properties, decoded; malformed blocks are corruption.
     /// When a timer is due: `None` for an ordinary message and for the
     /// bucket scheduler's copy of a delivered one (indexed at once).
     pub fn timer_deliver_at_ms(&self) -> Option<u64> {
         (self.timing.deliver_at_ms != 0 && !self.rescheduled).then_some(self.timing.deliver_at_ms)
     }
 
+    /// The properties, decoded; malformed blocks are corruption.
     pub fn properties(&self) -> Result<Vec<(String, String)>, CorruptionKind> {
         let bad = || CorruptionKind::BadFrame("message record: malformed properties".into());
         let mut out = Vec::new();
@@ -469,10 +501,15 @@ impl<'a> MessageView<'a> {
 /// A decoded, checksummed record.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Record<'a> {
+    /// A message, with its body.
     Message(MessageView<'a>),
+    /// A timer's delivery.
     Delivery(DeliveryView),
+    /// A timer's cancellation.
     Cancel(CancelView),
+    /// Retention relocated a segment's pending timers.
     Relocation(RelocationView),
+    /// Filler to the end of a segment.
     Padding,
 }
 

@@ -32,10 +32,13 @@ pub fn is_unfinished(original_offset: u64, log_start: u64) -> bool {
 /// One index entry: where the copy of the record at `original_offset` is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct IndexEntry {
+    /// Where the record was in the commit log (and still is named).
     pub original_offset: u64,
+    /// The timer's (or the cancelled timer's) deliver time: names the window file.
     pub deliver_at_ms: u64,
     /// Byte position of the copy in its window file.
     pub position: u64,
+    /// The copy's length.
     pub len: u32,
 }
 
@@ -52,6 +55,7 @@ impl IndexEntry {
         out
     }
 
+    /// Decodes the entry at byte `at` of the index file (its CRC binds it there).
     pub fn decode(bytes: &[u8], at: u64) -> std::result::Result<Self, CorruptionKind> {
         if bytes.len() < INDEX_ENTRY_LEN {
             return Err(CorruptionKind::BadFrame(format!("index entry of {} bytes", bytes.len())));

@@ -9,6 +9,7 @@ use crate::format::{FILE_HEADER_LEN, crc_at, get_u32, get_u64, put_u32, put_u64}
 pub const SLOT_LEN: usize = 32;
 const S_WINDOW: usize = 0;
 const S_HEAD: usize = S_WINDOW + 8;
+/// Where the entry count is in a slot record.
 pub const S_COUNT: usize = S_HEAD + 8;
 const S_LEVEL: usize = S_COUNT + 4;
 const S_CANCELS: usize = S_LEVEL + 4;
@@ -17,15 +18,21 @@ const _: () = assert!(S_CRC + 4 == SLOT_LEN);
 /// One slot record: which absolute window it holds, its chain head, and an exact count.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Slot {
+    /// The absolute window the slot holds: an epoch second on level 0,
+    /// `second >> window_shift` above.
     pub window: u64,
+    /// Timer-log index of the chain's newest entry, 0 for none.
     pub head: u64,
+    /// Entries in the chain, cancel entries included.
     pub count: u32,
+    /// The slot's level.
     pub level: u32,
     /// How many of the `count` entries are cancel entries.
     pub cancels: u32,
 }
 
 impl Slot {
+    /// The record's 32 bytes, its CRC bound to `slot_index`.
     pub fn encode(&self, slot_index: u64) -> [u8; SLOT_LEN] {
         let mut out = [0u8; SLOT_LEN];
         put_u64(&mut out, S_WINDOW, self.window);

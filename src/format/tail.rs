@@ -26,7 +26,9 @@ pub fn encode(index: u64, window: u64, first: u64) -> [u8; TAIL_LEN] {
 /// `first_entry` of the slot's timer log.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct TailRecord {
+    /// The window whose chain it records.
     pub window: u64,
+    /// The chain's first (oldest) entry.
     pub first_entry: u64,
 }
 

@@ -25,6 +25,7 @@ const CANCEL_BIT: u64 = 1 << 63;
 pub struct TimerEntry {
     /// The message record in the commit log.
     pub message_offset: u64,
+    /// When the timer is due (epoch ms).
     pub deliver_at_ms: u64,
     /// Index of the previous entry of the same slot, 0 for none.
     pub prev: u64,
@@ -33,6 +34,7 @@ pub struct TimerEntry {
 }
 
 impl TimerEntry {
+    /// The entry's 28 bytes, its CRC bound to entry `index`.
     pub fn encode(&self, index: u64) -> [u8; ENTRY_LEN] {
         let mut out = [0u8; ENTRY_LEN];
         put_u64(&mut out, MESSAGE_OFFSET, self.message_offset);

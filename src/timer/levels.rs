@@ -59,10 +59,12 @@ impl DelayLevels {
         self.delays_ms.len()
     }
 
+    /// Whether the table has no levels (never, for a parsed table).
     pub fn is_empty(&self) -> bool {
         self.delays_ms.is_empty()
     }
 
+    /// The delays of levels 1, 2, … in order.
     pub fn delays(&self) -> impl Iterator<Item = Duration> + '_ {
         self.delays_ms.iter().map(|&ms| Duration::from_millis(ms))
     }
