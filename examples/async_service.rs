@@ -50,7 +50,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     });
 
     // Three requests come in at once, from handlers running concurrently.
-    let requests = [("ada", 300), ("grace", 100), ("edsger", 200)].map(|(user, ms)| {
+    let requests = [("ada", 1_000), ("grace", 200), ("edsger", 600)].map(|(user, ms)| {
         tokio::spawn(handle_request(Arc::clone(&store), user.to_string(), Duration::from_millis(ms)))
     });
     for request in requests {
