@@ -35,7 +35,7 @@ impl CheckpointFile {
             .map_err(|e| Error::io("open", path, e))?;
         if !existed {
             file.set_len(FILE_LEN).map_err(|e| Error::io("size", path, e))?;
-            file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
+            crate::fs::sync_all(&file, path)?;
             sync_parent_dir(path)?;
         }
         let last = read_newest(&file);
@@ -54,7 +54,7 @@ impl CheckpointFile {
         cp.sequence = self.last.map_or(1, |last| last.sequence + 1);
         let position = SLOT_POSITIONS[(cp.sequence % 2) as usize];
         write_all_at(&self.file, &cp.encode(), position).map_err(|e| Error::io("write", &self.path, e))?;
-        self.file.sync_data().map_err(|e| Error::io("fsync", &self.path, e))?;
+        crate::fs::sync_data(&self.file, &self.path)?;
         self.last = Some(cp);
         Ok(cp)
     }

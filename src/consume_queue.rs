@@ -170,19 +170,14 @@ impl ConsumeQueue {
     fn remove_spare(&self, file_no: u64, writer: MapWriter) -> Result<()> {
         drop(writer);
         let path = self.file_path(file_no);
-        std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+        crate::fs::remove_file(&path)?;
         sync_dir(&self.dir)
     }
 
     /// Makes file `file_no` on disk (not yet visible to readers).
     fn create_file(&self, file_no: u64) -> Result<MapWriter> {
-        if !self.dir.exists() {
-            std::fs::create_dir_all(&self.dir).map_err(|e| Error::io("create directory", &self.dir, e))?;
-            // Make the new topic and queue directories durable in their parents.
-            let topic_dir = self.dir.parent().unwrap_or(&self.dir);
-            sync_dir(topic_dir)?;
-            sync_dir(topic_dir.parent().unwrap_or(topic_dir))?;
-        }
+        // The new topic and queue directories are made durable in their parents.
+        crate::fs::create_dir(&self.dir)?;
         let header = FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
         Mapped::create(&self.file_path(file_no), self.file_size(), &header)
     }
@@ -270,7 +265,7 @@ impl ConsumeQueue {
             }
             self.files.write().unwrap_or_else(|e| e.into_inner()).remove(&file_no);
             let path = self.file_path(file_no);
-            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            crate::fs::remove_file(&path)?;
             deleted += 1;
         }
         if deleted > 0 {
@@ -334,7 +329,7 @@ impl ConsumeQueue {
                 tail = Some((file_no, writer));
             } else {
                 let path = queue.file_path(file_no);
-                std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+                crate::fs::remove_file(&path)?;
                 sync_dir(&queue.dir)?;
             }
         }
@@ -430,7 +425,7 @@ impl QueueRegistry {
     /// Opens every queue under `root`, cut back to `trusted_end`.
     pub fn open(root: &Path, per_file: u64, trusted_end: u64) -> Result<Self> {
         let _span = tracing::info_span!("consume_queue_recovery", root = %root.display()).entered();
-        std::fs::create_dir_all(root).map_err(|e| Error::io("create directory", root, e))?;
+        crate::fs::create_dir(root)?;
         let mut queues: HashMap<String, BTreeMap<u32, Arc<ConsumeQueue>>> = HashMap::new();
         for (topic, queue_id, dir) in list_queue_dirs(root)? {
             let queue = ConsumeQueue::recover(dir, &topic, queue_id, per_file, trusted_end)?;

@@ -48,6 +48,10 @@ pub(crate) struct Dispatcher {
     touched_to: u64,
     /// Deliveries not re-indexed because retention deleted their messages, in this batch.
     reclaimed_deliveries: Cell<u64>,
+    /// Sync flush mode: index only records already durable, so no consumer
+    /// acts on a message, and no timer fires for one, that a power loss
+    /// could still erase.
+    durable_only: bool,
 }
 
 impl Dispatcher {
@@ -58,6 +62,7 @@ impl Dispatcher {
         queues_per_topic: u32,
         from: u64,
         progress: Arc<AtomicU64>,
+        durable_only: bool,
     ) -> Self {
         progress.store(from, Ordering::Release);
         Self {
@@ -71,12 +76,18 @@ impl Dispatcher {
             queues_per_topic,
             progress,
             reclaimed_deliveries: Cell::new(0),
+            durable_only,
         }
+    }
+
+    /// Where the records this dispatcher may index end now.
+    fn visible_end(&self) -> u64 {
+        if self.durable_only { self.log.durable_end() } else { self.log.write_end() }
     }
 
     /// Indexes every record published so far. Returns how many records it indexed.
     pub fn dispatch_available(&mut self) -> Result<usize> {
-        let end = self.log.write_end();
+        let end = self.visible_end();
         let mut touched: Vec<Arc<ConsumeQueue>> = Vec::new();
         let mut count = 0;
         let result = loop {
@@ -242,8 +253,17 @@ impl Dispatcher {
                 self.log.poison(&format!("dispatcher: {e}"));
                 return Ok(());
             }
+            // Stop only once everything appended before close is indexed.
             if stop.is_set() && self.next >= self.log.write_end() {
                 return Ok(());
+            }
+            if stop.is_set() && self.durable_only {
+                // What is left was appended by the store itself (deliveries,
+                // cancels): make it durable rather than wait for the next flush.
+                if self.log.flush().is_err() {
+                    return Ok(());
+                }
+                continue;
             }
             let _ = wake.recv_timeout(Duration::from_millis(100));
         }

@@ -10,26 +10,18 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use crossbeam_channel::{Receiver, RecvTimeoutError};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::checkpoint::CheckpointFile;
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
-use crate::durable::{Floor, SegmentCounts};
+use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::Result;
 use crate::format::checkpoint::Checkpoint;
 use crate::fs::write_atomically;
-use crate::timer::tick::{WheelCheckpoint, WheelShared};
-
-/// What the flusher's channel carries.
-pub(crate) enum FlushSignal {
-    /// A sync-mode put is waiting for the log to reach the disk.
-    Wake,
-    /// Final flush and clean checkpoint, then exit.
-    Stop,
-}
+use crate::timer::tick::{WheelCheckpoint, WheelShared, WheelSnapshot};
 
 pub(crate) struct Flusher {
     pub log: Arc<CommitLog>,
@@ -47,6 +39,9 @@ pub(crate) struct Flusher {
     pub counts_written: Instant,
     /// What the checkpoint before the last one vouched for (see `cycle`).
     pub vouched_before_last: Option<Vouched>,
+    /// Woken after each sync of the log: in sync flush mode the dispatcher
+    /// indexes only what is durable.
+    pub dispatch_wake: Sender<()>,
 }
 
 /// What a checkpoint vouches for, as far as deciding whether to write one.
@@ -65,7 +60,9 @@ impl Flusher {
                 Ok(FlushSignal::Wake) => {
                     // A failure has poisoned the log and woken the waiters; keep
                     // running so close() can still report it.
-                    let _ = self.log.flush();
+                    if self.log.flush().is_ok() {
+                        let _ = self.dispatch_wake.try_send(());
+                    }
                 }
                 Ok(FlushSignal::Stop) | Err(RecvTimeoutError::Disconnected) => {
                     return self.cycle(true);
@@ -80,12 +77,14 @@ impl Flusher {
         }
     }
 
-    /// Syncs the files of the ticker's latest snapshot; returns the newest
-    /// snapshot synced and its segment counts.
-    fn sync_wheel(&self) -> Result<(WheelCheckpoint, Arc<SegmentCounts>)> {
-        let to_sync = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
+    /// Syncs the files of `snapshot` (the ticker's latest, if it made one
+    /// since the last cycle); returns the newest snapshot synced and its
+    /// segment counts. Called after the commit log's sync: an index entry
+    /// synced here may name a record appended after that sync, which
+    /// recovery then finds past the log's end and rebuilds the index for.
+    fn sync_wheel(&self, snapshot: Option<WheelSnapshot>) -> Result<(WheelCheckpoint, Arc<SegmentCounts>)> {
         let mut synced = self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner());
-        if let Some(snapshot) = to_sync {
+        if let Some(snapshot) = snapshot {
             let appended = snapshot.files.appended.iter().map(|(f, written)| f.flush_appended(0, *written));
             let in_place = snapshot.files.in_place.iter().map(|f| f.flush(0, f.len()));
             for synced in appended.chain(in_place) {
@@ -113,13 +112,18 @@ impl Flusher {
     /// Syncs log, indexes and offsets, then checkpoints what was synced.
     pub fn cycle(&mut self, clean: bool) -> Result<()> {
         let _span = tracing::debug_span!("flush", clean).entered();
-        // Read the dispatcher's progress first: the indexes it vouches for are
-        // then all in memory, and the log sync below covers the records.
-        let (wheel, counts) = self.sync_wheel()?;
-        // A record counts as dispatched once its queue entry or its timer is indexed.
-        let dispatched = self.dispatched.load(Ordering::Acquire).min(wheel.indexed);
+        // Take the wheel's snapshot and the dispatcher's progress first: the
+        // records they vouch for are then all appended, so the log sync
+        // below covers them. The log is synced before any index that points
+        // into it (the wheel's files, the consume queues).
+        let snapshot = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let dispatched_now = self.dispatched.load(Ordering::Acquire);
         let offsets = self.offsets.snapshot();
         let log_durable = self.log.flush()?;
+        let _ = self.dispatch_wake.try_send(());
+        let (wheel, counts) = self.sync_wheel(snapshot)?;
+        // A record counts as dispatched once its queue entry or its timer is indexed.
+        let dispatched = dispatched_now.min(wheel.indexed);
         if let Err(e) = self.queues.flush_all() {
             self.log.poison(&e.to_string());
             return Err(e);
@@ -127,8 +131,13 @@ impl Flusher {
         if let Some(offsets) = offsets {
             self.offsets.write(&offsets)?;
         }
-        // The log is synced past the snapshot: its counts' deliveries and cancels are durable.
-        self.write_counts(&counts, wheel.indexed, clean)?;
+        // The log is synced past the snapshot: its counts' deliveries and
+        // cancels are durable. The counts are an index a restart may miss
+        // (it then scans the segments they do not know): a failure to write
+        // them is reported, and the checkpoint is still written.
+        if let Err(e) = self.write_counts(&counts, wheel.indexed, clean) {
+            tracing::error!(error = %e, "could not write the segment counts; retention will scan instead");
+        }
         let cp = Checkpoint {
             log_durable,
             dispatched,

@@ -1,5 +1,7 @@
 //! Small file-system steps every file kind shares: positioned writes,
-//! durable directory changes, and whole-file replacement.
+//! syncs, durable directory changes, and whole-file replacement. Every
+//! durability point of the store goes through here (or `Mapped::flush`), so
+//! the crash recorder (feature `crash-recorder`) sees them all.
 
 use std::fs::File;
 use std::path::Path;
@@ -11,6 +13,23 @@ pub(crate) fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> std::io::R
     std::os::unix::fs::FileExt::write_all_at(file, bytes, offset)
 }
 
+/// `fsync` of `file` (at `path`): its bytes and size are durable.
+pub(crate) fn sync_all(file: &File, path: &Path) -> Result<()> {
+    file.sync_all().map_err(|e| Error::io("fsync", path, e))?;
+    #[cfg(feature = "crash-recorder")]
+    crate::recorder::synced_file(path);
+    Ok(())
+}
+
+/// `fdatasync` of `file` (at `path`): its bytes are durable (and its size,
+/// if that changed).
+pub(crate) fn sync_data(file: &File, path: &Path) -> Result<()> {
+    file.sync_data().map_err(|e| Error::io("fdatasync", path, e))?;
+    #[cfg(feature = "crash-recorder")]
+    crate::recorder::synced_file(path);
+    Ok(())
+}
+
 /// `fsync` of the directory holding `path`, so a create, rename or delete is durable.
 pub(crate) fn sync_parent_dir(path: &Path) -> Result<()> {
     let dir = path.parent().unwrap_or_else(|| Path::new("."));
@@ -19,18 +38,73 @@ pub(crate) fn sync_parent_dir(path: &Path) -> Result<()> {
 
 /// `fsync` of a directory: its entries (files created, renamed or removed) are durable.
 pub(crate) fn sync_dir(dir: &Path) -> Result<()> {
-    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("fsync directory", dir, e))
+    File::open(dir).and_then(|d| d.sync_all()).map_err(|e| Error::io("fsync directory", dir, e))?;
+    #[cfg(feature = "crash-recorder")]
+    crate::recorder::synced_dir(dir);
+    Ok(())
+}
+
+/// Renames `from` to `to` (durable once their directory is synced).
+pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
+    std::fs::rename(from, to).map_err(|e| Error::io("rename", from, e))?;
+    #[cfg(feature = "crash-recorder")]
+    crate::recorder::renamed(from, to);
+    Ok(())
+}
+
+/// Removes a file (durable once its directory is synced).
+pub(crate) fn remove_file(path: &Path) -> Result<()> {
+    std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
+    #[cfg(feature = "crash-recorder")]
+    crate::recorder::unlinked(path);
+    Ok(())
+}
+
+/// Removes a file, or a directory and everything in it (nothing if it does
+/// not exist); durable once the parent directory is synced.
+pub(crate) fn remove_all(path: &Path) -> Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(meta) => meta,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(Error::io("stat", path, e)),
+    };
+    if !meta.is_dir() {
+        return remove_file(path);
+    }
+    for entry in std::fs::read_dir(path).map_err(|e| Error::io("list", path, e))? {
+        remove_all(&entry.map_err(|e| Error::io("list", path, e))?.path())?;
+    }
+    std::fs::remove_dir(path).map_err(|e| Error::io("remove directory", path, e))
+}
+
+/// Creates `dir` and its missing parents, each made durable in its parent,
+/// so files synced inside it cannot vanish with it after a power loss.
+pub(crate) fn create_dir(dir: &Path) -> Result<()> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
+        create_dir(parent)?;
+    }
+    match std::fs::create_dir(dir) {
+        Ok(()) => {}
+        // Made meanwhile by another thread: it syncs its own.
+        Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
+        Err(e) => return Err(Error::io("create directory", dir, e)),
+    }
+    sync_parent_dir(dir)
 }
 
 /// Temp file, fsync, rename, directory fsync: the file is either old or new, never torn.
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
-    let write = || -> std::io::Result<()> {
+    let write = || -> std::io::Result<File> {
         let mut file = File::create(&tmp)?;
         std::io::Write::write_all(&mut file, bytes)?;
-        file.sync_all()
+        Ok(file)
     };
-    write().map_err(|e| Error::io("write", &tmp, e))?;
-    std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))?;
+    let file = write().map_err(|e| Error::io("write", &tmp, e))?;
+    sync_all(&file, &tmp)?;
+    rename(&tmp, path)?;
     sync_parent_dir(path)
 }

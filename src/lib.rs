@@ -36,6 +36,8 @@ mod dispatcher;
 mod durable;
 mod error;
 mod flusher;
+// Some codecs and rules exist for the tools that read them through `internals`.
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod format;
 mod fs;
 #[cfg(feature = "internals")]
@@ -45,6 +47,9 @@ mod message;
 mod mmap;
 mod open;
 mod prefault;
+#[cfg(feature = "crash-recorder")]
+#[doc(hidden)]
+pub mod recorder;
 mod recovery;
 mod retention;
 mod scheduler;

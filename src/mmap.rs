@@ -77,8 +77,8 @@ impl Mapped {
             return Err(Error::io("reserve space for", &tmp, e));
         }
         write_all_at(&file, header, 0).map_err(|e| Error::io("write header of", &tmp, e))?;
-        file.sync_all().map_err(|e| Error::io("fsync", &tmp, e))?;
-        std::fs::rename(&tmp, path).map_err(|e| Error::io("rename", &tmp, e))?;
+        crate::fs::sync_all(&file, &tmp)?;
+        crate::fs::rename(&tmp, path)?;
         sync_parent_dir(path)?;
         let writer = Self::map(path.to_path_buf(), file)?;
         writer.shared.published.store(header.len(), Ordering::Release);
@@ -203,7 +203,10 @@ impl Mapped {
         if fail_flush::applies_to(&self.path) {
             return Err(Error::io("msync", &self.path, std::io::Error::other("injected flush failure")));
         }
-        self.map.flush_range(offset, len).map_err(|e| Error::io("msync", &self.path, e))
+        self.map.flush_range(offset, len).map_err(|e| Error::io("msync", &self.path, e))?;
+        #[cfg(feature = "crash-recorder")]
+        crate::recorder::synced_range(&self.path, offset, len);
+        Ok(())
     }
 }
 
@@ -287,10 +290,13 @@ impl MapWriter {
         assert!(offset >= self.shared.published(), "zeroing below the published watermark");
         let punched =
             rustix::fs::fallocate(&self.shared.file, FallocateFlags::ZERO_RANGE, offset as u64, len as u64);
-        if punched.is_err() {
-            // Not every file system can zero a range in place; write the zeros.
-            self.unpublished_mut(offset, len).fill(0);
+        if punched.is_ok() {
+            // The zeroed range is a change of the file's extents, which an
+            // msync of clean pages would not make durable: sync the file.
+            return crate::fs::sync_data(&self.shared.file, &self.shared.path);
         }
+        // Not every file system can zero a range in place; write the zeros.
+        self.unpublished_mut(offset, len).fill(0);
         self.shared.flush(offset, len)
     }
 }

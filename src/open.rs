@@ -12,13 +12,14 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::buckets::{BucketFront, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::checkpoint::CheckpointFile;
 use crate::commitlog::CommitLog;
-use crate::config::{Config, Scheduler};
+use crate::config::{Config, FlushMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
 use crate::dispatcher::Dispatcher;
+use crate::durable::FlushSignal;
 use crate::durable::{Floor, SegmentCounts};
 use crate::error::{Error, Result};
-use crate::flusher::{FlushSignal, Flusher};
+use crate::flusher::Flusher;
 use crate::format::checkpoint::Checkpoint;
 use crate::format::layout::Layout;
 use crate::prefault::Prefaulter;
@@ -89,7 +90,7 @@ impl Store {
         config.validate()?;
         let levels = DelayLevels::parse(&config.delay_levels)?;
         let layout = Layout::new(config.dir.clone());
-        std::fs::create_dir_all(layout.dir()).map_err(|e| Error::io("create directory", layout.dir(), e))?;
+        crate::fs::create_dir(layout.dir())?;
         let lock = lock_dir(&layout)?;
         let _span = tracing::info_span!("open", dir = %layout.dir().display()).entered();
         check_scheduler(&layout, config.scheduler)?;
@@ -226,6 +227,7 @@ impl Parts {
             self.config.queues_per_topic,
             self.replay_from,
             Arc::clone(&self.dispatched),
+            self.config.flush_mode == FlushMode::Sync,
         );
         let stop = StopFlag::new(Some(self.wakes.dispatch.clone()));
         let wake = inboxes.dispatch;
@@ -253,6 +255,7 @@ impl Parts {
             counts_path: self.layout.segment_counts(),
             counts_written: std::time::Instant::now(),
             vouched_before_last: None,
+            dispatch_wake: self.wakes.dispatch.clone(),
         }
     }
 
@@ -265,6 +268,7 @@ impl Parts {
             clock: Arc::clone(&self.config.clock),
             shared: Arc::clone(&self.shared),
             dispatch_wake: self.wakes.dispatch.clone(),
+            flush_wake: (self.config.flush_mode == FlushMode::Sync).then(|| self.wakes.flush.clone()),
             flush_interval: self.config.flush_interval,
             deliver: self.config.deliver,
             indexed,
@@ -331,6 +335,7 @@ impl Parts {
             clock: Arc::clone(&self.config.clock),
             stats,
             dispatch_wake: self.wakes.dispatch.clone(),
+            flush_wake: (self.config.flush_mode == FlushMode::Sync).then(|| self.wakes.flush.clone()),
             dispatched: Arc::clone(&self.dispatched),
             replay_end: self.log.write_end(),
             cancelled: Default::default(),

@@ -15,8 +15,8 @@ use crate::commitlog::{CommitLog, RecoveryReport};
 use crate::config::{Config, FlushMode};
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::{Consumer, OffsetStore};
+use crate::durable::FlushSignal;
 use crate::error::{Error, Result};
-use crate::flusher::FlushSignal;
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
@@ -115,6 +115,9 @@ impl Store {
     /// later time; `AlreadyDelivered`: it has fired; `NotFound`: no timed
     /// message with that deliver time is at that offset.
     ///
+    /// In sync flush mode `Cancelled` is answered once the cancel record is
+    /// on disk, so a power loss cannot bring the timer back.
+    ///
     /// Errors: [`Error::Closed`] after close (or if the ticking thread did
     /// not answer within the put timeout); [`Error::Poisoned`] after a failed
     /// flush; an I/O error if the cancel record could not be written.
@@ -126,7 +129,13 @@ impl Store {
             return Ok(CancelOutcome::NotFound);
         }
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
-        self.scheduler.cancel(timer)
+        let outcome = self.scheduler.cancel(timer)?;
+        if outcome == CancelOutcome::Cancelled && self.config.flush_mode == FlushMode::Sync {
+            // The cancel record is appended: the answer holds once it is durable.
+            let _ = self.wakes.flush.try_send(FlushSignal::Wake);
+            self.log.wait_durable(self.log.write_end(), self.config.put_timeout)?;
+        }
+        Ok(outcome)
     }
 
     /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`

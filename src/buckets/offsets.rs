@@ -30,7 +30,7 @@ pub(crate) struct DelayOffsets {
 impl DelayOffsets {
     /// Reads the table in `dir` (empty if there is none yet).
     pub fn open(dir: &Path) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        crate::fs::create_dir(dir)?;
         let path = dir.join(crate::format::layout::DELAY_OFFSETS_FILE);
         let written = match std::fs::read(&path) {
             Ok(bytes) => parse(&path, &bytes)?,

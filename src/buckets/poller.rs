@@ -13,6 +13,7 @@ use super::{DelayOffsets, POLL_INTERVAL};
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::ConsumeQueue;
+use crate::durable::FlushSignal;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::record::{
     CANCEL_LEN, CancelView, MessageView, RecordKind, check_crc, encode_cancel, encode_rescheduled,
@@ -38,6 +39,9 @@ pub(crate) struct Poller {
     pub stats: Arc<Mutex<TimerStats>>,
     /// Woken after copies are appended.
     pub dispatch_wake: Sender<()>,
+    /// Sync flush mode: the flusher, woken after copies are appended (the
+    /// dispatcher indexes only what is durable).
+    pub flush_wake: Option<Sender<FlushSignal>>,
     /// The dispatcher's progress, and the log end at open: nothing is polled
     /// until the replay has rebuilt the level queues.
     pub dispatched: Arc<AtomicU64>,
@@ -161,6 +165,9 @@ impl Poller {
             delivered += self.poll_level(index, now_ms)?;
         }
         if delivered > 0 {
+            if let Some(flush) = &self.flush_wake {
+                let _ = flush.try_send(FlushSignal::Wake);
+            }
             let _ = self.dispatch_wake.try_send(());
         }
         Ok(())

@@ -115,7 +115,7 @@ impl CommitLog {
         disk_reserve: u64,
         plan: &RecoveryPlan,
     ) -> Result<(Self, RecoveryReport)> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        crate::fs::create_dir(dir)?;
         let recovered = recovery::recover(dir, segment_size, plan)?;
         let relocated = RelocationArea::open(
             &dir.join(crate::format::layout::RELOCATED_DIR),
@@ -404,7 +404,7 @@ impl CommitLog {
             }
             // Unlink first: a failed unlink leaves the log as it was.
             let path = segment::segment_path(&self.dir, base);
-            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            crate::fs::remove_file(&path)?;
             segments.remove(&base);
             self.publish_table(&segments);
         }
@@ -503,6 +503,8 @@ impl CommitLog {
             // durable end only moves forward.
             let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
             *durable = (*durable).max(end);
+            #[cfg(feature = "crash-recorder")]
+            crate::recorder::log_durable(&self.dir, *durable);
         }
         self.durable_changed.notify_all();
         Ok(end)

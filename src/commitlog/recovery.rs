@@ -156,7 +156,7 @@ fn list_segments(dir: &Path, size: u64) -> Result<Vec<u64>> {
         if let Some(base) = parse_numbered_file_name(&name) {
             bases.push(base);
         } else if name.ends_with(".tmp") {
-            std::fs::remove_file(entry.path()).map_err(|e| Error::io("remove", entry.path(), e))?;
+            crate::fs::remove_file(&entry.path())?;
         }
     }
     bases.sort_unstable();
@@ -242,7 +242,7 @@ fn damaged_run(tail: &MapWriter, local_end: usize) -> u64 {
 fn set_aside(dir: &Path, base: u64) -> Result<PathBuf> {
     let from = segment::segment_path(dir, base);
     let to = from.with_extension("discarded");
-    std::fs::rename(&from, &to).map_err(|e| Error::io("set aside", &from, e))?;
+    crate::fs::rename(&from, &to)?;
     crate::fs::sync_dir(dir)?;
     tracing::warn!(segment = %from.display(), "set aside a segment past the recovered end");
     Ok(to)

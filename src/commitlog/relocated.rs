@@ -102,7 +102,7 @@ impl RelocationArea {
     /// the oldest segment still on disk: index entries at or after it are
     /// leftovers of an unfinished pass and are cut.
     pub fn open(dir: &Path, log_start: u64) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        crate::fs::create_dir(dir)?;
         let path = dir.join(RELOCATION_INDEX_FILE);
         let index = OpenOptions::new()
             .read(true)
@@ -117,7 +117,7 @@ impl RelocationArea {
                 FileHeader::new(RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS).encode();
             index.write_all_at(&header, 0).map_err(|e| Error::io("write", &path, e))?;
             index.set_len(FILE_HEADER_LEN as u64).map_err(|e| Error::io("truncate", &path, e))?;
-            index.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+            crate::fs::sync_all(&index, &path)?;
             sync_dir(dir)?;
         } else {
             let mut header = [0u8; FILE_HEADER_LEN];
@@ -179,7 +179,7 @@ impl RelocationArea {
                 "cutting index entries of an unfinished relocation"
             );
             index.file.set_len(end).map_err(|e| Error::io("truncate", &path, e))?;
-            index.file.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+            crate::fs::sync_all(&index.file, &path)?;
         }
         index.len = end;
         Ok(())
@@ -281,7 +281,7 @@ impl RelocationArea {
                 break;
             }
             let path = self.window_path(window);
-            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            crate::fs::remove_file(&path)?;
             tracing::info!(file = %path.display(), "deleted a relocation window whose timers have all fired");
             deleted = (deleted.0 + 1, deleted.1 + len);
         }
@@ -317,13 +317,12 @@ impl RelocationArea {
         let tmp = path.with_extension("tmp");
         let write = || -> std::io::Result<File> {
             std::fs::write(&tmp, &bytes)?;
-            let file = OpenOptions::new().read(true).write(true).open(&tmp)?;
-            file.sync_all()?;
-            Ok(file)
+            OpenOptions::new().read(true).write(true).open(&tmp)
         };
         let file = write().map_err(|e| Error::io("write", &tmp, e))?;
+        crate::fs::sync_all(&file, &tmp)?;
         let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
-        std::fs::rename(&tmp, &path).map_err(|e| Error::io("rename", &tmp, e))?;
+        crate::fs::rename(&tmp, &path)?;
         sync_dir(&self.dir)?;
         tracing::info!(
             removed = index.entries() - kept.len() as u64,
@@ -383,7 +382,7 @@ impl Pass<'_> {
         for (window, (writer, _)) in self.windows {
             let path = self.area.window_path(window);
             let file = writer.into_inner().map_err(|e| Error::io("write", &path, e.into_error()))?;
-            file.sync_all().map_err(|e| Error::io("sync", &path, e))?;
+            crate::fs::sync_all(&file, &path)?;
         }
         sync_dir(&self.area.dir)?;
         let path = self.area.index_path();
@@ -396,7 +395,7 @@ impl Pass<'_> {
             at += INDEX_ENTRY_LEN as u64;
         }
         index.file.write_all_at(&bytes, from).map_err(|e| Error::io("write", &path, e))?;
-        index.file.sync_data().map_err(|e| Error::io("sync", &path, e))?;
+        crate::fs::sync_data(&index.file, &path)?;
         index.len = at;
         Ok(self.copied)
     }

@@ -10,6 +10,15 @@ use std::sync::{Arc, Mutex};
 use crate::format::checkpoint::Checkpoint;
 pub(crate) use segment_counts::SegmentCounts;
 
+/// What the flusher's channel carries.
+pub(crate) enum FlushSignal {
+    /// Something waits for the log to reach the disk (a sync-mode put, or in
+    /// sync mode the deliveries and cancels the ticking thread appended).
+    Wake,
+    /// Final flush and clean checkpoint, then exit.
+    Stop,
+}
+
 /// What retention may not delete, as of the checkpoints written so far.
 #[derive(Debug, Clone)]
 pub(crate) struct Mark {

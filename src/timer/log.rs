@@ -45,7 +45,7 @@ impl TimerLog {
 
     /// Like [`open`](Self::open), for a log of the same layout with its own file magic.
     pub fn open_with_magic(dir: &Path, magic: [u8; 8], per_file: u64, end: Option<u64>) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        crate::fs::create_dir(dir)?;
         let mut log = Self { dir: dir.to_path_buf(), magic, per_file, files: BTreeMap::new(), end: 1 };
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
@@ -95,7 +95,7 @@ impl TimerLog {
         for file_no in past {
             self.files.remove(&file_no);
             let path = self.path(file_no);
-            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            crate::fs::remove_file(&path)?;
         }
         if let Some(writer) = self.files.get_mut(&end_file) {
             writer.zero_tail(at)?;
@@ -164,7 +164,7 @@ impl TimerLog {
         for &file_no in &dead {
             self.files.remove(&file_no);
             let path = self.path(file_no);
-            std::fs::remove_file(&path).map_err(|e| Error::io("remove", &path, e))?;
+            crate::fs::remove_file(&path)?;
             tracing::info!(file = %path.display(), "deleted a timer-log file no chain reads any more");
         }
         if !dead.is_empty() {

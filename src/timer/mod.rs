@@ -19,6 +19,7 @@
 pub(crate) mod cancels;
 mod front;
 mod gauges;
+#[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub mod geometry;
 pub(crate) mod ledger;
 pub(crate) mod levels;

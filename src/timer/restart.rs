@@ -175,7 +175,12 @@ impl Wheel {
     /// since the checkpoint moves some again: each such insert is skipped as
     /// often as the timer has such entries, so no timer is held twice (and
     /// counted twice as pending). Reads only the entries past `ends`.
-    pub fn note_preindexed(&mut self, ends: [u64; 2]) -> Result<()> {
+    ///
+    /// Returns `false` if one of those entries names a record at or past
+    /// `log_end`, the recovered end of the commit log: the index reached the
+    /// disk before the log it points into (a power loss), and the wheel
+    /// must be rebuilt from the log.
+    pub fn note_preindexed(&mut self, ends: [u64; 2], log_end: u64) -> Result<bool> {
         let _span = tracing::info_span!("note_preindexed", near_from = ends[0], far_from = ends[1]).entered();
         let mut offsets = Vec::new();
         for (level, l) in LEVELS.iter().enumerate() {
@@ -189,6 +194,17 @@ impl Wheel {
                 let mut at = self.read_slot(index)?.head;
                 while at != 0 && at >= end {
                     let entry = log.read_linked(at)?;
+                    if entry.message_offset >= log_end {
+                        tracing::warn!(
+                            level,
+                            window,
+                            entry = at,
+                            message = entry.message_offset,
+                            log_end,
+                            "a timer-log entry names a record past the end of the commit log"
+                        );
+                        return Ok(false);
+                    }
                     // A late timer sits in the slot of a later second (see
                     // `insert`), where a cancel would not find it: the replay
                     // indexes it again, and the copy that comes up second is dropped.
@@ -203,7 +219,7 @@ impl Wheel {
         tracing::info!(timers = offsets.len(), "timers indexed after the checkpoint found in the wheel");
         self.restart.preindexed = Preindexed::new(offsets);
         self.restart.replay_start_ends = ends;
-        Ok(())
+        Ok(true)
     }
 
     /// Declares the commit-log range the dispatcher replays after this open.
@@ -232,6 +248,28 @@ impl Wheel {
                 Err(_) => false,
             })
         })
+    }
+
+    /// Whether the wheel, resumed at `cp`, can be trusted: every live chain
+    /// starts with an entry that exists, and no entry written after the
+    /// checkpoint names a record at or past `log_end` (see
+    /// [`note_preindexed`](Self::note_preindexed), which this runs). A
+    /// damaged entry there counts as untrusted too.
+    fn resumable(&mut self, cp: &Checkpoint, log_end: u64) -> bool {
+        if !self.chains_intact() {
+            tracing::warn!("a live wheel slot's chain does not start with an entry that exists");
+            return false;
+        }
+        // A checkpoint of a build that did not record the far log's end
+        // (0): every far entry may be of the replay.
+        let ends = [cp.timer_log_end, cp.far_timer_log_end.max(1)];
+        match self.note_preindexed(ends, log_end) {
+            Ok(ahead_checked) => ahead_checked,
+            Err(e) => {
+                tracing::warn!(error = %e, "a timer-log entry written after the checkpoint is damaged");
+                false
+            }
+        }
     }
 
     /// Enters the cancel records recovery read into the ledger (after any
@@ -287,11 +325,11 @@ pub(crate) fn restart_wheel(plan: RestartPlan<'_>) -> Result<Restarted> {
         Wheel::open(plan.dir, plan.entries_per_log_file, plan.now_ms, resume, settled, scan_from)
     };
     // Only a wheel resumed from a checkpoint can be damaged; a new one is built here.
-    let resumed = match open_wheel(resume, scan_from) {
-        Ok(wheel) if resume.is_none() || wheel.chains_intact() => Some(wheel),
-        Ok(_) => None,
-        Err(Error::Corruption { .. }) if resume.is_some() => None,
-        Err(e) => return Err(e),
+    let resumed = match (open_wheel(resume, scan_from), plan.resume_at) {
+        (Ok(wheel), None) => Some(wheel),
+        (Ok(mut wheel), Some(cp)) => wheel.resumable(&cp, log.write_end()).then_some(wheel),
+        (Err(Error::Corruption { .. }), Some(_)) => None,
+        (Err(e), _) => return Err(e),
     };
     let (mut wheel, replay_from, scan_from, fresh) = match resumed {
         Some(wheel) => (wheel, plan.replay_from, scan_from, resume.is_none()),
@@ -307,14 +345,6 @@ pub(crate) fn restart_wheel(plan: RestartPlan<'_>) -> Result<Restarted> {
         restore_relocated(&mut wheel, log, plan.last.map_or(0, |cp| cp.tick_second))?;
     }
     wheel.record_recovered_cancels()?;
-    // A checkpoint from a build that did not record the far log's end cannot say which entries to skip.
-    if let Some(cp) = plan.resume_at.filter(|cp| !fresh && cp.far_timer_log_end != 0)
-        && let Err(e) = wheel.note_preindexed([cp.timer_log_end, cp.far_timer_log_end])
-    {
-        // Not fatal: the replay then indexes those timers twice, and the
-        // second copy is dropped when it comes due (only the pending count is high until then).
-        tracing::warn!(error = %e, "could not read the timer entries written after the checkpoint");
-    }
     wheel.set_replay_range(replay_from..log.write_end());
     Ok(Restarted { wheel, replay_from, delivery_scan_from: scan_from, fresh })
 }

@@ -10,7 +10,7 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
-use crate::durable::{Floor, SegmentCounts};
+use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::Result;
 use crate::format::record::{CANCEL_LEN, DELIVERY_LEN, encode_cancel, encode_delivery};
 use crate::message::CancelOutcome;
@@ -92,6 +92,9 @@ pub(crate) struct Ticker {
     pub shared: Arc<WheelShared>,
     /// Woken after delivery records are appended.
     pub dispatch_wake: Sender<()>,
+    /// Sync flush mode: the flusher, woken after deliveries and cancels are
+    /// appended (the dispatcher indexes only what is durable).
+    pub flush_wake: Option<Sender<FlushSignal>>,
     pub flush_interval: Duration,
     /// `false`: index only, deliver nothing (`delaywheel recover`).
     pub deliver: bool,
@@ -133,6 +136,10 @@ impl Ticker {
         let mut last_sync = Instant::now();
         let mut last_stats = Instant::now();
         let mut last_reclaim = Instant::now();
+        // The checkpoints on disk at open: the wheel reuses no slot a restart from them would reload.
+        if let Some(mark) = self.floor.get() {
+            self.wheel.lower_durable_tick(mark.tick_second);
+        }
         self.publish_stats()?;
         loop {
             for command in commands.try_iter().take(COMMAND_BATCH) {
@@ -249,6 +256,7 @@ impl Ticker {
                 tracing::error!(error = %e, offset = timer.message_offset, "could not enter a cancel in the ledger");
             }
             self.count_cancel(timer, cancel_offset);
+            self.wake_indexers();
         }
         Ok(match state {
             CancelState::Cancelled => CancelOutcome::Cancelled,
@@ -294,9 +302,18 @@ impl Ticker {
                 self.counts.settled(timer.message_offset);
             }
             stats.delivered += due.len() as u64;
-            let _ = self.dispatch_wake.try_send(());
+            self.wake_indexers();
         }
         Ok(())
+    }
+
+    /// Records were appended: the dispatcher indexes them (in sync mode once
+    /// the flusher has made them durable).
+    fn wake_indexers(&self) {
+        if let Some(flush) = &self.flush_wake {
+            let _ = flush.try_send(FlushSignal::Wake);
+        }
+        let _ = self.dispatch_wake.try_send(());
     }
 
     /// Hands the flusher a snapshot of what the wheel vouches for, with the
@@ -310,6 +327,9 @@ impl Ticker {
             log_end: self.log.write_end(),
         };
         let files = self.wheel.files_to_sync();
+        if let Some(mark) = self.floor.get() {
+            self.wheel.set_durable_tick(mark.tick_second);
+        }
         self.counts.forget_below(self.log.start());
         let counts = Arc::new(self.counts.clone());
         *self.shared.to_sync.lock().unwrap_or_else(|e| e.into_inner()) =

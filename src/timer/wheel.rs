@@ -27,7 +27,8 @@ use crate::mmap::{MapWriter, Mapped};
 use crate::timer::Timer;
 use crate::timer::cancels::Cancels;
 use crate::timer::geometry::{
-    GEOMETRY_ID, LEVEL_COUNT, LEVELS, TOTAL_SLOTS, WHEEL_FILE_LEN, place, slot_index, timer_log_of,
+    GEOMETRY_ID, LEVEL_COUNT, LEVELS, TOTAL_SLOTS, WHEEL_FILE_LEN, not_yet_cascaded, place, slot_index,
+    timer_log_of, window_of,
 };
 use crate::timer::ledger::CancelLedger;
 use crate::timer::loaded::Loaded;
@@ -96,6 +97,11 @@ pub(crate) struct Wheel {
     pub(super) slot_counts: Vec<SlotCount>,
     /// Chains of slots reused for a new window since this open (see `reclaim.rs`).
     pub(super) retired: Vec<Retired>,
+    /// The oldest tick second a restart may resume at: that of the older of
+    /// the last two checkpoints on disk (see [`set_durable_tick`](Self::set_durable_tick)).
+    durable_tick: u64,
+    /// A cascade is re-indexing a window (see [`place`](Self::place)).
+    cascading: bool,
 }
 
 /// A slot's window and count, mirrored in memory.
@@ -129,14 +135,14 @@ impl Wheel {
         settled: Settled,
         mark: u64,
     ) -> Result<Self> {
-        std::fs::create_dir_all(dir).map_err(|e| Error::io("create directory", dir, e))?;
+        crate::fs::create_dir(dir)?;
         let path = dir.join(WHEEL_FILE);
         if resume.is_none() {
             // Nothing vouches for these files: start over (the commit log is the truth).
             for stale in [WHEEL_FILE, TIMER_LOG_DIR, FAR_TIMER_LOG_DIR, TAILS_FILE, CANCEL_LEDGER_DIR] {
-                let _ = std::fs::remove_file(dir.join(stale));
-                let _ = std::fs::remove_dir_all(dir.join(stale));
+                crate::fs::remove_all(&dir.join(stale))?;
             }
+            crate::fs::sync_dir(dir)?;
         }
         let size = WHEEL_FILE_LEN;
         let file = if path.exists() {
@@ -172,6 +178,8 @@ impl Wheel {
             reindexed: 0,
             slot_counts: vec![SlotCount::default(); TOTAL_SLOTS as usize],
             retired: Vec::new(),
+            durable_tick: loaded_through + 1,
+            cascading: false,
         };
         wheel.count_unloaded()?;
         wheel.restart.replay_start_ends = wheel.timer_log_ends();
@@ -270,8 +278,47 @@ impl Wheel {
         Ok(())
     }
 
+    /// Where a timer (or a cancel entry) due in second `sec` goes.
+    ///
+    /// A level-0 slot is reused for a later second once this wheel has
+    /// handed out the second it holds. A restart at a checkpoint on disk
+    /// from before that second (its deliveries lost to a power loss) would
+    /// reload it and find the later second there instead: its timers would
+    /// never fire. So a fresh entry whose slot holds such a second goes to
+    /// its level-1 window instead, to come down when that window cascades,
+    /// after the next checkpoints. (A cascade itself reuses the slot: a
+    /// restart redoes the cascade from the coarser chain, and the slot's
+    /// old second is in doubt only while the checkpoints lag a cascade
+    /// window behind, when catching up after downtime or a clock jump.)
     pub(super) fn place(&self, sec: u64) -> Option<(usize, u64)> {
-        place(sec, self.loaded_through + 1, self.tick_second())
+        let (level, window) = place(sec, self.loaded_through + 1, self.tick_second())?;
+        if level == 0 && !self.cascading && self.slot_in_doubt(window) {
+            let w1 = window_of(1, sec);
+            if not_yet_cascaded(1, w1, self.loaded_through) {
+                return Some((1, w1));
+            }
+        }
+        Some((level, window))
+    }
+
+    /// Whether the level-0 slot of `window` holds another second that a
+    /// restart from the checkpoints on disk could still reload.
+    fn slot_in_doubt(&self, window: u64) -> bool {
+        let held = self.slot_counts[slot_index(0, window) as usize];
+        held.count > 0 && held.window != window && held.window >= self.durable_tick
+    }
+
+    /// Tells the wheel the oldest tick second the checkpoints on disk may
+    /// resume at, as checkpoints are written (it only grows).
+    pub fn set_durable_tick(&mut self, second: u64) {
+        self.durable_tick = self.durable_tick.max(second);
+    }
+
+    /// Like [`set_durable_tick`](Self::set_durable_tick), at open: a
+    /// checkpoint older than this wheel (one a rebuilt wheel starts after)
+    /// may be what a restart resumes at.
+    pub fn lower_durable_tick(&mut self, second: u64) {
+        self.durable_tick = self.durable_tick.min(second);
     }
 
     /// Appends a timer-log entry (a timer, or a cancel) to the chain of `window`'s slot on `level`.
@@ -483,6 +530,20 @@ impl Wheel {
         // timer is still coarser moves down with it to the same slot.
         let cancels: HashSet<u64> = entries.iter().filter(|e| e.cancel).map(|e| e.message_offset).collect();
         let timers: HashSet<u64> = entries.iter().filter(|e| !e.cancel).map(|e| e.message_offset).collect();
+        self.cascading = true;
+        let moved = self.move_down(level, entries, &cancels, &timers);
+        self.cascading = false;
+        moved
+    }
+
+    /// Re-indexes a cascading window's entries below `level`.
+    fn move_down(
+        &mut self,
+        level: usize,
+        entries: Vec<TimerEntry>,
+        cancels: &HashSet<u64>,
+        timers: &HashSet<u64>,
+    ) -> Result<()> {
         for entry in entries {
             let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset };
             if entry.cancel {

@@ -364,7 +364,7 @@ fn cancelled_timers_are_forgotten_from_memory_once_behind_and_the_ledger_answers
 fn restart(dir: &Path, now_ms: u64, resume: Resume, replay: std::ops::Range<u64>, ends: [u64; 2]) -> Wheel {
     let mut w = Wheel::open(dir, 1 << 12, now_ms, Some(resume), Settled::default(), 0).unwrap();
     w.set_replay_range(replay);
-    w.note_preindexed(ends).unwrap();
+    assert!(w.note_preindexed(ends, u64::MAX).unwrap());
     w
 }
 
@@ -460,4 +460,32 @@ fn a_cancel_applied_at_loading_also_stops_a_replayed_copy_in_a_later_second() {
     assert_eq!(w.locate_for_cancel(&late).unwrap(), CancelTarget::Slot);
     assert_eq!(w.cancel(late).unwrap(), CancelState::Cancelled);
     assert_eq!(tick_through(&mut w, START_MS, START_MS + 10_000, 50), []);
+}
+
+/// A power loss can lose the delivery records of a second the wheel has
+/// handed out, and a restart then resumes at the checkpoint on disk, before
+/// that second: its slot must still hold its timers, so the slot is not
+/// reused for a second 18 hours later until the checkpoints on disk are past it.
+#[test]
+fn a_slot_is_reused_only_behind_the_durable_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut w = wheel(dir.path(), START_MS);
+    let s0 = START_MS / 1000 + 2;
+    let due: Vec<Timer> = (0..10).map(|i| timer(s0 * 1000 + i, 32 + 64 * i)).collect();
+    for t in &due {
+        w.insert(*t).unwrap();
+    }
+    // The checkpoints on disk still resume at the wheel's first second.
+    w.set_durable_tick(START_MS / 1000);
+    assert_eq!(tick_through(&mut w, START_MS, s0 * 1000 + 5_000, 100), due);
+    // A timer due in the second that maps to the same level-0 slot, 18 h later.
+    let later = timer((s0 + L0_SPAN) * 1000 + 7, 32 + 64 * 10);
+    w.insert(later).unwrap();
+    drop(w);
+    // Power loss: the deliveries were not durable; restart at the checkpoint's tick.
+    let resume = Resume { tick_second: START_MS / 1000 };
+    let mut w =
+        Wheel::open(dir.path(), 1 << 12, s0 * 1000 + 5_000, Some(resume), Settled::default(), 0).unwrap();
+    assert_eq!(tick_through(&mut w, s0 * 1000 + 5_000, s0 * 1000 + 6_000, 100), due, "fired again");
+    assert_eq!(w.pending(), 1, "the later timer is still pending");
 }
