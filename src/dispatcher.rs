@@ -214,7 +214,9 @@ impl Dispatcher {
             }
             // Padding is skipped; cancels were applied by the ticker that wrote
             // them; a relocation changes where a message's bytes are, not its timer.
-            RecordKind::Cancel | RecordKind::Relocation | RecordKind::Padding => Ok(None),
+            RecordKind::Cancel | RecordKind::Relocation | RecordKind::Skipped | RecordKind::Padding => {
+                Ok(None)
+            }
         }
     }
 

@@ -109,10 +109,64 @@ fn a_flipped_bit_in_a_durable_record_is_corruption_naming_file_and_offset() {
     let text = err.to_string();
     assert!(text.contains("00000000000000000000") && text.contains(&format!("offset {victim}")), "{text}");
 
-    // Lenient recovery opens and keeps everything before the damage.
+    // Lenient recovery opens and loses only the damaged record: it is
+    // marked skipped, and the records after it are kept.
+    let store = Store::open(small_config(dir.path()).with_recovery_mode(RecoveryMode::Lenient)).unwrap();
+    let len = record_len(dir.path(), offsets[51]);
+    assert_eq!(store.recovery_report().skipped, [(victim, offsets[51] - victim)], "{len}");
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let mut want = numbered(0..50);
+    want.extend(numbered(51..100));
+    assert_eq!(bodies(&drain(&mut consumer, 100)), want);
+    store.close().unwrap();
+    // Strict recovery opens it now: the skip is on disk.
+    let store = Store::open(small_config(dir.path())).unwrap();
+    assert!(store.recovery_report().skipped.is_empty());
+    store.close().unwrap();
+}
+
+/// Without a checkpoint nothing says how far the log was durable, so a bad
+/// record used to be taken for a torn tail and everything after it cut.
+/// A valid record after it shows it is damage: refused, or skipped in
+/// lenient mode, never the rest of the log lost.
+#[test]
+fn without_a_checkpoint_a_damaged_record_followed_by_valid_ones_is_refused_not_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    let receipts = put_numbered(&store, "T", 0..40);
+    store.close().unwrap();
+    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    let victim = receipts[10].offset();
+    patch(&segment(dir.path(), 0), victim + 30, |b| b[0] ^= 0x01);
+
+    let err = Store::open(small_config(dir.path())).err().expect("strict recovery refuses");
+    assert!(
+        matches!(&err, Error::Corruption { file, offset, .. } if *file == segment(dir.path(), 0) && *offset == victim),
+        "{err}"
+    );
+    assert!(
+        err.to_string().contains(&format!("a valid record follows at log offset {}", receipts[11].offset())),
+        "{err}"
+    );
+
     let store = Store::open(small_config(dir.path()).with_recovery_mode(RecoveryMode::Lenient)).unwrap();
     let mut consumer = store.consumer("T", 0).unwrap();
-    assert_eq!(bodies(&drain(&mut consumer, 100)), numbered(0..50));
+    let mut want = numbered(0..10);
+    want.extend(numbered(11..40));
+    assert_eq!(bodies(&drain(&mut consumer, 40)), want);
+}
+
+/// A torn tail without a checkpoint is still a torn tail: nothing valid follows it.
+#[test]
+fn without_a_checkpoint_a_torn_tail_is_cut() {
+    let dir = tempfile::tempdir().unwrap();
+    let (last, len) = crashed_store_with_20_messages(dir.path());
+    std::fs::remove_file(dir.path().join("checkpoint")).unwrap();
+    patch(&segment(dir.path(), 0), last + len / 2, |b| b[..(len / 2) as usize].fill(0));
+    let store = Store::open(small_config(dir.path())).unwrap();
+    assert_eq!(store.recovery_report().torn_at, Some(last));
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&drain(&mut consumer, 20)), numbered(0..19));
 }
 
 #[test]

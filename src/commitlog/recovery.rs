@@ -18,7 +18,10 @@ use crate::format::{FILE_HEADER_LEN, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
 use super::segment;
-use crate::format::record::{FrameError, RecordKind, check_frame};
+use crate::format::record::{
+    FrameError, RECORD_HEADER_LEN, RECORD_VERSION, RecordKind, check_frame, check_header, encode_padding,
+    encode_skipped,
+};
 
 /// What the checkpoint tells recovery.
 #[derive(Debug, Clone, Copy)]
@@ -45,6 +48,9 @@ pub struct RecoveryReport {
     pub truncated_bytes: u64,
     /// Later segments set aside because they lay past the end.
     pub discarded: Vec<PathBuf>,
+    /// Stretches of damaged bytes lenient recovery marked skipped, the log
+    /// going on after them: (log offset, length).
+    pub skipped: Vec<(u64, u64)>,
 }
 
 pub(super) struct Recovered {
@@ -85,14 +91,10 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
         ));
     }
 
-    let (end, problem) = scan(&writers, size, start);
-    let mut report = RecoveryReport { end, scanned_bytes: end.saturating_sub(start), ..Default::default() };
-    // Stopping on a missing segment below the durable mark is damage too.
-    let problem =
-        problem.or_else(|| (end < plan.durable).then_some(FrameError::Invalid(CorruptionKind::MissingFile)));
-    if let Some(problem) = problem {
-        judge(dir, size, plan, end, problem, &mut report)?;
-    }
+    let mut report = RecoveryReport::default();
+    let end = find_end(dir, &mut writers, size, plan, start, &mut report)?;
+    report.end = end;
+    report.scanned_bytes = end.saturating_sub(start);
 
     let tail_base = end - end % size;
     let mut segments = BTreeMap::new();
@@ -192,31 +194,142 @@ fn scan(writers: &BTreeMap<u64, MapWriter>, size: u64, start: u64) -> (u64, Opti
     }
 }
 
-/// Decides whether a bad record at `end` is a torn tail or corruption in the middle.
-fn judge(
+/// Walks the log from `start` to its end: the first record that is not
+/// valid, unless it is damage in the middle. A bad record below the durable
+/// mark is damage; so is one, when no checkpoint says how far the log was
+/// durable, that a valid record follows. Damage refuses the open
+/// ([`RecoveryMode::Strict`]) or is marked skipped and the walk goes on past
+/// it (lenient); anything else is a torn tail and ends the log.
+fn find_end(
     dir: &Path,
+    writers: &mut BTreeMap<u64, MapWriter>,
     size: u64,
     plan: &RecoveryPlan,
-    end: u64,
-    problem: FrameError,
+    start: u64,
     report: &mut RecoveryReport,
-) -> Result<()> {
-    let base = end - end % size;
-    let path = segment::segment_path(dir, base);
-    if end < plan.durable {
+) -> Result<u64> {
+    let mut from = start;
+    loop {
+        let (end, problem) = scan(writers, size, from);
+        // Stopping on a missing segment below the durable mark is damage too.
+        let problem = match problem {
+            Some(problem) => problem,
+            None if end < plan.durable => FrameError::Invalid(CorruptionKind::MissingFile),
+            None => return Ok(end),
+        };
+        let unknown_durable = plan.durable == 0;
+        let damaged_durable = end < plan.durable;
+        let torn = !damaged_durable && matches!(problem, FrameError::Invalid(_));
+        if !damaged_durable && !(torn && unknown_durable) {
+            if let FrameError::Invalid(kind) = &problem {
+                let (path, offset) = (segment::segment_path(dir, end - end % size), end % size);
+                tracing::warn!(file = %path.display(), offset, %kind, "truncating torn tail");
+                report.torn_at = Some(end);
+            }
+            return Ok(end);
+        }
+        let next = next_valid_record(writers, size, end);
+        if next.is_none() && !damaged_durable {
+            // No checkpoint, and nothing valid after the bad record: a torn tail.
+            tracing::warn!(offset = end, "truncating torn tail (no checkpoint, nothing valid after it)");
+            report.torn_at = Some(end);
+            return Ok(end);
+        }
         let kind = match problem {
             FrameError::Empty => CorruptionKind::BadFrame("zeros where a durable record should be".into()),
             FrameError::Invalid(kind) => kind,
         };
-        if plan.mode == RecoveryMode::Strict {
-            return Err(Error::corruption(path, end - base, kind));
+        match damaged(dir, writers, size, plan, (end, next), kind, report)? {
+            Some(next) => from = next,
+            None => return Ok(end),
         }
-        tracing::error!(file = %path.display(), offset = end - base, %kind, lost_bytes = plan.durable - end,
-            "lenient recovery: dropping the log after a damaged durable record");
+    }
+}
+
+/// Damage at `end` (the next valid record, if any, at `next`): an error in
+/// strict mode; in lenient mode the stretch is marked skipped and the walk
+/// goes on at the returned `next` (`None`: nothing valid follows, the log
+/// ends at `end`).
+fn damaged(
+    dir: &Path,
+    writers: &mut BTreeMap<u64, MapWriter>,
+    size: u64,
+    plan: &RecoveryPlan,
+    (end, next): (u64, Option<u64>),
+    kind: CorruptionKind,
+    report: &mut RecoveryReport,
+) -> Result<Option<u64>> {
+    let (path, offset) = (segment::segment_path(dir, end - end % size), end % size);
+    if plan.mode == RecoveryMode::Strict {
+        // Below the durable mark the damage speaks for itself; without a
+        // checkpoint, what follows it is why it is not a torn tail.
+        let kind = match next {
+            Some(next) if plan.durable == 0 => CorruptionKind::BadFrame(format!(
+                "{kind}; a valid record follows at log offset {next}, so this is damage, not a torn tail \
+                 (RecoveryMode::Lenient skips it)"
+            )),
+            None => kind,
+        };
+        return Err(Error::corruption(path, offset, kind));
+    }
+    let Some(next) = next else {
+        tracing::error!(file = %path.display(), offset, %kind, lost_bytes = plan.durable.saturating_sub(end),
+            "lenient recovery: nothing valid after a damaged durable record; the log ends there");
         report.torn_at = Some(end);
-    } else if let FrameError::Invalid(kind) = problem {
-        tracing::warn!(file = %path.display(), offset = end - base, %kind, "truncating torn tail");
-        report.torn_at = Some(end);
+        return Ok(None);
+    };
+    mark_skipped(writers, size, end, next)?;
+    tracing::error!(file = %path.display(), offset, %kind, skipped_bytes = next - end,
+        "lenient recovery: damaged bytes skipped, the log goes on after them");
+    report.skipped.push((end, next - end));
+    Ok(Some(next))
+}
+
+/// The first offset after `after` where a valid record (its CRC checked)
+/// starts, in this segment or a later one. Costs a few comparisons per byte
+/// of the stretch it searches: only damage makes it run.
+fn next_valid_record(writers: &BTreeMap<u64, MapWriter>, size: u64, after: u64) -> Option<u64> {
+    let header = FILE_HEADER_LEN as u64;
+    for (&base, writer) in writers.range(after - after % size..) {
+        let first = if base <= after { after + 1 } else { base + header };
+        let view = writer.view(0, size as usize);
+        for at in first..base + size - RECORD_HEADER_LEN as u64 {
+            let local = (at - base) as usize;
+            if plausible_header(&view[local..]) && check_frame(&view[local..], at).is_ok() {
+                return Some(at);
+            }
+        }
+    }
+    None
+}
+
+/// A cheap filter before a CRC: a known kind, this version, a length that fits.
+fn plausible_header(bytes: &[u8]) -> bool {
+    let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
+    (RECORD_HEADER_LEN..=bytes.len()).contains(&len)
+        && bytes[9] == RECORD_VERSION
+        && check_header(bytes).is_ok()
+}
+
+/// Marks `[from, to)` skipped: padding to the end of each segment it leaves,
+/// and a skipped record for the rest, made durable before the walk goes on.
+fn mark_skipped(writers: &mut BTreeMap<u64, MapWriter>, size: u64, mut from: u64, to: u64) -> Result<()> {
+    while from < to {
+        let base = from - from % size;
+        let local = (from - base) as usize;
+        let until = if to - to % size == base { (to - base) as usize } else { size as usize };
+        let writer = writers.get_mut(&base).expect("a segment the walk read");
+        let room = until - local;
+        if room >= RECORD_HEADER_LEN {
+            let buf = writer.unpublished_mut(local, room);
+            if until == size as usize {
+                encode_padding(buf, from)
+            } else {
+                encode_skipped(buf, from)
+            }
+            writer.shared().flush(local, RECORD_HEADER_LEN)?;
+        }
+        from = if until == size as usize { base + size + FILE_HEADER_LEN as u64 } else { to };
     }
     Ok(())
 }

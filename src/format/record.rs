@@ -46,8 +46,19 @@ pub enum RecordKind {
     Cancel = 3,
     /// Retention moved a segment's pending timers to the relocation area and deleted it.
     Relocation = 4,
+    /// Damaged bytes lenient recovery found between two valid records, left
+    /// in place and skipped: the next record follows this one's length.
+    Skipped = 5,
     /// Filler from here to the end of the segment; the next record starts the next segment.
     Padding = 0xFF,
+}
+
+impl RecordKind {
+    /// Whether the record's CRC covers only its header: the rest of it is
+    /// unwritten space (padding) or damaged bytes (skipped).
+    pub fn is_filler(self) -> bool {
+        matches!(self, Self::Padding | Self::Skipped)
+    }
 }
 
 impl RecordKind {
@@ -57,6 +68,7 @@ impl RecordKind {
             2 => Some(Self::Delivery),
             3 => Some(Self::Cancel),
             4 => Some(Self::Relocation),
+            5 => Some(Self::Skipped),
             0xFF => Some(Self::Padding),
             _ => None,
         }
@@ -86,8 +98,9 @@ pub enum FrameError {
 /// The CRC is checked over the whole record.
 pub fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError> {
     let frame = check_header(bytes)?;
-    // Padding covers unwritten space, so its CRC covers only its own header.
-    let covered = if frame.kind == RecordKind::Padding { RECORD_HEADER_LEN } else { frame.len };
+    // Padding covers unwritten space and a skipped record damaged bytes, so
+    // their CRC covers only their own header.
+    let covered = if frame.kind.is_filler() { RECORD_HEADER_LEN } else { frame.len };
     let stored = get_u32(bytes, CRC_OFFSET);
     let computed = crc_at(offset, &bytes[LEN_OFFSET..covered]);
     if stored != computed {
@@ -151,6 +164,14 @@ fn seal(buf: &mut [u8], offset: u64, covered: usize) {
 pub fn encode_padding(buf: &mut [u8], offset: u64) {
     let len = buf.len();
     write_header(buf, RecordKind::Padding, len);
+    seal(buf, offset, RECORD_HEADER_LEN);
+}
+
+/// Writes the header of a skipped record over the first bytes of `buf`, the
+/// damaged stretch (at least a header long) it marks; the rest is left as it is.
+pub fn encode_skipped(buf: &mut [u8], offset: u64) {
+    let len = buf.len();
+    write_header(buf, RecordKind::Skipped, len);
     seal(buf, offset, RECORD_HEADER_LEN);
 }
 
@@ -296,8 +317,7 @@ impl RelocationView {
 /// The time every record but padding carries first in its body: a message's
 /// store time, a delivery's, a cancel's or a relocation's time.
 pub fn record_time_ms(kind: RecordKind, record: &[u8]) -> Option<u64> {
-    (kind != RecordKind::Padding && record.len() >= RECORD_HEADER_LEN + 8)
-        .then(|| get_u64(record, RECORD_HEADER_LEN))
+    (!kind.is_filler() && record.len() >= RECORD_HEADER_LEN + 8).then(|| get_u64(record, RECORD_HEADER_LEN))
 }
 
 /// The timing fields a message record carries (zero for an ordinary message).
@@ -509,6 +529,8 @@ pub enum Record<'a> {
     Cancel(CancelView),
     /// Retention relocated a segment's pending timers.
     Relocation(RelocationView),
+    /// Damaged bytes lenient recovery left in place, skipped.
+    Skipped,
     /// Filler to the end of a segment.
     Padding,
 }
@@ -520,7 +542,7 @@ impl<'a> Record<'a> {
     /// A message's properties must be well-formed too. (Whether its topic is
     /// one `put` accepts is the caller's check: `message::validate_topic`.)
     pub fn decode(bytes: &'a [u8], offset: u64, frame: Frame) -> Result<Self, CorruptionKind> {
-        let covered = if frame.kind == RecordKind::Padding { RECORD_HEADER_LEN } else { frame.len };
+        let covered = if frame.kind.is_filler() { RECORD_HEADER_LEN } else { frame.len };
         let record = bytes.get(..covered).ok_or_else(|| {
             CorruptionKind::BadFrame(format!("record of {} bytes, {} available", covered, bytes.len()))
         })?;
@@ -534,6 +556,7 @@ impl<'a> Record<'a> {
             RecordKind::Delivery => Record::Delivery(DeliveryView::parse(record)?),
             RecordKind::Cancel => Record::Cancel(CancelView::parse(record)?),
             RecordKind::Relocation => Record::Relocation(RelocationView::parse(record)?),
+            RecordKind::Skipped => Record::Skipped,
             RecordKind::Padding => Record::Padding,
         })
     }
@@ -545,7 +568,7 @@ impl<'a> Record<'a> {
             Record::Delivery(d) => Some(d.delivered_at_ms),
             Record::Cancel(c) => Some(c.cancelled_at_ms),
             Record::Relocation(r) => Some(r.relocated_at_ms),
-            Record::Padding => None,
+            Record::Skipped | Record::Padding => None,
         }
     }
 }

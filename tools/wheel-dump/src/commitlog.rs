@@ -10,9 +10,7 @@
 use std::path::PathBuf;
 
 use delaywheel::CorruptionKind;
-use delaywheel::internals::record::{
-    self, Frame, FrameError, MessageView, Record, RecordKind, RelocationView,
-};
+use delaywheel::internals::record::{self, Frame, FrameError, MessageView, Record, RelocationView};
 use delaywheel::internals::{self, queue_entry, validate_topic};
 
 use crate::error::Result;
@@ -73,6 +71,8 @@ pub struct RecordCounts {
     pub deliveries: u64,
     pub cancels: u64,
     pub relocations: u64,
+    /// Stretches of damaged bytes lenient recovery left in place (`Skipped` records).
+    pub skipped: u64,
 }
 
 impl CommitLog {
@@ -129,8 +129,7 @@ impl CommitLog {
                     Ok(None) => return Ok(LogEnd::Clean { offset }),
                     Err(kind) => return Ok(invalid(kind)),
                 };
-                let read_len =
-                    if frame.kind == RecordKind::Padding { record::RECORD_HEADER_LEN } else { frame.len };
+                let read_len = if frame.kind.is_filler() { record::RECORD_HEADER_LEN } else { frame.len };
                 let bytes = reader.get(local, read_len)?;
                 match decode_record(bytes, offset, frame) {
                     Err(kind) => return Ok(invalid(kind)),
@@ -156,6 +155,8 @@ pub struct LogFacts {
     pub cancels: Vec<(u64, u64, u64)>,
     /// Relocation records in log order: (record offset, record).
     pub relocations: Vec<(u64, RelocationView)>,
+    /// Skipped records (damaged stretches lenient recovery left): (offset, length).
+    pub skipped: Vec<(u64, u64)>,
     pub topics: Vec<String>,
     topic_ids: std::collections::HashMap<String, u32>,
     pub counts: RecordCounts,
@@ -187,6 +188,7 @@ impl LogFacts {
             deliveries: Vec::new(),
             cancels: Vec::new(),
             relocations: Vec::new(),
+            skipped: Vec::new(),
             topics: Vec::new(),
             topic_ids: Default::default(),
             counts: RecordCounts::default(),
@@ -254,6 +256,10 @@ impl LogFacts {
                 self.counts.relocations += 1;
                 self.newest_time_ms = self.newest_time_ms.max(r.relocated_at_ms);
                 self.relocations.push((offset, r));
+            }
+            Record::Skipped => {
+                self.counts.skipped += 1;
+                self.skipped.push((offset, len as u64));
             }
             Record::Padding => {}
         }

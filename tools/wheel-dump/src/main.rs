@@ -208,6 +208,7 @@ fn render_checked(c: &verify::Checked) -> String {
         ("  of which timed", c.timed_messages),
         ("  deliveries", c.deliveries),
         ("  cancels", c.cancels),
+        ("  skipped (damaged, left by lenient recovery)", c.skipped_records),
         ("timer-log entries", c.timer_log_entries),
         ("  near (timerlog/)", c.near_timer_log_entries),
         ("  far (timerlog-far/)", c.far_timer_log_entries),
@@ -221,6 +222,10 @@ fn render_checked(c: &verify::Checked) -> String {
         ("consume queues", c.consume_queues),
         ("  entries", c.queue_entries),
     ] {
+        // Skipped records exist only where lenient recovery met damage.
+        if what.starts_with("  skipped") && count == 0 {
+            continue;
+        }
         t.row(vec![what.into(), n(count)]);
     }
     let retention = c.oldest_segment > 0

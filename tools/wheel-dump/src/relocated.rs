@@ -457,6 +457,7 @@ pub fn record_name(record: &Record<'_>) -> &'static str {
         Record::Delivery(_) => "delivery",
         Record::Cancel(_) => "cancel",
         Record::Relocation(_) => "relocation",
+        Record::Skipped => "skipped (damaged) record",
         Record::Padding => "padding",
     }
 }

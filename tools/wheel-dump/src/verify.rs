@@ -85,6 +85,9 @@ pub struct Checked {
     pub timed_messages: u64,
     pub deliveries: u64,
     pub cancels: u64,
+    /// Stretches of damaged bytes lenient recovery left in place and every reader skips.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub skipped_records: u64,
     pub log_end: u64,
     /// The end of the log is a record that does not check out, at or past `log durable`.
     pub torn_tail: Option<String>,
@@ -287,6 +290,14 @@ fn check_log_end(log: &CommitLog, facts: &LogFacts, durable: u64, checked: &mut 
     (checked.messages, checked.timed_messages, checked.deliveries, checked.cancels) =
         (c.messages, c.timed, c.deliveries, c.cancels);
     checked.records = c.messages + c.deliveries + c.cancels;
+    checked.skipped_records = c.skipped;
+    for &(at, len) in &facts.skipped {
+        let (file, position) = log.locate(at);
+        eprintln!(
+            "note: {} at offset {position}: {len} damaged bytes that lenient recovery left in place (skipped)",
+            file.display()
+        );
+    }
     checked.log_end = facts.end.offset();
     match &facts.end {
         LogEnd::Invalid { offset, file, position, kind } if *offset < durable => {
@@ -739,4 +750,8 @@ fn check_schedule_entry(
         return Err(bad(why));
     }
     Ok(())
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
