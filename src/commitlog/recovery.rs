@@ -268,7 +268,7 @@ fn damaged(
                 "{kind}; a valid record follows at log offset {next}, so this is damage, not a torn tail \
                  (RecoveryMode::Lenient skips it)"
             )),
-            None => kind,
+            _ => kind,
         };
         return Err(Error::corruption(path, offset, kind));
     }
