@@ -217,10 +217,11 @@ fn find_end(
             None if end < plan.durable => FrameError::Invalid(CorruptionKind::MissingFile),
             None => return Ok(end),
         };
-        let unknown_durable = plan.durable == 0;
         let damaged_durable = end < plan.durable;
-        let torn = !damaged_durable && matches!(problem, FrameError::Invalid(_));
-        if !damaged_durable && !(torn && unknown_durable) {
+        // Past the durable mark a bad record is a torn tail, unless no
+        // checkpoint says where that mark is: then what follows decides.
+        let may_be_damage = plan.durable == 0 && matches!(problem, FrameError::Invalid(_));
+        if !damaged_durable && !may_be_damage {
             if let FrameError::Invalid(kind) = &problem {
                 let (path, offset) = (segment::segment_path(dir, end - end % size), end % size);
                 tracing::warn!(file = %path.display(), offset, %kind, "truncating torn tail");
