@@ -52,18 +52,34 @@ pub(crate) struct Dispatcher {
     /// acts on a message, and no timer fires for one, that a power loss
     /// could still erase.
     durable_only: bool,
+    /// The log's end at open: a delivery before it names a message this
+    /// process has not checked (its checksum is checked when read); the
+    /// ticking thread checks every message it delivers itself.
+    replay_end: u64,
+    /// Damaged records skipped (see [`quarantine`](Self::quarantine)).
+    quarantined: Arc<AtomicU64>,
+}
+
+/// Where a dispatcher starts and how it indexes.
+pub(crate) struct DispatchPlan {
+    /// The first record to index.
+    pub from: u64,
+    pub queues_per_topic: u32,
+    /// See [`Dispatcher::durable_only`].
+    pub durable_only: bool,
+    /// See [`Dispatcher::replay_end`].
+    pub replay_end: u64,
 }
 
 impl Dispatcher {
     pub fn new(
         log: Arc<CommitLog>,
-        queues: Arc<QueueRegistry>,
-        scheduler: Arc<dyn SchedulerFront>,
-        queues_per_topic: u32,
-        from: u64,
+        (queues, scheduler): (Arc<QueueRegistry>, Arc<dyn SchedulerFront>),
+        plan: DispatchPlan,
         progress: Arc<AtomicU64>,
-        durable_only: bool,
+        quarantined: Arc<AtomicU64>,
     ) -> Self {
+        let DispatchPlan { from, queues_per_topic, durable_only, replay_end } = plan;
         progress.store(from, Ordering::Release);
         Self {
             tail: RefCell::new(LogReader::new(Arc::clone(&log))),
@@ -77,7 +93,20 @@ impl Dispatcher {
             progress,
             reclaimed_deliveries: Cell::new(0),
             durable_only,
+            replay_end,
+            quarantined,
         }
+    }
+
+    /// Skips a record that does not check out instead of stopping: one
+    /// damaged byte must not keep the store from indexing everything after
+    /// it (and a reopen would replay it again). It is logged with its file
+    /// and offset, counted in `Stats::quarantined`, and `wheel-dump verify`
+    /// reports it.
+    fn quarantine(&self, record: u64, e: Error) -> Result<Option<Arc<ConsumeQueue>>> {
+        tracing::error!(record, error = %e, "skipping a record that does not check out");
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        Ok(None)
     }
 
     /// Where the records this dispatcher may index end now.
@@ -164,7 +193,11 @@ impl Dispatcher {
     fn index(&self, offset: u64, kind: RecordKind, bytes: &[u8]) -> Result<Option<Arc<ConsumeQueue>>> {
         match kind {
             RecordKind::Message => {
-                let view = self.message(offset, bytes)?;
+                let view = match self.message(offset, bytes) {
+                    Ok(view) => view,
+                    Err(e @ Error::Corruption { .. }) => return self.quarantine(offset, e),
+                    Err(e) => return Err(e),
+                };
                 if view.timing.deliver_at_ms != 0 && !view.rescheduled {
                     return self.scheduler.index(offset, bytes.len(), &view);
                 }
@@ -173,8 +206,11 @@ impl Dispatcher {
             RecordKind::Delivery => {
                 let delivery =
                     DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
-                let visited = self.originals.borrow_mut().visit_checked(
+                // A delivery of this session's ticker names a message it checked.
+                let checksum = offset < self.replay_end;
+                let visited = self.originals.borrow_mut().visit_checking(
                     delivery.message_offset,
+                    checksum,
                     |at, kind, original| {
                         if kind != RecordKind::Message {
                             let why = format!("delivery at {offset} names a {kind:?} record");
@@ -193,8 +229,8 @@ impl Dispatcher {
                         )
                     },
                 );
-                match visited {
-                    Ok((queue, _)) => queue.map(Some),
+                match visited.and_then(|(queue, _)| queue) {
+                    Ok(queue) => Ok(Some(queue)),
                     // Only a rebuild of the indexes from the oldest segment
                     // meets this: the timer fired long ago and retention has
                     // since deleted its message (retention keeps every message
@@ -209,6 +245,8 @@ impl Dispatcher {
                         self.reclaimed_deliveries.set(self.reclaimed_deliveries.get() + 1);
                         Ok(None)
                     }
+                    // Its message is damaged: the timer cannot be delivered.
+                    Err(e @ Error::Corruption { .. }) => self.quarantine(offset, e),
                     Err(e) => Err(e),
                 }
             }

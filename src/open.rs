@@ -11,11 +11,11 @@ use crossbeam_channel::{Receiver, Sender};
 
 use crate::buckets::{BucketFront, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::checkpoint::CheckpointFile;
-use crate::commitlog::CommitLog;
+use crate::commitlog::{CommitLog, LogReader};
 use crate::config::{Config, FlushMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
-use crate::dispatcher::Dispatcher;
+use crate::dispatcher::{DispatchPlan, Dispatcher};
 use crate::durable::FlushSignal;
 use crate::durable::{Floor, SegmentCounts};
 use crate::error::{Error, Result};
@@ -220,14 +220,18 @@ impl Parts {
         let wheel = inboxes.wheel;
         threads.spawn("tick", Stop::Flag(stop.clone()), move || ticker.run(wheel, stop))?;
         let scheduler = self.scheduler_front(levels, &mut threads)?;
+        let plan = DispatchPlan {
+            from: self.replay_from,
+            queues_per_topic: self.config.queues_per_topic,
+            durable_only: self.config.flush_mode == FlushMode::Sync,
+            replay_end: self.log.write_end(),
+        };
         let dispatcher = Dispatcher::new(
             Arc::clone(&self.log),
-            Arc::clone(&self.queues),
-            Arc::clone(&scheduler),
-            self.config.queues_per_topic,
-            self.replay_from,
+            (Arc::clone(&self.queues), Arc::clone(&scheduler)),
+            plan,
             Arc::clone(&self.dispatched),
-            self.config.flush_mode == FlushMode::Sync,
+            Arc::clone(&self.counters.quarantined),
         );
         let stop = StopFlag::new(Some(self.wakes.dispatch.clone()));
         let wake = inboxes.dispatch;
@@ -279,6 +283,8 @@ impl Parts {
             floor: Arc::clone(&self.floor),
             replay_end: self.log.write_end(),
             reclaim_wake,
+            reader: LogReader::new(Arc::clone(&self.log)),
+            quarantined: Arc::clone(&self.counters.quarantined),
         }
     }
 

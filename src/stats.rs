@@ -1,5 +1,6 @@
 //! What `Store::stats` reports.
 
+use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
 /// A snapshot of the store's counters and gauges. Wheel gauges are refreshed
@@ -33,6 +34,10 @@ pub struct Stats {
     pub log_bytes: u64,
     /// Commit-log bytes not yet indexed by the dispatcher.
     pub dispatch_lag_bytes: u64,
+    /// Damaged records skipped since open, each logged with its file and
+    /// offset: records the dispatcher could not index, and due timers not
+    /// delivered because their message does not check out.
+    pub quarantined: u64,
     /// How many times the wheel gauges have been refreshed since open.
     pub refreshes: u64,
     /// Bytes on disk per kind of file.
@@ -158,7 +163,8 @@ impl TimerStats {
     }
 }
 
-/// Counters of what retention did since open (and consumers skipped).
+/// Counters of what retention did since open (and what consumers and the
+/// dispatcher skipped).
 #[derive(Debug, Default)]
 pub(crate) struct RetentionCounters {
     pub segments_deleted: AtomicU64,
@@ -170,4 +176,7 @@ pub(crate) struct RetentionCounters {
     pub deleted_unread: AtomicU64,
     /// Consume-queue entries consumers skipped because retention deleted their records.
     pub consumer_skipped: AtomicU64,
+    /// Damaged records the dispatcher skipped, and timers the ticking thread
+    /// did not deliver because their message is damaged.
+    pub quarantined: Arc<AtomicU64>,
 }

@@ -274,7 +274,9 @@ impl Store {
             disk_bytes: disk.commit_log + disk.relocated + disk.consume_queues + disk.timer_index,
             timer_log_entries: timers.timer_log_entries,
             log_bytes: self.log.write_end().saturating_sub(self.log.start()),
+            // Read after the end: the dispatcher may have passed the end read first.
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
+            quarantined: self.retention.quarantined.load(Ordering::Relaxed),
             refreshes: timers.refreshes,
             disk,
             retention,

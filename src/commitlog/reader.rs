@@ -60,6 +60,17 @@ impl LogReader {
         self.visit(offset, Verify::HeaderOnly, f)
     }
 
+    /// [`visit_checked`](Self::visit_checked) if `checksum`, else
+    /// [`visit_trusted`](Self::visit_trusted).
+    pub fn visit_checking<R>(
+        &mut self,
+        offset: u64,
+        checksum: bool,
+        f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
+    ) -> Result<(R, u64)> {
+        self.visit(offset, if checksum { Verify::Checksum } else { Verify::HeaderOnly }, f)
+    }
+
     /// Like [`CommitLog::visit_checked`].
     pub fn visit_checked<R>(
         &mut self,
