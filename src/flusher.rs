@@ -67,6 +67,9 @@ impl Flusher {
                 Ok(FlushSignal::Stop) | Err(RecvTimeoutError::Disconnected) => {
                     return self.cycle(true);
                 }
+                Ok(FlushSignal::Rebuild { tick_second, counts, reply }) => {
+                    let _ = reply.send(self.rebuild_checkpoint(tick_second, counts));
+                }
                 Err(RecvTimeoutError::Timeout) => {
                     if let Err(e) = self.cycle(false) {
                         tracing::error!(error = %e, "periodic flush failed");
@@ -106,6 +109,42 @@ impl Flusher {
         }
         write_atomically(&self.counts_path, &counts.encode(covered_below))?;
         self.counts_written = Instant::now();
+        Ok(())
+    }
+
+    /// The checkpoint a rebuild of the wheel starts from: the whole log is
+    /// replayed (`dispatched` and the delivery scan at its start) and every
+    /// timer-log entry counts as written after it (ends 1), so a restart,
+    /// whatever state the rebuild left the wheel's files in, either finds a
+    /// damaged wheel and rebuilds it too, or re-indexes every timer the
+    /// rebuilt wheel does not hold yet. Until the rebuilt wheel's first
+    /// snapshot, checkpoints repeat it.
+    fn rebuild_checkpoint(&mut self, tick_second: u64, counts: SegmentCounts) -> Result<()> {
+        let log_durable = self.log.flush()?;
+        let start = self.log.start();
+        let wheel = WheelCheckpoint {
+            indexed: start,
+            tick_second,
+            delivery_scan_from: start,
+            timer_log_ends: [1, 1],
+            log_end: self.log.write_end(),
+        };
+        let counts = Arc::new(counts);
+        *self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()) = None;
+        *self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner()) = (wheel, Arc::clone(&counts));
+        let cp = Checkpoint {
+            log_durable,
+            dispatched: start,
+            written_at_ms: self.clock.now_ms(),
+            tick_second,
+            delivery_scan_from: start,
+            timer_log_end: 1,
+            far_timer_log_end: 1,
+            clean: false,
+            sequence: 0,
+        };
+        let written = self.checkpoint.write(cp)?;
+        self.floor.record(&written, wheel.log_end, counts);
         Ok(())
     }
 

@@ -285,6 +285,9 @@ impl Parts {
             reclaim_wake,
             reader: LogReader::new(Arc::clone(&self.log)),
             quarantined: Arc::clone(&self.counters.quarantined),
+            flush: self.wakes.flush.clone(),
+            timer_dir: self.layout.timer(),
+            timer_log_file_entries: self.config.timer_log_file_entries,
         }
     }
 

@@ -40,6 +40,9 @@ pub struct Stats {
     pub quarantined: u64,
     /// How many times the wheel gauges have been refreshed since open.
     pub refreshes: u64,
+    /// How many times the ticking thread rebuilt the wheel from the commit
+    /// log since open, because its files were found damaged (each logged).
+    pub wheel_rebuilds: u64,
     /// Bytes on disk per kind of file.
     pub disk: DiskUsage,
     /// What retention did since open, and where the log now starts.
@@ -141,6 +144,8 @@ pub(crate) struct TimerStats {
     pub timer_log_entries: u64,
     /// How many times the gauges were refreshed (about once a second).
     pub refreshes: u64,
+    /// How many times the wheel was rebuilt from the log since open (its files were damaged).
+    pub rebuilds: u64,
 }
 
 impl TimerStats {
@@ -159,6 +164,7 @@ impl TimerStats {
             disk_bytes: 0,
             timer_log_entries: 0,
             refreshes: 0,
+            rebuilds: 0,
         }
     }
 }

@@ -278,6 +278,7 @@ impl Store {
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
             quarantined: self.retention.quarantined.load(Ordering::Relaxed),
             refreshes: timers.refreshes,
+            wheel_rebuilds: timers.rebuilds,
             disk,
             retention,
         }

@@ -393,3 +393,47 @@ fn a_delivery_of_a_damaged_message_is_skipped_not_a_permanent_outage() {
     assert_eq!(bodies(&drain(&mut consumer, 1)), ["after"]);
     store.close().unwrap();
 }
+
+/// A damaged entry deep in a live chain passes the open (only chain heads
+/// are read there) and is met when its window cascades, maybe years later.
+/// The ticking thread then rebuilds the wheel from the log and goes on; it
+/// used to stop, poisoning the store at every open.
+#[test]
+fn a_damaged_timer_log_entry_makes_the_ticker_rebuild_the_wheel_not_stop() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = delaywheel::ManualClock::new(T0);
+    let config = || small_config(dir.path()).with_clock(clock.clone()).with_queues_per_topic(1);
+    let store = Store::open(config()).unwrap();
+    for i in 0..10 {
+        store.put(Message::new("T", format!("m{i}")).deliver_at_ms(T0 + 2 * 86_400_000 + i)).unwrap();
+    }
+    store.close().unwrap();
+    // Entry 5 of the far timer log (level-1 chains): 32-byte header, 28-byte entries.
+    let far_log = dir.path().join("timer/timerlog-far").join(format!("{:020}", 0));
+    patch(&far_log, 32 + 5 * 28 + 3, |b| b[0] ^= 0x40);
+
+    let store = Store::open(config()).unwrap();
+    clock.set_ms(T0 + 3 * 86_400_000);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&drain(&mut consumer, 10)), numbered_m(0..10));
+    let stats = store.stats();
+    assert_eq!(stats.wheel_rebuilds, 1, "{stats:?}");
+    store.put(Message::new("T", "after").deliver_at_ms(T0 + 3 * 86_400_000 + 1)).unwrap();
+    clock.advance_ms(10);
+    assert_eq!(bodies(&drain(&mut consumer, 1)), ["after"]);
+    store.close().unwrap();
+    // The rebuilt wheel reopens cleanly, with nothing left to fire.
+    let store = Store::open(config()).unwrap();
+    clock.set_ms(T0 + 4 * 86_400_000);
+    assert!(consumer_of(&store).poll(10, Duration::from_millis(300)).unwrap().is_empty());
+}
+
+fn numbered_m(range: std::ops::Range<usize>) -> Vec<String> {
+    range.map(|i| format!("m{i}")).collect()
+}
+
+fn consumer_of(store: &Store) -> delaywheel::Consumer {
+    let mut consumer = store.consumer_in_group("second-look", "T", 0).unwrap();
+    consumer.seek(u64::MAX);
+    consumer
+}

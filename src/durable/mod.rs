@@ -17,6 +17,15 @@ pub(crate) enum FlushSignal {
     Wake,
     /// Final flush and clean checkpoint, then exit.
     Stop,
+    /// The ticking thread is rebuilding the wheel from the log (its files
+    /// were found damaged): write, before it touches them, a checkpoint from
+    /// which a restart replays the whole log and trusts no timer-log entry
+    /// (see `Flusher::rebuild_checkpoint`), and answer when it is on disk.
+    Rebuild {
+        tick_second: u64,
+        counts: SegmentCounts,
+        reply: crossbeam_channel::Sender<crate::error::Result<()>>,
+    },
 }
 
 /// What retention may not delete, as of the checkpoints written so far.

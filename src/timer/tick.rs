@@ -3,6 +3,7 @@
 //! pure step), appends a delivery record for every timer that comes due, and
 //! periodically syncs the wheel and publishes what a checkpoint may vouch for.
 
+use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -12,7 +13,8 @@ use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use crate::clock::Clock;
 use crate::commitlog::{CommitLog, LogReader};
 use crate::durable::{Floor, FlushSignal, SegmentCounts};
-use crate::error::Result;
+use crate::error::{Error, Result};
+use crate::format::checkpoint::Checkpoint;
 use crate::format::record::{
     CANCEL_LEN, DELIVERY_LEN, MessageView, RecordKind, encode_cancel, encode_delivery,
 };
@@ -21,6 +23,7 @@ use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::threads::StopFlag;
 use crate::timer::Timer;
 use crate::timer::cancels::{CancelState, CancelTarget};
+use crate::timer::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::{FilesToSync, Wheel};
 
 /// The longest the thread sleeps without looking at the clock again, so a
@@ -28,6 +31,9 @@ use crate::timer::wheel::{FilesToSync, Wheel};
 const MAX_SLEEP: Duration = Duration::from_millis(20);
 /// How often the gauges are refreshed (one pass over the slot counts).
 const STATS_INTERVAL: Duration = Duration::from_secs(1);
+/// How many times the wheel is rebuilt from the log before a damaged wheel
+/// poisons the store instead (the log itself is then likely failing).
+const MAX_REBUILDS: u32 = 3;
 /// How often the timer log is checked for files no chain reads any more.
 const RECLAIM_INTERVAL: Duration = Duration::from_secs(10);
 /// Commands handled between two looks at the clock.
@@ -123,6 +129,12 @@ pub(crate) struct Ticker {
     pub reclaim_wake: Receiver<()>,
     /// Reads the messages of due timers, to check them before they are delivered.
     pub reader: LogReader,
+    /// The flusher: woken in sync mode after deliveries and cancels, and asked
+    /// for the rebuild checkpoint.
+    pub flush: Sender<FlushSignal>,
+    /// `timer/`, and the timer logs' entries per file: for a rebuild.
+    pub timer_dir: PathBuf,
+    pub timer_log_file_entries: u64,
     /// Timers not delivered because their message is damaged (shared with `Stats`).
     pub quarantined: Arc<AtomicU64>,
 }
@@ -130,11 +142,81 @@ pub(crate) struct Ticker {
 impl Ticker {
     /// The thread's body: runs until `stop` is set and the command channel is
     /// drained (or disconnected), then syncs the wheel one last time.
-    /// A failure poisons the log: nothing fires until the store is reopened.
+    /// Damaged wheel files (a corruption met loading, cascading or
+    /// indexing) are rebuilt from the commit log, and the thread goes on;
+    /// any other failure poisons the log: nothing fires until the store is
+    /// reopened.
     pub fn run(mut self, commands: Receiver<WheelCommand>, stop: StopFlag) -> Result<()> {
-        if let Err(e) = self.run_inner(&commands, &stop) {
-            tracing::error!(error = %e, "the ticking thread stopped");
-            self.log.poison(&format!("timing wheel: {e}"));
+        let mut rebuilds = 0;
+        loop {
+            let failed = match self.run_inner(&commands, &stop) {
+                Ok(()) => return Ok(()),
+                Err(e @ Error::Corruption { .. }) if rebuilds < MAX_REBUILDS => {
+                    tracing::error!(error = %e, "the wheel's files are damaged: rebuilding the wheel from the commit log");
+                    rebuilds += 1;
+                    match self.rebuild() {
+                        Ok(()) => continue,
+                        Err(e) => e,
+                    }
+                }
+                Err(e) => e,
+            };
+            tracing::error!(error = %failed, "the ticking thread stopped");
+            self.log.poison(&format!("timing wheel: {failed}"));
+            return Ok(());
+        }
+    }
+
+    /// Replaces the wheel with one rebuilt from the commit log: the flusher
+    /// first puts on disk a checkpoint from which any restart is right
+    /// whatever the rebuild leaves (see `Flusher::rebuild_checkpoint`); then
+    /// the wheel is built afresh (settled timers from the log's delivery and
+    /// cancel records, relocated timers restored) and every timed message
+    /// the dispatcher has already handed over is indexed into it again.
+    fn rebuild(&mut self) -> Result<()> {
+        let tick_second = self.wheel.tick_second().min(self.floor.get().map_or(u64::MAX, |m| m.tick_second));
+        let (start, through) = (self.log.start(), self.indexed);
+        let counts = SegmentCounts::rebuilt(self.log.segment_size(), start..through);
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.flush
+            .send(FlushSignal::Rebuild { tick_second, counts: counts.clone(), reply })
+            .map_err(|_| Error::Closed)?;
+        answer.recv().map_err(|_| Error::Closed)??;
+        let restarted = restart_wheel(RestartPlan {
+            log: &self.log,
+            dir: &self.timer_dir,
+            entries_per_log_file: self.timer_log_file_entries,
+            now_ms: self.clock.now_ms(),
+            resume_at: None,
+            last: Some(Checkpoint { tick_second, ..Default::default() }),
+            replay_from: start,
+        })?;
+        self.wheel = restarted.wheel;
+        self.wheel.lower_durable_tick(tick_second);
+        self.counts = counts;
+        self.index_timers(start, through)?;
+        self.indexed_log_ends = self.wheel.timer_log_ends();
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).rebuilds += 1;
+        tracing::info!(timers = self.wheel.pending(), "the wheel is rebuilt");
+        Ok(())
+    }
+
+    /// Indexes the timed messages of `[from, to)` (what the dispatcher
+    /// already handed over). A record that does not check out is left to
+    /// the dispatcher's and the ticker's checks, which skip it.
+    fn index_timers(&mut self, from: u64, to: u64) -> Result<()> {
+        let mut at = from;
+        while at < to {
+            let (timer, next) = self.log.visit_trusted(at, |offset, kind, bytes| {
+                (kind == RecordKind::Message)
+                    .then(|| MessageView::parse(bytes).ok().and_then(|v| v.timer_deliver_at_ms()))
+                    .flatten()
+                    .map(|deliver_at_ms| Timer { deliver_at_ms, message_offset: offset })
+            })?;
+            if let Some(timer) = timer {
+                self.insert(timer)?;
+            }
+            at = next;
         }
         Ok(())
     }
@@ -182,21 +264,24 @@ impl Ticker {
         }
     }
 
+    /// Indexes a timer, and counts it in its segment.
+    fn insert(&mut self, timer: Timer) -> Result<()> {
+        if self.wheel.insert(timer)? {
+            // A timer already overdue fires now, not at its deliver
+            // time: consumers get the retention time from now. Indexed
+            // no earlier than it was stored, so "near" may include a
+            // few far ones, which only keeps a segment longer.
+            let now_ms = self.clock.now_ms();
+            let fires_at = timer.deliver_at_ms.max(now_ms);
+            let near = fires_at < now_ms.saturating_add(self.keep_ms);
+            self.counts.indexed(timer.message_offset, fires_at, near);
+        }
+        Ok(())
+    }
+
     fn handle(&mut self, command: WheelCommand) -> Result<()> {
         match command {
-            WheelCommand::Insert(timer) => {
-                if self.wheel.insert(timer)? {
-                    // A timer already overdue fires now, not at its deliver
-                    // time: consumers get the retention time from now. Indexed
-                    // no earlier than it was stored, so "near" may include a
-                    // few far ones, which only keeps a segment longer.
-                    let now_ms = self.clock.now_ms();
-                    let fires_at = timer.deliver_at_ms.max(now_ms);
-                    let near = fires_at < now_ms.saturating_add(self.keep_ms);
-                    self.counts.indexed(timer.message_offset, fires_at, near);
-                }
-                Ok(())
-            }
+            WheelCommand::Insert(timer) => self.insert(timer),
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
                 // Until the replay is done, the ends stay where it began: the
