@@ -103,7 +103,12 @@ impl TimerLog {
         Ok(())
     }
 
-    /// Index of the next entry.
+    /// The directory of the log's files.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// The index the next append gets.
     pub fn end(&self) -> u64 {
         self.end
     }

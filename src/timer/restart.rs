@@ -23,6 +23,7 @@ use crate::format::record::{CancelView, DeliveryView, RecordKind, check_crc};
 use crate::timer::Timer;
 use crate::timer::geometry::{LEVELS, slot_index, timer_log_of};
 use crate::timer::ledger::LedgerEntry;
+use crate::timer::log::TimerLog;
 use crate::timer::wheel::{SlotCount, Wheel};
 
 /// Where a wheel resumes: the first second not fully delivered.
@@ -167,6 +168,14 @@ impl Preindexed {
     }
 }
 
+/// The first entry from `from` on that a restart cannot keep: unwritten,
+/// failing its checksum, or naming a record at or past `log_end`; the log's
+/// end if there is none.
+fn first_doubtful(log: &TimerLog, from: u64, log_end: u64) -> u64 {
+    let kept = |index: &u64| matches!(log.read(*index), Ok(Some(e)) if e.message_offset < log_end);
+    (from.max(log.first())..log.end()).find(|i| !kept(i)).unwrap_or(log.end())
+}
+
 impl Wheel {
     /// After a resume, notes the timers held in entries past `ends` (the
     /// timer logs' ends when the wheel had received every timer below the
@@ -176,15 +185,23 @@ impl Wheel {
     /// often as the timer has such entries, so no timer is held twice (and
     /// counted twice as pending). Reads only the entries past `ends`.
     ///
-    /// Returns `false` if one of those entries names a record at or past
-    /// `log_end`, the recovered end of the commit log: the index reached the
-    /// disk before the log it points into (a power loss), and the wheel
-    /// must be rebuilt from the log.
+    /// A power loss can keep a timer-log page and lose the wheel page that
+    /// linked its entries, or the commit-log records they name, or keep a
+    /// later page and lose an earlier one. So the entries past `ends` are
+    /// read first, up to the first one this restart cannot keep: unwritten,
+    /// torn, or naming a record at or past `log_end` (the recovered end of
+    /// the commit log; a later put could land on the offset it names). If no
+    /// live chain reaches that far the log is cut there (those entries are in
+    /// no chain; the replay indexes their records again). Returns `false` if
+    /// a live chain does reach it, or holds a cancel whose cancel record is
+    /// not in the recovered log: the wheel must be rebuilt from the log.
     pub fn note_preindexed(&mut self, ends: [u64; 2], log_end: u64) -> Result<bool> {
         let _span = tracing::info_span!("note_preindexed", near_from = ends[0], far_from = ends[1]).entered();
+        let keep = [0, 1].map(|i| first_doubtful(&self.logs[i], ends[i], log_end));
         let mut offsets = Vec::new();
         for (level, l) in LEVELS.iter().enumerate() {
-            let (log, end) = (&self.logs[timer_log_of(level)], ends[timer_log_of(level)]);
+            let no = timer_log_of(level);
+            let (log, end) = (&self.logs[no], ends[no]);
             for i in 0..l.slots {
                 let index = slot_index(level, i);
                 let SlotCount { window, count } = self.slot_counts[index as usize];
@@ -193,16 +210,15 @@ impl Wheel {
                 }
                 let mut at = self.read_slot(index)?.head;
                 while at != 0 && at >= end {
+                    if at >= keep[no] {
+                        tracing::warn!(file = %log.dir().display(), level, window, entry = at, kept_below = keep[no],
+                            "a live chain reaches a timer-log entry a power loss left in doubt");
+                        return Ok(false);
+                    }
                     let entry = log.read_linked(at)?;
-                    if entry.message_offset >= log_end {
-                        tracing::warn!(
-                            level,
-                            window,
-                            entry = at,
-                            message = entry.message_offset,
-                            log_end,
-                            "a timer-log entry names a record past the end of the commit log"
-                        );
+                    if entry.cancel && !self.restart.settled.cancelled.contains(&entry.message_offset) {
+                        tracing::warn!(file = %log.dir().display(), entry = at, message = entry.message_offset,
+                            "a live chain holds a cancel whose record a power loss took");
                         return Ok(false);
                     }
                     // A late timer sits in the slot of a later second (see
@@ -214,6 +230,13 @@ impl Wheel {
                     }
                     at = entry.prev;
                 }
+            }
+        }
+        for (log, keep) in self.logs.iter_mut().zip(keep) {
+            if keep < log.end() {
+                tracing::warn!(file = %log.dir().display(), cut_from = keep, entries = log.end() - keep,
+                    "timer-log entries in no chain cut: a power loss left them in doubt");
+                log.cut_to(keep)?;
             }
         }
         tracing::info!(timers = offsets.len(), "timers indexed after the checkpoint found in the wheel");
@@ -336,7 +359,7 @@ pub(crate) fn restart_wheel(plan: RestartPlan<'_>) -> Result<Restarted> {
         None => {
             // The wheel files are newer than what they chain to (a power loss
             // tore them): rebuild every index from the start of the log.
-            tracing::warn!(dir = %plan.dir.display(), "the wheel is damaged; rebuilding the indexes from the commit log");
+            tracing::warn!(dir = %plan.dir.display(), "the wheel cannot be resumed (damaged, or ahead of the log after a power loss); rebuilding the indexes from the commit log");
             (open_wheel(None, log.start())?, log.start(), log.start(), true)
         }
     };

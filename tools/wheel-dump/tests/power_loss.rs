@@ -164,6 +164,7 @@ fn check_image(image: &Path, puts: &[Put], frozen: &Frozen, mode: FlushMode, cra
             due.insert(id, m.deliver_at_ms());
         }
     }
+    let stats = store.stats();
     store.close().unwrap();
     for (id, put) in puts.iter().enumerate() {
         let (least, most) = expected(put, frozen, mode);
@@ -188,7 +189,13 @@ fn check_image(image: &Path, puts: &[Put], frozen: &Frozen, mode: FlushMode, cra
     assert_eq!(verify.status.code(), Some(0), "{}: {}", image.display(), stdout(&verify));
     let audit = dump(image, &["audit", "--json"]);
     let doc = json(&audit);
-    assert_eq!((&doc["lost"], &doc["duplicated"], &doc["early"]), (&0.into(), &0.into(), &0.into()), "{doc}");
+    assert_eq!(
+        (&doc["lost"], &doc["duplicated"], &doc["early"]),
+        (&0.into(), &0.into(), &0.into()),
+        "{}: {}\nthe store at close: {stats:?}",
+        image.display(),
+        stdout(&dump(image, &["audit"]))
+    );
 }
 
 fn env_or(name: &str, default: u64) -> u64 {

@@ -11,6 +11,7 @@ use std::path::{Path, PathBuf};
 
 use common::*;
 use delaywheel::internals::{self, geometry, tail};
+use delaywheel::{ManualClock, Message, Store};
 use serde_json::{Value, json};
 
 /// Runs `verify --json`: (exit code, the document).
@@ -260,4 +261,102 @@ fn a_near_log_whose_oldest_files_were_deleted_is_read() {
         lines(&dump(dir, &["log", "--far", "--json"]))[0]["deliver_at_ms"].as_u64().unwrap() / 1000;
     let got = lines(&dump(dir, &["slot", &far_second.to_string(), "--json"]));
     assert_eq!((&got[0]["message_offset"], &got[0]["state"]), (&json!(r.far), &json!("pending")));
+}
+
+/// A power loss can keep a timer log's pages and lose the wheel's page that
+/// linked their entries, the commit-log records they name, or an earlier
+/// page of the same log. Recovery cuts such entries (a later put could land
+/// on the offsets they name), so the recovered store verifies clean and
+/// counts each timer once.
+fn recover_with_the_far_log_ahead(keep_the_log: bool, hole: bool) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let far = || Message::new(TOPIC, "far").deliver_at_ms(T0 + 2 * 86_400_000);
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    store.put(far()).unwrap();
+    store.close().unwrap();
+    let image = copy_of(dir.path());
+
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    for _ in 0..3 {
+        store.put(far()).unwrap();
+    }
+    wait_until(|| store.stats().pending == 4);
+    // The far timer log reached the disk (entries 2, 3, 4), and the commit
+    // log if `keep_the_log`; the wheel did not.
+    let mut reached = vec![Path::new("timer").join("timerlog-far")];
+    if keep_the_log {
+        reached.push(PathBuf::from("commitlog"));
+    }
+    for path in reached {
+        std::fs::remove_dir_all(image.path().join(&path)).unwrap();
+        copy_dir(&dir.path().join(&path), &image.path().join(&path));
+    }
+    drop(store);
+    if hole {
+        let entry = internals::timer_entry::ENTRY_LEN as u64;
+        write_at(
+            &image.path().join("timer/timerlog-far").join(format!("{:020}", 0)),
+            32 + 3 * entry,
+            &vec![0; entry as usize],
+        );
+    }
+
+    let store = Store::open(config(image.path(), &clock)).unwrap();
+    let want = if keep_the_log { 4 } else { 1 };
+    wait_until(|| store.stats().pending == want && store.stats().dispatch_lag_bytes == 0);
+    store.close().unwrap();
+    let (code, doc) = verify(image.path());
+    assert_eq!(code, 0, "{doc}");
+    let store = Store::open(config(image.path(), &clock)).unwrap();
+    wait_until(|| store.stats().dispatch_lag_bytes == 0 && store.stats().pending > 0);
+    assert_eq!(store.stats().pending, want, "each timer counted once");
+}
+
+#[test]
+fn timer_log_entries_naming_records_a_power_loss_took_do_not_survive_recovery() {
+    recover_with_the_far_log_ahead(false, false);
+}
+
+#[test]
+fn timer_log_entries_past_a_hole_a_power_loss_left_do_not_survive_recovery() {
+    recover_with_the_far_log_ahead(true, true);
+}
+
+/// A cancel reaches the wheel's chain before its record is durable: if a
+/// power loss keeps the chain and takes the record, the timer is not
+/// cancelled (the commit log is the truth) and still fires.
+#[test]
+fn a_cancel_whose_record_a_power_loss_took_does_not_survive_recovery() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let due = T0 + 2 * 86_400_000;
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    let receipt = store.put(Message::new(TOPIC, "far").deliver_at_ms(due)).unwrap();
+    store.close().unwrap();
+    let image = copy_of(dir.path());
+
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    assert_eq!(store.cancel(receipt.handle().unwrap()).unwrap(), delaywheel::CancelOutcome::Cancelled);
+    // The wheel and its far log reached the disk; the cancel record did not.
+    for path in ["timer/timerlog-far", "timer/wheel", "timer/tails"].map(PathBuf::from) {
+        let (from, to) = (dir.path().join(&path), image.path().join(&path));
+        if from.is_dir() {
+            std::fs::remove_dir_all(&to).unwrap();
+            copy_dir(&from, &to);
+        } else {
+            std::fs::copy(&from, &to).unwrap();
+        }
+    }
+    drop(store);
+
+    let store = Store::open(config(image.path(), &clock)).unwrap();
+    wait_until(|| store.stats().pending == 1);
+    clock.set_ms(due + 1_000);
+    let mut consumer = store.consumer(TOPIC, 0).unwrap();
+    let got = consumer.poll(10, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(got.iter().map(|m| &m.body()[..]).collect::<Vec<_>>(), [b"far"]);
+    store.close().unwrap();
+    let (code, doc) = verify(image.path());
+    assert_eq!(code, 0, "{doc}");
 }
