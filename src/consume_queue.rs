@@ -310,6 +310,7 @@ impl ConsumeQueue {
     /// `trusted_end` (the checkpoint's dispatched offset); the rest is zeroed and
     /// replayed from the commit log.
     fn recover(dir: PathBuf, topic: &str, queue_id: u32, per_file: u64, trusted_end: u64) -> Result<Self> {
+        let per_file = crate::format::adopted_per_file(&dir, CONSUME_QUEUE_MAGIC, per_file);
         let queue = Self::new(dir, topic, queue_id, per_file);
         let mut writers = queue.open_files()?;
         let len = trusted_len(&writers, per_file, trusted_end);

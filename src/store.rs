@@ -193,6 +193,19 @@ impl Store {
         Err(last)
     }
 
+    /// `Ok` while the store works. Once a background failure stopped it (a
+    /// failed flush, a thread that met an error it cannot recover from),
+    /// [`Error::Poisoned`] with the reason: nothing more is delivered or
+    /// accepted until the store is reopened. Operators' tools poll this so a
+    /// wait for deliveries does not outlive the store.
+    pub fn health(&self) -> Result<()> {
+        self.log.check_poison()?;
+        match self.threads.as_ref().and_then(Threads::stopped_early) {
+            Some(name) => Err(Error::Poisoned { reason: format!("the delaywheel-{name} thread stopped") }),
+            None => Ok(()),
+        }
+    }
+
     /// Runs one retention pass now (the retention thread also runs one every
     /// check interval): deletes the segments the policy allows, relocating
     /// their pending timers first, and the relocation windows whose timers
@@ -359,6 +372,7 @@ mod tests {
         let config = || Config::new(dir.path()).with_segment_size(1 << 20).with_flush_mode(FlushMode::Sync);
         let store = Store::open(config()).unwrap();
         store.put(Message::new("T", "before")).unwrap();
+        assert!(store.health().is_ok());
 
         fail_flush::set(Some(dir.path()));
         let err = store.put(Message::new("T", "during")).unwrap_err();
@@ -366,6 +380,8 @@ mod tests {
         assert!(err.to_string().contains("injected flush failure"), "{err}");
         let err = store.put(Message::new("T", "after")).unwrap_err();
         assert!(matches!(err, Error::Poisoned { .. }), "writes stay refused: {err}");
+        let health = store.health().unwrap_err();
+        assert!(health.to_string().contains("injected flush failure"), "health names the reason: {health}");
         fail_flush::set(None);
         assert!(store.close().is_err(), "close reports the poisoning");
 

@@ -72,6 +72,12 @@ impl Threads {
         Ok(())
     }
 
+    /// The first thread that is no longer running although it was not asked
+    /// to stop (it returned an error or panicked).
+    pub fn stopped_early(&self) -> Option<&'static str> {
+        self.workers.iter().find(|w| w.handle.is_finished()).map(|w| w.name)
+    }
+
     /// Stops every thread, the last started first, each joined before the
     /// next is asked; `after(name)` runs once a thread has finished (the
     /// store's steps between two stops). Returns the first failure: a thread

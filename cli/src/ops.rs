@@ -1,12 +1,11 @@
 //! `delaywheel drain` and `delaywheel recover`: operator commands on an existing store.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
 use delaywheel::internals::layout::Layout;
-use delaywheel::internals::{self, COMMITLOG_MAGIC, CONSUME_QUEUE_MAGIC, FileHeader, TIMER_LOG_MAGIC};
+use delaywheel::internals::{self, COMMITLOG_MAGIC};
 use delaywheel::{Config, Stats, Store};
 
 use crate::Failure;
@@ -26,41 +25,20 @@ pub struct RecoverArgs {
     dir: PathBuf,
     #[arg(long)]
     json: bool,
+    /// Give up (exit 1) if the replay of the commit log takes longer than this.
+    #[arg(long, default_value_t = 3600)]
+    timeout_secs: u64,
 }
 
-/// A configuration with the sizes the store's files were made with, read
-/// from their headers (a store opened with other sizes is refused), so the
-/// operator commands open any store.
+/// A configuration with the segment size the commit log was made with, read
+/// from its oldest segment's header (indexes keep their own files' sizes on
+/// their own), so the operator commands open any store.
 fn config_for(dir: &Path) -> Config {
-    let first_header = |files_dir: &Path, magic: [u8; 8]| -> Option<u64> {
-        let mut numbered: Vec<PathBuf> = std::fs::read_dir(files_dir)
-            .ok()?
-            .flatten()
-            .filter(|e| internals::parse_numbered_file_name(&e.file_name().to_string_lossy()).is_some())
-            .map(|e| e.path())
-            .collect();
-        numbered.sort();
-        let mut header = [0u8; internals::FILE_HEADER_LEN];
-        std::fs::File::open(numbered.first()?).ok()?.read_exact(&mut header).ok()?;
-        FileHeader::decode(&header, magic).ok().map(|h| h.a)
-    };
-    let layout = Layout::new(dir);
-    let first_queue_dir = || -> Option<PathBuf> {
-        let topic = std::fs::read_dir(layout.consume_queues()).ok()?.flatten().next()?.path();
-        Some(std::fs::read_dir(topic).ok()?.flatten().next()?.path())
-    };
-    let mut config = Config::new(dir);
-    if let Some(size) = first_header(&layout.commit_log(), COMMITLOG_MAGIC) {
-        config = config.with_segment_size(size);
+    let config = Config::new(dir);
+    match internals::recorded_per_file(&Layout::new(dir).commit_log(), COMMITLOG_MAGIC) {
+        Some(size) => config.with_segment_size(size),
+        None => config,
     }
-    let timer_log = |log: usize| first_header(&layout.timer_log(log), TIMER_LOG_MAGIC);
-    if let Some(entries) = timer_log(0).or_else(|| timer_log(1)) {
-        config = config.with_timer_log_file_entries(entries);
-    }
-    if let Some(entries) = first_queue_dir().and_then(|q| first_header(&q, CONSUME_QUEUE_MAGIC)) {
-        config = config.with_queue_file_entries(entries);
-    }
-    config
 }
 
 fn existing_store(dir: &std::path::Path) -> Result<(), Failure> {
@@ -70,27 +48,37 @@ fn existing_store(dir: &std::path::Path) -> Result<(), Failure> {
     Ok(())
 }
 
-/// Waits until the dispatcher has indexed the whole log; returns when it did.
-fn wait_caught_up(store: &Store, deadline: Instant) -> Result<Instant, Failure> {
-    loop {
-        if store.stats().dispatch_lag_bytes == 0 {
-            return Ok(Instant::now());
-        }
-        if Instant::now() > deadline {
-            return Err(Failure::Run("timed out replaying the commit log".into()));
-        }
-        std::thread::sleep(Duration::from_millis(5));
+/// What a wait was for, said when it times out (from the stats then).
+type Waiting<'a> = &'a dyn Fn(&Stats) -> String;
+
+/// Fails with the store's poison reason once it stopped working, or with a
+/// timeout past `deadline`: an operator's wait never outlives the store.
+fn still_working(store: &Store, deadline: Instant, waiting: Waiting) -> Result<(), Failure> {
+    store.health()?;
+    if Instant::now() > deadline {
+        return Err(Failure::Run(format!("timed out {}", waiting(&store.stats()))));
     }
+    Ok(())
 }
 
-/// Stats refreshed at least twice after `since` (the wheel's gauges lag by up to a second).
-fn fresh_stats(store: &Store) -> Stats {
+/// Waits until the dispatcher has indexed the whole log; returns when it did.
+fn wait_caught_up(store: &Store, deadline: Instant, waiting: Waiting) -> Result<Instant, Failure> {
+    while store.stats().dispatch_lag_bytes > 0 {
+        still_working(store, deadline, waiting)?;
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    Ok(Instant::now())
+}
+
+/// Stats refreshed at least twice after the call (the wheel's gauges lag by up to a second).
+fn fresh_stats(store: &Store, deadline: Instant, waiting: Waiting) -> Result<Stats, Failure> {
     let since = store.stats().refreshes;
     loop {
         let stats = store.stats();
         if stats.refreshes >= since + 2 {
-            return stats;
+            return Ok(stats);
         }
+        still_working(store, deadline, waiting)?;
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -100,18 +88,14 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let store = Store::open(config_for(&args.dir))?;
-    wait_caught_up(&store, deadline)?;
-    let at_start = fresh_stats(&store);
+    let waiting = |s: &Stats| format!("after {} s with {} timers pending", args.timeout_secs, s.pending);
+    wait_caught_up(&store, deadline, &waiting)?;
+    let at_start = fresh_stats(&store, deadline, &waiting)?;
     let mut stats = at_start.clone();
     while stats.pending > 0 || stats.dispatch_lag_bytes > 0 {
-        if Instant::now() > deadline {
-            return Err(Failure::Run(format!(
-                "timed out after {} s with {} timers pending",
-                args.timeout_secs, stats.pending
-            )));
-        }
+        still_working(&store, deadline, &waiting)?;
         std::thread::sleep(Duration::from_millis(100));
-        stats = fresh_stats(&store);
+        stats = fresh_stats(&store, deadline, &waiting)?;
     }
     let recovery = store.recovery_report().clone();
     store.close()?;
@@ -136,8 +120,15 @@ pub fn recover(args: RecoverArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let store = Store::open(config_for(&args.dir).with_delivery(false))?;
     let opened = Instant::now();
-    let caught_up = wait_caught_up(&store, started + Duration::from_secs(3600))?;
-    let stats = fresh_stats(&store);
+    let deadline = started + Duration::from_secs(args.timeout_secs);
+    let waiting = |s: &Stats| {
+        format!(
+            "after {} s replaying the commit log ({} bytes to go)",
+            args.timeout_secs, s.dispatch_lag_bytes
+        )
+    };
+    let caught_up = wait_caught_up(&store, deadline, &waiting)?;
+    let stats = fresh_stats(&store, deadline, &waiting)?;
     let report = store.recovery_report().clone();
     store.close()?;
     let json = serde_json::json!({

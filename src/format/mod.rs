@@ -152,6 +152,37 @@ pub fn parse_numbered_file_name(name: &str) -> Option<u64> {
     if name.len() == 20 && name.bytes().all(|b| b.is_ascii_digit()) { name.parse().ok() } else { None }
 }
 
+/// What field `a` records in the header of the oldest numbered file of kind
+/// `magic` in `dir`, if one reads: the entries per file of an index, the
+/// bytes per segment of the commit log. An index keeps the
+/// file size it was made with, whatever the configuration of a later open
+/// says (the configuration sizes the files of new indexes). A header that
+/// does not read is left to the open, which checks every file.
+pub fn recorded_per_file(dir: &Path, magic: [u8; 8]) -> Option<u64> {
+    use std::io::Read;
+    let oldest = std::fs::read_dir(dir)
+        .ok()?
+        .flatten()
+        .filter_map(|e| parse_numbered_file_name(&e.file_name().to_string_lossy()).map(|n| (n, e.path())))
+        .min()?;
+    let mut header = [0u8; FILE_HEADER_LEN];
+    std::fs::File::open(oldest.1).ok()?.read_exact(&mut header).ok()?;
+    FileHeader::decode(&header, magic).ok().map(|h| h.a).filter(|&a| a > 0)
+}
+
+/// The entries per file an existing index in `dir` was made with, else
+/// `configured`; logged when the two differ.
+pub fn adopted_per_file(dir: &Path, magic: [u8; 8], configured: u64) -> u64 {
+    match recorded_per_file(dir, magic) {
+        Some(recorded) if recorded != configured => {
+            tracing::info!(dir = %dir.display(), recorded, configured,
+                "an index keeps the entries per file it was made with");
+            recorded
+        }
+        _ => configured,
+    }
+}
+
 // Callers check lengths before calling these; a short slice is a bug, not bad data.
 pub fn put_u16(buf: &mut [u8], at: usize, v: u16) {
     buf[at..at + 2].copy_from_slice(&v.to_le_bytes());

@@ -46,6 +46,7 @@ impl TimerLog {
     /// Like [`open`](Self::open), for a log of the same layout with its own file magic.
     pub fn open_with_magic(dir: &Path, magic: [u8; 8], per_file: u64, end: Option<u64>) -> Result<Self> {
         crate::fs::create_dir(dir)?;
+        let per_file = crate::format::adopted_per_file(dir, magic, per_file);
         let mut log = Self { dir: dir.to_path_buf(), magic, per_file, files: BTreeMap::new(), end: 1 };
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;

@@ -1,0 +1,76 @@
+//! `delaywheel drain` and `delaywheel recover` on stores an application made.
+
+use std::path::Path;
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use delaywheel::{Clock, Config, ManualClock, Message, Store};
+
+const T0: u64 = 1_700_000_000_000;
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_delaywheel")).args(args).output().unwrap()
+}
+
+/// The application's configuration: files smaller than the defaults.
+fn app_config(dir: &Path, clock: &ManualClock) -> Config {
+    Config::new(dir)
+        .with_segment_size(1 << 20)
+        .with_queue_file_entries(64)
+        .with_timer_log_file_entries(128)
+        .with_queues_per_topic(1)
+        .with_clock(clock.clone())
+}
+
+/// `recover` on a store whose indexes were deleted rebuilds them with the
+/// sizes of the files it finds, and the application opens the store again
+/// with its own configuration (the rebuilt indexes used to get the default
+/// sizes, and the application's open was refused).
+#[test]
+fn recover_rebuilds_deleted_indexes_that_the_application_can_open() {
+    let dir = tempfile::tempdir().unwrap();
+    // The command runs on the system clock: the application's clock starts there too.
+    let now = delaywheel::SystemClock.now_ms();
+    let clock = ManualClock::new(now);
+    let store = Store::open(app_config(dir.path(), &clock)).unwrap();
+    for i in 0..10 {
+        store.put(Message::new("T", format!("m{i}")).deliver_at_ms(now + 60_000)).unwrap();
+        store.put(Message::new("T", format!("now {i}"))).unwrap();
+    }
+    store.close().unwrap();
+    for index in ["consumequeue", "timer", "checkpoint"] {
+        let path = dir.path().join(index);
+        if path.is_dir() { std::fs::remove_dir_all(&path) } else { std::fs::remove_file(&path) }.unwrap();
+    }
+
+    let out = run(&["recover", "--dir", dir.path().to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+
+    let store = Store::open(app_config(dir.path(), &clock)).unwrap();
+    clock.set_ms(now + 61_000);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let mut got = 0;
+    let started = Instant::now();
+    while got < 20 && started.elapsed() < Duration::from_secs(10) {
+        got += consumer.poll(100, Duration::from_millis(200)).unwrap().len();
+    }
+    assert_eq!(got, 20);
+}
+
+/// `drain` gives up at its timeout with the count of pending timers.
+#[test]
+fn drain_gives_up_at_its_timeout() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(app_config(dir.path(), &clock)).unwrap();
+    let in_an_hour = delaywheel::SystemClock.now_ms() + 3_600_000;
+    store.put(Message::new("T", "in an hour").deliver_at_ms(in_an_hour)).unwrap();
+    store.close().unwrap();
+
+    let started = Instant::now();
+    let out = run(&["drain", "--dir", dir.path().to_str().unwrap(), "--timeout-secs", "2"]);
+    assert_eq!(out.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("timed out after 2 s with 1 timers pending"), "{stderr}");
+    assert!(started.elapsed() < Duration::from_secs(30));
+}
