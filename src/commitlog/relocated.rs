@@ -235,6 +235,14 @@ impl RelocationArea {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io("open", &path, e)),
         };
+        // The length comes from the index: checked against the window file
+        // before anything is allocated for it.
+        let file_len = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+        if entry.position.checked_add(u64::from(entry.len)).is_none_or(|end| end > file_len) {
+            let why =
+                format!("a copy of {} bytes runs past the end of the file ({file_len} bytes)", entry.len);
+            return Err(Error::corruption(&path, entry.position, CorruptionKind::BadReference(why)));
+        }
         let mut bytes = vec![0u8; entry.len as usize];
         file.read_exact_at(&mut bytes, entry.position).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {

@@ -45,6 +45,8 @@ use crate::timer::tails::Tails;
 const PREFETCH_BUDGET: u32 = 1_024;
 /// Seconds kept loaded at most (the oldest undelivered and those prefetched after it).
 const MAX_LOADED: usize = 3;
+/// The most timers a prefetch reserves room for up front.
+const PREFETCH_CAPACITY: usize = 65_536;
 /// Timers handed out by one `tick` at most, so the caller can interleave other work.
 const MAX_PER_TICK: usize = 65_536;
 
@@ -484,7 +486,9 @@ impl Wheel {
                 slot: index,
                 cursor: slot.head,
                 remaining: slot.count,
-                timers: Vec::with_capacity(slot.count as usize),
+                // The count comes from disk: only a hint, bounded (a damaged
+                // count is found when the chain ends before it).
+                timers: Vec::with_capacity((slot.count as usize).min(PREFETCH_CAPACITY)),
                 cancels: HashSet::new(),
                 cancel_entries: slot.cancels,
             });

@@ -224,6 +224,12 @@ impl DataFile {
     /// Reads `len` bytes at `offset`; bytes past the file's end are a corruption
     /// (every file of a store is created at its full size).
     pub fn read(&self, offset: u64, len: usize) -> Result<Vec<u8>> {
+        // The length comes from the store's bytes: checked against the file
+        // before anything is allocated for it.
+        if offset.checked_add(len as u64).is_none_or(|end| end > self.len) {
+            let why = format!("{len} bytes at {offset} lie past the file's end ({} bytes)", self.len);
+            return Err(DumpError::bad_reference(&self.path, offset, why));
+        }
         let mut buf = vec![0u8; len];
         self.file.read_exact_at(&mut buf, offset).map_err(|e| {
             if e.kind() == std::io::ErrorKind::UnexpectedEof {

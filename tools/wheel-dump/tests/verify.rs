@@ -132,3 +132,34 @@ fn an_empty_queue_file_made_ahead_of_need_is_not_counted_as_entries() {
     let verified = dump(copy.path(), &["verify"]);
     assert!(verified.status.success(), "{}", stderr(&verified));
 }
+
+/// A slot count of `u32::MAX` under a valid checksum: `verify` names the
+/// slot, and the store delivers the slot's timer; neither sizes a buffer by
+/// the count (both used to abort allocating 171 GB).
+#[test]
+fn a_huge_slot_count_is_named_not_allocated() {
+    let h = healthy();
+    let copy = copy_of(h.path());
+    let index = geometry::slot_index(0, (T0 + 7_200_000) / 1000);
+    let position = internals::slot::slot_position(index);
+    let wheel = copy.path().join("timer/wheel");
+    let bytes = std::fs::read(&wheel).unwrap();
+    let at = position as usize;
+    let mut slot = internals::slot::Slot::decode(&bytes[at..at + internals::slot::SLOT_LEN], index).unwrap();
+    slot.count = u32::MAX;
+    write_at(&wheel, position, &slot.encode(index));
+    assert_eq!(problem(copy.path()), (1, wheel, position));
+
+    let clock = delaywheel::ManualClock::new(T0 + 11_000);
+    let store = delaywheel::Store::open(config(copy.path(), &clock)).unwrap();
+    clock.set_ms(T0 + 7_201_000);
+    let mut consumer = store.consumer(TOPIC, 0).unwrap();
+    let mut offsets = Vec::new();
+    let started = std::time::Instant::now();
+    while !offsets.contains(&h.d) && started.elapsed() < std::time::Duration::from_secs(10) {
+        let batch = consumer.poll(10, std::time::Duration::from_millis(200)).unwrap();
+        offsets.extend(batch.iter().filter(|m| m.deliver_at_ms().is_some()).map(|m| m.log_offset()));
+    }
+    assert_eq!(offsets, [h.a, h.b, h.d], "a and b were delivered before; d, due at T0 + 2 h, now");
+    store.health().unwrap();
+}
