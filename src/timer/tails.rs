@@ -16,7 +16,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::format::layout::TAILS_FILE;
-use crate::format::tail::{TAIL_LEN, decode, encode, tail_position};
+use crate::format::tail::{TAIL_LEN, decode, decode_record, encode, tail_position};
 use crate::format::{FILE_HEADER_LEN, FileHeader, TAILS_MAGIC, check_file_header};
 use crate::mmap::{MapWriter, Mapped};
 
@@ -37,7 +37,20 @@ impl Tails {
         } else {
             Mapped::create(&path, size, &FileHeader::new(TAILS_MAGIC, TAIL_LEN as u64, slots).encode())?
         };
-        Ok(Self { file })
+        let mut tails = Self { file };
+        tails.reset_damaged(&path, slots);
+        Ok(tails)
+    }
+
+    /// Resets every record failing its CRC to never written (unknown).
+    fn reset_damaged(&mut self, path: &Path, slots: u64) {
+        for index in 0..slots {
+            if decode_record(self.file.view(Self::at(index), TAIL_LEN), index).is_err() {
+                tracing::warn!(file = %path.display(), offset = tail_position(index), slot = index,
+                    "a chain-start record fails its checksum (torn by a power loss, or damaged): reset to unknown");
+                self.file.unpublished_mut(Self::at(index), TAIL_LEN).fill(0);
+            }
+        }
     }
 
     fn at(index: u64) -> usize {
@@ -73,5 +86,23 @@ mod tests {
         let tails = Tails::open(dir.path(), 8).unwrap();
         assert_eq!(tails.get(3, 100), Some(7));
         assert_eq!(tails.get(3, 101), None);
+    }
+
+    #[test]
+    fn a_record_failing_its_checksum_is_reset_at_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut tails = Tails::open(dir.path(), 8).unwrap();
+        tails.set(3, 100, 7);
+        tails.set(4, 100, 9);
+        drop(tails);
+        let path = dir.path().join(TAILS_FILE);
+        let mut bytes = std::fs::read(&path).unwrap();
+        bytes[tail_position(3) as usize] ^= 1;
+        std::fs::write(&path, &bytes).unwrap();
+        let tails = Tails::open(dir.path(), 8).unwrap();
+        assert_eq!(tails.get(3, 100), None);
+        assert_eq!(tails.get(4, 100), Some(9));
+        let at = tail_position(3) as usize;
+        assert!(tails.file.view(at, TAIL_LEN).iter().all(|&b| b == 0), "reset to never written");
     }
 }

@@ -219,11 +219,13 @@ fn render_checked(c: &verify::Checked) -> String {
         ("  chain entries", c.chain_entries),
         ("chain starts (timer/tails)", c.chain_starts),
         ("  unknown (no record for the window)", c.chain_starts_unknown),
+        ("  torn by the crash (reset at the next open)", c.chain_starts_torn),
         ("consume queues", c.consume_queues),
         ("  entries", c.queue_entries),
     ] {
-        // Skipped records exist only where lenient recovery met damage.
-        if what.starts_with("  skipped") && count == 0 {
+        // Skipped records exist only where lenient recovery met damage, torn
+        // chain starts only after a crash.
+        if (what.starts_with("  skipped") || what.starts_with("  torn")) && count == 0 {
             continue;
         }
         t.row(vec![what.into(), n(count)]);

@@ -36,9 +36,11 @@
 //!    live slot's chain (as of the checkpoint's tick second), through the log
 //!    of its level: exactly `count` entries, `cancels` of them cancel entries,
 //!    each due in the slot's window (level 0: in or before its second); and
-//!    `timer/tails`: header and size, and each live slot's record passes its
-//!    CRC and, if it is for the slot's window, names the chain's oldest entry
-//!    (a record for another window only means the start is unknown). Stale
+//!    `timer/tails`: header and size, every record passes its CRC (in a store
+//!    not closed cleanly a failing one is counted as torn: the next open
+//!    resets it), and a live slot's record, if it is for the slot's window,
+//!    names the chain's oldest entry (a record for another window only means
+//!    the start is unknown). Stale
 //!    slots' chains are not followed: they may lead into deleted files;
 //! 7. the consume queues: headers, every entry's CRC, each entry points at a
 //!    record of its queue (an ordinary message, or a delivery of a timer of
@@ -122,6 +124,11 @@ pub struct Checked {
     /// Live slots with no `timer/tails` record for their window: the store
     /// keeps the whole timer log for them.
     pub chain_starts_unknown: u64,
+    /// `timer/tails` records failing their checksum in a store not closed
+    /// cleanly: torn by the crash (or damaged since the last open); the next
+    /// open resets them to unknown. In a cleanly closed store each is a problem.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub chain_starts_torn: u64,
     pub consume_queues: u64,
     pub queue_entries: u64,
     /// Index entries naming records past the log end read (a live store appending).
@@ -213,6 +220,9 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
         checked.file_headers += 1;
         let tails = TailsFile::read(files)?;
         checked.file_headers += u64::from(tails.is_some());
+        if let Some(tails) = &tails {
+            check_tails(tails, clean, &mut checked)?;
+        }
         check_wheel(files, &resume, wheel, (&logs, &relocated), tails.as_ref(), &mut checked)?;
     }
     let dispatched = newest.filter(|_| resume.resumes).map(|cp| cp.dispatched);
@@ -568,6 +578,19 @@ fn ledger_entry_matches(facts: &LogFacts, e: &TimerEntry) -> Result<(), String> 
     Ok(())
 }
 
+/// Every `timer/tails` record's checksum, live slot or not: the store
+/// resets a failing one at open, so one on disk is damage, or in a store not
+/// closed cleanly possibly torn by the crash (counted).
+fn check_tails(tails: &TailsFile, clean: bool, checked: &mut Checked) -> Result<()> {
+    for index in 0..geometry::TOTAL_SLOTS {
+        match tails.record(index) {
+            Err(_) if !clean => checked.chain_starts_torn += 1,
+            other => drop(other?),
+        }
+    }
+    Ok(())
+}
+
 /// Every slot record; the chains of live slots and their chain starts.
 fn check_wheel(
     files: &StoreFiles,
@@ -624,7 +647,8 @@ fn check_wheel(
             }
         }
         let oldest = chain.last().map_or(0, |&(oldest, _)| oldest);
-        match tails.map(|t| t.record(index)).transpose()?.flatten() {
+        // A failing record was checked above: torn by the crash, so unknown.
+        match tails.and_then(|t| t.record(index).ok()).flatten() {
             Some(record) if record.window == slot.slot.window => {
                 if record.first_entry != oldest {
                     let side = LogSide::of_level(slot.level);

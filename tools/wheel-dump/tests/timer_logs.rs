@@ -203,6 +203,21 @@ fn chain_starts_are_checked_for_live_slots() {
     assert_eq!((&c["chain_starts"], &c["chain_starts_unknown"]), (&json!(1), &json!(1)), "{c}");
 }
 
+/// Every record is checked, not only those of live slots: a damaged one of
+/// an idle slot is named too (it used to pass as "unknown").
+#[test]
+fn a_damaged_chain_start_of_an_idle_slot_is_named() {
+    let (dir, _, _) = far_and_near();
+    let copy = copy_of(dir.path());
+    let idle = 5;
+    write_tail(copy.path(), idle, 1_000, 3);
+    assert_eq!(verify(copy.path()).0, 0, "a valid record of an idle slot is fine");
+    let position = tail::tail_position(idle);
+    flip_bit(&copy.path().join("timer/tails"), position + 1);
+    let (code, path, offset, _) = problem(copy.path());
+    assert_eq!((code, path, offset), (1, copy.path().join("timer/tails"), position));
+}
+
 #[test]
 fn a_near_log_whose_oldest_files_were_deleted_is_read() {
     let r = near_log_reclaimed();
