@@ -12,7 +12,7 @@ mod recovery;
 pub(crate) mod relocated;
 mod segment;
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
@@ -21,7 +21,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::FILE_HEADER_LEN;
+use crate::format::{FILE_HEADER_LEN, get_u32};
 use crate::mmap::{MapWriter, Mapped, PREFAULT_CHUNK};
 
 /// How far ahead of the writer the prefaulter keeps pages ready.
@@ -139,7 +139,43 @@ impl CommitLog {
             relocated,
             size_cap: AtomicU64::new(0),
         };
+        log.refuse_unindexed_copies()?;
         Ok((log, recovered.report))
+    }
+
+    /// Refuses to open if a window file holds a copy that no index entry
+    /// names and that is not a leftover of an unfinished pass (a copy of a
+    /// record still in the log, matched by its checksum and length): the
+    /// index lost entries (deleted, or cut short), the timers they named
+    /// would never fire, and the copies cannot rebuild it.
+    fn refuse_unindexed_copies(&self) -> Result<()> {
+        let copies = self.relocated.unindexed_copies()?;
+        if copies.is_empty() {
+            return Ok(());
+        }
+        let mut unmatched: HashMap<(u32, usize), &relocated::Unindexed> =
+            copies.iter().map(|c| ((c.crc, c.len), c)).collect();
+        let mut at = self.start();
+        while at < self.write_end() && !unmatched.is_empty() {
+            let (key, next) = self.visit_trusted(at, |_, _, bytes| (get_u32(bytes, 0), bytes.len()))?;
+            unmatched.remove(&key);
+            at = next;
+        }
+        match unmatched.values().min_by_key(|c| (&c.file, c.position)) {
+            None => {
+                tracing::info!(copies = copies.len(), "relocation windows hold leftovers of an unfinished pass");
+                Ok(())
+            }
+            Some(copy) => {
+                let why = format!(
+                    "a copy ({} bytes) that relocated/index does not name, of no record still in the log: \
+                     index entries are missing (was the index deleted or cut short?), and copies do not \
+                     record their offsets to rebuild it; restore the index from a backup",
+                    copy.len
+                );
+                Err(Error::corruption(&copy.file, copy.position, CorruptionKind::BadReference(why)))
+            }
+        }
     }
 
     /// Offset just past the last published record.

@@ -40,8 +40,9 @@ use bytes::Bytes;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::layout::{RELOCATION_COMPACTED_FILE, RELOCATION_INDEX_FILE};
 use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, is_unfinished, window_of};
+use crate::format::record::{RECORD_HEADER_LEN, check_header_in};
 use crate::format::{
-    FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header,
+    FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header, get_u32,
     numbered_file_name, parse_numbered_file_name,
 };
 use crate::fs::{sync_dir, write_atomically};
@@ -76,6 +77,17 @@ impl IndexFile {
     fn entry(&self, path: &Path, i: u64) -> Result<IndexEntry> {
         self.read_entry(path, FILE_HEADER_LEN as u64 + i * INDEX_ENTRY_LEN as u64)
     }
+}
+
+/// A copy in a window file that no index entry names.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Unindexed {
+    pub file: PathBuf,
+    pub position: u64,
+    /// The record's stored checksum: bound to its original offset, so equal
+    /// only to the original's (or, by chance, one in 2^32).
+    pub crc: u32,
+    pub len: usize,
 }
 
 /// What one relocation pass copied.
@@ -261,6 +273,47 @@ impl RelocationArea {
         let pass =
             Pass { area: self, windows: BTreeMap::new(), entries: Vec::new(), copied: Copied::default() };
         (guard, pass)
+    }
+
+    /// The copies in window files that no index entry names: walked from
+    /// the end of each window's last indexed copy while the bytes hold a
+    /// record's frame header (a torn or never-finished write ends the walk:
+    /// nothing is lost there, nothing reads it). A leftover of a pass that
+    /// did not finish is a copy of a record still in the log; anything else
+    /// means index entries are missing, which the copies cannot restore
+    /// (a copy does not record its original offset), so the caller refuses.
+    pub fn unindexed_copies(&self) -> Result<Vec<Unindexed>> {
+        let mut indexed_end: BTreeMap<u64, u64> = BTreeMap::new();
+        {
+            let index = self.index();
+            let path = self.index_path();
+            for i in 0..index.entries() {
+                let e = index.entry(&path, i)?;
+                let end = indexed_end.entry(e.window()).or_insert(FILE_HEADER_LEN as u64);
+                *end = (*end).max(e.position + u64::from(e.len));
+            }
+        }
+        let mut out = Vec::new();
+        for (window, len) in self.windows()? {
+            let from = indexed_end.get(&window).copied().unwrap_or(FILE_HEADER_LEN as u64);
+            if len > from {
+                self.frames_from(window, from, len, &mut out)?;
+            }
+        }
+        Ok(out)
+    }
+
+    fn frames_from(&self, window: u64, mut at: u64, len: u64, out: &mut Vec<Unindexed>) -> Result<()> {
+        let path = self.window_path(window);
+        let file = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+        let mut header = [0u8; RECORD_HEADER_LEN];
+        while at + RECORD_HEADER_LEN as u64 <= len {
+            file.read_exact_at(&mut header, at).map_err(|e| Error::io("read", &path, e))?;
+            let Ok(frame) = check_header_in(&header, (len - at) as usize) else { break };
+            out.push(Unindexed { file: path.clone(), position: at, crc: get_u32(&header, 0), len: frame.len });
+            at += frame.len as u64;
+        }
+        Ok(())
     }
 
     /// Window files and their sizes, oldest window first.

@@ -10,6 +10,7 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
+use delaywheel::{ManualClock, Store};
 use delaywheel::internals::{FileHeader, RELOCATION_INDEX_MAGIC, relocation};
 use serde_json::json;
 
@@ -255,4 +256,67 @@ fn every_command_reads_a_retained_store() {
         (Some("retention-deleted"), Some(TOPIC)),
         "{soon}"
     );
+}
+
+/// The relocation index cannot be rebuilt from the copies (a copy does not
+/// record its original offset): a store whose index was deleted or cut
+/// short is refused naming the first copy it no longer names. The index
+/// used to be recreated or cut without an error, and the far timers it
+/// named never fired.
+#[test]
+fn a_deleted_or_cut_relocation_index_is_refused_not_recreated() {
+    let r = retained();
+    let entries = index_entries(r.first.path());
+    assert!(entries.len() > FAR_TIMERS, "the far timers and a cancel were relocated");
+    let clock = ManualClock::new(T0 + 2 * HOUR);
+    let index = Path::new("commitlog/relocated/index");
+
+    let deleted = copy_of(r.first.path());
+    std::fs::remove_file(deleted.path().join(index)).unwrap();
+    let err = Store::open(retention_config(deleted.path(), &clock)).err().expect("refused");
+    // The first copy of the oldest window file.
+    let (file, position) =
+        entries.iter().map(|(_, e)| (window_file(deleted.path(), e), e.position)).min().unwrap();
+    assert!(
+        matches!(&err, delaywheel::Error::Corruption { file: f, offset, .. } if *f == file && *offset == position),
+        "{err}"
+    );
+    assert!(err.to_string().contains("relocated/index does not name"), "{err}");
+
+    let cut = copy_of(r.first.path());
+    let half = 32 + 32 * (entries.len() as u64 / 2);
+    std::fs::OpenOptions::new().write(true).open(cut.path().join(index)).unwrap().set_len(half).unwrap();
+    let err = Store::open(retention_config(cut.path(), &clock)).err().expect("refused");
+    let (file, position) =
+        entries[entries.len() / 2..].iter().map(|(_, e)| (window_file(cut.path(), e), e.position)).min().unwrap();
+    assert!(
+        matches!(&err, delaywheel::Error::Corruption { file: f, offset, .. } if *f == file && *offset == position),
+        "{err}"
+    );
+
+    let intact = copy_of(r.first.path());
+    Store::open(retention_config(intact.path(), &clock)).unwrap().close().unwrap();
+}
+
+/// A pass that copied a segment's timers and crashed before indexing them
+/// leaves copies no entry names, of records still in the log: the store
+/// opens (the next pass copies the segment again), with the timer once.
+#[test]
+fn copies_left_by_an_unfinished_pass_are_not_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(retention_config(dir.path(), &clock)).unwrap();
+    let far = store.put(delaywheel::Message::new(TOPIC, "far").deliver_at_ms(T0 + DECADE)).unwrap();
+    store.close().unwrap();
+
+    let (records, _) = records(dir.path());
+    let (_, bytes) = records.iter().find(|(at, _)| *at == far.offset()).unwrap();
+    let window = relocation::window_of(T0 + DECADE);
+    let mut file = FileHeader::new(delaywheel::internals::RELOCATED_MAGIC, 1 << 20, window).encode().to_vec();
+    file.extend_from_slice(bytes);
+    std::fs::write(dir.path().join("commitlog/relocated").join(format!("{window:020}")), file).unwrap();
+
+    let store = Store::open(retention_config(dir.path(), &clock)).unwrap();
+    wait_until(|| store.stats().pending == 1);
+    store.close().unwrap();
 }
