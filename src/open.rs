@@ -417,8 +417,18 @@ fn check_scheduler(layout: &Layout, scheduler: Scheduler) -> Result<()> {
     Ok(())
 }
 
-/// Takes the directory's `LOCK` file, exclusively.
-fn lock_dir(layout: &Layout) -> Result<File> {
+/// The store's exclusive hold on its directory, for as long as it is open.
+pub(crate) struct DirLock {
+    _dir: File,
+    _file: File,
+}
+
+/// Locks the store directory itself (a lock file can be unlinked from under
+/// a running store, and a second process would then lock a new one), and
+/// its `LOCK` file too, which is what earlier versions lock.
+fn lock_dir(layout: &Layout) -> Result<DirLock> {
+    let dir = File::open(layout.dir()).map_err(|e| Error::io("open", layout.dir(), e))?;
+    try_lock(&dir, layout.dir(), layout.dir())?;
     let path = layout.lock();
     let file = OpenOptions::new()
         .create(true)
@@ -426,13 +436,14 @@ fn lock_dir(layout: &Layout) -> Result<File> {
         .write(true)
         .open(&path)
         .map_err(|e| Error::io("open", &path, e))?;
-    match file.try_lock() {
-        Ok(()) => Ok(file),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked { dir: dir_of(&path).to_path_buf() }),
-        Err(TryLockError::Error(e)) => Err(Error::io("lock", &path, e)),
-    }
+    try_lock(&file, &path, layout.dir())?;
+    Ok(DirLock { _dir: dir, _file: file })
 }
 
-fn dir_of(path: &Path) -> &Path {
-    path.parent().unwrap_or(path)
+fn try_lock(file: &File, path: &Path, dir: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(TryLockError::WouldBlock) => Err(Error::Locked { dir: dir.to_path_buf() }),
+        Err(TryLockError::Error(e)) => Err(Error::io("lock", path, e)),
+    }
 }

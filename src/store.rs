@@ -2,7 +2,6 @@
 //! close. Opening (recovery, construction, starting the threads) is
 //! `open.rs`; the layout of a store directory is `format/layout.rs`.
 
-use std::fs::File;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, RwLock};
@@ -49,7 +48,7 @@ pub struct Store {
     /// Deletes old segments (wheel scheduler only; the bucket baseline keeps all).
     pub(crate) retainer: Option<Arc<Retainer>>,
     pub(crate) retention: Arc<RetentionCounters>,
-    pub(crate) _lock: File,
+    pub(crate) _lock: crate::open::DirLock,
 }
 
 /// Senders that wake background threads (each a channel of capacity 1).

@@ -93,6 +93,19 @@ fn a_second_open_of_the_same_directory_is_locked() {
     Store::open(small_config(dir.path())).unwrap().close().unwrap();
 }
 
+/// The lock is on the directory itself: deleting `LOCK` under a running
+/// store does not let a second open in (both used to append).
+#[test]
+fn deleting_the_lock_file_does_not_unlock_the_store() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    std::fs::remove_file(dir.path().join("LOCK")).unwrap();
+    let err = Store::open(small_config(dir.path())).err().unwrap();
+    assert!(matches!(err, delaywheel::Error::Locked { .. }), "{err}");
+    store.close().unwrap();
+    Store::open(small_config(dir.path())).unwrap().close().unwrap();
+}
+
 /// A power loss can leave the wheel file newer than the timer log it chains
 /// into. Simulated here by zeroing the timer log: reopening rebuilds every
 /// index from the commit log, and each timer still fires once.

@@ -163,7 +163,10 @@ impl CommitLog {
         }
         match unmatched.values().min_by_key(|c| (&c.file, c.position)) {
             None => {
-                tracing::info!(copies = copies.len(), "relocation windows hold leftovers of an unfinished pass");
+                tracing::info!(
+                    copies = copies.len(),
+                    "relocation windows hold leftovers of an unfinished pass"
+                );
                 Ok(())
             }
             Some(copy) => {

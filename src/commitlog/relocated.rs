@@ -39,8 +39,8 @@ use bytes::Bytes;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::layout::{RELOCATION_COMPACTED_FILE, RELOCATION_INDEX_FILE};
-use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, is_unfinished, window_of};
 use crate::format::record::{RECORD_HEADER_LEN, check_header_in};
+use crate::format::relocation::{INDEX_ENTRY_LEN, IndexEntry, WINDOW_SECS, is_unfinished, window_of};
 use crate::format::{
     FILE_HEADER_LEN, FileHeader, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, check_file_header, get_u32,
     numbered_file_name, parse_numbered_file_name,
@@ -310,7 +310,12 @@ impl RelocationArea {
         while at + RECORD_HEADER_LEN as u64 <= len {
             file.read_exact_at(&mut header, at).map_err(|e| Error::io("read", &path, e))?;
             let Ok(frame) = check_header_in(&header, (len - at) as usize) else { break };
-            out.push(Unindexed { file: path.clone(), position: at, crc: get_u32(&header, 0), len: frame.len });
+            out.push(Unindexed {
+                file: path.clone(),
+                position: at,
+                crc: get_u32(&header, 0),
+                len: frame.len,
+            });
             at += frame.len as u64;
         }
         Ok(())
