@@ -11,7 +11,7 @@
 //!
 //! The watermark only grows (`publish` is `Release`, readers load `Acquire`), so
 //! a slice handed out below it never overlaps a later write. Outside this
-//! process the contract holds because the store takes an exclusive `LOCK` file
+//! process the contract holds because the store locks its directory exclusively
 //! (one writer process), readers such as `wheel-dump` use plain `pread`, and a
 //! mapped file is never truncated (deleting a mapped file is fine on Linux; the
 //! pages live until the last map goes). One gap is left to the caller: a
@@ -38,7 +38,8 @@ use crate::fs::{sync_parent_dir, write_all_at};
 /// A mapped, fixed-size data file, shared by its readers.
 pub(crate) struct Mapped {
     path: PathBuf,
-    file: File,
+    /// No file descriptor is kept: the mapping holds the file, and a store
+    /// with many queue and timer-log files must not run out of descriptors.
     map: MmapRaw,
     published: AtomicUsize,
     /// Pages below this position have been faulted in writable.
@@ -98,13 +99,9 @@ impl Mapped {
 
     fn map(path: PathBuf, file: File) -> Result<MapWriter> {
         let map = MmapOptions::new().map_raw(&file).map_err(|e| Error::io("mmap", &path, e))?;
-        let shared = Arc::new(Mapped {
-            path,
-            file,
-            map,
-            published: AtomicUsize::new(0),
-            prefaulted: AtomicUsize::new(0),
-        });
+        drop(file);
+        let shared =
+            Arc::new(Mapped { path, map, published: AtomicUsize::new(0), prefaulted: AtomicUsize::new(0) });
         Ok(MapWriter { shared })
     }
 
@@ -288,12 +285,13 @@ impl MapWriter {
             return Ok(());
         }
         assert!(offset >= self.shared.published(), "zeroing below the published watermark");
-        let punched =
-            rustix::fs::fallocate(&self.shared.file, FallocateFlags::ZERO_RANGE, offset as u64, len as u64);
+        let path = &self.shared.path;
+        let file = OpenOptions::new().write(true).open(path).map_err(|e| Error::io("open", path, e))?;
+        let punched = rustix::fs::fallocate(&file, FallocateFlags::ZERO_RANGE, offset as u64, len as u64);
         if punched.is_ok() {
             // The zeroed range is a change of the file's extents, which an
             // msync of clean pages would not make durable: sync the file.
-            return crate::fs::sync_data(&self.shared.file, &self.shared.path);
+            return crate::fs::sync_data(&file, path);
         }
         // Not every file system can zero a range in place; write the zeros.
         self.unpublished_mut(offset, len).fill(0);
