@@ -23,6 +23,7 @@ use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
 use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
 use crate::message::validate_topic;
 use crate::scheduler::SchedulerFront;
+use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
 
 /// How many records the dispatcher looks ahead to touch the messages that
@@ -58,6 +59,8 @@ pub(crate) struct Dispatcher {
     replay_end: u64,
     /// Damaged records skipped (see [`quarantine`](Self::quarantine)).
     quarantined: Arc<AtomicU64>,
+    /// Where the dispatcher says it waits for disk space.
+    stall: Arc<Stall>,
 }
 
 /// Where a dispatcher starts and how it indexes.
@@ -77,7 +80,7 @@ impl Dispatcher {
         (queues, scheduler): (Arc<QueueRegistry>, Arc<dyn SchedulerFront>),
         plan: DispatchPlan,
         progress: Arc<AtomicU64>,
-        quarantined: Arc<AtomicU64>,
+        (quarantined, stall): (Arc<AtomicU64>, Arc<Stall>),
     ) -> Self {
         let DispatchPlan { from, queues_per_topic, durable_only, replay_end } = plan;
         progress.store(from, Ordering::Release);
@@ -95,6 +98,7 @@ impl Dispatcher {
             durable_only,
             replay_end,
             quarantined,
+            stall,
         }
     }
 
@@ -285,13 +289,25 @@ impl Dispatcher {
 
     /// The `delaywheel-dispatch` thread's body: indexes whatever is appended,
     /// until `stop` is set and everything appended before it is indexed. A
-    /// failure poisons the log: the indexes cannot follow it any more.
+    /// full disk makes it wait and retry the record it stopped at (see
+    /// `stall.rs`); any other failure poisons the log: the indexes cannot
+    /// follow it any more.
     pub fn run(mut self, wake: Receiver<()>, stop: StopFlag) -> Result<()> {
         loop {
-            if let Err(e) = self.dispatch_available() {
-                tracing::error!(error = %e, "dispatcher stopped");
-                self.log.poison(&format!("dispatcher: {e}"));
-                return Ok(());
+            match self.dispatch_available() {
+                Ok(_) => self.stall.release("dispatch"),
+                Err(e) if self.stall.hold("dispatch", &e) => {
+                    if stop.is_set() {
+                        return Ok(()); // the replay at the next open indexes the rest
+                    }
+                    std::thread::sleep(RETRY);
+                    continue;
+                }
+                Err(e) => {
+                    tracing::error!(error = %e, "dispatcher stopped");
+                    self.log.poison(&format!("dispatcher: {e}"));
+                    return Ok(());
+                }
             }
             // Stop only once everything appended before close is indexed.
             if stop.is_set() && self.next >= self.log.write_end() {

@@ -41,13 +41,15 @@ pub enum Error {
         supported: u32,
     },
 
-    /// Too little disk space is left to start a new segment and still leave
-    /// room for the indexes to grow; nothing was written.
-    #[error("disk full: {} has {available} bytes free, a new segment needs {needed} (with the index reserve)", dir.display())]
+    /// Too little disk space: for a new segment and the room the indexes
+    /// keep to grow (nothing was written), or for a new index file (the
+    /// indexes wait until there is room; what was acknowledged is kept and
+    /// indexed then).
+    #[error("disk full: {} has {available} bytes free, {needed} are needed", dir.display())]
     DiskFull {
-        /// The commit log's directory.
+        /// The directory that needs the space.
         dir: PathBuf,
-        /// Bytes a new segment and the index reserve need.
+        /// Bytes needed: a new segment and the index reserve, or a new index file.
         needed: u64,
         /// Bytes free.
         available: u64,

@@ -8,6 +8,18 @@ use std::path::Path;
 
 use crate::error::{Error, Result};
 
+/// Bytes free to an unprivileged writer on the file system holding `dir`.
+pub(crate) fn available_bytes(dir: &Path) -> Result<u64> {
+    let vfs = rustix::fs::statvfs(dir).map_err(|e| Error::io("statvfs", dir, e.into()))?;
+    Ok(vfs.f_bavail.saturating_mul(vfs.f_frsize))
+}
+
+/// Whether an I/O error means the disk (or the quota) is full.
+pub(crate) fn is_no_space(e: &std::io::Error) -> bool {
+    use rustix::io::Errno;
+    matches!(Errno::from_io_error(e), Some(Errno::NOSPC | Errno::DQUOT))
+}
+
 /// Writes all of `bytes` at `offset` (a positioned write: no seek, no shared cursor).
 pub(crate) fn write_all_at(file: &File, bytes: &[u8], offset: u64) -> std::io::Result<()> {
     std::os::unix::fs::FileExt::write_all_at(file, bytes, offset)

@@ -53,6 +53,7 @@ pub mod recorder;
 mod recovery;
 mod retention;
 mod scheduler;
+mod stall;
 mod stats;
 mod store;
 mod threads;

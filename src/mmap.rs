@@ -72,9 +72,21 @@ impl Mapped {
             .truncate(true)
             .open(&tmp)
             .map_err(|e| Error::io("create", &tmp, e))?;
-        if let Err(e) = reserve(&file, len) {
+        #[cfg(test)]
+        let reserved = match fail_reserve::applies_to(path) {
+            true => Err(std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())),
+            false => reserve(&file, len),
+        };
+        #[cfg(not(test))]
+        let reserved = reserve(&file, len);
+        if let Err(e) = reserved {
             // A half-made file would only confuse the next open.
             let _ = std::fs::remove_file(&tmp);
+            if crate::fs::is_no_space(&e) {
+                let dir = path.parent().unwrap_or(path).to_path_buf();
+                let available = crate::fs::available_bytes(&dir).unwrap_or(0);
+                return Err(Error::DiskFull { dir, needed: len, available });
+            }
             return Err(Error::io("reserve space for", &tmp, e));
         }
         write_all_at(&file, header, 0).map_err(|e| Error::io("write header of", &tmp, e))?;
@@ -210,6 +222,23 @@ impl Mapped {
 /// Fault injection for tests: make every flush of files under a directory fail.
 #[cfg(test)]
 pub(crate) mod fail_flush {
+    use std::path::{Path, PathBuf};
+    use std::sync::Mutex;
+
+    static UNDER: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+    pub fn set(dir: Option<&Path>) {
+        *UNDER.lock().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
+    }
+
+    pub fn applies_to(path: &Path) -> bool {
+        UNDER.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|dir| path.starts_with(dir))
+    }
+}
+
+/// Fault injection for tests: a full disk for every file created under a directory.
+#[cfg(test)]
+pub(crate) mod fail_reserve {
     use std::path::{Path, PathBuf};
     use std::sync::Mutex;
 

@@ -26,6 +26,7 @@ use crate::prefault::Prefaulter;
 use crate::recovery::{Recovered, recover};
 use crate::retention::Retainer;
 use crate::scheduler::SchedulerFront;
+use crate::stall::Stall;
 use crate::stats::{RetentionCounters, TimerStats};
 use crate::store::{Store, Wakes};
 use crate::threads::{Stop, StopFlag, Threads};
@@ -71,6 +72,8 @@ struct Parts {
     wheel_commands: Sender<WheelCommand>,
     timer_log_reclaim: Sender<()>,
     counters: Arc<RetentionCounters>,
+    /// Threads waiting for disk space (see `stall.rs`).
+    stall: Arc<Stall>,
     /// The first second the wheel had not delivered at this open (see `Retainer`).
     open_tick_second: u64,
     opened_at_ms: u64,
@@ -114,6 +117,7 @@ impl Store {
             threads: Some(threads),
             recovery: report,
             retention: parts.counters,
+            stall: parts.stall,
             retainer,
             _lock: lock,
         })
@@ -189,6 +193,7 @@ impl Parts {
             wheel_commands,
             timer_log_reclaim,
             counters: Arc::new(RetentionCounters::default()),
+            stall: Arc::new(Stall::default()),
             open_tick_second,
             opened_at_ms: now_ms,
         };
@@ -231,7 +236,7 @@ impl Parts {
             (Arc::clone(&self.queues), Arc::clone(&scheduler)),
             plan,
             Arc::clone(&self.dispatched),
-            Arc::clone(&self.counters.quarantined),
+            (Arc::clone(&self.counters.quarantined), Arc::clone(&self.stall)),
         );
         let stop = StopFlag::new(Some(self.wakes.dispatch.clone()));
         let wake = inboxes.dispatch;
@@ -288,6 +293,8 @@ impl Parts {
             flush: self.wakes.flush.clone(),
             timer_dir: self.layout.timer(),
             timer_log_file_entries: self.config.timer_log_file_entries,
+            stall: Arc::clone(&self.stall),
+            received: indexed,
         }
     }
 

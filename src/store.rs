@@ -48,6 +48,8 @@ pub struct Store {
     /// Deletes old segments (wheel scheduler only; the bucket baseline keeps all).
     pub(crate) retainer: Option<Arc<Retainer>>,
     pub(crate) retention: Arc<RetentionCounters>,
+    /// Threads waiting for disk space: `put` answers `DiskFull` meanwhile.
+    pub(crate) stall: Arc<crate::stall::Stall>,
     pub(crate) _lock: crate::open::DirLock,
 }
 
@@ -162,6 +164,7 @@ impl Store {
         }
         let started = std::time::Instant::now();
         while lag() > self.config.max_index_lag {
+            self.stall.check()?;
             if started.elapsed() >= self.config.put_timeout {
                 let waited_ms = started.elapsed().as_millis() as u64;
                 return Err(Error::Busy { lag_bytes: lag(), waited_ms });
@@ -398,5 +401,88 @@ mod tests {
         // acknowledged, and it may or may not be there; the others must be.
         bodies.retain(|b| b != "during");
         assert_eq!(bodies, ["before", "reopened"]);
+    }
+
+    /// Polls `consumer` until `n` messages came or `wait` passed.
+    fn bodies_of(consumer: &mut crate::Consumer, n: usize, wait: Duration) -> Vec<String> {
+        let started = std::time::Instant::now();
+        let mut bodies = Vec::new();
+        while bodies.len() < n && started.elapsed() < wait {
+            let batch = consumer.poll(100, Duration::from_millis(100)).unwrap();
+            bodies.extend(batch.iter().map(|m| String::from_utf8(m.body().to_vec()).unwrap()));
+        }
+        bodies
+    }
+
+    /// Puts until one is refused, for at most 10 s; returns the refusal.
+    fn put_until_refused(store: &Store, message: impl Fn(usize) -> Message) -> (usize, Error) {
+        let started = std::time::Instant::now();
+        for i in 0.. {
+            match store.put(message(i)) {
+                Ok(_) => assert!(started.elapsed() < Duration::from_secs(10), "never refused"),
+                Err(e) => return (i, e),
+            }
+            std::thread::sleep(Duration::from_millis(2));
+        }
+        unreachable!()
+    }
+
+    #[test]
+    fn a_full_disk_for_a_queue_file_is_back_pressure_not_poison() {
+        use crate::mmap::fail_reserve;
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config::new(dir.path())
+            .with_segment_size(1 << 20)
+            .with_queues_per_topic(1)
+            .with_max_index_lag(1)
+            .with_put_timeout(Duration::from_secs(5));
+        let store = Store::open(config).unwrap();
+        fail_reserve::set(Some(&dir.path().join("consumequeue").join("U")));
+        let (accepted, err) = put_until_refused(&store, |i| Message::new("U", format!("u{i}")));
+        assert!(matches!(err, Error::DiskFull { .. }), "{err}");
+        store.health().unwrap();
+        fail_reserve::set(None);
+        let mut consumer = store.consumer("U", 0).unwrap();
+        let want: Vec<String> = (0..accepted).map(|i| format!("u{i}")).collect();
+        assert_eq!(
+            bodies_of(&mut consumer, accepted, Duration::from_secs(10)),
+            want,
+            "every acknowledged put, once room is back"
+        );
+        store.put(Message::new("U", "after")).unwrap();
+        assert_eq!(bodies_of(&mut consumer, 1, Duration::from_secs(10)), ["after"]);
+        store.close().unwrap();
+    }
+
+    #[test]
+    fn a_full_disk_for_a_timer_log_file_is_back_pressure_not_poison() {
+        use crate::mmap::fail_reserve;
+        const T0: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let clock = crate::ManualClock::new(T0);
+        let config = Config::new(dir.path())
+            .with_segment_size(1 << 20)
+            .with_queues_per_topic(1)
+            .with_timer_log_file_entries(8)
+            .with_max_index_lag(1)
+            .with_put_timeout(Duration::from_secs(5))
+            .with_clock(clock.clone());
+        let store = Store::open(config).unwrap();
+        fail_reserve::set(Some(&dir.path().join("timer")));
+        let timer = |i| Message::new("T", format!("t{i}")).deliver_at_ms(T0 + 10_000);
+        let (accepted, err) = put_until_refused(&store, timer);
+        assert!(accepted >= 7, "the first timer-log file holds 7 entries: {accepted}");
+        assert!(matches!(err, Error::DiskFull { .. }), "{err}");
+        store.health().unwrap();
+        fail_reserve::set(None);
+        clock.set_ms(T0 + 11_000);
+        let mut consumer = store.consumer("T", 0).unwrap();
+        let mut got = bodies_of(&mut consumer, accepted, Duration::from_secs(10));
+        got.sort_by_key(|b| b[1..].parse::<usize>().unwrap());
+        let want: Vec<String> = (0..accepted).map(|i| format!("t{i}")).collect();
+        assert_eq!(got, want, "every acknowledged timer fires once, once room is back");
+        assert!(bodies_of(&mut consumer, 1, Duration::from_millis(500)).is_empty(), "and none twice");
+        store.health().unwrap();
+        store.close().unwrap();
     }
 }

@@ -281,8 +281,7 @@ impl CommitLog {
     /// Refuses a new segment unless the indexes keep their reserve: a full disk
     /// then stops puts with a clear error instead of stopping index writes later.
     fn check_free_space(&self) -> Result<()> {
-        let vfs = rustix::fs::statvfs(&self.dir).map_err(|e| Error::io("statvfs", &self.dir, e.into()))?;
-        let available = vfs.f_bavail.saturating_mul(vfs.f_frsize);
+        let available = crate::fs::available_bytes(&self.dir)?;
         let needed = self.segment_size + self.disk_reserve;
         if available < needed {
             return Err(Error::DiskFull { dir: self.dir.clone(), needed, available });

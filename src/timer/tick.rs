@@ -19,6 +19,7 @@ use crate::format::record::{
     CANCEL_LEN, DELIVERY_LEN, MessageView, RecordKind, encode_cancel, encode_delivery,
 };
 use crate::message::CancelOutcome;
+use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::threads::StopFlag;
 use crate::timer::Timer;
@@ -137,20 +138,31 @@ pub(crate) struct Ticker {
     pub timer_log_file_entries: u64,
     /// Timers not delivered because their message is damaged (shared with `Stats`).
     pub quarantined: Arc<AtomicU64>,
+    /// Where the thread says it waits for disk space.
+    pub stall: Arc<Stall>,
+    /// Just past the newest timer's message received from the dispatcher: a
+    /// rebuild indexes the log up to here.
+    pub received: u64,
 }
 
 impl Ticker {
     /// The thread's body: runs until `stop` is set and the command channel is
     /// drained (or disconnected), then syncs the wheel one last time.
     /// Damaged wheel files (a corruption met loading, cascading or
-    /// indexing) are rebuilt from the commit log, and the thread goes on;
-    /// any other failure poisons the log: nothing fires until the store is
-    /// reopened.
+    /// indexing) are rebuilt from the commit log, and the thread goes on; so
+    /// is the wheel once there is room again after a full disk stopped it
+    /// mid-step (see `stall.rs`). Any other failure poisons the log: nothing
+    /// fires until the store is reopened.
     pub fn run(mut self, commands: Receiver<WheelCommand>, stop: StopFlag) -> Result<()> {
         let mut rebuilds = 0;
         loop {
             let failed = match self.run_inner(&commands, &stop) {
                 Ok(()) => return Ok(()),
+                Err(e) if self.stall.hold("tick", &e) => match self.rebuild_when_there_is_room(&stop) {
+                    Ok(true) => continue,
+                    Ok(false) => return Ok(()),
+                    Err(e) => e,
+                },
                 Err(e @ Error::Corruption { .. }) if rebuilds < MAX_REBUILDS => {
                     tracing::error!(error = %e, "the wheel's files are damaged: rebuilding the wheel from the commit log");
                     rebuilds += 1;
@@ -167,6 +179,25 @@ impl Ticker {
         }
     }
 
+    /// Retries the rebuild every [`RETRY`] until it finds room; `false` if the
+    /// store closes first (its next open replays what the wheel lacks).
+    fn rebuild_when_there_is_room(&mut self, stop: &StopFlag) -> Result<bool> {
+        loop {
+            if stop.is_set() {
+                return Ok(false);
+            }
+            std::thread::sleep(RETRY);
+            match self.rebuild() {
+                Ok(()) => {
+                    self.stall.release("tick");
+                    return Ok(true);
+                }
+                Err(e) if self.stall.hold("tick", &e) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
+
     /// Replaces the wheel with one rebuilt from the commit log: the flusher
     /// first puts on disk a checkpoint from which any restart is right
     /// whatever the rebuild leaves (see `Flusher::rebuild_checkpoint`); then
@@ -175,7 +206,9 @@ impl Ticker {
     /// the dispatcher has already handed over is indexed into it again.
     fn rebuild(&mut self) -> Result<()> {
         let tick_second = self.wheel.tick_second().min(self.floor.get().map_or(u64::MAX, |m| m.tick_second));
-        let (start, through) = (self.log.start(), self.indexed);
+        // Every timer received so far, also those after the last progress
+        // (and the one being inserted when the old wheel failed).
+        let (start, through) = (self.log.start(), self.indexed.max(self.received));
         let counts = SegmentCounts::rebuilt(self.log.segment_size(), start..through);
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.flush
@@ -281,7 +314,10 @@ impl Ticker {
 
     fn handle(&mut self, command: WheelCommand) -> Result<()> {
         match command {
-            WheelCommand::Insert(timer) => self.insert(timer),
+            WheelCommand::Insert(timer) => {
+                self.received = self.received.max(timer.message_offset + 1);
+                self.insert(timer)
+            }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
                 // Until the replay is done, the ends stay where it began: the
