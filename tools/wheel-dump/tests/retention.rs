@@ -10,8 +10,8 @@ mod common;
 use std::path::{Path, PathBuf};
 
 use common::*;
-use delaywheel::{ManualClock, Store};
 use delaywheel::internals::{FileHeader, RELOCATION_INDEX_MAGIC, relocation};
+use delaywheel::{ManualClock, Store};
 use serde_json::json;
 
 /// The relocation index's entries (position, entry), decoded by the library.
@@ -287,8 +287,11 @@ fn a_deleted_or_cut_relocation_index_is_refused_not_recreated() {
     let half = 32 + 32 * (entries.len() as u64 / 2);
     std::fs::OpenOptions::new().write(true).open(cut.path().join(index)).unwrap().set_len(half).unwrap();
     let err = Store::open(retention_config(cut.path(), &clock)).err().expect("refused");
-    let (file, position) =
-        entries[entries.len() / 2..].iter().map(|(_, e)| (window_file(cut.path(), e), e.position)).min().unwrap();
+    let (file, position) = entries[entries.len() / 2..]
+        .iter()
+        .map(|(_, e)| (window_file(cut.path(), e), e.position))
+        .min()
+        .unwrap();
     assert!(
         matches!(&err, delaywheel::Error::Corruption { file: f, offset, .. } if *f == file && *offset == position),
         "{err}"
