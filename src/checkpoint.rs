@@ -7,7 +7,7 @@
 //! so the previous checkpoint is the fallback. The checkpoint is an index too:
 //! losing it costs a longer replay, never data.
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -26,7 +26,7 @@ impl CheckpointFile {
     /// Opens or creates `path` and reads the newest valid checkpoint in it.
     pub fn open(path: &Path) -> Result<Self> {
         let existed = path.exists();
-        let file = OpenOptions::new()
+        let file = crate::fs::file_options(path)
             .read(true)
             .write(true)
             .create(true)
@@ -88,7 +88,7 @@ mod tests {
         assert_eq!(CheckpointFile::open(&path).unwrap().last().unwrap().log_durable, 200);
 
         // Tear the newest slot (sequence 2 lives in slot 0).
-        let raw = OpenOptions::new().write(true).open(&path).unwrap();
+        let raw = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         write_all_at(&raw, &[0xFF; 10], SLOT_POSITIONS[0] + 20).unwrap();
         let reopened = CheckpointFile::open(&path).unwrap().last().unwrap();
         assert_eq!((reopened.sequence, reopened.log_durable), (1, 100));

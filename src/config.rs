@@ -69,7 +69,13 @@ pub struct Config {
     pub(crate) max_index_lag: u64,
     pub(crate) put_timeout: Duration,
     pub(crate) retention: Retention,
+    pub(crate) dir_mode: u32,
+    pub(crate) handle_key: Option<HandleKey>,
 }
+
+/// The key of sealed handles ([`Config::with_handle_key`]); never printed.
+#[derive(Clone)]
+pub(crate) struct HandleKey(pub(crate) [u8; 32]);
 
 /// When commit-log segments may be deleted. A segment is deleted oldest first,
 /// never the one being appended to, and only once everything in it is indexed
@@ -128,7 +134,33 @@ impl Config {
             max_index_lag: 512 << 10,
             put_timeout: Duration::from_secs(10),
             retention: Retention::default(),
+            dir_mode: 0o700,
+            handle_key: None,
         }
+    }
+
+    /// The permission bits of the store directory (default 0700), set when
+    /// the store opens. Every directory the store makes inside it gets the
+    /// same mode and every file it creates the mode without the execute bits
+    /// (0600 by default), both further narrowed by the process umask. Use
+    /// 0750 to let a group (a backup or monitoring account) read the store.
+    pub fn with_dir_mode(mut self, mode: u32) -> Self {
+        self.dir_mode = mode;
+        self
+    }
+
+    /// The secret key of sealed handles: with it, [`Store::seal`](crate::Store::seal)
+    /// turns a handle into a [`SealedHandle`](crate::SealedHandle) that
+    /// carries a keyed MAC over its offset and deliver time, and
+    /// [`Store::cancel_sealed`](crate::Store::cancel_sealed) cancels only
+    /// handles sealed with this key. Use it when cancel is exposed to
+    /// clients: a plain [`Handle`](crate::Handle) is a bearer token naming a
+    /// log position, which anyone can make up. Keep the key secret and the
+    /// same across restarts (sealed handles made before a change of key are
+    /// refused after it).
+    pub fn with_handle_key(mut self, key: [u8; 32]) -> Self {
+        self.handle_key = Some(HandleKey(key));
+        self
     }
 
     /// When commit-log segments are deleted (default: 72 h after they are
@@ -305,6 +337,14 @@ impl Config {
         }
         if self.retention.check_interval.is_zero() {
             return Err(Error::invalid("retention check interval", "must be positive"));
+        }
+        // The store itself must be able to list, create and write.
+        if self.dir_mode & !0o777 != 0 || self.dir_mode & 0o700 != 0o700 {
+            let why = format!(
+                "{:o} must be permission bits that give the owner rwx (0700 at least)",
+                self.dir_mode
+            );
+            return Err(Error::invalid("dir mode", why));
         }
         if let Some(cap) = self.retention.max_log_bytes
             && cap < 2 * self.segment_size

@@ -498,7 +498,11 @@ fn list_queue_dirs(root: &Path) -> Result<Vec<(String, u32, PathBuf)>> {
         let mut out = Vec::new();
         for entry in std::fs::read_dir(dir).map_err(|e| Error::io("list", dir, e))? {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
-            if entry.file_type().map_err(|e| Error::io("stat", entry.path(), e))?.is_dir() {
+            let kind = entry.file_type().map_err(|e| Error::io("stat", entry.path(), e))?;
+            if kind.is_symlink() {
+                return Err(Error::io("open", entry.path(), crate::fs::symlink_refused()));
+            }
+            if kind.is_dir() {
                 out.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));
             }
         }

@@ -171,6 +171,12 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 
 impl Error {
     pub(crate) fn io(op: &'static str, path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        // Every file the store opens is opened with O_NOFOLLOW: ELOOP then
+        // means a symbolic link was planted where the store's file is.
+        let source = match rustix::io::Errno::from_io_error(&source) {
+            Some(rustix::io::Errno::LOOP) => crate::fs::symlink_refused(),
+            _ => source,
+        };
         Self::Io { op, path: path.into(), source }
     }
 

@@ -3,10 +3,56 @@
 //! durability point of the store goes through here (or `Mapped::flush`), so
 //! the crash recorder (feature `crash-recorder`) sees them all.
 
-use std::fs::File;
+use std::fs::{File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
 use crate::error::{Error, Result};
+
+/// Options for opening a file inside the store: never through a symbolic
+/// link (`O_NOFOLLOW`: a link planted in the store directory is refused,
+/// not written through), and created with the mode its directory grants
+/// without the execute bits, so a store directory of 0700 (the default, see
+/// [`Config::with_dir_mode`](crate::Config::with_dir_mode)) makes files of 0600.
+pub(crate) fn file_options(path: &Path) -> OpenOptions {
+    let mut options = OpenOptions::new();
+    options.custom_flags(rustix::fs::OFlags::NOFOLLOW.bits() as i32).mode(dir_mode(parent(path)) & 0o666);
+    options
+}
+
+fn parent(path: &Path) -> &Path {
+    path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or_else(|| Path::new("."))
+}
+
+/// The permission bits of `dir` (0700 if it cannot be read: the narrowest
+/// a store makes).
+fn dir_mode(dir: &Path) -> u32 {
+    std::fs::metadata(dir).map(|m| m.mode() & 0o777).unwrap_or(0o700)
+}
+
+/// Creates the store directory (and its missing parents) if needed and
+/// gives it `mode`: the directory the store owns, whose mode every
+/// directory and file made inside it follows. The directory itself may be
+/// a symbolic link an operator made; links inside it are refused.
+pub(crate) fn create_store_dir(dir: &Path, mode: u32) -> Result<()> {
+    if !dir.is_dir() {
+        if !parent(dir).is_dir() {
+            create_dir(parent(dir))?;
+        }
+        match std::fs::DirBuilder::new().mode(mode).create(dir) {
+            Ok(()) => sync_parent_dir(dir)?,
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            Err(e) => return Err(Error::io("create directory", dir, e)),
+        }
+    }
+    // The umask may have narrowed the mode at creation; an existing
+    // directory may have any mode: the configured one is what counts.
+    if dir_mode(dir) != mode {
+        std::fs::set_permissions(dir, std::fs::Permissions::from_mode(mode))
+            .map_err(|e| Error::io("chmod", dir, e))?;
+    }
+    Ok(())
+}
 
 /// Bytes free to an unprivileged writer on the file system holding `dir`.
 pub(crate) fn available_bytes(dir: &Path) -> Result<u64> {
@@ -64,6 +110,12 @@ pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The error for a symbolic link met where the store expects its own file
+/// or directory.
+pub(crate) fn symlink_refused() -> std::io::Error {
+    std::io::Error::other("is a symbolic link; the store does not follow links inside its directory")
+}
+
 /// Removes a file (durable once its directory is synced).
 pub(crate) fn remove_file(path: &Path) -> Result<()> {
     std::fs::remove_file(path).map_err(|e| Error::io("remove", path, e))?;
@@ -91,14 +143,20 @@ pub(crate) fn remove_all(path: &Path) -> Result<()> {
 
 /// Creates `dir` and its missing parents, each made durable in its parent,
 /// so files synced inside it cannot vanish with it after a power loss.
+/// Made with the mode of its parent; a symbolic link where the directory
+/// should be is refused (the store never writes through a link).
 pub(crate) fn create_dir(dir: &Path) -> Result<()> {
-    if dir.is_dir() {
-        return Ok(());
+    match std::fs::symlink_metadata(dir) {
+        Ok(meta) if meta.is_dir() => return Ok(()),
+        Ok(meta) if meta.file_type().is_symlink() => return Err(Error::io("open", dir, symlink_refused())),
+        Ok(_) => return Err(Error::io("create directory", dir, std::io::ErrorKind::AlreadyExists.into())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+        Err(e) => return Err(Error::io("stat", dir, e)),
     }
-    if let Some(parent) = dir.parent().filter(|p| !p.as_os_str().is_empty()) {
-        create_dir(parent)?;
+    if !parent(dir).is_dir() {
+        create_dir(parent(dir))?;
     }
-    match std::fs::create_dir(dir) {
+    match std::fs::DirBuilder::new().mode(dir_mode(parent(dir))).create(dir) {
         Ok(()) => {}
         // Made meanwhile by another thread: it syncs its own.
         Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => return Ok(()),
@@ -111,7 +169,7 @@ pub(crate) fn create_dir(dir: &Path) -> Result<()> {
 pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     let tmp = path.with_extension("tmp");
     let write = || -> std::io::Result<File> {
-        let mut file = File::create(&tmp)?;
+        let mut file = file_options(&tmp).write(true).create(true).truncate(true).open(&tmp)?;
         std::io::Write::write_all(&mut file, bytes)?;
         Ok(file)
     };

@@ -53,6 +53,7 @@ pub mod recorder;
 mod recovery;
 mod retention;
 mod scheduler;
+mod sealed;
 mod stall;
 mod stats;
 mod store;
@@ -70,6 +71,7 @@ pub use message::{
     MAX_TOPIC_LEN, Message, Receipt,
 };
 pub use retention::ReclaimReport;
+pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

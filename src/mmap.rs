@@ -23,7 +23,7 @@
 //! `SIGBUS` on a later write.
 #![allow(unsafe_code)]
 
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
@@ -65,7 +65,7 @@ impl Mapped {
     /// temporary name and renamed into place so a crash never leaves a short file.
     pub fn create(path: &Path, len: u64, header: &[u8]) -> Result<MapWriter> {
         let tmp = path.with_extension("tmp");
-        let file = OpenOptions::new()
+        let file = crate::fs::file_options(&tmp)
             .read(true)
             .write(true)
             .create(true)
@@ -100,8 +100,11 @@ impl Mapped {
 
     /// Opens an existing file that must be exactly `len` bytes long.
     pub fn open(path: &Path, len: u64) -> Result<MapWriter> {
-        let file =
-            OpenOptions::new().read(true).write(true).open(path).map_err(|e| Error::io("open", path, e))?;
+        let file = crate::fs::file_options(path)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
         let found = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
         if found != len {
             return Err(Error::corruption(path, 0, CorruptionKind::WrongSize { expected: len, found }));
@@ -315,7 +318,8 @@ impl MapWriter {
         }
         assert!(offset >= self.shared.published(), "zeroing below the published watermark");
         let path = &self.shared.path;
-        let file = OpenOptions::new().write(true).open(path).map_err(|e| Error::io("open", path, e))?;
+        let file =
+            crate::fs::file_options(path).write(true).open(path).map_err(|e| Error::io("open", path, e))?;
         let punched = rustix::fs::fallocate(&file, FallocateFlags::ZERO_RANGE, offset as u64, len as u64);
         if punched.is_ok() {
             // The zeroed range is a change of the file's extents, which an

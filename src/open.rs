@@ -2,7 +2,7 @@
 //! written with, recover (`recovery.rs`), build the components, clear the
 //! clean flag, and start the background threads in order.
 
-use std::fs::{File, OpenOptions, TryLockError};
+use std::fs::{File, TryLockError};
 use std::path::Path;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
@@ -93,7 +93,7 @@ impl Store {
         config.validate()?;
         let levels = DelayLevels::parse(&config.delay_levels)?;
         let layout = Layout::new(config.dir.clone());
-        crate::fs::create_dir(layout.dir())?;
+        crate::fs::create_store_dir(layout.dir(), config.dir_mode)?;
         let lock = lock_dir(&layout)?;
         let _span = tracing::info_span!("open", dir = %layout.dir().display()).entered();
         check_scheduler(&layout, config.scheduler)?;
@@ -437,7 +437,7 @@ fn lock_dir(layout: &Layout) -> Result<DirLock> {
     let dir = File::open(layout.dir()).map_err(|e| Error::io("open", layout.dir(), e))?;
     try_lock(&dir, layout.dir(), layout.dir())?;
     let path = layout.lock();
-    let file = OpenOptions::new()
+    let file = crate::fs::file_options(&path)
         .create(true)
         .truncate(false)
         .write(true)

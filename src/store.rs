@@ -20,6 +20,7 @@ use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::scheduler::SchedulerFront;
+use crate::sealed::SealedHandle;
 use crate::stats::{DiskUsage, Lateness, RetentionCounters, RetentionStats, Stats};
 use crate::threads::Threads;
 use crate::timer::Timer;
@@ -137,6 +138,32 @@ impl Store {
             self.log.wait_durable(self.log.write_end(), self.config.put_timeout)?;
         }
         Ok(outcome)
+    }
+
+    /// Seals `handle` with the key from [`Config::with_handle_key`], for
+    /// handing to a client that may cancel it with
+    /// [`cancel_sealed`](Self::cancel_sealed) (and make up no other).
+    ///
+    /// Errors: [`Error::Invalid`] if the store has no handle key.
+    pub fn seal(&self, handle: Handle) -> Result<SealedHandle> {
+        Ok(crate::sealed::seal(self.handle_key()?, handle))
+    }
+
+    /// [`cancel`](Self::cancel) for a handle from [`seal`](Self::seal):
+    /// cancelled only if the tag was made with this store's key.
+    ///
+    /// Errors: [`Error::Invalid`] naming the sealed handle's tag if it does
+    /// not match (nothing is cancelled), or if the store has no handle key;
+    /// else those of `cancel`.
+    pub fn cancel_sealed(&self, sealed: SealedHandle) -> Result<CancelOutcome> {
+        self.cancel(crate::sealed::unseal(self.handle_key()?, sealed)?)
+    }
+
+    fn handle_key(&self) -> Result<&[u8; 32]> {
+        let key = self.config.handle_key.as_ref().map(|k| &k.0);
+        key.ok_or_else(|| {
+            Error::invalid("handle key", "the store was opened without Config::with_handle_key")
+        })
     }
 
     /// Whether a timed message due at `handle.deliver_at_ms` is at `handle.offset`

@@ -29,7 +29,7 @@
 //! leftovers too; they are never read.
 
 use std::collections::BTreeMap;
-use std::fs::{File, OpenOptions};
+use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -116,7 +116,7 @@ impl RelocationArea {
     pub fn open(dir: &Path, log_start: u64) -> Result<Self> {
         crate::fs::create_dir(dir)?;
         let path = dir.join(RELOCATION_INDEX_FILE);
-        let index = OpenOptions::new()
+        let index = crate::fs::file_options(&path)
             .read(true)
             .write(true)
             .create(true)
@@ -242,7 +242,7 @@ impl RelocationArea {
     /// deleted (its window passed more than the retention time ago).
     pub fn read(&self, entry: &IndexEntry) -> Result<Option<Bytes>> {
         let path = self.window_path(entry.window());
-        let file = match File::open(&path) {
+        let file = match crate::fs::file_options(&path).read(true).open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(None),
             Err(e) => return Err(Error::io("open", &path, e)),
@@ -305,7 +305,8 @@ impl RelocationArea {
 
     fn frames_from(&self, window: u64, mut at: u64, len: u64, out: &mut Vec<Unindexed>) -> Result<()> {
         let path = self.window_path(window);
-        let file = File::open(&path).map_err(|e| Error::io("open", &path, e))?;
+        let file =
+            crate::fs::file_options(&path).read(true).open(&path).map_err(|e| Error::io("open", &path, e))?;
         let mut header = [0u8; RECORD_HEADER_LEN];
         while at + RECORD_HEADER_LEN as u64 <= len {
             file.read_exact_at(&mut header, at).map_err(|e| Error::io("read", &path, e))?;
@@ -382,8 +383,14 @@ impl RelocationArea {
         }
         let tmp = path.with_extension("tmp");
         let write = || -> std::io::Result<File> {
-            std::fs::write(&tmp, &bytes)?;
-            OpenOptions::new().read(true).write(true).open(&tmp)
+            let mut file = crate::fs::file_options(&tmp)
+                .read(true)
+                .write(true)
+                .create(true)
+                .truncate(true)
+                .open(&tmp)?;
+            file.write_all(&bytes)?;
+            Ok(file)
         };
         let file = write().map_err(|e| Error::io("write", &tmp, e))?;
         crate::fs::sync_all(&file, &tmp)?;
@@ -472,7 +479,7 @@ impl RelocationArea {
     /// it and the position the next copy lands at.
     fn open_window(&self, window: u64) -> Result<(BufWriter<File>, u64)> {
         let path = self.window_path(window);
-        let mut file = OpenOptions::new()
+        let mut file = crate::fs::file_options(&path)
             .read(true)
             .append(true)
             .create(true)
