@@ -227,8 +227,11 @@ impl Config {
         self
     }
 
-    /// How long a `put` waits for the indexes to catch up (or, in sync mode,
-    /// for the disk) before it fails with `Error::Busy` (default 10 s).
+    /// How long a `put` waits (default 10 s): for the indexes to catch up,
+    /// before it fails with `Error::Busy` and nothing written; and in sync
+    /// mode for the disk once its record is appended, before it answers
+    /// `Error::NotYetDurable` with the receipt (the message stands). A sync
+    /// mode cancel waits for its cancel record the same way.
     pub fn with_put_timeout(mut self, timeout: Duration) -> Self {
         self.put_timeout = timeout;
         self

@@ -65,9 +65,16 @@ impl Consumer {
     /// came. Entries whose records retention deleted are skipped and counted
     /// ([`RetentionStats::consumer_skipped`](crate::RetentionStats::consumer_skipped)).
     ///
-    /// Errors: [`Error::Corruption`] naming the file and offset of an entry
-    /// or record that does not check out; the position stays before it.
+    /// Errors: [`Error::BadEntry`] for an entry, or the record it points
+    /// at, that does not check out, naming its queue position and (in its
+    /// source) the file and offset. The messages before it are returned
+    /// first, by this poll; the error comes with the next one, and the
+    /// position stays at the bad entry until the caller moves past it with
+    /// `seek(position + 1)`. [`Error::Closed`] once the store is closed.
     pub fn poll(&mut self, max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
+        if self.log.is_closed() {
+            return Err(Error::Closed);
+        }
         let polled = self.poll_inner(max, timeout);
         // Between polls, hold no segment retention may want to delete.
         self.reader.release();
@@ -94,7 +101,12 @@ impl Consumer {
                             Err(_) if index < self.queue.first_index() => {
                                 self.skip_reclaimed(index, 0);
                             }
-                            Err(e) => return Err(e),
+                            Err(e) if messages.is_empty() => return Err(self.bad_entry(index, e)),
+                            // The good ones first; the next poll starts at the bad one.
+                            Err(_) => {
+                                self.next = index;
+                                return Ok(messages);
+                            }
                         }
                     }
                 }
@@ -114,6 +126,12 @@ impl Consumer {
                 return Ok(Vec::new());
             }
         }
+    }
+
+    fn bad_entry(&self, position: u64, source: Error) -> Error {
+        let (topic, queue_id) = (self.topic.to_string(), self.queue.queue_id());
+        tracing::error!(%topic, queue_id, position, error = %source, "unreadable consume-queue entry");
+        Error::BadEntry { topic, queue_id, position, source: Box::new(source) }
     }
 
     /// Retention deleted the queue's files up to the oldest entry still on

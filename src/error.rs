@@ -67,6 +67,23 @@ pub enum Error {
         waited_ms: u64,
     },
 
+    /// Sync flush mode only: the record is in the commit log, but was not yet
+    /// on disk when the put timeout passed. It is not an error in the sense
+    /// of "nothing happened": the put (or cancel) took effect and becomes
+    /// durable at the next flush unless a power loss comes first. Do not put
+    /// the message again (it would be delivered twice); wait with
+    /// [`Store::wait_durable`](crate::Store::wait_durable), or cancel the
+    /// timer by its handle.
+    #[error(
+        "{written} is in the commit log but not yet on disk after {waited_ms} ms; it stands (do not put it again): Store::wait_durable waits for it"
+    )]
+    NotYetDurable {
+        /// What was written: the put's receipt or the cancelled handle.
+        written: crate::message::Written,
+        /// How long it waited.
+        waited_ms: u64,
+    },
+
     /// Another process (or another `Store` in this one) holds the directory.
     #[error("store directory {} is locked by another process", dir.display())]
     Locked {
@@ -74,12 +91,32 @@ pub enum Error {
         dir: PathBuf,
     },
 
-    /// A flush to disk failed earlier; what the page cache holds is unknowable,
-    /// so writes are refused until the store is reopened.
-    #[error("store is poisoned by an earlier failed flush, reopen it: {reason}")]
+    /// A background step failed (a flush, the dispatcher, the ticking
+    /// thread) in a way the store cannot recover from while open; what the
+    /// page cache holds may not be what is on disk, so writes are refused
+    /// until the store is reopened (recovery then starts from the disk).
+    #[error("store is poisoned, reopen it: {reason}")]
     Poisoned {
-        /// What failed.
+        /// What failed, naming the step (`flush: …`, `dispatcher: …`,
+        /// `timing wheel: …`) and the file.
         reason: String,
+    },
+
+    /// [`Consumer::poll`](crate::Consumer::poll) met a consume-queue entry,
+    /// or the record it points at, that does not check out. The consumer's
+    /// position stays at it (the messages before it were returned by the
+    /// poll); `consumer.seek(position + 1)` skips it.
+    #[error("entry {position} of queue {topic}/{queue_id} is unreadable: {source}; seek to {} to skip it", position + 1)]
+    BadEntry {
+        /// The queue's topic.
+        topic: String,
+        /// The queue.
+        queue_id: u32,
+        /// The entry's position in the queue (what `Consumer::position` returns).
+        position: u64,
+        /// What is wrong: usually [`Error::Corruption`] naming the file and offset.
+        #[source]
+        source: Box<Error>,
     },
 
     /// The message or a configuration value is not acceptable.

@@ -92,7 +92,7 @@ impl Flusher {
             let in_place = snapshot.files.in_place.iter().map(|f| f.flush(0, f.len()));
             for synced in appended.chain(in_place) {
                 if let Err(e) = synced {
-                    self.log.poison(&e.to_string());
+                    self.log.poison(&format!("flush: {e}"));
                     return Err(e);
                 }
             }
@@ -164,7 +164,7 @@ impl Flusher {
         // A record counts as dispatched once its queue entry or its timer is indexed.
         let dispatched = dispatched_now.min(wheel.indexed);
         if let Err(e) = self.queues.flush_all() {
-            self.log.poison(&e.to_string());
+            self.log.poison(&format!("flush: {e}"));
             return Err(e);
         }
         if let Some(offsets) = offsets {

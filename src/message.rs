@@ -61,7 +61,11 @@ impl Message {
         }
     }
 
-    /// Deliver at this wall-clock time (epoch ms). A time in the past means now.
+    /// Deliver at this wall-clock time (epoch ms). A time in the past means
+    /// now. The message is a timer whatever the time: it has a handle, and
+    /// its receipt and consumers report its deliver time, except that 0 is
+    /// kept as 1 (0 marks an ordinary message on disk), so
+    /// `deliver_at_ms(0)` comes back as `Some(1)`.
     pub fn deliver_at_ms(self, epoch_ms: u64) -> Self {
         self.timed(When::At(epoch_ms))
     }
@@ -293,6 +297,26 @@ impl std::str::FromStr for Handle {
         let bad = || Error::invalid("handle", format!("{s:?} is not offset@deliver_at_ms"));
         let (offset, at) = s.split_once('@').ok_or_else(bad)?;
         Ok(Self { offset: offset.parse().map_err(|_| bad())?, deliver_at_ms: at.parse().map_err(|_| bad())? })
+    }
+}
+
+/// What an [`Error::NotYetDurable`] was about: the write took effect, only
+/// its durability is pending.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Written {
+    /// A put: the message is at the receipt's offset (and its handle, for a timer, cancels it).
+    Put(Receipt),
+    /// A cancel answered `Cancelled` in memory: the timer will not fire
+    /// unless a power loss takes the cancel record.
+    Cancel(Handle),
+}
+
+impl std::fmt::Display for Written {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Self::Put(receipt) => write!(f, "the message put at commit-log offset {}", receipt.offset),
+            Self::Cancel(handle) => write!(f, "the cancel of timer {handle}"),
+        }
     }
 }
 

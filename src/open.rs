@@ -304,11 +304,8 @@ impl Parts {
         levels: &DelayLevels,
         threads: &mut Threads,
     ) -> Result<Arc<dyn SchedulerFront>> {
-        let wheel = WheelFront {
-            commands: self.wheel_commands.clone(),
-            stats: Arc::clone(&self.shared.stats),
-            timeout: self.config.put_timeout,
-        };
+        let wheel =
+            WheelFront::new(self.wheel_commands.clone(), Arc::clone(&self.shared), self.config.put_timeout);
         if self.config.scheduler == Scheduler::Wheel {
             return Ok(Arc::new(wheel));
         }

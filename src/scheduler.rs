@@ -31,4 +31,13 @@ pub(crate) trait SchedulerFront: Send + Sync {
 
     /// The scheduler's latest counters and gauges.
     fn stats(&self) -> TimerStats;
+
+    /// The commit-log offset below which the scheduler holds the timer of
+    /// every timed record, given the dispatcher's progress `dispatched`
+    /// (the scheduler may still be taking in what it was handed).
+    fn held_below(&self, dispatched: u64) -> u64;
+
+    /// Returns once everything handed to the scheduler before the call is
+    /// taken in and its gauges are refreshed.
+    fn refresh(&self) -> Result<()>;
 }

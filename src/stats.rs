@@ -14,8 +14,11 @@ pub struct Stats {
     pub pending: u64,
     /// Pending timers per wheel level (0: within 18 h, 1: within 8.5 years, 2: beyond).
     pub pending_per_level: [u64; 3],
-    /// Pending timers due within 5 s, 1 min, 5 min, 1 h, 1 d, and beyond, read
-    /// from slot counts (exact within 18 h; a coarser window counts at its start).
+    /// Pending timers by when they are due, per interval (not cumulative):
+    /// within 5 s, from 5 s to 1 min, 1 min to 5 min, 5 min to 1 h, 1 h to
+    /// 1 d, and beyond 1 d ([`HORIZON_LABELS`] name them by their upper
+    /// ends). They add up to `pending`, cancelled timers left out. Read from
+    /// slot counts: exact within 18 h; a coarser window counts at its start.
     pub pending_by_horizon: [u64; 6],
     /// Timers delivered since the store was opened.
     pub delivered: u64,
@@ -32,7 +35,10 @@ pub struct Stats {
     pub timer_log_entries: u64,
     /// Bytes appended to the commit log (records and padding), from its first retained byte to its end.
     pub log_bytes: u64,
-    /// Commit-log bytes not yet indexed by the dispatcher.
+    /// Commit-log bytes not yet indexed: not yet in their consume queue, or
+    /// (for a timer) not yet held by the wheel. At 0 every timer put so far
+    /// is in the wheel, so a clock jump then delivers them in deliver-time
+    /// order and cancel finds each of them.
     pub dispatch_lag_bytes: u64,
     /// Damaged records skipped since open, each logged with its file and
     /// offset: records the dispatcher could not index, and due timers not

@@ -17,7 +17,7 @@ use crate::consumer::{Consumer, OffsetStore};
 use crate::durable::FlushSignal;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
-use crate::message::{CancelOutcome, Handle, Message, Receipt, validate_topic};
+use crate::message::{CancelOutcome, Handle, Message, Receipt, Written, validate_topic};
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::scheduler::SchedulerFront;
 use crate::sealed::SealedHandle;
@@ -73,9 +73,13 @@ impl Store {
     /// timing, queue id); [`Error::Busy`] if the indexes stayed behind for the
     /// put timeout; [`Error::DiskFull`] or [`Error::SizeCap`] when a new
     /// segment does not fit; [`Error::Closed`] after close;
-    /// [`Error::Poisoned`] after a failed flush (reopen the store). In sync
-    /// mode a put whose record is appended but not yet durable when the put
-    /// timeout passes also returns an error, though the record may survive.
+    /// [`Error::Poisoned`] after a failed flush (reopen the store).
+    ///
+    /// One error means the message *was* written: in sync mode, a record
+    /// appended but not yet on disk when the put timeout passes answers
+    /// [`Error::NotYetDurable`] with the receipt. The message stands and is
+    /// delivered (unless a power loss takes it first): do not put it again;
+    /// [`wait_durable`](Self::wait_durable) waits for it.
     pub fn put(&self, message: Message) -> Result<Receipt> {
         message.validate(self.config.max_body_bytes())?;
         if message.topic() == SCHEDULE_TOPIC {
@@ -104,12 +108,12 @@ impl Store {
         if prefault {
             let _ = self.wakes.prefault.try_send(());
         }
-        if self.config.flush_mode == FlushMode::Sync {
-            let _ = self.wakes.flush.try_send(FlushSignal::Wake);
-            self.log.wait_durable(offset + len as u64, self.config.put_timeout)?;
-        }
         let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
-        Ok(Receipt { offset, queue_id, store_time_ms, deliver_at_ms })
+        let receipt = Receipt { offset, queue_id, store_time_ms, deliver_at_ms };
+        if self.config.flush_mode == FlushMode::Sync {
+            self.wait_durable_for(offset + len as u64, Written::Put(receipt))?;
+        }
+        Ok(receipt)
     }
 
     /// Cancels the timer `handle` names. `Cancelled`: it will never fire (a
@@ -122,7 +126,10 @@ impl Store {
     ///
     /// Errors: [`Error::Closed`] after close (or if the ticking thread did
     /// not answer within the put timeout); [`Error::Poisoned`] after a failed
-    /// flush; an I/O error if the cancel record could not be written.
+    /// flush; an I/O error if the cancel record could not be written. In
+    /// sync mode, [`Error::NotYetDurable`] if the cancel record was not on
+    /// disk within the put timeout: the timer will not fire, unless a power
+    /// loss takes the cancel record first (cancelling again is harmless).
     pub fn cancel(&self, handle: Handle) -> Result<CancelOutcome> {
         if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::Closed);
@@ -134,10 +141,36 @@ impl Store {
         let outcome = self.scheduler.cancel(timer)?;
         if outcome == CancelOutcome::Cancelled && self.config.flush_mode == FlushMode::Sync {
             // The cancel record is appended: the answer holds once it is durable.
-            let _ = self.wakes.flush.try_send(FlushSignal::Wake);
-            self.log.wait_durable(self.log.write_end(), self.config.put_timeout)?;
+            self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
         }
         Ok(outcome)
+    }
+
+    /// Waits until the message of `receipt` is on disk, at most `timeout`:
+    /// what to do after [`Error::NotYetDurable`], or in async flush mode to
+    /// know a put survives a power loss (it asks the flusher to sync now).
+    ///
+    /// Errors: [`Error::NotYetDurable`] if `timeout` passes first (the
+    /// message still stands); [`Error::Poisoned`] if a flush failed, after
+    /// which nothing not yet durable can be vouched for.
+    pub fn wait_durable(&self, receipt: &Receipt, timeout: Duration) -> Result<()> {
+        // The durable end is a record boundary: past the offset, past the record.
+        self.wait_durable_until(receipt.offset + 1, Written::Put(*receipt), timeout)
+    }
+
+    /// Wakes the flusher and waits, up to the put timeout, until the log is
+    /// durable to `end`, where the record of `written` ends.
+    fn wait_durable_for(&self, end: u64, written: Written) -> Result<()> {
+        self.wait_durable_until(end, written, self.config.put_timeout)
+    }
+
+    fn wait_durable_until(&self, end: u64, written: Written, timeout: Duration) -> Result<()> {
+        let started = std::time::Instant::now();
+        let _ = self.wakes.flush.try_send(FlushSignal::Wake);
+        if self.log.wait_durable(end, timeout)? {
+            return Ok(());
+        }
+        Err(Error::NotYetDurable { written, waited_ms: started.elapsed().as_millis() as u64 })
     }
 
     /// Seals `handle` with the key from [`Config::with_handle_key`], for
@@ -177,7 +210,7 @@ impl Store {
             at == handle.offset
                 && kind == RecordKind::Message
                 && MessageView::parse(bytes)
-                    .is_ok_and(|v| v.timing.deliver_at_ms == handle.deliver_at_ms && !v.rescheduled)
+                    .is_ok_and(|v| v.timer_deliver_at_ms() == Some(handle.deliver_at_ms))
         });
         matches!(found, Ok((true, _)))
     }
@@ -274,9 +307,43 @@ impl Store {
         ))
     }
 
+    /// Everything below this offset is indexed: in its consume queue, or
+    /// held by the scheduler.
+    fn indexed_below(&self) -> u64 {
+        self.scheduler.held_below(self.dispatched.load(Ordering::Acquire))
+    }
+
+    /// [`stats`](Self::stats) as of now: waits until every record put before
+    /// the call is indexed (its queue entry written, its timer held by the
+    /// wheel), has the ticking thread refresh its gauges, and returns them.
+    /// For code that checks a count right after an action: `stats()` costs
+    /// nothing but its wheel gauges (`pending`, the per-level and per-horizon
+    /// counts, `reindexed`, `timer_log_entries`) are up to a second old. With
+    /// the bucket scheduler the gauges are as of its last poll (100 ms).
+    ///
+    /// Errors: [`Error::Busy`] if the indexes do not catch up within the put
+    /// timeout; [`Error::Closed`] if the ticking thread does not answer in
+    /// that time; the poison if the store is poisoned.
+    pub fn fresh_stats(&self) -> Result<Stats> {
+        let end = self.log.write_end();
+        let started = std::time::Instant::now();
+        let _ = self.wakes.dispatch.try_send(());
+        while self.indexed_below() < end {
+            self.health()?;
+            if started.elapsed() >= self.config.put_timeout {
+                let lag_bytes = end - self.indexed_below().min(end);
+                return Err(Error::Busy { lag_bytes, waited_ms: started.elapsed().as_millis() as u64 });
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        self.scheduler.refresh()?;
+        Ok(self.stats())
+    }
+
     /// Counters and gauges: pending timers (per level and per coming horizon),
     /// deliveries and their lateness, disk use. The wheel's gauges are
-    /// refreshed by the ticking thread about once a second (see [`Stats`]).
+    /// refreshed by the ticking thread about once a second (see [`Stats`]);
+    /// [`fresh_stats`](Self::fresh_stats) waits for fresh ones.
     pub fn stats(&self) -> Stats {
         let timers = self.scheduler.stats();
         let wheel_files = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner()).disk_bytes;
@@ -317,7 +384,7 @@ impl Store {
             timer_log_entries: timers.timer_log_entries,
             log_bytes: self.log.write_end().saturating_sub(self.log.start()),
             // Read after the end: the dispatcher may have passed the end read first.
-            dispatch_lag_bytes: self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire)),
+            dispatch_lag_bytes: self.log.write_end().saturating_sub(self.indexed_below()),
             quarantined: self.retention.quarantined.load(Ordering::Relaxed),
             refreshes: timers.refreshes,
             wheel_rebuilds: timers.rebuilds,

@@ -180,12 +180,19 @@ fn a_flipped_bit_behind_the_checkpoint_is_reported_when_read() {
 
     let store = Store::open(small_config(dir.path())).unwrap();
     let mut consumer = store.consumer("T", 0).unwrap();
-    assert_eq!(bodies(&consumer.poll(5, Duration::from_secs(1)).unwrap()), numbered(0..5));
+    // The good ones before it come first, then the error names the entry's position.
+    assert_eq!(bodies(&consumer.poll(8, Duration::from_secs(1)).unwrap()), numbered(0..5));
     let err = consumer.poll(5, Duration::from_secs(1)).unwrap_err();
+    let Error::BadEntry { position: 5, source, .. } = &err else { panic!("{err}") };
     assert!(
-        matches!(&err, Error::Corruption { file, offset, .. } if *file == segment(dir.path(), 0) && *offset == victim),
+        matches!(&**source, Error::Corruption { file, offset, .. } if *file == segment(dir.path(), 0) && *offset == victim),
         "{err}"
     );
+    assert_eq!(consumer.position(), 5, "the position stays at the bad entry");
+    consumer.seek(6);
+    assert_eq!(bodies(&consumer.poll(8, Duration::from_secs(1)).unwrap()), numbered(6..10));
+    store.close().unwrap();
+    assert!(matches!(consumer.poll(1, Duration::ZERO), Err(Error::Closed)), "a consumer of a closed store");
 }
 
 #[test]

@@ -132,6 +132,16 @@ impl SchedulerFront for BucketFront {
     fn stats(&self) -> TimerStats {
         self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
     }
+
+    /// The buckets index a timed record as the dispatcher hands it over.
+    fn held_below(&self, dispatched: u64) -> u64 {
+        dispatched
+    }
+
+    /// The poller refreshes its gauges at every poll (100 ms): nothing to ask.
+    fn refresh(&self) -> Result<()> {
+        Ok(())
+    }
 }
 
 impl BucketFront {

@@ -534,7 +534,7 @@ impl CommitLog {
         let from = self.durable_end();
         if end > from {
             if let Err(e) = self.sync_range(from, end) {
-                self.poison(&e.to_string());
+                self.poison(&format!("flush: {e}"));
                 return Err(e);
             }
             // Two flushes may overlap (the flusher's and retention's): the
@@ -562,19 +562,24 @@ impl CommitLog {
     }
 
     /// Blocks until `offset` is durable (group commit: one flush serves every
-    /// waiter), or the log is poisoned, or `timeout` passes.
-    pub fn wait_durable(&self, offset: u64, timeout: Duration) -> Result<()> {
+    /// waiter), or the log is poisoned, or `timeout` passes: `Ok(false)`.
+    pub fn wait_durable(&self, offset: u64, timeout: Duration) -> Result<bool> {
         let deadline = std::time::Instant::now() + timeout;
         let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
         while *durable < offset {
             self.check_poison()?;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
             if left.is_zero() {
-                return Err(Error::invalid("flush", "timed out waiting for the disk"));
+                return Ok(false);
             }
             durable = self.durable_changed.wait_timeout(durable, left).unwrap_or_else(|e| e.into_inner()).0;
         }
-        Ok(())
+        Ok(true)
+    }
+
+    /// Whether [`close`](Self::close) was called.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
     }
 
     /// Refuses further appends; returns once no append is in progress.
@@ -584,7 +589,7 @@ impl CommitLog {
     }
 
     pub fn poison(&self, reason: &str) {
-        tracing::error!(reason, "poisoning the commit log after a failed flush");
+        tracing::error!(reason, "poisoning the store: writes are refused until it is reopened");
         *self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
         self.poisoned.store(true, Ordering::Release);
         self.durable_changed.notify_all();

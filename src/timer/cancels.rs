@@ -81,6 +81,12 @@ impl Cancels {
         (&self.cancelled, &self.cancelled_ahead, &self.slot_cancels)
     }
 
+    /// Whether the loaded timer of `offset` is cancelled (and will be dropped
+    /// when it comes up).
+    pub fn is_cancelled_loaded(&self, offset: u64) -> bool {
+        self.cancelled.contains(&offset)
+    }
+
     /// Whether this session already cancelled the timer of `offset`.
     fn knows_cancelled(&self, offset: u64) -> bool {
         self.cancelled.contains(&offset) || self.slot_cancels.contains(&offset)

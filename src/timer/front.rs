@@ -2,7 +2,8 @@
 //! to the ticking thread over its command channel; the thread alone decides
 //! what fires.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
@@ -14,19 +15,34 @@ use crate::message::CancelOutcome;
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::timer::Timer;
-use crate::timer::tick::WheelCommand;
+use crate::timer::tick::{WheelCommand, WheelShared};
 
 /// The wheel's front.
 pub(crate) struct WheelFront {
     pub commands: Sender<WheelCommand>,
-    pub stats: Arc<Mutex<TimerStats>>,
-    /// How long a cancel waits for the ticking thread's answer.
+    pub shared: Arc<WheelShared>,
+    /// Commands sent to the ticking thread (it counts those it handled).
+    pub sent: AtomicU64,
+    /// How long a cancel or a refresh waits for the ticking thread's answer.
     pub timeout: Duration,
 }
 
 impl WheelFront {
+    pub fn new(commands: Sender<WheelCommand>, shared: Arc<WheelShared>, timeout: Duration) -> Self {
+        Self { commands, shared, sent: AtomicU64::new(0), timeout }
+    }
+
     fn send(&self, command: WheelCommand) -> Result<()> {
+        // Counted before it can be handled, so handled >= sent means it was.
+        self.sent.fetch_add(1, Ordering::AcqRel);
         self.commands.send(command).map_err(|_| Error::invalid("dispatch", "the ticking thread has stopped"))
+    }
+
+    /// Sends a command that answers, and waits for the answer.
+    fn ask<T>(&self, command: impl FnOnce(Sender<T>) -> WheelCommand) -> Result<T> {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.send(command(reply)).map_err(|_| Error::Closed)?;
+        answer.recv_timeout(self.timeout).map_err(|_| Error::Closed)
     }
 }
 
@@ -42,12 +58,24 @@ impl SchedulerFront for WheelFront {
     }
 
     fn cancel(&self, timer: Timer) -> Result<CancelOutcome> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.commands.send(WheelCommand::Cancel(timer, reply)).map_err(|_| Error::Closed)?;
-        answer.recv_timeout(self.timeout).map_err(|_| Error::Closed)?
+        self.ask(|reply| WheelCommand::Cancel(timer, reply))?
     }
 
     fn stats(&self) -> TimerStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn held_below(&self, dispatched: u64) -> u64 {
+        // Read in this order: every command sent before the dispatcher
+        // published `dispatched` is counted in `sent`.
+        let sent = self.sent.load(Ordering::Acquire);
+        if self.shared.handled.load(Ordering::Acquire) >= sent {
+            return dispatched;
+        }
+        self.shared.progress.load(Ordering::Acquire).min(dispatched)
+    }
+
+    fn refresh(&self) -> Result<()> {
+        self.ask(WheelCommand::Refresh)
     }
 }

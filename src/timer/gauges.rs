@@ -25,51 +25,80 @@ impl Wheel {
     }
 
     /// Pending timers counted by due time: `counts[i]` holds those due before
-    /// `bounds_ms[i]` (and at or after the bound before it); the last count
-    /// holds the rest. Exact within level 0 (18 h ahead); a coarser window
-    /// counts as due at its start.
+    /// `bounds_ms[i]` (and at or after the bound before it), so the counts
+    /// are per interval, not cumulative; the last count holds the rest, and
+    /// they add up to [`pending`](Self::pending). Exact within level 0 (18 h
+    /// ahead); a coarser window counts as due at its start. Cancelled timers
+    /// are not counted, whether their cancel is applied or still an entry in
+    /// a slot.
     ///
     /// The ticking thread runs this every second between deliveries, so it
     /// must be quick: level-0 slots are read only up to the last bound inside
     /// level 0's span (past it, every slot falls in the same count, which is
-    /// what the running total of unloaded timers leaves), and loaded seconds
-    /// are counted a second at a time.
+    /// what the running totals of unloaded timers and cancel entries leave),
+    /// and loaded seconds are counted a second at a time.
     pub fn pending_by_due_time(&self, bounds_ms: &[u64]) -> Result<Vec<u64>> {
-        let mut counts = vec![0u64; bounds_ms.len() + 1];
+        // Per interval: timers, less the cancel entries' timers (an entry is
+        // not a timer, and removes one): signed until the carry below.
+        let mut net = vec![0i64; bounds_ms.len() + 1];
         let bucket = |at_ms: u64| bounds_ms.iter().position(|&b| at_ms < b).unwrap_or(bounds_ms.len());
-        self.loaded.count_by_due_time(bucket, &mut counts);
+        let mut loaded = vec![0u64; net.len()];
+        self.loaded.count_by_due_time(bucket, &self.cancels, &mut loaded);
+        net.iter_mut().zip(&loaded).for_each(|(n, &l)| *n += l as i64);
         if let Some(p) = &self.prefetch {
-            counts[bucket(p.second * 1000)] += p.timers.len() as u64 + u64::from(p.remaining);
+            net[bucket(p.second * 1000)] += (p.timers.len() as u64 + u64::from(p.remaining)) as i64;
         }
         let first = self.loaded_through + 1;
         let span_end_ms = (first + L0_SPAN).saturating_mul(1000);
         let cutoff_ms = bounds_ms.iter().copied().filter(|&b| b < span_end_ms).max().unwrap_or(0);
-        let mut counted = 0;
+        let (mut entries, mut cancels) = (0, 0);
         for sec in (first..first + L0_SPAN).take_while(|sec| sec * 1000 < cutoff_ms) {
             let slot = self.slot_counts[slot_index(0, sec) as usize];
             let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
             if slot.count > 0 && slot.window == sec && !prefetching {
-                counts[bucket(sec * 1000)] += u64::from(slot.count);
-                counted += u64::from(slot.count);
+                net[bucket(sec * 1000)] += i64::from(slot.count) - 2 * i64::from(slot.cancels);
+                (entries, cancels) = (entries + u64::from(slot.count), cancels + u64::from(slot.cancels));
             }
         }
         // No bound lies between the cutoff and the end of the span.
-        debug_assert!(self.unloaded[0] >= counted, "level 0 counts fewer timers than its slots");
-        counts[bucket(cutoff_ms.max(first * 1000))] += self.unloaded[0] - counted.min(self.unloaded[0]);
-        self.count_coarse_by_due_time(bucket, &mut counts);
-        Ok(counts)
+        debug_assert!(self.unloaded[0] >= entries, "level 0 counts fewer entries than its slots");
+        debug_assert!(
+            self.cancels.entries[0] >= cancels,
+            "level 0 counts fewer cancel entries than its slots"
+        );
+        let rest = (self.unloaded[0] - entries) as i64 - 2 * (self.cancels.entries[0] - cancels) as i64;
+        net[bucket(cutoff_ms.max(first * 1000))] += rest;
+        self.count_coarse_by_due_time(bucket, &mut net);
+        Ok(carry_cancels_back(net))
     }
 
-    /// Adds the timers of levels 1 and 2 to `counts[bucket(window start)]`.
-    pub(super) fn count_coarse_by_due_time(&self, bucket: impl Fn(u64) -> usize, counts: &mut [u64]) {
+    /// Adds the timers of levels 1 and 2, less their cancel entries' timers,
+    /// to `net[bucket(window start)]`.
+    pub(super) fn count_coarse_by_due_time(&self, bucket: impl Fn(u64) -> usize, net: &mut [i64]) {
         for level in [1, 2] {
             for i in 0..LEVELS[level].slots {
                 let slot = self.slot_counts[slot_index(level, i) as usize];
                 if slot.count > 0 && self.is_live(level, slot.window) {
-                    counts[bucket(window_start(level, slot.window).saturating_mul(1000))] +=
-                        u64::from(slot.count);
+                    net[bucket(window_start(level, slot.window).saturating_mul(1000))] +=
+                        i64::from(slot.count) - 2 * i64::from(slot.cancels);
                 }
             }
         }
     }
+}
+
+/// A cancel entry sits in the slot its timer's second maps to now, which
+/// may be finer than the slot the timer waits in: that coarser window
+/// starts earlier, so an interval that removes more timers than it holds
+/// passes the rest to the one before it.
+pub(super) fn carry_cancels_back(net: Vec<i64>) -> Vec<u64> {
+    let mut counts = vec![0u64; net.len()];
+    let mut carry = 0;
+    for (count, n) in counts.iter_mut().zip(net).rev() {
+        let n = n - carry;
+        carry = (-n).max(0);
+        *count = n.max(0) as u64;
+    }
+    debug_assert_eq!(carry, 0, "more cancel entries than timers they cancel");
+    counts
 }

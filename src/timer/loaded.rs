@@ -10,6 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::timer::Timer;
+use crate::timer::cancels::Cancels;
 
 /// One loaded second.
 struct Second {
@@ -115,19 +116,32 @@ impl Loaded {
         self.seconds.iter().map(Second::remaining).sum()
     }
 
-    /// Adds each loaded timer to `counts[bucket(deliver_at_ms)]`, where
-    /// `bucket` grows with time. A second whose last millisecond is in bucket
-    /// 0 is added whole: a timer kept in a second is due in it or earlier
-    /// (an overdue one indexed late), so in bucket 0 too. Seconds loaded are
-    /// the next few, so a burst of a million timers costs one addition.
-    pub fn count_by_due_time(&self, bucket: impl Fn(u64) -> usize, counts: &mut [u64]) {
+    /// Adds each loaded timer not cancelled to `counts[bucket(deliver_at_ms)]`,
+    /// where `bucket` grows with time. A second whose last millisecond is in
+    /// bucket 0 is added whole, less its share of the cancelled loaded
+    /// timers: a timer kept in a second is due in it or earlier (an overdue
+    /// one indexed late), so in bucket 0 too. Seconds loaded are the next
+    /// few, so a burst of a million timers costs one addition.
+    pub fn count_by_due_time(&self, bucket: impl Fn(u64) -> usize, cancels: &Cancels, counts: &mut [u64]) {
+        let mut cancelled_elsewhere = 0;
         for s in &self.seconds {
             if bucket(s.second * 1000 + 999) == 0 {
                 counts[0] += s.remaining() as u64;
-            } else {
-                s.timers().for_each(|t| counts[bucket(t.deliver_at_ms)] += 1);
+                continue;
+            }
+            for t in s.timers() {
+                match cancels.is_cancelled_loaded(t.message_offset) {
+                    true => cancelled_elsewhere += 1,
+                    false => counts[bucket(t.deliver_at_ms)] += 1,
+                }
             }
         }
+        debug_assert!(cancels.cancelled_loaded >= cancelled_elsewhere, "cancelled loaded timers miscounted");
+        debug_assert!(
+            counts[0] >= cancels.cancelled_loaded - cancelled_elsewhere,
+            "cancelled loaded timers miscounted"
+        );
+        counts[0] -= cancels.cancelled_loaded - cancelled_elsewhere;
     }
 
     #[cfg(test)]

@@ -50,7 +50,7 @@ impl Wheel {
         for (level, l) in LEVELS.iter().enumerate() {
             for i in 0..l.slots {
                 let index = slot_index(level, i);
-                let SlotCount { window, count } = self.slot_counts[index as usize];
+                let SlotCount { window, count, .. } = self.slot_counts[index as usize];
                 if count > 0 && needed(level, window) {
                     let start = self.tails.get(index, window).unwrap_or(1);
                     first[timer_log_of(level)] = first[timer_log_of(level)].min(start);

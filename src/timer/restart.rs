@@ -204,7 +204,7 @@ impl Wheel {
             let (log, end) = (&self.logs[no], ends[no]);
             for i in 0..l.slots {
                 let index = slot_index(level, i);
-                let SlotCount { window, count } = self.slot_counts[index as usize];
+                let SlotCount { window, count, .. } = self.slot_counts[index as usize];
                 if count == 0 || !self.is_live(level, window) {
                     continue;
                 }

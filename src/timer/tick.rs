@@ -49,6 +49,8 @@ pub(crate) enum WheelCommand {
     Progress(u64),
     /// Cancel this timer and answer what became of it.
     Cancel(Timer, Sender<Result<CancelOutcome>>),
+    /// Refresh the gauges and answer: every command sent before this one is handled.
+    Refresh(Sender<()>),
 }
 
 /// What a checkpoint may vouch for on the wheel's behalf, as of its last sync.
@@ -83,6 +85,11 @@ pub(crate) struct WheelShared {
     /// The latest snapshot whose files have been synced, and its counts.
     pub synced: Mutex<(WheelCheckpoint, Arc<SegmentCounts>)>,
     pub stats: Arc<Mutex<TimerStats>>,
+    /// Commands the ticking thread has handled (the front counts those sent).
+    pub handled: AtomicU64,
+    /// The latest progress handled: the wheel holds the timer of every
+    /// timed record below it.
+    pub progress: AtomicU64,
 }
 
 impl WheelShared {
@@ -91,6 +98,8 @@ impl WheelShared {
             to_sync: Mutex::new(None),
             synced: Mutex::new((checkpoint, counts)),
             stats: Arc::new(Mutex::new(TimerStats::new())),
+            handled: AtomicU64::new(0),
+            progress: AtomicU64::new(checkpoint.indexed),
         }
     }
 }
@@ -265,7 +274,7 @@ impl Ticker {
         self.publish_stats()?;
         loop {
             for command in commands.try_iter().take(COMMAND_BATCH) {
-                self.handle(command)?;
+                self.handle_counted(command)?;
             }
             if stop.is_set() && commands.is_empty() {
                 return self.sync();
@@ -290,7 +299,7 @@ impl Ticker {
                 last_reclaim = Instant::now();
             }
             match commands.recv_timeout(self.sleep_for(now_ms)) {
-                Ok(command) => self.handle(command)?,
+                Ok(command) => self.handle_counted(command)?,
                 Err(RecvTimeoutError::Timeout) => {}
                 Err(RecvTimeoutError::Disconnected) => return self.sync(),
             }
@@ -312,6 +321,13 @@ impl Ticker {
         Ok(())
     }
 
+    /// Handles a command, then counts it handled (see `WheelFront::held_below`).
+    fn handle_counted(&mut self, command: WheelCommand) -> Result<()> {
+        let handled = self.handle(command);
+        self.shared.handled.fetch_add(1, Ordering::Release);
+        handled
+    }
+
     fn handle(&mut self, command: WheelCommand) -> Result<()> {
         match command {
             WheelCommand::Insert(timer) => {
@@ -320,6 +336,7 @@ impl Ticker {
             }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
+                self.shared.progress.store(offset, Ordering::Release);
                 // Until the replay is done, the ends stay where it began: the
                 // entries past them are what a restart must not index twice
                 // (see `Wheel::note_preindexed`), and the replay skips some of them.
@@ -339,6 +356,11 @@ impl Ticker {
                 Ok(())
             }
             WheelCommand::Cancel(timer, reply) => self.cancel(timer, reply),
+            WheelCommand::Refresh(reply) => {
+                self.publish_stats()?;
+                let _ = reply.send(());
+                Ok(())
+            }
         }
     }
 

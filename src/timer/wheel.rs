@@ -111,6 +111,8 @@ pub(crate) struct Wheel {
 pub(super) struct SlotCount {
     pub window: u64,
     pub count: u32,
+    /// How many of the `count` entries are cancel entries.
+    pub cancels: u32,
 }
 
 /// The wheel's files a checkpoint syncs.
@@ -198,7 +200,8 @@ impl Wheel {
             for i in 0..l.slots {
                 let index = slot_index(level, i);
                 let slot = self.read_slot(index)?;
-                self.slot_counts[index as usize] = SlotCount { window: slot.window, count: slot.count };
+                self.slot_counts[index as usize] =
+                    SlotCount { window: slot.window, count: slot.count, cancels: slot.cancels };
                 if slot.count > 0 && self.is_live(level, slot.window) {
                     self.unloaded[level] += u64::from(slot.count);
                     self.cancels.entries[level] += u64::from(slot.cancels);
@@ -222,7 +225,8 @@ impl Wheel {
     fn write_slot(&mut self, index: u64, slot: &Slot) {
         let at = slot_position(index) as usize;
         self.file.unpublished_mut(at, SLOT_LEN).copy_from_slice(&slot.encode(index));
-        self.slot_counts[index as usize] = SlotCount { window: slot.window, count: slot.count };
+        self.slot_counts[index as usize] =
+            SlotCount { window: slot.window, count: slot.count, cancels: slot.cancels };
     }
 
     pub(super) fn slot_error(&self, index: u64, why: String) -> Error {

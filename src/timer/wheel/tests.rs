@@ -166,25 +166,25 @@ fn a_slot_reused_after_the_checkpoint_keeps_its_old_chain_readable() {
 /// The plain pass over every level-0 slot and loaded timer that
 /// `pending_by_due_time` shortcuts: its oracle.
 fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<u64> {
-    let mut counts = vec![0u64; bounds_ms.len() + 1];
+    let mut net = vec![0i64; bounds_ms.len() + 1];
     let bucket = |at_ms: u64| bounds_ms.iter().position(|&b| at_ms < b).unwrap_or(bounds_ms.len());
-    for t in w.loaded.timers() {
-        counts[bucket(t.deliver_at_ms)] += 1;
+    for t in w.loaded.timers().filter(|t| !w.cancels.is_cancelled_loaded(t.message_offset)) {
+        net[bucket(t.deliver_at_ms)] += 1;
     }
     if let Some(p) = &w.prefetch {
-        counts[bucket(p.second * 1000)] += p.timers.len() as u64 + u64::from(p.remaining);
+        net[bucket(p.second * 1000)] += (p.timers.len() as u64 + u64::from(p.remaining)) as i64;
     }
     let first = w.loaded_through + 1;
     for sec in first..first + L0_SPAN {
         let slot = w.slot_counts[slot_index(0, sec) as usize];
         let prefetching = w.prefetch.as_ref().is_some_and(|p| p.second == sec);
         if slot.count > 0 && slot.window == sec && !prefetching {
-            counts[bucket(sec * 1000)] += u64::from(slot.count);
+            net[bucket(sec * 1000)] += i64::from(slot.count) - 2 * i64::from(slot.cancels);
         }
     }
     // Levels 1 and 2 are read whole by both.
-    w.count_coarse_by_due_time(bucket, &mut counts);
-    counts
+    w.count_coarse_by_due_time(bucket, &mut net);
+    crate::timer::gauges::carry_cancels_back(net)
 }
 
 #[derive(Debug, Clone)]
@@ -265,11 +265,19 @@ proptest! {
             }
             for horizons in [[5_000, 60_000, 300_000, HOUR, DAY], [500, 1_000, 2_000, 30 * DAY, 20 * YEAR]] {
                 let bounds = horizons.map(|ahead| now + ahead);
-                prop_assert_eq!(
-                    w.pending_by_due_time(&bounds).unwrap(),
-                    pending_by_due_time_scanning_everything(&w, &bounds)
-                );
+                let counts = w.pending_by_due_time(&bounds).unwrap();
+                prop_assert_eq!(&counts, &pending_by_due_time_scanning_everything(&w, &bounds));
+                prop_assert_eq!(counts.iter().sum::<u64>(), w.pending(), "the intervals add up to pending");
             }
+            // Within the hour every count is exact (level 0), cancelled timers left out.
+            let bounds = [5_000, 60_000, 300_000, HOUR, DAY].map(|ahead| now + ahead);
+            let mut within_the_hour = [0u64; 4];
+            for &(at, _) in model.keys() {
+                if let Some(i) = bounds[..4].iter().position(|&b| at < b) {
+                    within_the_hour[i] += 1;
+                }
+            }
+            prop_assert_eq!(&w.pending_by_due_time(&bounds).unwrap()[..4], &within_the_hour[..]);
         }
     }
 }
