@@ -20,11 +20,16 @@ pub(crate) struct CheckpointFile {
     path: PathBuf,
     file: File,
     last: Option<Checkpoint>,
+    /// The valid slots `judge` accepted at open, newest first.
+    candidates: Vec<Checkpoint>,
 }
 
 impl CheckpointFile {
-    /// Opens or creates `path` and reads the newest valid checkpoint in it.
-    pub fn open(path: &Path) -> Result<Self> {
+    /// Opens or creates `path` and reads its valid slots, newest first, each
+    /// one `judge` finds a contradiction in left out (logged with the file,
+    /// the slot and the reason: a damaged checkpoint, not trusted).
+    /// [`last`](Self::last) is the newest left.
+    pub fn open(path: &Path, judge: impl Fn(&Checkpoint) -> Option<String>) -> Result<Self> {
         let existed = path.exists();
         let file = crate::fs::file_options(path)
             .read(true)
@@ -38,15 +43,36 @@ impl CheckpointFile {
             crate::fs::sync_all(&file, path)?;
             sync_parent_dir(path)?;
         }
-        let last = read_newest(&file);
+        let mut candidates = Vec::new();
+        for (position, cp) in read_slots(&file) {
+            match judge(&cp) {
+                None => candidates.push(cp),
+                Some(why) => {
+                    tracing::error!(file = %path.display(), slot = position, sequence = cp.sequence, why,
+                    "a checkpoint slot the store cannot have written: not trusted")
+                }
+            }
+        }
+        candidates.sort_by_key(|cp| std::cmp::Reverse(cp.sequence));
+        let last = candidates.first().copied();
         if existed && last.is_none() {
             tracing::warn!(file = %path.display(), "no valid checkpoint slot, recovering from the start of the log");
         }
-        Ok(Self { path: path.to_path_buf(), file, last })
+        Ok(Self { path: path.to_path_buf(), file, last, candidates })
     }
 
     pub fn last(&self) -> Option<Checkpoint> {
         self.last
+    }
+
+    /// The slots accepted at open, newest first.
+    pub fn candidates(&self) -> &[Checkpoint] {
+        &self.candidates
+    }
+
+    /// Recovery trusts `cp` (one of the candidates, or none: a full replay).
+    pub fn trust(&mut self, cp: Option<Checkpoint>) {
+        self.last = cp;
     }
 
     /// Writes `cp` (its sequence is assigned here) into the older slot and syncs it.
@@ -60,16 +86,16 @@ impl CheckpointFile {
     }
 }
 
-/// Reads both slots of a checkpoint file and returns the newest valid one.
-pub(crate) fn read_newest(file: &File) -> Option<Checkpoint> {
+/// The valid slots of a checkpoint file, with their positions.
+fn read_slots(file: &File) -> Vec<(u64, Checkpoint)> {
     SLOT_POSITIONS
         .iter()
         .filter_map(|&position| {
             let mut slot = [0u8; SLOT_LEN];
             std::os::unix::fs::FileExt::read_exact_at(file, &mut slot, position).ok()?;
-            Checkpoint::decode(&slot)
+            Checkpoint::decode(&slot).map(|cp| (position, cp))
         })
-        .max_by_key(|cp| cp.sequence)
+        .collect()
 }
 
 #[cfg(test)]
@@ -80,17 +106,17 @@ mod tests {
     fn a_torn_slot_falls_back_to_the_previous_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("checkpoint");
-        let mut file = CheckpointFile::open(&path).unwrap();
+        let mut file = CheckpointFile::open(&path, |_| None).unwrap();
         assert_eq!(file.last(), None);
         file.write(Checkpoint { log_durable: 100, ..Default::default() }).unwrap();
         let second = file.write(Checkpoint { log_durable: 200, ..Default::default() }).unwrap();
         assert_eq!(second.sequence, 2);
-        assert_eq!(CheckpointFile::open(&path).unwrap().last().unwrap().log_durable, 200);
+        assert_eq!(CheckpointFile::open(&path, |_| None).unwrap().last().unwrap().log_durable, 200);
 
         // Tear the newest slot (sequence 2 lives in slot 0).
         let raw = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         write_all_at(&raw, &[0xFF; 10], SLOT_POSITIONS[0] + 20).unwrap();
-        let reopened = CheckpointFile::open(&path).unwrap().last().unwrap();
+        let reopened = CheckpointFile::open(&path, |_| None).unwrap().last().unwrap();
         assert_eq!((reopened.sequence, reopened.log_durable), (1, 100));
     }
 }

@@ -8,7 +8,7 @@
 use std::sync::Arc;
 
 use crate::checkpoint::CheckpointFile;
-use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport};
+use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport, files_end, leads_to};
 use crate::config::Config;
 use crate::error::Result;
 use crate::format::layout::Layout;
@@ -23,9 +23,39 @@ pub(crate) struct Recovered {
     pub timers: Restarted,
 }
 
+/// The checkpoint file, trusting the newest slot the store can have written:
+/// nothing in it contradicts itself or the log's files, and its
+/// `dispatched` is where the records from the previous slot's lead (a
+/// record boundary, not a hole). A slot that fails is a damaged checkpoint:
+/// logged, and the previous slot, or a replay of the whole log, is used.
+/// (A lone slot has no previous one to check its `dispatched` against.)
+fn open_checkpoint(config: &Config, layout: &Layout) -> Result<CheckpointFile> {
+    let (dir, size) = (layout.commit_log(), config.segment_size);
+    let end = files_end(&dir, size)?;
+    let mut file = CheckpointFile::open(&layout.checkpoint(), |cp| cp.contradiction(end))?;
+    let slots = file.candidates().to_vec();
+    let mut trusted = None;
+    for (i, cp) in slots.iter().enumerate() {
+        let proven = match slots.get(i + 1) {
+            Some(older) if older.dispatched < cp.dispatched => {
+                leads_to(&dir, size, older.dispatched, cp.dispatched)?
+            }
+            _ => true,
+        };
+        if proven {
+            trusted = Some(*cp);
+            break;
+        }
+        tracing::error!(file = %layout.checkpoint().display(), sequence = cp.sequence, dispatched = cp.dispatched,
+            "a checkpoint whose dispatched offset the log's records do not lead to: not trusted");
+    }
+    file.trust(trusted);
+    Ok(file)
+}
+
 /// Recovers the commit log and decides where the indexes resume.
 pub(crate) fn recover(config: &Config, layout: &Layout) -> Result<Recovered> {
-    let checkpoint = CheckpointFile::open(&layout.checkpoint())?;
+    let checkpoint = open_checkpoint(config, layout)?;
     let last = checkpoint.last();
     let resume_at = layout.resume_point(last);
     let plan = RecoveryPlan {

@@ -8,7 +8,8 @@ use std::path::{Path, PathBuf};
 use std::time::Duration;
 
 use common::*;
-use delaywheel::{Config, CorruptionKind, Error, Message, RecoveryMode, Store};
+use delaywheel::internals::checkpoint::Checkpoint;
+use delaywheel::{Config, CorruptionKind, Error, ManualClock, Message, RecoveryMode, Store};
 
 const SEG: u64 = 64 * 1024;
 
@@ -456,4 +457,77 @@ fn a_failed_write_of_the_segment_counts_still_checkpoints() {
     store.close().expect("the counts are an index: closing does not fail for them");
     let reopened = Store::open(no_periodic_flush(dir.path())).unwrap();
     assert_eq!(reopened.recovery_report().scanned_bytes, 0, "the clean close was checkpointed");
+}
+
+/// Writes, over the older slot, a checkpoint with a valid checksum made from
+/// the newest by `lie`, with the next sequence: what recovery reads first.
+fn plant_lying_checkpoint(dir: &Path, lie: impl FnOnce(&mut Checkpoint)) -> Checkpoint {
+    use delaywheel::internals::checkpoint::SLOT_POSITIONS;
+    let path = dir.join("checkpoint");
+    let bytes = std::fs::read(&path).unwrap();
+    let slots = SLOT_POSITIONS.map(|at| Checkpoint::decode(&bytes[at as usize..]));
+    let newest = slots.iter().flatten().max_by_key(|cp| cp.sequence).copied().expect("a checkpoint");
+    let older_position = SLOT_POSITIONS[((newest.sequence + 1) % 2) as usize];
+    let mut liar = Checkpoint { sequence: newest.sequence + 1, ..newest };
+    lie(&mut liar);
+    patch(&path, older_position, |b| b[..liar.encode().len()].copy_from_slice(&liar.encode()));
+    newest
+}
+
+/// A store closed with 30 plain messages and a timer due in ten minutes.
+fn closed_store_with_a_timer(dir: &Path, clock: &ManualClock) {
+    let store = store_at(dir, clock);
+    put_numbered(&store, "T", 0..30);
+    store.put(Message::new("T", "timer").deliver_at_ms(T0 + 600_000)).unwrap();
+    store.close().unwrap();
+}
+
+/// Every message once (the 30, then `more`), the timer at its time: what a
+/// lying checkpoint must not change.
+fn delivers_everything_once(store: &Store, clock: &ManualClock, more: &[&str]) {
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let want: Vec<String> = numbered(0..30).into_iter().chain(more.iter().map(|s| s.to_string())).collect();
+    assert_eq!(bodies(&drain_idle(&mut consumer, want.len() + 1, Duration::from_millis(500))), want);
+    clock.set_ms(T0 + 600_000);
+    assert_eq!(bodies(&drain(&mut consumer, 2)), ["timer"]);
+}
+
+#[test]
+fn a_checkpoint_naming_offsets_past_the_log_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    closed_store_with_a_timer(dir.path(), &clock);
+    plant_lying_checkpoint(dir.path(), |cp| {
+        cp.log_durable = 100 * SEG;
+        cp.dispatched = 100 * SEG;
+    });
+    let store = store_at(dir.path(), &clock);
+    delivers_everything_once(&store, &clock, &[]);
+}
+
+#[test]
+fn a_checkpoint_whose_dispatched_no_record_leads_to_leaves_no_hole() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    closed_store_with_a_timer(dir.path(), &clock);
+    let real = plant_lying_checkpoint(dir.path(), |cp| {
+        cp.clean = false;
+        cp.log_durable += 100;
+        cp.dispatched = cp.log_durable;
+    });
+    let store = store_at(dir.path(), &clock);
+    assert_eq!(store.recovery_report().end, real.log_durable, "the log ends where its records end");
+    let next = store.put(Message::new("T", "after")).unwrap();
+    assert_eq!(next.offset(), real.log_durable, "appended with no hole before it");
+    delivers_everything_once(&store, &clock, &["after"]);
+}
+
+#[test]
+fn a_checkpoint_whose_tick_second_is_ahead_of_its_time_is_not_trusted() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    closed_store_with_a_timer(dir.path(), &clock);
+    plant_lying_checkpoint(dir.path(), |cp| cp.tick_second += 3_600);
+    let store = store_at(dir.path(), &clock);
+    delivers_everything_once(&store, &clock, &[]);
 }

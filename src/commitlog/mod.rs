@@ -38,23 +38,10 @@ enum Verify {
     HeaderOnly,
 }
 pub(crate) use reader::LogReader;
-pub(crate) use recovery::RecoveryPlan;
 pub use recovery::RecoveryReport;
+pub(crate) use recovery::{RecoveryPlan, files_end, leads_to};
 
-/// Where the record at or after `offset` starts: an offset inside a segment's
-/// header moves past it, and the few bytes at the end of a segment that cannot
-/// hold a record header are skipped (the next record starts the next segment).
-pub(crate) fn normalize(offset: u64, segment_size: u64) -> u64 {
-    let local = offset % segment_size;
-    let base = offset - local;
-    if local < FILE_HEADER_LEN as u64 {
-        base + FILE_HEADER_LEN as u64
-    } else if segment_size - local < RECORD_HEADER_LEN as u64 {
-        base + segment_size + FILE_HEADER_LEN as u64
-    } else {
-        offset
-    }
-}
+pub(crate) use crate::format::record::record_start as normalize;
 
 /// The segments by base offset, oldest first.
 type SegmentList = Vec<(u64, Arc<Mapped>)>;

@@ -146,6 +146,47 @@ fn start_fresh(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Recovered> 
     Ok(Recovered { segments, tail, tail_base: 0, end: header, report })
 }
 
+/// Where the log's files end: past the last segment on disk (the first
+/// record of a segment not made yet, which a checkpoint may name), or at
+/// the first record of segment 0 if there is none.
+pub(crate) fn files_end(dir: &Path, size: u64) -> Result<u64> {
+    let header = FILE_HEADER_LEN as u64;
+    if !dir.is_dir() {
+        return Ok(header);
+    }
+    Ok(list_segments(dir, size)?.last().map_or(header, |&last| last + size + header))
+}
+
+/// Whether the records from `from` on, stepped over by their lengths, lead
+/// exactly to `to`: a checkpoint's `dispatched` is a record boundary the
+/// log reaches, which the previous checkpoint's proves. Only frame headers
+/// are checked: a record whose body is damaged is still a step (recovery and
+/// the readers judge it), where a failed checksum here would throw away a
+/// checkpoint that is right.
+pub(crate) fn leads_to(dir: &Path, size: u64, from: u64, to: u64) -> Result<bool> {
+    let mut writers = BTreeMap::new();
+    let (mut at, to) = (super::normalize(from, size), super::normalize(to, size));
+    while at < to {
+        let base = at - at % size;
+        let writer = match writers.entry(base) {
+            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::btree_map::Entry::Vacant(e) => {
+                if !segment::segment_path(dir, base).exists() {
+                    return Ok(false);
+                }
+                e.insert(segment::open(dir, base, size)?)
+            }
+        };
+        let local = (at - base) as usize;
+        match check_header(writer.view(local, size as usize - local)) {
+            Ok(frame) if frame.kind == RecordKind::Padding => at = base + size + FILE_HEADER_LEN as u64,
+            Ok(frame) => at = super::normalize(at + frame.len as u64, size),
+            Err(_) => return Ok(false),
+        }
+    }
+    Ok(at == to)
+}
+
 /// Segment bases in order, checked to be contiguous; leftover `.tmp` files from
 /// an interrupted segment creation are removed (they never held a record).
 fn list_segments(dir: &Path, size: u64) -> Result<Vec<u64>> {

@@ -59,6 +59,39 @@ pub struct Checkpoint {
 }
 
 impl Checkpoint {
+    /// Why the store cannot have written this checkpoint, naming the field;
+    /// `None` if nothing contradicts it. `files_end` is where the commit
+    /// log's files end (past the last segment). A writer keeps `dispatched`
+    /// and the delivery scan at or below the durable mark, the durable mark
+    /// within the log's files, and the tick second at most two seconds past
+    /// the clock when it writes (the wheel loads the next second while the
+    /// current one runs, and its tick second is the one after the last
+    /// loaded; a clock moved back between them is the one honest way to
+    /// break that, and it costs a replay of the whole log).
+    pub fn contradiction(&self, files_end: u64) -> Option<String> {
+        if self.log_durable > files_end {
+            return Some(format!(
+                "log durable {} lies past the log's files (they end at {files_end})",
+                self.log_durable
+            ));
+        }
+        if self.dispatched > self.log_durable {
+            return Some(format!(
+                "dispatched {} lies past log durable {}",
+                self.dispatched, self.log_durable
+            ));
+        }
+        if self.delivery_scan_from > self.log_durable {
+            let (from, durable) = (self.delivery_scan_from, self.log_durable);
+            return Some(format!("delivery scan from {from} lies past log durable {durable}"));
+        }
+        if self.tick_second > self.written_at_ms / 1000 + 2 {
+            let (tick, at) = (self.tick_second, self.written_at_ms);
+            return Some(format!("tick second {tick} lies after the time it was written ({at} ms)"));
+        }
+        None
+    }
+
     /// The slot's 96 bytes, CRC included.
     pub fn encode(&self) -> [u8; SLOT_LEN] {
         let mut out = [0u8; SLOT_LEN];

@@ -6,7 +6,7 @@
 //! `wheel-format.md` ("Commit log records") is the byte ruler.
 
 use crate::error::CorruptionKind;
-use crate::format::{crc_at, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
+use crate::format::{FILE_HEADER_LEN, crc_at, get_u16, get_u32, get_u64, put_u16, put_u32, put_u64};
 
 /// Bytes in every record's frame header.
 pub const RECORD_HEADER_LEN: usize = 12;
@@ -107,6 +107,23 @@ pub fn check_frame(bytes: &[u8], offset: u64) -> Result<Frame, FrameError> {
         return Err(FrameError::Invalid(CorruptionKind::ChecksumMismatch { stored, computed }));
     }
     Ok(frame)
+}
+
+/// Where the record at or after log offset `offset` starts: an offset
+/// inside a segment's header moves past it, and the few bytes at the end of
+/// a segment that cannot hold a record header are skipped (the next record
+/// starts the next segment). A log end, a durable mark or a checkpoint's
+/// offsets compare equal once both sides went through this.
+pub fn record_start(offset: u64, segment_size: u64) -> u64 {
+    let local = offset % segment_size;
+    let base = offset - local;
+    if local < FILE_HEADER_LEN as u64 {
+        base + FILE_HEADER_LEN as u64
+    } else if segment_size - local < RECORD_HEADER_LEN as u64 {
+        base + segment_size + FILE_HEADER_LEN as u64
+    } else {
+        offset
+    }
 }
 
 /// Checks the CRC of a record whose frame header was already checked.

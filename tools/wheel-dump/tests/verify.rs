@@ -163,3 +163,28 @@ fn a_huge_slot_count_is_named_not_allocated() {
     assert_eq!(offsets, [h.a, h.b, h.d], "a and b were delivered before; d, due at T0 + 2 h, now");
     store.health().unwrap();
 }
+
+/// A clean close whose log ends in the last bytes of a segment (too few for
+/// a record header, so the next record starts the next segment) is no
+/// problem: the checkpoint's end and the log's are the same place.
+#[test]
+fn a_clean_close_in_the_last_bytes_of_a_segment_passes() {
+    use delaywheel::{ManualClock, Message, Store};
+    const SEGMENT: u64 = 64 * 1024;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    let put = |len: u64| store.put(Message::new(TOPIC, vec![7u8; len as usize])).unwrap().offset();
+    let first = put(100);
+    let fixed = put(100) - first - 100;
+    let mut next = first + 2 * (fixed + 100);
+    let target = SEGMENT - 6;
+    while target - next > 8_000 + fixed {
+        assert_eq!(put(8_000), next);
+        next += fixed + 8_000;
+    }
+    assert_eq!(put(target - next - fixed), next);
+    store.close().unwrap();
+    let out = dump(dir.path(), &["verify", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+}
