@@ -70,16 +70,15 @@ fn wait_caught_up(store: &Store, deadline: Instant, waiting: Waiting) -> Result<
     Ok(Instant::now())
 }
 
-/// Stats refreshed at least twice after the call (the wheel's gauges lag by up to a second).
+/// Exact stats ([`Store::fresh_stats`]: everything put is indexed and the
+/// wheel's gauges are refreshed), retried until `deadline`.
 fn fresh_stats(store: &Store, deadline: Instant, waiting: Waiting) -> Result<Stats, Failure> {
-    let since = store.stats().refreshes;
     loop {
-        let stats = store.stats();
-        if stats.refreshes >= since + 2 {
-            return Ok(stats);
+        match store.fresh_stats() {
+            Ok(stats) => return Ok(stats),
+            Err(delaywheel::Error::Busy { .. }) => still_working(store, deadline, waiting)?,
+            Err(e) => return Err(e.into()),
         }
-        still_working(store, deadline, waiting)?;
-        std::thread::sleep(Duration::from_millis(20));
     }
 }
 

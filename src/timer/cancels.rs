@@ -195,6 +195,8 @@ impl Wheel {
                 self.append_to_slot(0, sec, timer, true)?;
                 if let Some(prefetch) = &mut self.prefetch {
                     prefetch.cancels.insert(offset);
+                    debug_assert!(prefetch.held > 0, "a cancel of a timer the prefetch does not hold");
+                    prefetch.held -= 1;
                 }
                 self.cancels.cancelled.insert(offset);
             }

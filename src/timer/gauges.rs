@@ -14,13 +14,14 @@ impl Wheel {
     /// Pending timers per wheel level (level 0 includes the loaded seconds). A
     /// cancel not yet applied is subtracted from the level its entry is on.
     pub fn pending_per_level(&self) -> [u64; LEVEL_COUNT] {
-        let mut counts = net_pending(self.unloaded, self.cancels.entries);
+        // The second being read in counts as the unloaded slot it was: its
+        // cancel entries are still among the level's until it is loaded.
+        let mut entries = self.unloaded;
+        entries[0] += self.prefetch.as_ref().map_or(0, |p| u64::from(p.held));
+        let mut counts = net_pending(entries, self.cancels.entries);
         let (loaded, cancelled) = (self.loaded.pending() as u64, self.cancels.cancelled_loaded);
         debug_assert!(loaded >= cancelled, "{cancelled} cancelled of {loaded} loaded timers");
         counts[0] += loaded - cancelled.min(loaded);
-        if let Some(prefetch) = &self.prefetch {
-            counts[0] += prefetch.timers.len() as u64 + u64::from(prefetch.remaining);
-        }
         counts
     }
 
@@ -45,8 +46,10 @@ impl Wheel {
         let mut loaded = vec![0u64; net.len()];
         self.loaded.count_by_due_time(bucket, &self.cancels, &mut loaded);
         net.iter_mut().zip(&loaded).for_each(|(n, &l)| *n += l as i64);
+        // The second being read in, as the unloaded slot it was.
+        let prefetch_cancels = self.prefetch.as_ref().map_or(0, |p| u64::from(p.cancel_entries));
         if let Some(p) = &self.prefetch {
-            net[bucket(p.second * 1000)] += (p.timers.len() as u64 + u64::from(p.remaining)) as i64;
+            net[bucket(p.second * 1000)] += i64::from(p.held) - 2 * i64::from(p.cancel_entries);
         }
         let first = self.loaded_through + 1;
         let span_end_ms = (first + L0_SPAN).saturating_mul(1000);
@@ -62,6 +65,7 @@ impl Wheel {
         }
         // No bound lies between the cutoff and the end of the span.
         debug_assert!(self.unloaded[0] >= entries, "level 0 counts fewer entries than its slots");
+        let cancels = cancels + prefetch_cancels;
         debug_assert!(
             self.cancels.entries[0] >= cancels,
             "level 0 counts fewer cancel entries than its slots"

@@ -280,9 +280,7 @@ impl Ticker {
                 return self.sync();
             }
             let now_ms = self.clock.now_ms();
-            if self.deliver && self.indexed >= self.replay_end {
-                self.deliver_due(now_ms)?;
-            }
+            self.deliver_or_load(now_ms)?;
             // Sync only with nothing due: every timer indexed so far is then
             // either delivered or in a slot the next open reloads.
             let nothing_due = self.wheel.next_due_ms().is_none_or(|due| due > now_ms);
@@ -357,6 +355,7 @@ impl Ticker {
             }
             WheelCommand::Cancel(timer, reply) => self.cancel(timer, reply),
             WheelCommand::Refresh(reply) => {
+                self.deliver_or_load(self.clock.now_ms())?;
                 self.publish_stats()?;
                 let _ = reply.send(());
                 Ok(())
@@ -431,8 +430,22 @@ impl Ticker {
             return Duration::ZERO;
         }
         let next_second = (now_ms / 1000 + 1) * 1000;
-        let next = self.wheel.next_due_ms().map_or(next_second, |due| due.min(next_second));
+        // Without delivery, a due timer waits for nothing: the next second's loading.
+        let due = self.wheel.next_due_ms().filter(|_| self.deliver);
+        let next = due.map_or(next_second, |due| due.min(next_second));
         Duration::from_millis(next.saturating_sub(now_ms)).min(MAX_SLEEP)
+    }
+
+    /// Once the replay is done: delivers what is due, or, in a store opened
+    /// without delivery, loads it (so the counts leave out what fired).
+    fn deliver_or_load(&mut self, now_ms: u64) -> Result<()> {
+        if self.indexed < self.replay_end {
+            return Ok(());
+        }
+        match self.deliver {
+            true => self.deliver_due(now_ms),
+            false => self.wheel.load_without_delivering(now_ms, self.log.write_end()),
+        }
     }
 
     /// Delivers every timer due at `now_ms`: one delivery record each.

@@ -61,6 +61,10 @@ pub(super) struct Prefetch {
     pub cancels: HashSet<u64>,
     /// Cancel entries the slot record counts.
     pub cancel_entries: u32,
+    /// The slot's entries still counted (with its cancel entries, as an
+    /// unloaded slot is): its count, less the settled timers the read
+    /// skipped, plus timers indexed into it since, less cancels made since.
+    pub held: u32,
 }
 
 /// The wheel: slots, timer logs, and the loaded seconds' timers in memory.
@@ -259,6 +263,7 @@ impl Wheel {
         {
             // The walk started below this entry, so it is not read twice.
             prefetch.timers.push(timer);
+            prefetch.held += 1;
             return self.append_to_slot(0, sec, timer, false).map(|()| true);
         }
         let (level, window) = self.place(sec).expect("a second not yet loaded");
@@ -386,6 +391,17 @@ impl Wheel {
         }
     }
 
+    /// Loads what [`tick`](Self::tick) would, handing nothing out: a store
+    /// opened without delivery (`delaywheel recover`) reads the seconds it
+    /// resumes at, so the timers the recovery scan found fired are dropped
+    /// from the counts as loading drops them.
+    pub fn load_without_delivering(&mut self, now_ms: u64, mark: u64) -> Result<()> {
+        self.last_mark = mark;
+        self.advance(now_ms / 1000, mark)?;
+        self.restart.note_loaded_through(self.loaded_through);
+        Ok(())
+    }
+
     /// Moves the loaded timers due at `now_ms` to `out` (up to
     /// [`MAX_PER_TICK`]), dropping cancelled ones and second copies. Returns
     /// whether it took any.
@@ -495,6 +511,7 @@ impl Wheel {
                 timers: Vec::with_capacity((slot.count as usize).min(PREFETCH_CAPACITY)),
                 cancels: HashSet::new(),
                 cancel_entries: slot.cancels,
+                held: slot.count,
             });
         } else {
             self.loaded_through = s;
@@ -516,6 +533,9 @@ impl Wheel {
                 prefetch
                     .timers
                     .push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
+            } else {
+                debug_assert!(prefetch.held > 0, "a prefetch holds fewer entries than it skipped");
+                prefetch.held -= 1;
             }
             prefetch.cursor = entry.prev;
             prefetch.remaining -= 1;

@@ -172,7 +172,7 @@ fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<
         net[bucket(t.deliver_at_ms)] += 1;
     }
     if let Some(p) = &w.prefetch {
-        net[bucket(p.second * 1000)] += (p.timers.len() as u64 + u64::from(p.remaining)) as i64;
+        net[bucket(p.second * 1000)] += i64::from(p.held) - 2 * i64::from(p.cancel_entries);
     }
     let first = w.loaded_through + 1;
     for sec in first..first + L0_SPAN {
