@@ -24,8 +24,11 @@
 //! which are audited like the others by the delivery and cancel records of
 //! the retained log (relocated cancels count as cancel records). Such a timer
 //! that is neither delivered, cancelled nor pending, and was due before the
-//! time of the oldest retained record, fired and its delivery record was
-//! deleted with its segment: **reclaimed**, not lost. The store rebuilding
+//! time of the oldest retained record (give or take [`GRACE_MS`]: a record's
+//! time is read from the clock before it is appended, so a put racing a
+//! delivery may carry an earlier time than the delivery record before it),
+//! fired and its delivery record was deleted with its segment:
+//! **reclaimed**, not lost. The store rebuilding
 //! its wheel (no checkpoint to resume from) indexes only the copies due at or
 //! after the checkpoint's tick second, so only those are pending then.
 //! Two delivery records naming a message retention deleted still make a
@@ -196,7 +199,7 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
         } {
             a.counts.pending += 1;
             a.relocated_pending += u64::from(is_relocated);
-        } else if is_relocated && m.deliver_at_ms < oldest_time_ms {
+        } else if is_relocated && m.deliver_at_ms < oldest_time_ms.saturating_add(GRACE_MS) {
             a.counts.reclaimed += 1;
         } else if m.deliver_at_ms.saturating_add(GRACE_MS) < a.reference_ms {
             a.counts.lost += 1;
