@@ -57,30 +57,11 @@ struct Put {
     cancelled_by: Option<u64>,
 }
 
-/// A tiny deterministic generator for the workload (splitmix64).
-struct Rng(u64);
-
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
-}
-
-/// Runs the workload until the recording freezes; returns what was acknowledged,
-/// the frozen state, and the clock's time once the crash was noticed.
 fn workload(dir: &Path, mode: FlushMode, crash_at: u64, seed: u64) -> (Vec<Put>, Arc<Frozen>, u64) {
     let recording = Recording::arm(dir, crash_at);
     let clock = ManualClock::new(T0);
     let store = Store::open(config(dir, &clock, mode)).unwrap();
-    let mut rng = Rng(seed);
+    let mut rng = fastrand::Rng::with_seed(seed);
     let mut puts: Vec<Put> = Vec::new();
     let frozen = loop {
         if let Some(frozen) = recording.frozen() {
@@ -89,11 +70,11 @@ fn workload(dir: &Path, mode: FlushMode, crash_at: u64, seed: u64) -> (Vec<Put>,
         assert!(puts.len() < 200_000, "the crash point {crash_at} was never reached");
         let id = puts.len() as u64;
         let now = clock.now_ms();
-        let deliver_at_ms = match rng.below(10) {
+        let deliver_at_ms = match rng.u64(..10) {
             0 => None,
-            1 => Some(now + 3 * 86_400_000 + rng.below(86_400_000)),
-            2 => Some(now + 5 * 365 * 86_400_000 + rng.below(86_400_000)),
-            _ => Some(now + rng.below(3_000)),
+            1 => Some(now + 3 * 86_400_000 + rng.u64(..86_400_000)),
+            2 => Some(now + 5 * 365 * 86_400_000 + rng.u64(..86_400_000)),
+            _ => Some(now + rng.u64(..3_000)),
         };
         let mut message = Message::new(TOPIC, id.to_le_bytes().to_vec());
         if let Some(at) = deliver_at_ms {
@@ -102,14 +83,14 @@ fn workload(dir: &Path, mode: FlushMode, crash_at: u64, seed: u64) -> (Vec<Put>,
         let Ok(receipt) = store.put(message) else { continue };
         let end = receipt.offset() + (MESSAGE_FIXED_LEN + TOPIC.len() + 8) as u64;
         puts.push(Put { deliver_at_ms, end, acked_by: recording.events(), cancelled_by: None });
-        if let Some(handle) = receipt.handle().filter(|_| rng.below(6) == 0)
+        if let Some(handle) = receipt.handle().filter(|_| rng.u64(..6) == 0)
             && store.cancel(handle).is_ok_and(|o| o == CancelOutcome::Cancelled)
         {
             puts.last_mut().expect("just pushed").cancelled_by = Some(recording.events());
         }
-        if rng.below(4) == 0 {
-            clock.advance_ms(rng.below(400));
-            std::thread::sleep(Duration::from_micros(rng.below(2_000)));
+        if rng.u64(..4) == 0 {
+            clock.advance_ms(rng.u64(..400));
+            std::thread::sleep(Duration::from_micros(rng.u64(..2_000)));
         }
     };
     let crashed_at_ms = clock.now_ms();
@@ -206,16 +187,16 @@ fn run(mode: FlushMode) {
     let crashes = env_or("DELAYWHEEL_POWER_LOSS_CRASHES", 3);
     let images = env_or("DELAYWHEEL_POWER_LOSS_IMAGES", 2);
     let seed = env_or("DELAYWHEEL_POWER_LOSS_SEED", 0x5EED);
-    let mut rng = Rng(seed ^ mode as u64);
+    let mut rng = fastrand::Rng::with_seed(seed ^ mode as u64);
     let mut checked = 0;
     for crash in 0..crashes {
-        let crash_at = 20 + rng.below(400);
+        let crash_at = 20 + rng.u64(..400);
         let dir = tempfile::tempdir().unwrap();
-        let workload_seed = rng.next();
+        let workload_seed = rng.u64(..);
         let (puts, frozen, crashed_at_ms) = workload(dir.path(), mode, crash_at, workload_seed);
         for i in 0..images {
             let image = tempfile::tempdir().unwrap();
-            let image_seed = rng.next();
+            let image_seed = rng.u64(..);
             frozen.write_image(image.path(), image_seed, WRITEBACK).unwrap();
             if std::env::var_os("DELAYWHEEL_POWER_LOSS_KEEP").is_some() {
                 // The image as the power loss left it, for a look with wheel-dump.
