@@ -41,7 +41,8 @@ pub(crate) fn create_store_dir(dir: &Path, mode: u32) -> Result<()> {
         }
         match std::fs::DirBuilder::new().mode(mode).create(dir) {
             Ok(()) => sync_parent_dir(dir)?,
-            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+            // Made meanwhile by another opener; a file of that name is refused.
+            Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists && dir.is_dir() => {}
             Err(e) => return Err(Error::io("create directory", dir, e)),
         }
     }

@@ -161,3 +161,15 @@ fn without_a_key_sealing_is_refused() {
     let handle = Handle { offset: 0, deliver_at_ms: T0 };
     assert!(store.seal(handle).unwrap_err().to_string().contains("handle key"));
 }
+
+#[test]
+fn a_file_where_the_store_directory_should_be_is_refused_and_left_alone() {
+    let parent = tempfile::tempdir().unwrap();
+    let file = parent.path().join("store");
+    std::fs::write(&file, b"not a store").unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let err = Store::open(small_config(&file)).err().expect("refused").to_string();
+    assert!(err.contains(&file.display().to_string()), "{err}");
+    let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+    assert_eq!((mode, std::fs::read(&file).unwrap()), (0o644, b"not a store".to_vec()), "{err}");
+}
