@@ -448,15 +448,20 @@ impl Ticker {
         }
     }
 
-    /// Delivers every timer due at `now_ms`: one delivery record each.
+    /// Delivers every timer due at `now_ms`: one delivery record each. Each
+    /// second's timers are checked against their records as it is loaded
+    /// (see [`retain_checked`]), before they are due, so a hot second's
+    /// delivery does not wait on a million random reads.
     fn deliver_due(&mut self, now_ms: u64) -> Result<()> {
         let due = {
             let _span = tracing::trace_span!("tick", now_ms).entered();
-            self.wheel.tick(now_ms, self.log.write_end())?
+            let mark = self.log.write_end();
+            let (reader, quarantined, counts) = (&mut self.reader, &self.quarantined, &mut self.counts);
+            let mut check = |timers: &mut Vec<Timer>| retain_checked(timers, reader, quarantined, counts);
+            self.wheel.tick_checked(now_ms, mark, &mut check)?
         };
         if !due.is_empty() {
             let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
-            let due = self.checked(due);
             let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
             for timer in &due {
                 self.log.append_reserved(DELIVERY_LEN, |buf, offset| {
@@ -469,47 +474,6 @@ impl Ticker {
             self.wake_indexers();
         }
         Ok(())
-    }
-
-    /// The due timers whose record is the timed message they name, due when
-    /// they say, its checksum checked: a timer is never delivered for a
-    /// damaged message or for another record at its offset. Each one left out
-    /// is logged with its file and offset and counted (`Stats::quarantined`);
-    /// it is not delivered, now or after a restart (where it is checked again).
-    fn checked(&mut self, due: Vec<Timer>) -> Vec<Timer> {
-        // The messages lie anywhere in the log: load them all before reading any.
-        let touched = due.iter().fold(0u8, |acc, t| acc ^ self.reader.touch(t.message_offset));
-        std::hint::black_box(touched);
-        let mut out = Vec::with_capacity(due.len());
-        for timer in due {
-            let found = self.reader.visit_checked(timer.message_offset, |at, kind, bytes| {
-                at == timer.message_offset
-                    && kind == RecordKind::Message
-                    && MessageView::parse(bytes)
-                        .is_ok_and(|v| v.timer_deliver_at_ms() == Some(timer.deliver_at_ms))
-            });
-            match found {
-                Ok((true, _)) => out.push(timer),
-                Ok((false, _)) => {
-                    let why = format!("is not a timed message due at {}", timer.deliver_at_ms);
-                    self.quarantine(timer, &why);
-                }
-                Err(e) => self.quarantine(timer, &e.to_string()),
-            }
-        }
-        self.reader.release();
-        out
-    }
-
-    fn quarantine(&mut self, timer: Timer, why: &str) {
-        tracing::error!(
-            message = timer.message_offset,
-            deliver_at_ms = timer.deliver_at_ms,
-            why,
-            "a due timer's record does not check out: not delivered"
-        );
-        self.quarantined.fetch_add(1, Ordering::Relaxed);
-        self.counts.settled(timer.message_offset);
     }
 
     /// Records were appended: the dispatcher indexes them (in sync mode once
@@ -577,4 +541,43 @@ impl Ticker {
         stats.refreshes += 1;
         Ok(())
     }
+}
+
+/// Keeps the timers whose record is the timed message they name, due when
+/// they say, its checksum checked: a timer is never delivered for a damaged
+/// message or for another record at its offset. Each one left out is logged
+/// with its file and offset and counted (`Stats::quarantined`); it is not
+/// delivered, now or after a restart (where it is checked again).
+fn retain_checked(
+    timers: &mut Vec<Timer>,
+    reader: &mut LogReader,
+    quarantined: &AtomicU64,
+    counts: &mut SegmentCounts,
+) {
+    // The messages lie anywhere in the log: load them all before reading any.
+    let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
+    std::hint::black_box(touched);
+    timers.retain(|timer| {
+        let found = reader.visit_checked(timer.message_offset, |at, kind, bytes| {
+            at == timer.message_offset
+                && kind == RecordKind::Message
+                && MessageView::parse(bytes)
+                    .is_ok_and(|v| v.timer_deliver_at_ms() == Some(timer.deliver_at_ms))
+        });
+        let why = match found {
+            Ok((true, _)) => return true,
+            Ok((false, _)) => format!("is not a timed message due at {}", timer.deliver_at_ms),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(
+            message = timer.message_offset,
+            deliver_at_ms = timer.deliver_at_ms,
+            why,
+            "a timer's record does not check out: it will not be delivered"
+        );
+        quarantined.fetch_add(1, Ordering::Relaxed);
+        counts.settled(timer.message_offset);
+        false
+    });
+    reader.release();
 }

@@ -50,6 +50,9 @@ const PREFETCH_CAPACITY: usize = 65_536;
 /// Timers handed out by one `tick` at most, so the caller can interleave other work.
 const MAX_PER_TICK: usize = 65_536;
 
+/// What [`Wheel::tick_checked`] runs over a second's timers as it is loaded.
+pub(crate) type Check<'a> = &'a mut dyn FnMut(&mut Vec<Timer>);
+
 /// A level-0 slot being read into memory, a bounded number of entries per tick.
 pub(super) struct Prefetch {
     pub second: u64,
@@ -65,6 +68,8 @@ pub(super) struct Prefetch {
     /// unloaded slot is): its count, less the settled timers the read
     /// skipped, plus timers indexed into it since, less cancels made since.
     pub held: u32,
+    /// How many of `timers` the loading check has seen.
+    pub checked: usize,
 }
 
 /// The wheel: slots, timer logs, and the loaded seconds' timers in memory.
@@ -371,16 +376,26 @@ impl Wheel {
         Ok(())
     }
 
+    /// [`tick_checked`](Self::tick_checked) with nothing to check (the unit tests).
+    #[cfg(test)]
+    pub fn tick(&mut self, now_ms: u64, mark: u64) -> Result<Vec<Timer>> {
+        self.tick_checked(now_ms, mark, &mut |_| {})
+    }
+
     /// The pure step: loads slots up to one second past `now_ms` (the prefetch,
     /// spread over calls) and returns the timers due at or before `now_ms`, in
     /// (deliver time, commit-log offset) order, at most [`MAX_PER_TICK`] per
     /// call. Never returns a timer early. `mark` is the caller's current mark
-    /// (the commit-log end): seconds loaded now remember it.
-    pub fn tick(&mut self, now_ms: u64, mark: u64) -> Result<Vec<Timer>> {
+    /// (the commit-log end): seconds loaded now remember it. `check` runs
+    /// over each second's timers as the second is loaded (before any of them
+    /// is due) and removes those it does not vouch for; timers indexed into a
+    /// second already loaded or being read in come from the dispatcher, which
+    /// checked their records.
+    pub fn tick_checked(&mut self, now_ms: u64, mark: u64, check: Check<'_>) -> Result<Vec<Timer>> {
         self.last_mark = mark;
         let mut out = Vec::new();
         loop {
-            self.advance(now_ms / 1000, mark)?;
+            self.advance(now_ms / 1000, mark, check)?;
             let popped = self.pop_due(now_ms, &mut out);
             // Popping may have made room to load the next seconds.
             if !popped || out.len() >= MAX_PER_TICK {
@@ -397,7 +412,7 @@ impl Wheel {
     /// from the counts as loading drops them.
     pub fn load_without_delivering(&mut self, now_ms: u64, mark: u64) -> Result<()> {
         self.last_mark = mark;
-        self.advance(now_ms / 1000, mark)?;
+        self.advance(now_ms / 1000, mark, &mut |_| {})?;
         self.restart.note_loaded_through(self.loaded_through);
         Ok(())
     }
@@ -431,10 +446,10 @@ impl Wheel {
     /// Loads level-0 slots up to `now_sec + 1`, cascading coarser windows on the
     /// way and skipping stretches where level 0 is empty. A second not yet due
     /// is read [`PREFETCH_BUDGET`] entries per call; a due one is read at once.
-    fn advance(&mut self, now_sec: u64, mark: u64) -> Result<()> {
+    fn advance(&mut self, now_sec: u64, mark: u64, check: Check<'_>) -> Result<()> {
         loop {
             if let Some(prefetch) = self.prefetch.take() {
-                if !self.continue_prefetch(prefetch, now_sec, mark)? {
+                if !self.continue_prefetch(prefetch, now_sec, mark, check)? {
                     return Ok(());
                 }
                 continue;
@@ -451,9 +466,24 @@ impl Wheel {
 
     /// Reads on in the second being prefetched; once it is read whole, it
     /// is loaded. Returns `false` if the budget ran out first.
-    fn continue_prefetch(&mut self, mut prefetch: Prefetch, now_sec: u64, mark: u64) -> Result<bool> {
+    fn continue_prefetch(
+        &mut self,
+        mut prefetch: Prefetch,
+        now_sec: u64,
+        mark: u64,
+        check: Check<'_>,
+    ) -> Result<bool> {
         let budget = if prefetch.second <= now_sec { u32::MAX } else { PREFETCH_BUDGET };
         self.read_prefetch(&mut prefetch, budget)?;
+        // Checked as read, so the cost is spread over the second before.
+        let mut read = prefetch.timers.split_off(prefetch.checked);
+        let before = read.len();
+        check(&mut read);
+        let removed = (before - read.len()) as u32;
+        debug_assert!(prefetch.held >= removed, "a prefetch holds fewer entries than it read");
+        prefetch.held -= removed;
+        prefetch.timers.append(&mut read);
+        prefetch.checked = prefetch.timers.len();
         if prefetch.remaining > 0 {
             self.prefetch = Some(prefetch);
             return Ok(false);
@@ -512,6 +542,7 @@ impl Wheel {
                 cancels: HashSet::new(),
                 cancel_entries: slot.cancels,
                 held: slot.count,
+                checked: 0,
             });
         } else {
             self.loaded_through = s;
