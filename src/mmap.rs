@@ -245,20 +245,14 @@ pub(crate) mod fail_reserve {
     use std::path::{Path, PathBuf};
     use std::sync::Mutex;
 
-    /// The directories whose new files find the disk full: one per test
-    /// that asks, so tests running at once do not clear each other's.
-    static UNDER: Mutex<Vec<PathBuf>> = Mutex::new(Vec::new());
+    static UNDER: Mutex<Option<PathBuf>> = Mutex::new(None);
 
-    pub fn add(dir: &Path) {
-        UNDER.lock().unwrap_or_else(|e| e.into_inner()).push(dir.to_path_buf());
-    }
-
-    pub fn remove(dir: &Path) {
-        UNDER.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != dir);
+    pub fn set(dir: Option<&Path>) {
+        *UNDER.lock().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
     }
 
     pub fn applies_to(path: &Path) -> bool {
-        UNDER.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|dir| path.starts_with(dir))
+        UNDER.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|dir| path.starts_with(dir))
     }
 }
 

@@ -2,13 +2,12 @@
 //! index file for want of space does not poison the store: it records why
 //! here, waits [`RETRY`], and tries again from where it stopped; what was
 //! acknowledged stays in the commit log and is indexed once there is room.
-//! Meanwhile `put` answers [`Error::DiskFull`] (an index that cannot grow
-//! would only fall further behind), instead of waiting out the put timeout.
+//! Meanwhile `put` answers [`Error::DiskFull`] as soon as the indexes lag
+//! by more than they may, instead of waiting out the put timeout.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -21,8 +20,6 @@ pub(crate) const RETRY: Duration = Duration::from_millis(200);
 pub(crate) struct Stall {
     /// By thread: the directory that needs space, bytes needed, bytes free.
     stalled: Mutex<BTreeMap<&'static str, (PathBuf, u64, u64)>>,
-    /// Whether `stalled` holds anything: every put looks, without the lock.
-    any: AtomicBool,
 }
 
 impl Stall {
@@ -31,7 +28,6 @@ impl Stall {
     pub fn hold(&self, thread: &'static str, error: &Error) -> bool {
         let Error::DiskFull { dir, needed, available } = error else { return false };
         let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
-        self.any.store(true, Ordering::Release);
         if stalled.insert(thread, (dir.clone(), *needed, *available)).is_none() {
             tracing::warn!(thread, error = %error, "disk full: the indexes wait for room, puts are refused meanwhile");
         }
@@ -44,14 +40,10 @@ impl Stall {
         if stalled.remove(thread).is_some() {
             tracing::info!(thread, "there is room again: the indexes go on");
         }
-        self.any.store(!stalled.is_empty(), Ordering::Release);
     }
 
     /// [`Error::DiskFull`] while a thread is stalled.
     pub fn check(&self) -> Result<()> {
-        if !self.any.load(Ordering::Acquire) {
-            return Ok(());
-        }
         let stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
         match stalled.values().next() {
             Some((dir, needed, available)) => {
