@@ -195,7 +195,9 @@ impl Config {
     }
 
     /// Whether the ticking thread delivers due timers (default). With `false`
-    /// the store recovers and indexes but fires nothing: for inspection.
+    /// the store recovers and indexes but fires nothing: for inspection. Its
+    /// [`Store::fresh_stats`](crate::Store::fresh_stats) counts the pending
+    /// timers exactly, reading every live chain (see the README's "Stats").
     pub fn with_delivery(mut self, deliver: bool) -> Self {
         self.deliver = deliver;
         self

@@ -321,6 +321,13 @@ impl Store {
     /// counts, `reindexed`, `timer_log_entries`) are up to a second old. With
     /// the bucket scheduler the gauges are as of its last poll (100 ms).
     ///
+    /// The wheel's gauges add slot counts: after a crash they may count a
+    /// timer the crash delivered, or one the replay indexed twice, until its
+    /// second is loaded. A store opened [without
+    /// delivery](crate::Config::with_delivery) counts exactly instead (it
+    /// reads every live chain, O(pending)), which is what `delaywheel
+    /// recover` prints.
+    ///
     /// Errors: [`Error::Busy`] if the indexes do not catch up within the put
     /// timeout; [`Error::Closed`] if the ticking thread does not answer in
     /// that time; the poison if the store is poisoned.

@@ -1,7 +1,9 @@
 //! Crash test with real processes: a child puts timed messages under load and
 //! is killed with SIGKILL at a random moment; the store is then reopened,
 //! drained and audited. Every message the child saw acknowledged must be
-//! delivered exactly once, none early, whatever the moment of the kill.
+//! delivered exactly once, none early, whatever the moment of the kill; and
+//! the pending count of a copy opened without delivery (what `delaywheel
+//! recover` prints) must be the number of timers the reopened store delivers.
 //!
 //! `cargo test --test crash` runs 20 kills; `DELAYWHEEL_CRASH_KILLS=50` runs
 //! more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
@@ -12,8 +14,9 @@ use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
+use common::crash_copy;
 use common::kill::{Audit, audit, kill_child_after, kills_and_seed};
-use delaywheel::{CancelOutcome, Clock, Config, Message, Store, SystemClock};
+use delaywheel::{CancelOutcome, Clock, Config, Error, Message, Stats, Store, SystemClock};
 
 const TOPIC: &str = "CrashTopic";
 const CHILD_ENV: &str = "DELAYWHEEL_CRASH_CHILD";
@@ -55,14 +58,40 @@ fn child(dir: &str) -> ! {
     unreachable!()
 }
 
-fn run_once(seed: u64, kill_after: Duration) -> Audit {
+/// `fresh_stats`, waiting out the replay.
+fn fresh_stats(store: &Store) -> Stats {
+    for _ in 0..600 {
+        match store.fresh_stats() {
+            Ok(stats) => return stats,
+            Err(Error::Busy { .. }) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("fresh_stats: {e}"),
+        }
+    }
+    panic!("the replay did not catch up in 30 s")
+}
+
+/// What `delaywheel recover` would print as pending for a copy of `dir`.
+fn recover_pending(dir: &Path) -> u64 {
+    let copy = tempfile::tempdir().expect("temp dir");
+    crash_copy(dir, copy.path());
+    let store = Store::open(config(copy.path()).with_delivery(false)).expect("open without delivery");
+    let pending = fresh_stats(&store).pending;
+    store.close().expect("close");
+    pending
+}
+
+/// What one kill left, and the pending count recover gives against the
+/// timers the reopened store delivered.
+fn run_once(seed: u64, kill_after: Duration) -> (Audit, u64, u64) {
     let dir = tempfile::tempdir().expect("temp dir");
     let acks = kill_child_after(CHILD_ENV, dir.path(), kill_after);
+    let recovered = recover_pending(dir.path());
     let store = Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
     // One in eight was cancelled; an answer that died with the child may have gone either way.
     let audit = audit(&store, TOPIC, &acks, |id| id % 8 == 3);
+    let delivered = fresh_stats(&store).delivered;
     store.close().expect("close");
-    audit
+    (audit, recovered, delivered)
 }
 
 fn main() {
@@ -75,9 +104,12 @@ fn main() {
     let mut failed = 0;
     for kill in 0..kills {
         let kill_after = Duration::from_millis(rng.u64(150..1_200));
-        let audit = run_once(seed, kill_after);
-        let ok = audit.ok();
-        println!("kill {kill} after {kill_after:?}: {audit:?} {}", if ok { "ok" } else { "FAILED" });
+        let (audit, recovered, delivered) = run_once(seed, kill_after);
+        let ok = audit.ok() && recovered == delivered;
+        println!(
+            "kill {kill} after {kill_after:?}: {audit:?}, recover's pending {recovered}, delivered on reopen {delivered} {}",
+            if ok { "ok" } else { "FAILED" }
+        );
         failed += u64::from(!ok);
     }
     println!("{} passed, {failed} failed", kills - failed);

@@ -88,7 +88,7 @@ impl Cancels {
     }
 
     /// Whether this session already cancelled the timer of `offset`.
-    fn knows_cancelled(&self, offset: u64) -> bool {
+    pub(super) fn knows_cancelled(&self, offset: u64) -> bool {
         self.cancelled.contains(&offset) || self.slot_cancels.contains(&offset)
     }
 

@@ -144,7 +144,7 @@ impl Loaded {
         counts[0] -= cancels.cancelled_loaded - cancelled_elsewhere;
     }
 
-    #[cfg(test)]
+    /// The loaded timers not yet handed out, cancelled ones included.
     pub fn timers(&self) -> impl Iterator<Item = &Timer> {
         self.seconds.iter().flat_map(Second::timers)
     }

@@ -8,7 +8,8 @@
 //!   answered, on disk, for a repeated cancel;
 //! * `restart.rs`: the wheel's recovery contract (what the log says happened
 //!   since the checkpoint); `reclaim.rs`: the timer-log and ledger files it
-//!   may delete; `gauges.rs`: pending counts;
+//!   may delete; `gauges.rs`: pending counts from the slot counts;
+//!   `census.rs`: the exact count, by reading every live chain;
 //! * `log.rs`: the timer logs the slots chain through; `tails.rs`: where each
 //!   slot's chain begins; `loaded.rs`: the seconds in memory;
 //! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
@@ -17,6 +18,7 @@
 //! All of it is an index of the commit log.
 
 pub(crate) mod cancels;
+mod census;
 mod front;
 mod gauges;
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]

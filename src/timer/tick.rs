@@ -271,7 +271,7 @@ impl Ticker {
         if let Some(mark) = self.floor.get() {
             self.wheel.lower_durable_tick(mark.tick_second);
         }
-        self.publish_stats()?;
+        self.publish_stats(false)?;
         loop {
             for command in commands.try_iter().take(COMMAND_BATCH) {
                 self.handle_counted(command)?;
@@ -289,7 +289,7 @@ impl Ticker {
                 last_sync = Instant::now();
             }
             if last_stats.elapsed() >= STATS_INTERVAL {
-                self.publish_stats()?;
+                self.publish_stats(false)?;
                 last_stats = Instant::now();
             }
             if last_reclaim.elapsed() >= RECLAIM_INTERVAL || self.reclaim_wake.try_recv().is_ok() {
@@ -356,7 +356,9 @@ impl Ticker {
             WheelCommand::Cancel(timer, reply) => self.cancel(timer, reply),
             WheelCommand::Refresh(reply) => {
                 self.deliver_or_load(self.clock.now_ms())?;
-                self.publish_stats()?;
+                // Without delivery nothing moves, and an operator asked:
+                // count exactly (see `census.rs`).
+                self.publish_stats(!self.deliver)?;
                 let _ = reply.send(());
                 Ok(())
             }
@@ -524,16 +526,22 @@ impl Ticker {
         self.wheel.reclaim_ledger(self.log.start(), relocated_from_ms).map(drop)
     }
 
-    fn publish_stats(&mut self) -> Result<()> {
+    /// Publishes the wheel's gauges: from the slot counts, or `exactly` by
+    /// reading every live chain (see `census.rs`).
+    fn publish_stats(&mut self, exactly: bool) -> Result<()> {
         let now_ms = self.clock.now_ms();
         let bounds = HORIZONS_MS.map(|ahead| now_ms.saturating_add(ahead));
-        let counts = self.wheel.pending_by_due_time(&bounds)?;
+        let (pending, per_level, by_due_time) = if exactly {
+            let census = self.wheel.census(&bounds)?;
+            (census.pending, census.per_level, census.by_due_time)
+        } else {
+            (self.wheel.pending(), self.wheel.pending_per_level(), self.wheel.pending_by_due_time(&bounds)?)
+        };
         let mut horizon = [0u64; 6];
-        horizon.copy_from_slice(&counts);
-        let pending = self.wheel.pending();
+        horizon.copy_from_slice(&by_due_time);
         let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
         stats.pending = pending;
-        stats.pending_per_level = self.wheel.pending_per_level();
+        stats.pending_per_level = per_level;
         stats.pending_by_horizon = horizon;
         stats.reindexed = self.wheel.reindexed();
         stats.disk_bytes = self.wheel.disk_bytes();
