@@ -73,7 +73,7 @@ impl Mapped {
             .open(&tmp)
             .map_err(|e| Error::io("create", &tmp, e))?;
         #[cfg(test)]
-        let reserved = match fail_reserve::applies_to(path) {
+        let reserved = match FAIL_RESERVE.applies_to(path) {
             true => Err(std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())),
             false => reserve(&file, len),
         };
@@ -212,7 +212,7 @@ impl Mapped {
             return Ok(());
         }
         #[cfg(test)]
-        if fail_flush::applies_to(&self.path) {
+        if FAIL_FLUSH.applies_to(&self.path) {
             return Err(Error::io("msync", &self.path, std::io::Error::other("injected flush failure")));
         }
         self.map.flush_range(offset, len).map_err(|e| Error::io("msync", &self.path, e))?;
@@ -222,39 +222,38 @@ impl Mapped {
     }
 }
 
-/// Fault injection for tests: make every flush of files under a directory fail.
+/// Fault injection for tests: files under the directories added fail. Each
+/// test adds its own store's directory, so tests running at once do not
+/// clear each other's.
 #[cfg(test)]
-pub(crate) mod fail_flush {
-    use std::path::{Path, PathBuf};
-    use std::sync::Mutex;
+pub(crate) struct Injected(std::sync::Mutex<Vec<std::path::PathBuf>>);
 
-    static UNDER: Mutex<Option<PathBuf>> = Mutex::new(None);
-
-    pub fn set(dir: Option<&Path>) {
-        *UNDER.lock().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
+#[cfg(test)]
+impl Injected {
+    const fn new() -> Self {
+        Self(std::sync::Mutex::new(Vec::new()))
     }
 
-    pub fn applies_to(path: &Path) -> bool {
-        UNDER.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|dir| path.starts_with(dir))
+    pub fn add(&self, dir: &Path) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(dir.to_path_buf());
+    }
+
+    pub fn remove(&self, dir: &Path) {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != dir);
+    }
+
+    pub fn applies_to(&self, path: &Path) -> bool {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|dir| path.starts_with(dir))
     }
 }
 
-/// Fault injection for tests: a full disk for every file created under a directory.
+/// Every flush of a file under these directories fails.
 #[cfg(test)]
-pub(crate) mod fail_reserve {
-    use std::path::{Path, PathBuf};
-    use std::sync::Mutex;
+pub(crate) static FAIL_FLUSH: Injected = Injected::new();
 
-    static UNDER: Mutex<Option<PathBuf>> = Mutex::new(None);
-
-    pub fn set(dir: Option<&Path>) {
-        *UNDER.lock().unwrap_or_else(|e| e.into_inner()) = dir.map(Path::to_path_buf);
-    }
-
-    pub fn applies_to(path: &Path) -> bool {
-        UNDER.lock().unwrap_or_else(|e| e.into_inner()).as_ref().is_some_and(|dir| path.starts_with(dir))
-    }
-}
+/// Every file created under these directories finds the disk full.
+#[cfg(test)]
+pub(crate) static FAIL_RESERVE: Injected = Injected::new();
 
 /// The owner behind a zero-copy [`Bytes`]: a published range of a map.
 struct PublishedSlice {

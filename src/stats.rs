@@ -17,8 +17,11 @@ pub struct Stats {
     /// Pending timers by when they are due, per interval (not cumulative):
     /// within 5 s, from 5 s to 1 min, 1 min to 5 min, 5 min to 1 h, 1 h to
     /// 1 d, and beyond 1 d ([`HORIZON_LABELS`] name them by their upper
-    /// ends). They add up to `pending`, cancelled timers left out. Read from
-    /// slot counts: exact within 18 h; a coarser window counts at its start.
+    /// ends), each bound rounded up to a whole second (a wheel slot holds one
+    /// second). They add up to `pending`, cancelled timers left out. Read
+    /// from slot counts: exact within 18 h; a coarser window counts at its
+    /// start (a store opened without delivery counts each timer at its own
+    /// deliver time on [`fresh_stats`](crate::Store::fresh_stats)).
     pub pending_by_horizon: [u64; 6],
     /// Timers delivered since the store was opened.
     pub delivered: u64,
@@ -96,7 +99,8 @@ pub struct RetentionStats {
 }
 
 /// How far ahead the first five counts of [`Stats::pending_by_horizon`]
-/// reach, in ms: 5 s, 1 min, 5 min, 1 h, 1 d (the sixth is the rest).
+/// reach, in ms: 5 s, 1 min, 5 min, 1 h, 1 d (the sixth is the rest), from
+/// now, each rounded up to a whole second.
 pub const HORIZONS_MS: [u64; 5] = [5_000, 60_000, 300_000, 3_600_000, 86_400_000];
 /// Labels of [`Stats::pending_by_horizon`].
 pub const HORIZON_LABELS: [&str; 6] = ["5s", "1m", "5m", "1h", "1d", "beyond"];

@@ -216,9 +216,12 @@ impl Store {
     }
 
     /// Back-pressure: waits while the indexes are more than the configured lag
-    /// behind the commit log, up to the put timeout, then answers `Busy`.
+    /// behind the commit log, up to the put timeout, then answers `Busy`
+    /// (or `DiskFull` at once if an index waits for room). The wheel is one
+    /// of the indexes: a timer sent to it counts as lag until it holds it,
+    /// so a wheel stopped by a full disk stops puts too.
     fn wait_for_indexes(&self) -> Result<()> {
-        let lag = || self.log.write_end().saturating_sub(self.dispatched.load(Ordering::Acquire));
+        let lag = || self.log.write_end().saturating_sub(self.indexed_below());
         if lag() <= self.config.max_index_lag {
             return Ok(());
         }
@@ -467,7 +470,7 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
-    use crate::mmap::fail_flush;
+    use crate::mmap::FAIL_FLUSH;
 
     #[test]
     fn a_failed_flush_poisons_the_store_until_it_is_reopened() {
@@ -477,7 +480,7 @@ mod tests {
         store.put(Message::new("T", "before")).unwrap();
         assert!(store.health().is_ok());
 
-        fail_flush::set(Some(dir.path()));
+        FAIL_FLUSH.add(dir.path());
         let err = store.put(Message::new("T", "during")).unwrap_err();
         assert!(matches!(err, Error::Poisoned { .. }), "{err}");
         assert!(err.to_string().contains("injected flush failure"), "{err}");
@@ -485,7 +488,7 @@ mod tests {
         assert!(matches!(err, Error::Poisoned { .. }), "writes stay refused: {err}");
         let health = store.health().unwrap_err();
         assert!(health.to_string().contains("injected flush failure"), "health names the reason: {health}");
-        fail_flush::set(None);
+        FAIL_FLUSH.remove(dir.path());
         assert!(store.close().is_err(), "close reports the poisoning");
 
         let store = Store::open(config()).unwrap();
@@ -528,9 +531,20 @@ mod tests {
         unreachable!()
     }
 
+    /// Puts `message`, retrying while a full disk refuses it: each stalled
+    /// thread sees the room at its next retry.
+    fn put_once_there_is_room(store: &Store, message: Message) {
+        let started = std::time::Instant::now();
+        while let Err(e) = store.put(message.clone()) {
+            assert!(matches!(e, Error::DiskFull { .. }), "{e}");
+            assert!(started.elapsed() < Duration::from_secs(5), "still refused once room is back: {e}");
+            std::thread::sleep(crate::stall::RETRY);
+        }
+    }
+
     #[test]
     fn a_full_disk_for_a_queue_file_is_back_pressure_not_poison() {
-        use crate::mmap::fail_reserve;
+        use crate::mmap::FAIL_RESERVE;
         let dir = tempfile::tempdir().unwrap();
         let config = Config::new(dir.path())
             .with_segment_size(1 << 20)
@@ -538,11 +552,12 @@ mod tests {
             .with_max_index_lag(1)
             .with_put_timeout(Duration::from_secs(5));
         let store = Store::open(config).unwrap();
-        fail_reserve::set(Some(&dir.path().join("consumequeue").join("U")));
+        let full = dir.path().join("consumequeue").join("U");
+        FAIL_RESERVE.add(&full);
         let (accepted, err) = put_until_refused(&store, |i| Message::new("U", format!("u{i}")));
         assert!(matches!(err, Error::DiskFull { .. }), "{err}");
         store.health().unwrap();
-        fail_reserve::set(None);
+        FAIL_RESERVE.remove(&full);
         let mut consumer = store.consumer("U", 0).unwrap();
         let want: Vec<String> = (0..accepted).map(|i| format!("u{i}")).collect();
         assert_eq!(
@@ -550,14 +565,14 @@ mod tests {
             want,
             "every acknowledged put, once room is back"
         );
-        store.put(Message::new("U", "after")).unwrap();
+        put_once_there_is_room(&store, Message::new("U", "after"));
         assert_eq!(bodies_of(&mut consumer, 1, Duration::from_secs(10)), ["after"]);
         store.close().unwrap();
     }
 
     #[test]
     fn a_full_disk_for_a_timer_log_file_is_back_pressure_not_poison() {
-        use crate::mmap::fail_reserve;
+        use crate::mmap::FAIL_RESERVE;
         const T0: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let clock = crate::ManualClock::new(T0);
@@ -569,18 +584,26 @@ mod tests {
             .with_put_timeout(Duration::from_secs(5))
             .with_clock(clock.clone());
         let store = Store::open(config).unwrap();
-        fail_reserve::set(Some(&dir.path().join("timer")));
         let timer = |i| Message::new("T", format!("t{i}")).deliver_at_ms(T0 + 10_000);
-        let (accepted, err) = put_until_refused(&store, timer);
-        assert!(accepted >= 7, "the first timer-log file holds 7 entries: {accepted}");
+        // The first timer makes the first timer-log file (8 entries, the first one unused).
+        store.put(timer(0)).unwrap();
+        assert_eq!(store.fresh_stats().unwrap().pending, 1);
+        let full = dir.path().join("timer");
+        FAIL_RESERVE.add(&full);
+        let (refused_at, err) = put_until_refused(&store, |i| timer(i + 1));
+        let accepted = 1 + refused_at;
+        // Refused once the wheel, out of room, stops taking timers: not
+        // thousands of puts later, held in the dispatcher's queue to it.
+        assert!((2..=16).contains(&accepted), "refused after {accepted} timers");
         assert!(matches!(err, Error::DiskFull { .. }), "{err}");
         store.health().unwrap();
-        fail_reserve::set(None);
+        FAIL_RESERVE.remove(&full);
+        put_once_there_is_room(&store, timer(accepted));
         clock.set_ms(T0 + 11_000);
         let mut consumer = store.consumer("T", 0).unwrap();
-        let mut got = bodies_of(&mut consumer, accepted, Duration::from_secs(10));
+        let mut got = bodies_of(&mut consumer, accepted + 1, Duration::from_secs(10));
         got.sort_by_key(|b| b[1..].parse::<usize>().unwrap());
-        let want: Vec<String> = (0..accepted).map(|i| format!("t{i}")).collect();
+        let want: Vec<String> = (0..=accepted).map(|i| format!("t{i}")).collect();
         assert_eq!(got, want, "every acknowledged timer fires once, once room is back");
         assert!(bodies_of(&mut consumer, 1, Duration::from_millis(500)).is_empty(), "and none twice");
         store.health().unwrap();

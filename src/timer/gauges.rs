@@ -28,8 +28,10 @@ impl Wheel {
     /// Pending timers counted by due time: `counts[i]` holds those due before
     /// `bounds_ms[i]` (and at or after the bound before it), so the counts
     /// are per interval, not cumulative; the last count holds the rest, and
-    /// they add up to [`pending`](Self::pending). Exact within level 0 (18 h
-    /// ahead); a coarser window counts as due at its start. Cancelled timers
+    /// they add up to [`pending`](Self::pending). A level-0 slot not loaded
+    /// counts as due at its second's start, so with bounds on whole seconds
+    /// the counts are exact within level 0 (18 h ahead); a coarser window
+    /// counts as due at its start. Cancelled timers
     /// are not counted, whether their cancel is applied or still an entry in
     /// a slot.
     ///

@@ -530,7 +530,9 @@ impl Ticker {
     /// reading every live chain (see `census.rs`).
     fn publish_stats(&mut self, exactly: bool) -> Result<()> {
         let now_ms = self.clock.now_ms();
-        let bounds = HORIZONS_MS.map(|ahead| now_ms.saturating_add(ahead));
+        // On whole seconds, where the slot counts are exact.
+        let bounds =
+            HORIZONS_MS.map(|ahead| now_ms.saturating_add(ahead).div_ceil(1000).saturating_mul(1000));
         let (pending, per_level, by_due_time) = if exactly {
             let census = self.wheel.census(&bounds)?;
             (census.pending, census.per_level, census.by_due_time)
