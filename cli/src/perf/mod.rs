@@ -4,13 +4,17 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::{BufMut, BytesMut};
 use clap::{Args, ValueEnum};
 use delaywheel::{CancelOutcome, Clock, Config, FlushMode, Message, Scheduler, Store, SystemClock};
 use hdrhistogram::Histogram;
+
+mod ledger;
+
+use ledger::Ledger;
 
 use crate::{
     Failure, disk_bytes, heap_peak_bytes, lateness_histogram, lateness_json, rss_peak_bytes, store_dir,
@@ -127,20 +131,6 @@ impl Workload {
     }
 }
 
-/// Per message id: 0 not acknowledged, 1 acknowledged, 2 delivered, 3+ delivered twice or more.
-struct Ledger {
-    state: Vec<AtomicU8>,
-    /// Cancelled with the answer `Cancelled`: must never be delivered.
-    cancelled: Vec<AtomicBool>,
-    fired_after_cancel: AtomicU64,
-    cancelled_count: AtomicU64,
-    delivered: AtomicU64,
-    duplicated: AtomicU64,
-    early: AtomicU64,
-    /// The latest delivery instant the wheel recorded (a delivery record's time).
-    last_delivered_ms: AtomicU64,
-}
-
 pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let workload = workload(&args)?;
     if !(0.0..=1.0).contains(&args.cancel_ratio) {
@@ -170,16 +160,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         }
         other => other,
     };
-    let ledger = Arc::new(Ledger {
-        state: (0..args.messages).map(|_| AtomicU8::new(0)).collect(),
-        cancelled: (0..args.messages).map(|_| AtomicBool::new(false)).collect(),
-        fired_after_cancel: AtomicU64::new(0),
-        cancelled_count: AtomicU64::new(0),
-        delivered: AtomicU64::new(0),
-        duplicated: AtomicU64::new(0),
-        early: AtomicU64::new(0),
-        last_delivered_ms: AtomicU64::new(0),
-    });
+    let ledger = Arc::new(Ledger::new(args.messages));
     let stop = Arc::new(AtomicBool::new(false));
     let last_seen_ms = Arc::new(AtomicU64::new(0));
     let consumer = {
@@ -206,17 +187,8 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let delivered = ledger.delivered.load(Ordering::Acquire);
     // Acknowledged, due long enough ago, and never delivered (with --no-wait,
     // timers not yet due are pending, not lost).
-    let lost = if args.no_wait && run_end_ms < latest_due + GRACE.as_millis() as u64 {
-        0
-    } else {
-        let cancelled = |i: usize| ledger.cancelled[i].load(Ordering::Acquire);
-        ledger
-            .state
-            .iter()
-            .enumerate()
-            .filter(|(i, s)| s.load(Ordering::Acquire) == 1 && !cancelled(*i))
-            .count() as u64
-    };
+    let lost =
+        if args.no_wait && run_end_ms < latest_due + GRACE.as_millis() as u64 { 0 } else { ledger.lost() };
     let deliver_secs = first_last.map_or(0.0, |(first, last)| last.duration_since(first).as_secs_f64());
     let stats = store.stats();
     let disk = disk_bytes(&dir);
@@ -309,16 +281,12 @@ fn put_all(
                         .put(workload.message(body.freeze(), &mut rng, now))
                         .map_err(|e| e.to_string())?;
                     latest = latest.max(receipt.deliver_at_ms().unwrap_or(now));
-                    ledger.state[id as usize].store(1, Ordering::Release);
+                    ledger.acknowledge(id);
                     if cancel_ratio > 0.0 && rng.f64() < cancel_ratio {
                         let handle = receipt.handle().ok_or("a timed message without a handle")?;
-                        // Mark first: a delivery racing the answer must not count as lost.
-                        ledger.cancelled[id as usize].store(true, Ordering::Release);
-                        if store.cancel(handle).map_err(|e| e.to_string())? == CancelOutcome::Cancelled {
-                            ledger.cancelled_count.fetch_add(1, Ordering::AcqRel);
-                        } else {
-                            ledger.cancelled[id as usize].store(false, Ordering::Release);
-                        }
+                        ledger.cancelling(id);
+                        let outcome = store.cancel(handle).map_err(|e| e.to_string())?;
+                        ledger.cancel_answered(id, outcome == CancelOutcome::Cancelled);
                     }
                 }
                 Ok(latest)
@@ -385,14 +353,7 @@ fn consume(
             }
             lateness.saturating_record(now_ms.saturating_sub(due));
             ledger.last_delivered_ms.fetch_max(m.delivered_at_ms(), Ordering::AcqRel);
-            if ledger.cancelled.get(id as usize).is_some_and(|c| c.load(Ordering::Acquire)) {
-                ledger.fired_after_cancel.fetch_add(1, Ordering::AcqRel);
-            }
-            match ledger.state.get(id as usize).map(|s| s.fetch_add(1, Ordering::AcqRel)) {
-                Some(1) => ledger.delivered.fetch_add(1, Ordering::AcqRel),
-                Some(_) => ledger.duplicated.fetch_add(1, Ordering::AcqRel),
-                None => return Err(format!("a delivery with unknown id {id}")),
-            };
+            ledger.deliver(id)?;
         }
         consumer.commit();
     }
