@@ -67,6 +67,16 @@ pub enum Error {
         waited_ms: u64,
     },
 
+    /// A message of a [`put_batch`](crate::Store::put_batch) is not
+    /// acceptable (`source` says why): nothing of the batch was written.
+    #[error("message {index} of the batch: {source}")]
+    InBatch {
+        /// Its position in the batch, from 0.
+        index: usize,
+        /// What is wrong with it.
+        source: Box<Error>,
+    },
+
     /// Sync flush mode only: the record is in the commit log, but was not yet
     /// on disk when the put timeout passed. It is not an error in the sense
     /// of "nothing happened": the put (or cancel) took effect and becomes

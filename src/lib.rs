@@ -58,6 +58,7 @@ mod stall;
 mod stats;
 mod store;
 mod threads;
+mod ticket;
 mod timer;
 
 pub use buckets::SCHEDULE_TOPIC;
@@ -74,4 +75,5 @@ pub use retention::ReclaimReport;
 pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, Stats};
 pub use store::{DEFAULT_GROUP, Store};
+pub use ticket::PutTicket;
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

@@ -302,10 +302,12 @@ impl std::str::FromStr for Handle {
 
 /// What an [`Error::NotYetDurable`] was about: the write took effect, only
 /// its durability is pending.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Written {
     /// A put: the message is at the receipt's offset (and its handle, for a timer, cancels it).
     Put(Receipt),
+    /// A batch put: every message stands, at its receipt's offset, in input order.
+    Batch(Vec<Receipt>),
     /// A cancel answered `Cancelled` in memory: the timer will not fire
     /// unless a power loss takes the cancel record.
     Cancel(Handle),
@@ -315,6 +317,16 @@ impl std::fmt::Display for Written {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         match self {
             Self::Put(receipt) => write!(f, "the message put at commit-log offset {}", receipt.offset),
+            Self::Batch(receipts) => match (receipts.first(), receipts.last()) {
+                (Some(first), Some(last)) => write!(
+                    f,
+                    "the batch of {} messages put at commit-log offsets {} to {}",
+                    receipts.len(),
+                    first.offset,
+                    last.offset
+                ),
+                _ => write!(f, "an empty batch"),
+            },
             Self::Cancel(handle) => write!(f, "the cancel of timer {handle}"),
         }
     }

@@ -23,6 +23,7 @@ use crate::scheduler::SchedulerFront;
 use crate::sealed::SealedHandle;
 use crate::stats::{DiskUsage, Lateness, RetentionCounters, RetentionStats, Stats};
 use crate::threads::Threads;
+use crate::ticket::PutTicket;
 use crate::timer::Timer;
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::WheelShared;
@@ -81,14 +82,33 @@ impl Store {
     /// delivered (unless a power loss takes it first): do not put it again;
     /// [`wait_durable`](Self::wait_durable) waits for it.
     pub fn put(&self, message: Message) -> Result<Receipt> {
-        message.validate(self.config.max_body_bytes())?;
-        if message.topic() == SCHEDULE_TOPIC {
-            return Err(Error::invalid(
-                "topic",
-                format!("{SCHEDULE_TOPIC} is reserved for the bucket scheduler"),
-            ));
+        let (receipt, end) = self.append_message(&message)?;
+        if self.config.flush_mode == FlushMode::Sync {
+            self.wait_durable_for(end, Written::Put(receipt))?;
         }
-        let queue_id = message.resolve_queue(self.config.queues_per_topic)?;
+        Ok(receipt)
+    }
+
+    /// Appends a message and returns at once, with a ticket that resolves
+    /// once it is on disk (see [`PutTicket`]): a producer keeps many puts in
+    /// flight, and each sync of the log covers all of them. In sync flush
+    /// mode the flusher is woken now; in async mode the ticket resolves at
+    /// the next periodic flush. The message stands as soon as this returns:
+    /// it is delivered, and its handle cancels it, whatever becomes of the ticket.
+    ///
+    /// Errors, with nothing written: those of [`put`](Self::put), but never
+    /// [`Error::NotYetDurable`] (the ticket tells).
+    pub fn submit(&self, message: Message) -> Result<PutTicket> {
+        let (receipt, end) = self.append_message(&message)?;
+        if self.config.flush_mode == FlushMode::Sync {
+            let _ = self.wakes.flush.try_send(FlushSignal::Wake);
+        }
+        Ok(PutTicket::new(receipt, end, Arc::clone(&self.log)))
+    }
+
+    /// Checks and appends one message; returns its receipt and where its record ends.
+    fn append_message(&self, message: &Message) -> Result<(Receipt, u64)> {
+        let queue_id = self.check_message(message)?;
         self.wait_for_indexes()?;
         let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
         if !*accepting {
@@ -104,16 +124,87 @@ impl Store {
             appended => appended?,
         };
         drop(accepting);
+        self.wake_after_append(prefault);
+        let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
+        Ok((Receipt { offset, queue_id, store_time_ms, deliver_at_ms }, offset + len as u64))
+    }
+
+    /// Appends a batch of messages together: all of them or none. In sync
+    /// flush mode it returns once the whole batch is on disk, made durable
+    /// by one sync (shared, like every sync, with whatever else was put
+    /// meanwhile). Receipts come in input order; the records lie one after
+    /// the other in the commit log, in one segment.
+    ///
+    /// Errors, with nothing of the batch written: [`Error::InBatch`] naming
+    /// the position of the first message that is not acceptable and why;
+    /// [`Error::Invalid`] (`"batch"`) for a batch larger than a segment;
+    /// else those of [`put`](Self::put). [`Error::NotYetDurable`] carries
+    /// every receipt ([`Written::Batch`]): the batch stands.
+    pub fn put_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<Receipt>> {
+        let messages: Vec<Message> = messages.into_iter().collect();
+        let in_batch = |index: usize| move |e: Error| Error::InBatch { index, source: Box::new(e) };
+        let queue_ids = (messages.iter().enumerate())
+            .map(|(i, m)| self.check_message(m).map_err(in_batch(i)))
+            .collect::<Result<Vec<u32>>>()?;
+        if messages.is_empty() {
+            return Ok(Vec::new());
+        }
+        self.wait_for_indexes()?;
+        let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
+        if !*accepting {
+            return Err(Error::Closed);
+        }
+        let store_time_ms = self.config.clock.now_ms();
+        let timings = (messages.iter().enumerate())
+            .map(|(i, m)| m.resolve_timing(store_time_ms, &self.levels).map_err(in_batch(i)))
+            .collect::<Result<Vec<(u64, u16)>>>()?;
+        let fields: Vec<_> = (messages.iter().zip(&queue_ids).zip(&timings))
+            .map(|((m, &queue_id), &(deliver_at_ms, delay_level))| {
+                m.fields(queue_id, store_time_ms, Timing { deliver_at_ms, delay_level })
+            })
+            .collect();
+        let lens: Vec<usize> = fields.iter().map(|f| f.record_len()).collect();
+        let append =
+            || self.log.append_batch(&lens, |i, buf, offset| encode_message(buf, offset, &fields[i]));
+        let (offsets, prefault) = match append() {
+            Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
+            appended => appended?,
+        };
+        drop(accepting);
+        self.wake_after_append(prefault);
+        let receipts: Vec<Receipt> = (offsets.iter().zip(&queue_ids).zip(&timings))
+            .map(|((&offset, &queue_id), &(deliver_at_ms, _))| Receipt {
+                offset,
+                queue_id,
+                store_time_ms,
+                deliver_at_ms: (deliver_at_ms != 0).then_some(deliver_at_ms),
+            })
+            .collect();
+        if self.config.flush_mode == FlushMode::Sync {
+            let end = offsets[offsets.len() - 1] + lens[lens.len() - 1] as u64;
+            self.wait_durable_for(end, Written::Batch(receipts.clone()))?;
+        }
+        Ok(receipts)
+    }
+
+    /// Checks a message before it is put: its fields, its topic, its queue.
+    fn check_message(&self, message: &Message) -> Result<u32> {
+        message.validate(self.config.max_body_bytes())?;
+        if message.topic() == SCHEDULE_TOPIC {
+            return Err(Error::invalid(
+                "topic",
+                format!("{SCHEDULE_TOPIC} is reserved for the bucket scheduler"),
+            ));
+        }
+        message.resolve_queue(self.config.queues_per_topic)
+    }
+
+    /// After an append: the dispatcher indexes it, the prefaulter keeps ahead.
+    fn wake_after_append(&self, prefault: bool) {
         let _ = self.wakes.dispatch.try_send(());
         if prefault {
             let _ = self.wakes.prefault.try_send(());
         }
-        let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
-        let receipt = Receipt { offset, queue_id, store_time_ms, deliver_at_ms };
-        if self.config.flush_mode == FlushMode::Sync {
-            self.wait_durable_for(offset + len as u64, Written::Put(receipt))?;
-        }
-        Ok(receipt)
     }
 
     /// Cancels the timer `handle` names. `Cancelled`: it will never fire (a
@@ -241,11 +332,7 @@ impl Store {
 
     /// Back-pressure at the size cap: wakes retention and retries `append`
     /// until it fits or the put timeout passes, then returns the cap error.
-    fn wait_for_retention(
-        &self,
-        append: impl Fn() -> Result<(u64, bool)>,
-        mut last: Error,
-    ) -> Result<(u64, bool)> {
+    fn wait_for_retention<T>(&self, append: impl Fn() -> Result<T>, mut last: Error) -> Result<T> {
         let started = std::time::Instant::now();
         while started.elapsed() < self.config.put_timeout {
             let _ = self.wakes.retention.try_send(());
@@ -471,6 +558,36 @@ mod tests {
 
     use super::*;
     use crate::mmap::FAIL_FLUSH;
+
+    /// Every outstanding ticket fails once a flush fails: blocking, as a
+    /// future, and in a batch of thousands in flight.
+    #[test]
+    fn a_failed_flush_fails_every_outstanding_ticket() {
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            Config::new(dir.path()).with_segment_size(1 << 20).with_flush_interval(Duration::from_secs(3600));
+        let store = Store::open(config).unwrap();
+        let early = store.submit(Message::new("T", "early")).unwrap();
+        store.wait_durable(&early.receipt(), Duration::from_secs(5)).unwrap();
+        let tickets: Vec<PutTicket> =
+            (0..2_000).map(|i| store.submit(Message::new("T", format!("{i}"))).unwrap()).collect();
+        let mut future = std::pin::pin!(store.submit(Message::new("T", "awaited")).unwrap());
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        assert!(future.as_mut().poll(&mut cx).is_pending(), "async mode: not durable before a flush");
+        FAIL_FLUSH.add(dir.path());
+        let err = store.wait_durable(&tickets[0].receipt(), Duration::from_secs(5)).unwrap_err();
+        FAIL_FLUSH.remove(dir.path());
+        assert!(matches!(err, Error::Poisoned { .. }), "{err}");
+        for ticket in &tickets {
+            assert!(matches!(ticket.wait(Duration::from_secs(1)), Err(Error::Poisoned { .. })));
+            assert!(ticket.is_durable().is_err());
+        }
+        assert!(matches!(future.as_mut().poll(&mut cx), std::task::Poll::Ready(Err(Error::Poisoned { .. }))));
+        assert_eq!(early.wait(Duration::ZERO).unwrap(), early.receipt(), "on disk before the failure");
+        assert!(early.is_durable().unwrap());
+        assert!(store.close().is_err(), "close reports the poisoning");
+    }
 
     #[test]
     fn a_failed_flush_poisons_the_store_until_it_is_reopened() {

@@ -16,6 +16,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::task::Waker;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -67,6 +68,8 @@ pub(crate) struct CommitLog {
     /// Everything below this offset is on disk.
     durable: Mutex<u64>,
     durable_changed: Condvar,
+    /// Tasks awaiting a durable end (see [`wake_when_durable`](Self::wake_when_durable)).
+    durable_wakers: Mutex<Vec<(u64, Waker)>>,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     closed: AtomicBool,
@@ -115,6 +118,7 @@ impl CommitLog {
             // What recovery validated may be only in the page cache; the first flush syncs it.
             durable: Mutex::new(plan.durable.clamp(recovered.segments_start(), recovered.end)),
             durable_changed: Condvar::new(),
+            durable_wakers: Mutex::new(Vec::new()),
             tail: Mutex::new(Tail { writer: recovered.tail, base: recovered.tail_base, end: recovered.end }),
             table: RwLock::new(Arc::new(segment_list(&recovered.segments))),
             segments: RwLock::new(recovered.segments),
@@ -195,6 +199,46 @@ impl CommitLog {
     /// fail where a `put` is refused.
     pub fn append_reserved(&self, len: usize, encode: impl FnOnce(&mut [u8], u64)) -> Result<(u64, bool)> {
         self.append_inner(len, encode, true)
+    }
+
+    /// Appends records of `lens` bytes one after the other in one segment
+    /// (starting the next one first if they do not fit in the rest of this
+    /// one) and publishes them together: a reader sees all or none. `encode`
+    /// fills record `i` given its offset. Nothing is written if the new
+    /// segment cannot be made. Returns the offsets and whether the
+    /// prefaulter should be woken.
+    pub fn append_batch(
+        &self,
+        lens: &[usize],
+        mut encode: impl FnMut(usize, &mut [u8], u64),
+    ) -> Result<(Vec<u64>, bool)> {
+        let total: u64 = lens.iter().map(|&len| len as u64).sum();
+        let room = self.segment_size - FILE_HEADER_LEN as u64;
+        if total > room {
+            return Err(Error::invalid(
+                "batch",
+                format!("{total} bytes of records do not fit in one segment ({room} bytes): split the batch"),
+            ));
+        }
+        self.check_poison()?;
+        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if tail.end + total > tail.base + self.segment_size {
+            self.roll(&mut tail, false)?;
+        }
+        let (base, mut at) = (tail.base, tail.end);
+        let mut offsets = Vec::with_capacity(lens.len());
+        for (i, &len) in lens.iter().enumerate() {
+            encode(i, tail.writer.unpublished_mut((at - base) as usize, len), at);
+            offsets.push(at);
+            at += len as u64;
+        }
+        tail.writer.publish((at - base) as usize);
+        tail.end = at;
+        self.write_end.store(at, Ordering::Release);
+        Ok((offsets, self.needs_prefault(&tail)))
     }
 
     fn append_inner(
@@ -532,7 +576,31 @@ impl CommitLog {
             crate::recorder::log_durable(&self.dir, *durable);
         }
         self.durable_changed.notify_all();
+        self.wake_durable(end);
         Ok(end)
+    }
+
+    /// Has `waker` woken once the log is durable to `end` (or poisoned).
+    /// Register first, then look at [`durable_end`](Self::durable_end): a
+    /// flush moves the durable end before it wakes, so either the look
+    /// sees the new end or the flush sees the waker.
+    pub fn wake_when_durable(&self, end: u64, waker: &Waker) {
+        self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner()).push((end, waker.clone()));
+    }
+
+    /// Wakes the tasks awaiting a durable end at or below `durable`.
+    fn wake_durable(&self, durable: u64) {
+        let ready: Vec<Waker> = {
+            let mut wakers = self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner());
+            if wakers.is_empty() {
+                return;
+            }
+            let (ready, waiting) =
+                std::mem::take(&mut *wakers).into_iter().partition(|(end, _)| *end <= durable);
+            *wakers = waiting;
+            ready.into_iter().map(|(_, waker)| waker).collect()
+        };
+        ready.into_iter().for_each(Waker::wake);
     }
 
     fn sync_range(&self, from: u64, to: u64) -> Result<()> {
@@ -580,6 +648,7 @@ impl CommitLog {
         *self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
         self.poisoned.store(true, Ordering::Release);
         self.durable_changed.notify_all();
+        self.wake_durable(u64::MAX);
     }
 
     pub fn check_poison(&self) -> Result<()> {
