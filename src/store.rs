@@ -311,8 +311,16 @@ impl Store {
     /// (or `DiskFull` at once if an index waits for room). The wheel is one
     /// of the indexes: a timer sent to it counts as lag until it holds it,
     /// so a wheel stopped by a full disk stops puts too.
+    ///
+    /// In sync flush mode the indexes take only what is on disk, so the lag
+    /// runs from the durable end: records not yet synced are the flusher's
+    /// to catch up (pipelined puts keep many in flight), not the indexes'.
     fn wait_for_indexes(&self) -> Result<()> {
-        let lag = || self.log.write_end().saturating_sub(self.indexed_below());
+        let indexable = || match self.config.flush_mode {
+            FlushMode::Sync => self.log.durable_end(),
+            FlushMode::Async => self.log.write_end(),
+        };
+        let lag = || indexable().saturating_sub(self.indexed_below());
         if lag() <= self.config.max_index_lag {
             return Ok(());
         }

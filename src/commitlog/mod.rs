@@ -65,8 +65,10 @@ pub(crate) struct CommitLog {
     table_version: AtomicU64,
     /// End of the last published record: readers may read everything below it.
     write_end: AtomicU64,
-    /// Everything below this offset is on disk.
+    /// Everything below this offset is on disk (the condition variable's
+    /// side; `durable_end` mirrors it for readers that do not wait).
     durable: Mutex<u64>,
+    durable_end: AtomicU64,
     durable_changed: Condvar,
     /// Tasks awaiting a durable end (see [`wake_when_durable`](Self::wake_when_durable)).
     durable_wakers: Mutex<Vec<(u64, Waker)>>,
@@ -111,12 +113,14 @@ impl CommitLog {
             &dir.join(crate::format::layout::RELOCATED_DIR),
             recovered.segments_start(),
         )?;
+        let durable = plan.durable.clamp(recovered.segments_start(), recovered.end);
         let log = Self {
             dir: dir.to_path_buf(),
             segment_size,
             write_end: AtomicU64::new(recovered.end),
             // What recovery validated may be only in the page cache; the first flush syncs it.
-            durable: Mutex::new(plan.durable.clamp(recovered.segments_start(), recovered.end)),
+            durable: Mutex::new(durable),
+            durable_end: AtomicU64::new(durable),
             durable_changed: Condvar::new(),
             durable_wakers: Mutex::new(Vec::new()),
             tail: Mutex::new(Tail { writer: recovered.tail, base: recovered.tail_base, end: recovered.end }),
@@ -184,7 +188,7 @@ impl CommitLog {
     }
 
     pub fn durable_end(&self) -> u64 {
-        *self.durable.lock().unwrap_or_else(|e| e.into_inner())
+        self.durable_end.load(Ordering::Acquire)
     }
 
     /// Appends one record of `len` bytes; `encode` fills the buffer given the
@@ -572,6 +576,7 @@ impl CommitLog {
             // durable end only moves forward.
             let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
             *durable = (*durable).max(end);
+            self.durable_end.store(*durable, Ordering::Release);
             #[cfg(feature = "crash-recorder")]
             crate::recorder::log_durable(&self.dir, *durable);
         }

@@ -7,14 +7,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
-use bytes::{BufMut, BytesMut};
 use clap::{Args, ValueEnum};
-use delaywheel::{CancelOutcome, Clock, Config, FlushMode, Message, Scheduler, Store, SystemClock};
+use delaywheel::{Clock, Config, FlushMode, Message, Scheduler, Store, SystemClock};
 use hdrhistogram::Histogram;
 
 mod ledger;
+mod producers;
 
 use ledger::Ledger;
+use producers::{PutPath, put_all};
 
 use crate::{
     Failure, disk_bytes, heap_peak_bytes, lateness_histogram, lateness_json, rss_peak_bytes, store_dir,
@@ -54,6 +55,12 @@ pub struct PerfArgs {
     /// Puts per second over all producers (0: as fast as they can).
     #[arg(long, default_value_t = 0)]
     rate: u64,
+    /// Put in batches of N (`Store::put_batch`).
+    #[arg(long, conflicts_with = "inflight")]
+    batch: Option<usize>,
+    /// Pipelined puts (`Store::submit`), up to N in flight per producer.
+    #[arg(long)]
+    inflight: Option<usize>,
     #[arg(long, value_enum, default_value_t = SchedulerArg::Wheel)]
     scheduler: SchedulerArg,
     /// Fraction of messages to cancel after putting them.
@@ -136,6 +143,9 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     if !(0.0..=1.0).contains(&args.cancel_ratio) {
         return Err(Failure::Usage("--cancel-ratio must be between 0 and 1".into()));
     }
+    if args.batch == Some(0) || args.inflight == Some(0) {
+        return Err(Failure::Usage("--batch and --inflight must be at least 1".into()));
+    }
     if args.body_bytes < 8 || args.producers == 0 || args.messages == 0 {
         return Err(Failure::Usage(
             "--body-bytes must be at least 8, --producers and --messages at least 1".into(),
@@ -172,7 +182,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     };
 
     let started = Instant::now();
-    let latest_due = put_all(&store, &ledger, workload, &args)?;
+    let (latest_due, put_latency) = put_all(&store, &ledger, workload, &args)?;
     let enqueue_secs = started.elapsed().as_secs_f64();
     let acked = args.messages;
     if args.no_wait {
@@ -197,6 +207,10 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "messages": args.messages,
         "enqueue_secs": enqueue_secs,
         "enqueue_per_sec": args.messages as f64 / enqueue_secs,
+        "put_path": PutPath::of(&args).name(),
+        // From the call until the put returned (with --inflight: until its
+        // ticket was seen durable); in sync mode, until it was on disk.
+        "put_latency_ms": put_latency_json(&put_latency),
         "delivered": delivered,
         "cancelled": ledger.cancelled_count.load(Ordering::Acquire),
         "fired_after_cancel": ledger.fired_after_cancel.load(Ordering::Acquire),
@@ -239,6 +253,13 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Percentiles of put latency, recorded in microseconds, in milliseconds.
+fn put_latency_json(h: &Histogram<u64>) -> serde_json::Value {
+    let ms = |us: u64| us as f64 / 1000.0;
+    let q = |q: f64| if h.is_empty() { 0.0 } else { ms(h.value_at_quantile(q)) };
+    serde_json::json!({ "p50": q(0.5), "p99": q(0.99), "max": ms(h.max()) })
+}
+
 fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
     if args.same_second {
         return Ok(Workload::SameSecond(0));
@@ -251,75 +272,6 @@ fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
     }
     let (a, b) = args.delay_ms.unwrap_or((0, 10_000));
     Ok(Workload::DelayMs(a, b))
-}
-
-/// Puts every message from `producers` threads; returns the latest deliver time.
-fn put_all(
-    store: &Arc<Store>,
-    ledger: &Arc<Ledger>,
-    workload: Workload,
-    args: &PerfArgs,
-) -> Result<u64, Failure> {
-    let per_producer = args.messages.div_ceil(args.producers as u64);
-    let threads: Vec<_> = (0..args.producers as u64)
-        .map(|p| {
-            let (store, ledger) = (Arc::clone(store), Arc::clone(ledger));
-            let ids = (p * per_producer)..((p + 1) * per_producer).min(args.messages);
-            let body_bytes = args.body_bytes;
-            let cancel_ratio = args.cancel_ratio;
-            let pace = Pace::new(args.rate, args.producers as u64);
-            std::thread::spawn(move || -> Result<u64, String> {
-                let mut rng = fastrand::Rng::with_seed(0x5eed ^ p);
-                let mut latest = 0;
-                for (n, id) in ids.enumerate() {
-                    pace.wait(n as u64);
-                    let mut body = BytesMut::with_capacity(body_bytes);
-                    body.put_u64_le(id);
-                    body.put_bytes(b'x', body_bytes - 8);
-                    let now = SystemClock.now_ms();
-                    let receipt = store
-                        .put(workload.message(body.freeze(), &mut rng, now))
-                        .map_err(|e| e.to_string())?;
-                    latest = latest.max(receipt.deliver_at_ms().unwrap_or(now));
-                    ledger.acknowledge(id);
-                    if cancel_ratio > 0.0 && rng.f64() < cancel_ratio {
-                        let handle = receipt.handle().ok_or("a timed message without a handle")?;
-                        ledger.cancelling(id);
-                        let outcome = store.cancel(handle).map_err(|e| e.to_string())?;
-                        ledger.cancel_answered(id, outcome == CancelOutcome::Cancelled);
-                    }
-                }
-                Ok(latest)
-            })
-        })
-        .collect();
-    let mut latest = 0;
-    for thread in threads {
-        latest = latest.max(thread.join().map_err(|_| "a producer thread panicked")??);
-    }
-    Ok(latest)
-}
-
-/// A producer's schedule under `--rate`: put `n` is not made before `n / per_second`.
-struct Pace {
-    started: Instant,
-    per_second: u64,
-}
-
-impl Pace {
-    fn new(rate: u64, producers: u64) -> Self {
-        Self { started: Instant::now(), per_second: rate.div_ceil(producers) }
-    }
-
-    fn wait(&self, n: u64) {
-        if self.per_second == 0 {
-            return;
-        }
-        let due = Duration::from_secs_f64(n as f64 / self.per_second as f64);
-        if let Some(ahead) = due.checked_sub(self.started.elapsed()) {
-            std::thread::sleep(ahead);
-        }
-    }
 }
 
 /// The consumer's lateness histogram and its first and last delivery instants.
