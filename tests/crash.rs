@@ -5,21 +5,63 @@
 //! the pending count of a copy opened without delivery (what `delaywheel
 //! recover` prints) must be the number of timers the reopened store delivers.
 //!
-//! `cargo test --test crash` runs 20 kills; `DELAYWHEEL_CRASH_KILLS=50` runs
-//! more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
+//! The child puts one message at a time in async flush mode; then, in sync
+//! flush mode, in batches (`put_batch`) and pipelined (`submit`, a message
+//! acknowledged once its ticket says it is on disk).
+//!
+//! `cargo test --test crash` runs 20 kills of the first and 6 of each sync
+//! mode; `DELAYWHEEL_CRASH_KILLS=50` runs more of the first,
+//! `DELAYWHEEL_CRASH_SEED=n` repeats a run.
 
 mod common;
 
+use std::collections::VecDeque;
 use std::io::Write;
 use std::path::Path;
 use std::time::Duration;
 
 use common::crash_copy;
-use common::kill::{Audit, audit, kill_child_after, kills_and_seed};
-use delaywheel::{CancelOutcome, Clock, Config, Error, Message, Stats, Store, SystemClock};
+use common::kill::{Audit, audit, kill_child_with, kills_and_seed};
+use delaywheel::{
+    CancelOutcome, Clock, Config, Error, FlushMode, Message, PutTicket, Receipt, Stats, Store, SystemClock,
+};
 
 const TOPIC: &str = "CrashTopic";
 const CHILD_ENV: &str = "DELAYWHEEL_CRASH_CHILD";
+const MODE_ENV: &str = "DELAYWHEEL_CRASH_MODE";
+
+/// How the child puts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Mode {
+    OneAtATime,
+    SyncBatches,
+    SyncPipelined,
+}
+
+impl Mode {
+    fn name(self) -> &'static str {
+        match self {
+            Self::OneAtATime => "one",
+            Self::SyncBatches => "batches",
+            Self::SyncPipelined => "pipelined",
+        }
+    }
+
+    fn from_env() -> Self {
+        match std::env::var(MODE_ENV).as_deref() {
+            Ok("batches") => Self::SyncBatches,
+            Ok("pipelined") => Self::SyncPipelined,
+            _ => Self::OneAtATime,
+        }
+    }
+
+    fn config(self, dir: &Path) -> Config {
+        match self {
+            Self::OneAtATime => config(dir),
+            Self::SyncBatches | Self::SyncPipelined => config(dir).with_flush_mode(FlushMode::Sync),
+        }
+    }
+}
 
 fn config(dir: &Path) -> Config {
     Config::new(dir)
@@ -30,17 +72,14 @@ fn config(dir: &Path) -> Config {
         .with_flush_interval(Duration::from_millis(50))
 }
 
-/// The child: puts timed messages due 0-1.5 s ahead, forever, and prints the
-/// id of each one `put` acknowledged; cancels one in eight right away and
-/// prints `c <id>` when the answer is `Cancelled`.
-fn child(dir: &str) -> ! {
-    let store = Store::open(config(Path::new(dir))).expect("child opens the store");
+/// The child: puts timed messages due 0-1.5 s ahead, forever, as `mode`
+/// says, and prints the id of each one acknowledged; cancels one in eight
+/// once acknowledged and prints `c <id>` when the answer is `Cancelled`.
+fn child(dir: &str, mode: Mode) -> ! {
+    let store = Store::open(mode.config(Path::new(dir))).expect("child opens the store");
     let mut rng = fastrand::Rng::new();
     let mut out = std::io::stdout().lock();
-    for id in 0u64.. {
-        let at = SystemClock.now_ms() + rng.u64(0..1_500);
-        let body = id.to_le_bytes().to_vec();
-        let receipt = store.put(Message::new(TOPIC, body).deliver_at_ms(at)).expect("put");
+    let mut acknowledged = |id: u64, receipt: Receipt| {
         writeln!(out, "{id}").expect("stdout");
         if id % 8 == 3 {
             let handle = receipt.handle().expect("a timer");
@@ -48,14 +87,45 @@ fn child(dir: &str) -> ! {
                 writeln!(out, "c {id}").expect("stdout");
             }
         }
-        if id % 64 == 0 {
+        if id.is_multiple_of(64) {
             out.flush().expect("stdout");
         }
-        if id % 512 == 0 {
+    };
+    let message = |id: u64, rng: &mut fastrand::Rng| {
+        let at = SystemClock.now_ms() + rng.u64(0..1_500);
+        Message::new(TOPIC, id.to_le_bytes().to_vec()).deliver_at_ms(at)
+    };
+    let mut tickets: VecDeque<(u64, PutTicket)> = VecDeque::new();
+    let mut id = 0u64;
+    loop {
+        match mode {
+            Mode::OneAtATime => {
+                let receipt = store.put(message(id, &mut rng)).expect("put");
+                acknowledged(id, receipt);
+                id += 1;
+            }
+            Mode::SyncBatches => {
+                let ids = id..id + rng.u64(1..64);
+                let receipts = store.put_batch(ids.clone().map(|i| message(i, &mut rng))).expect("put_batch");
+                ids.clone().zip(receipts).for_each(|(i, receipt)| acknowledged(i, receipt));
+                id = ids.end;
+            }
+            Mode::SyncPipelined => {
+                tickets.push_back((id, store.submit(message(id, &mut rng)).expect("submit")));
+                id += 1;
+                while let Some((_, oldest)) = tickets.front() {
+                    if tickets.len() < 256 && !oldest.is_durable().expect("ticket") {
+                        break;
+                    }
+                    let (i, ticket) = tickets.pop_front().expect("front");
+                    acknowledged(i, ticket.wait(Duration::from_secs(10)).expect("durable"));
+                }
+            }
+        }
+        if id.is_multiple_of(512) {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-    unreachable!()
 }
 
 /// `fresh_stats`, waiting out the replay.
@@ -82,9 +152,9 @@ fn recover_pending(dir: &Path) -> u64 {
 
 /// What one kill left, and the pending count recover gives against the
 /// timers the reopened store delivered.
-fn run_once(seed: u64, kill_after: Duration) -> (Audit, u64, u64) {
+fn run_once(seed: u64, mode: Mode, kill_after: Duration) -> (Audit, u64, u64) {
     let dir = tempfile::tempdir().expect("temp dir");
-    let acks = kill_child_after(CHILD_ENV, dir.path(), kill_after);
+    let acks = kill_child_with(CHILD_ENV, dir.path(), kill_after, &[(MODE_ENV, mode.name())]);
     let recovered = recover_pending(dir.path());
     let store = Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
     // One in eight was cancelled; an answer that died with the child may have gone either way.
@@ -96,23 +166,28 @@ fn run_once(seed: u64, kill_after: Duration) -> (Audit, u64, u64) {
 
 fn main() {
     if let Ok(dir) = std::env::var(CHILD_ENV) {
-        child(&dir);
+        child(&dir, Mode::from_env());
     }
     let (kills, seed) = kills_and_seed(20);
-    println!("crash test: {kills} kills, seed {seed}");
+    let runs = [(Mode::OneAtATime, kills), (Mode::SyncBatches, 6), (Mode::SyncPipelined, 6)];
+    println!("crash test: {runs:?}, seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
-    let mut failed = 0;
-    for kill in 0..kills {
-        let kill_after = Duration::from_millis(rng.u64(150..1_200));
-        let (audit, recovered, delivered) = run_once(seed, kill_after);
-        let ok = audit.ok() && recovered == delivered;
-        println!(
-            "kill {kill} after {kill_after:?}: {audit:?}, recover's pending {recovered}, delivered on reopen {delivered} {}",
-            if ok { "ok" } else { "FAILED" }
-        );
-        failed += u64::from(!ok);
+    let (mut failed, mut total) = (0, 0);
+    for (mode, kills) in runs {
+        for kill in 0..kills {
+            let kill_after = Duration::from_millis(rng.u64(150..1_200));
+            let (audit, recovered, delivered) = run_once(seed, mode, kill_after);
+            let ok = audit.ok() && recovered == delivered;
+            println!(
+                "{} kill {kill} after {kill_after:?}: {audit:?}, recover's pending {recovered}, delivered on reopen {delivered} {}",
+                mode.name(),
+                if ok { "ok" } else { "FAILED" }
+            );
+            failed += u64::from(!ok);
+            total += 1;
+        }
     }
-    println!("{} passed, {failed} failed", kills - failed);
+    println!("{} passed, {failed} failed", total - failed);
     if failed > 0 {
         std::process::exit(1);
     }

@@ -21,8 +21,14 @@ pub struct Acks {
 /// and returns what it printed. The output is read as it comes, so the
 /// child never blocks on a full pipe.
 pub fn kill_child_after(child_env: &str, dir: &Path, after: Duration) -> Acks {
+    kill_child_with(child_env, dir, after, &[])
+}
+
+/// [`kill_child_after`], with more environment variables for the child.
+pub fn kill_child_with(child_env: &str, dir: &Path, after: Duration, env: &[(&str, &str)]) -> Acks {
     let mut child = Command::new(std::env::current_exe().expect("test binary"))
         .env(child_env, dir)
+        .envs(env.iter().copied())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
