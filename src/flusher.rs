@@ -2,8 +2,8 @@
 //!
 //! Every `flush_interval` it syncs the commit log, then the consume queues,
 //! then committed consumer offsets, and then writes a checkpoint that vouches
-//! for exactly what was synced. In sync flush mode a put wakes it at once and
-//! waits; every put that arrived meanwhile is covered by the same sync (group commit).
+//! for exactly what was synced. What waits for the log alone (a sync-mode
+//! put) wakes the committer (`committer.rs`) instead.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -57,13 +57,6 @@ impl Flusher {
         loop {
             let wait = next_full.saturating_duration_since(Instant::now());
             match signals.recv_timeout(wait) {
-                Ok(FlushSignal::Wake) => {
-                    // A failure has poisoned the log and woken the waiters; keep
-                    // running so close() can still report it.
-                    if self.log.flush().is_ok() {
-                        let _ = self.dispatch_wake.try_send(());
-                    }
-                }
                 Ok(FlushSignal::Stop) | Err(RecvTimeoutError::Disconnected) => {
                     return self.cycle(true);
                 }

@@ -29,6 +29,7 @@ mod buckets;
 mod checkpoint;
 mod clock;
 mod commitlog;
+mod committer;
 mod config;
 mod consume_queue;
 mod consumer;

@@ -12,6 +12,7 @@ use crossbeam_channel::{Receiver, Sender};
 use crate::buckets::{BucketFront, DelayOffsets, Poller, SCHEDULE_TOPIC, ScheduleCommand};
 use crate::checkpoint::CheckpointFile;
 use crate::commitlog::{CommitLog, LogReader};
+use crate::committer::Committer;
 use crate::config::{Config, FlushMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
@@ -44,6 +45,7 @@ struct Inboxes {
     dispatch: Receiver<()>,
     prefault: Receiver<()>,
     flush: Receiver<FlushSignal>,
+    commit: Receiver<()>,
     retention: Receiver<()>,
     wheel: Receiver<WheelCommand>,
     timer_log_reclaim: Receiver<()>,
@@ -200,7 +202,8 @@ impl Parts {
         Ok((parts, inboxes, counts, checkpoint))
     }
 
-    /// Starts the threads: the flusher first and the dispatcher (which feeds
+    /// Starts the threads: the flusher first (its final cycle syncs what the
+    /// committer, stopped just before it, left) and the dispatcher (which feeds
     /// the others) last but retention, so stopping them in reverse stops
     /// every producer of work before what it feeds.
     fn start(
@@ -216,6 +219,9 @@ impl Parts {
         let wake_flusher = self.wakes.flush.clone();
         let stop_flusher = Stop::Call(Box::new(move || drop(wake_flusher.send(FlushSignal::Stop))));
         threads.spawn("flush", stop_flusher, move || flusher.run(inboxes.flush))?;
+        let committer = Committer { log: Arc::clone(&self.log), dispatch_wake: self.wakes.dispatch.clone() };
+        let stop = StopFlag::new(Some(self.wakes.commit.clone()));
+        threads.spawn("commit", Stop::Flag(stop.clone()), move || committer.run(inboxes.commit, stop))?;
         let prefaulter = Prefaulter { log: Arc::clone(&self.log), queues: Arc::clone(&self.queues) };
         let stop = StopFlag::new(Some(self.wakes.prefault.clone()));
         threads
@@ -277,7 +283,7 @@ impl Parts {
             clock: Arc::clone(&self.config.clock),
             shared: Arc::clone(&self.shared),
             dispatch_wake: self.wakes.dispatch.clone(),
-            flush_wake: (self.config.flush_mode == FlushMode::Sync).then(|| self.wakes.flush.clone()),
+            commit_wake: (self.config.flush_mode == FlushMode::Sync).then(|| self.wakes.commit.clone()),
             flush_interval: self.config.flush_interval,
             deliver: self.config.deliver,
             indexed,
@@ -348,7 +354,7 @@ impl Parts {
             clock: Arc::clone(&self.config.clock),
             stats,
             dispatch_wake: self.wakes.dispatch.clone(),
-            flush_wake: (self.config.flush_mode == FlushMode::Sync).then(|| self.wakes.flush.clone()),
+            commit_wake: (self.config.flush_mode == FlushMode::Sync).then(|| self.wakes.commit.clone()),
             dispatched: Arc::clone(&self.dispatched),
             replay_end: self.log.write_end(),
             cancelled: Default::default(),
@@ -384,14 +390,16 @@ fn channels() -> (Wakes, Inboxes, Sender<WheelCommand>, Sender<()>) {
     let (dispatch, dispatch_rx) = crossbeam_channel::bounded(1);
     let (prefault, prefault_rx) = crossbeam_channel::bounded(1);
     let (flush, flush_rx) = crossbeam_channel::bounded(1);
+    let (commit, commit_rx) = crossbeam_channel::bounded(1);
     let (retention, retention_rx) = crossbeam_channel::bounded(1);
     let (wheel, wheel_rx) = crossbeam_channel::bounded(WHEEL_QUEUE);
     let (reclaim, reclaim_rx) = crossbeam_channel::bounded(1);
-    let wakes = Wakes { dispatch, prefault, flush, retention };
+    let wakes = Wakes { dispatch, prefault, flush, commit, retention };
     let inboxes = Inboxes {
         dispatch: dispatch_rx,
         prefault: prefault_rx,
         flush: flush_rx,
+        commit: commit_rx,
         retention: retention_rx,
         wheel: wheel_rx,
         timer_log_reclaim: reclaim_rx,

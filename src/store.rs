@@ -60,6 +60,8 @@ pub(crate) struct Wakes {
     pub dispatch: Sender<()>,
     pub prefault: Sender<()>,
     pub flush: Sender<FlushSignal>,
+    /// The committer: sync the log now (see `committer.rs`).
+    pub commit: Sender<()>,
     pub retention: Sender<()>,
 }
 
@@ -101,7 +103,7 @@ impl Store {
     pub fn submit(&self, message: Message) -> Result<PutTicket> {
         let (receipt, end) = self.append_message(&message)?;
         if self.config.flush_mode == FlushMode::Sync {
-            let _ = self.wakes.flush.try_send(FlushSignal::Wake);
+            let _ = self.wakes.commit.try_send(());
         }
         Ok(PutTicket::new(receipt, end, Arc::clone(&self.log)))
     }
@@ -257,7 +259,7 @@ impl Store {
 
     fn wait_durable_until(&self, end: u64, written: Written, timeout: Duration) -> Result<()> {
         let started = std::time::Instant::now();
-        let _ = self.wakes.flush.try_send(FlushSignal::Wake);
+        let _ = self.wakes.commit.try_send(());
         if self.log.wait_durable(end, timeout)? {
             return Ok(());
         }

@@ -13,7 +13,6 @@ use super::{DelayOffsets, POLL_INTERVAL};
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::ConsumeQueue;
-use crate::durable::FlushSignal;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::record::{
     CANCEL_LEN, CancelView, MessageView, RecordKind, check_crc, encode_cancel, encode_rescheduled,
@@ -41,7 +40,7 @@ pub(crate) struct Poller {
     pub dispatch_wake: Sender<()>,
     /// Sync flush mode: the flusher, woken after copies are appended (the
     /// dispatcher indexes only what is durable).
-    pub flush_wake: Option<Sender<FlushSignal>>,
+    pub commit_wake: Option<Sender<()>>,
     /// The dispatcher's progress, and the log end at open: nothing is polled
     /// until the replay has rebuilt the level queues.
     pub dispatched: Arc<AtomicU64>,
@@ -165,8 +164,8 @@ impl Poller {
             delivered += self.poll_level(index, now_ms)?;
         }
         if delivered > 0 {
-            if let Some(flush) = &self.flush_wake {
-                let _ = flush.try_send(FlushSignal::Wake);
+            if let Some(commit) = &self.commit_wake {
+                let _ = commit.try_send(());
             }
             let _ = self.dispatch_wake.try_send(());
         }

@@ -12,9 +12,6 @@ pub(crate) use segment_counts::SegmentCounts;
 
 /// What the flusher's channel carries.
 pub(crate) enum FlushSignal {
-    /// Something waits for the log to reach the disk (a sync-mode put, or in
-    /// sync mode the deliveries and cancels the ticking thread appended).
-    Wake,
     /// Final flush and clean checkpoint, then exit.
     Stop,
     /// The ticking thread is rebuilding the wheel from the log (its files

@@ -113,7 +113,7 @@ pub(crate) struct Ticker {
     pub dispatch_wake: Sender<()>,
     /// Sync flush mode: the flusher, woken after deliveries and cancels are
     /// appended (the dispatcher indexes only what is durable).
-    pub flush_wake: Option<Sender<FlushSignal>>,
+    pub commit_wake: Option<Sender<()>>,
     pub flush_interval: Duration,
     /// `false`: index only, deliver nothing (`delaywheel recover`).
     pub deliver: bool,
@@ -481,8 +481,8 @@ impl Ticker {
     /// Records were appended: the dispatcher indexes them (in sync mode once
     /// the flusher has made them durable).
     fn wake_indexers(&self) {
-        if let Some(flush) = &self.flush_wake {
-            let _ = flush.try_send(FlushSignal::Wake);
+        if let Some(commit) = &self.commit_wake {
+            let _ = commit.try_send(());
         }
         let _ = self.dispatch_wake.try_send(());
     }
