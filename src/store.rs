@@ -98,6 +98,10 @@ impl Store {
     /// the next periodic flush. The message stands as soon as this returns:
     /// it is delivered, and its handle cancels it, whatever becomes of the ticket.
     ///
+    /// It never waits for the disk, but like `put` it waits (up to the put
+    /// timeout) while the indexes lag: async code that must never block
+    /// calls it from `spawn_blocking`, and awaits the ticket anywhere.
+    ///
     /// Errors, with nothing written: those of [`put`](Self::put), but never
     /// [`Error::NotYetDurable`] (the ticket tells).
     pub fn submit(&self, message: Message) -> Result<PutTicket> {
