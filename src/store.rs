@@ -673,6 +673,35 @@ mod tests {
         }
     }
 
+    /// A batch that needs a new segment the disk has no room for fails
+    /// whole (its first messages would have fitted in the old one), and the
+    /// store reopens with nothing of it.
+    #[test]
+    fn a_full_disk_at_the_roll_fails_a_batch_whole() {
+        use crate::mmap::FAIL_RESERVE;
+        let dir = tempfile::tempdir().unwrap();
+        let config =
+            || Config::new(dir.path()).with_segment_size(crate::MIN_SEGMENT_SIZE).with_queues_per_topic(1);
+        let store = Store::open(config()).unwrap();
+        let batch = |tag: &str| -> Vec<Message> {
+            (0..38).map(|i| Message::new("B", format!("{tag}{i:04}{}", "z".repeat(1000)))).collect()
+        };
+        store.put_batch(batch("a")).unwrap();
+        let full = dir.path().join("commitlog");
+        FAIL_RESERVE.add(&full);
+        let err = store.put_batch(batch("b"));
+        FAIL_RESERVE.remove(&full);
+        assert!(matches!(err, Err(Error::DiskFull { .. })), "{err:?}");
+        store.put(Message::new("B", "after")).unwrap();
+        store.close().unwrap();
+        let store = Store::open(config()).unwrap();
+        let mut consumer = store.consumer("B", 0).unwrap();
+        let got = bodies_of(&mut consumer, 40, Duration::from_secs(2));
+        assert_eq!(got.len(), 39, "the first batch and the put after: {:?}", got.len());
+        assert!(got.iter().all(|b| !b.starts_with('b')), "nothing of the failed batch");
+        store.close().unwrap();
+    }
+
     #[test]
     fn a_full_disk_for_a_queue_file_is_back_pressure_not_poison() {
         use crate::mmap::FAIL_RESERVE;
