@@ -219,8 +219,8 @@ impl Config {
     }
 
     /// How far (in commit-log bytes) the indexes may fall behind before `put`
-    /// waits for them (default 512 KiB, a few milliseconds of puts); the
-    /// wheel is one of them (a timer counts until the wheel holds it). The
+    /// waits for them (default 512 KiB, a few milliseconds of puts); while a
+    /// full disk stalls an index, a timer counts until the wheel holds it. The
     /// dispatcher handles records in log order, so a timer due during a burst
     /// of puts, and its delivery record, wait behind everything put before
     /// them: a small lag keeps that wait short. It also bounds the replay

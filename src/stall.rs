@@ -8,6 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
@@ -20,6 +21,8 @@ pub(crate) const RETRY: Duration = Duration::from_millis(200);
 pub(crate) struct Stall {
     /// By thread: the directory that needs space, bytes needed, bytes free.
     stalled: Mutex<BTreeMap<&'static str, (PathBuf, u64, u64)>>,
+    /// Whether `stalled` holds anything: every put looks, without the lock.
+    any: AtomicBool,
 }
 
 impl Stall {
@@ -28,6 +31,7 @@ impl Stall {
     pub fn hold(&self, thread: &'static str, error: &Error) -> bool {
         let Error::DiskFull { dir, needed, available } = error else { return false };
         let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        self.any.store(true, Ordering::Release);
         if stalled.insert(thread, (dir.clone(), *needed, *available)).is_none() {
             tracing::warn!(thread, error = %error, "disk full: the indexes wait for room, puts are refused meanwhile");
         }
@@ -40,6 +44,12 @@ impl Stall {
         if stalled.remove(thread).is_some() {
             tracing::info!(thread, "there is room again: the indexes go on");
         }
+        self.any.store(!stalled.is_empty(), Ordering::Release);
+    }
+
+    /// Whether some thread waits for room now.
+    pub fn is_stalled(&self) -> bool {
+        self.any.load(Ordering::Acquire)
     }
 
     /// [`Error::DiskFull`] while a thread is stalled.
@@ -68,7 +78,9 @@ mod tests {
         assert!(stall.hold("tick", &full));
         stall.release("dispatch");
         assert!(matches!(stall.check(), Err(Error::DiskFull { needed: 10, .. })));
+        assert!(stall.is_stalled());
         stall.release("tick");
         assert!(stall.check().is_ok());
+        assert!(!stall.is_stalled());
     }
 }

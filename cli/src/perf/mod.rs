@@ -94,7 +94,7 @@ impl SchedulerArg {
     }
 }
 
-#[derive(Clone, Copy, Debug, ValueEnum)]
+#[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
 enum FlushArg {
     Async,
     Sync,
@@ -209,7 +209,8 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "enqueue_per_sec": args.messages as f64 / enqueue_secs,
         "put_path": PutPath::of(&args).name(),
         // From the call until the put returned (with --inflight: until its
-        // ticket was seen durable); in sync mode, until it was on disk.
+        // ticket was seen durable); in sync mode, until it was on disk. Not
+        // measured for one async put at a time (all zeros then).
         "put_latency_ms": put_latency_json(&put_latency),
         "delivered": delivered,
         "cancelled": ledger.cancelled_count.load(Ordering::Acquire),
