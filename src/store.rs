@@ -104,6 +104,22 @@ impl Store {
     ///
     /// Errors, with nothing written: those of [`put`](Self::put), but never
     /// [`Error::NotYetDurable`] (the ticket tells).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::{Config, FlushMode, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()).with_flush_mode(FlushMode::Sync))?;
+    /// // Thousands in flight from one thread; every sync covers all appended so far.
+    /// let tickets: Vec<_> = (0..1_000)
+    ///     .map(|i| store.submit(Message::new("Retry", format!("job-{i}")).delay(Duration::from_secs(5))))
+    ///     .collect::<Result<_, _>>()?;
+    /// for ticket in &tickets {
+    ///     ticket.wait(Duration::from_secs(10))?; // or `ticket.await` in async code
+    /// }
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn submit(&self, message: Message) -> Result<PutTicket> {
         let (receipt, end) = self.append_message(&message)?;
         if self.config.flush_mode == FlushMode::Sync {
@@ -146,6 +162,18 @@ impl Store {
     /// [`Error::Invalid`] (`"batch"`) for a batch larger than a segment;
     /// else those of [`put`](Self::put). [`Error::NotYetDurable`] carries
     /// every receipt ([`Written::Batch`]): the batch stands.
+    ///
+    /// ```
+    /// use delaywheel::{Config, FlushMode, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()).with_flush_mode(FlushMode::Sync))?;
+    /// let orders = (0..100).map(|i| Message::new("OrderTimeout", format!("order-{i}")).delay_level(16));
+    /// let receipts = store.put_batch(orders)?; // on disk, all 100, after one sync
+    /// assert_eq!(receipts.len(), 100);
+    /// store.cancel(receipts[42].handle().expect("a timer"))?; // order-42 was paid
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
     pub fn put_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<Receipt>> {
         let messages: Vec<Message> = messages.into_iter().collect();
         let in_batch = |index: usize| move |e: Error| Error::InBatch { index, source: Box::new(e) };
