@@ -94,7 +94,7 @@ impl Store {
     /// Appends a message and returns at once, with a ticket that resolves
     /// once it is on disk (see [`PutTicket`]): a producer keeps many puts in
     /// flight, and each sync of the log covers all of them. In sync flush
-    /// mode the flusher is woken now; in async mode the ticket resolves at
+    /// mode the committer is woken now; in async mode the ticket resolves at
     /// the next periodic flush. The message stands as soon as this returns:
     /// it is delivered, and its handle cancels it, whatever becomes of the ticket.
     ///
@@ -283,7 +283,7 @@ impl Store {
         self.wait_durable_until(receipt.offset + 1, Written::Put(*receipt), timeout)
     }
 
-    /// Wakes the flusher and waits, up to the put timeout, until the log is
+    /// Wakes the committer and waits, up to the put timeout, until the log is
     /// durable to `end`, where the record of `written` ends.
     fn wait_durable_for(&self, end: u64, written: Written) -> Result<()> {
         self.wait_durable_until(end, written, self.config.put_timeout)

@@ -1,13 +1,13 @@
 //! A put that does not wait for the disk: [`Store::submit`](crate::Store::submit)
 //! appends the record and hands back a [`PutTicket`] that tells when it is
-//! durable. A producer keeps as many in flight as it likes; the flusher
-//! syncs whatever is appended when it wakes, so one sync serves every
-//! ticket of every producer below it (group commit).
+//! durable. A producer keeps as many in flight as it likes; the committer
+//! (`committer.rs`) syncs whatever is appended when it wakes, so one sync
+//! serves every ticket of every producer below it (group commit).
 //!
 //! The ticket is a [`Future`] as well as a blocking [`wait`](PutTicket::wait):
 //! async code awaits it on any executor, without a thread per put and
-//! without the store depending on an async runtime (the flusher wakes the
-//! task once the log is durable past the record).
+//! without the store depending on an async runtime: the sync that makes
+//! the log durable past the record wakes the task.
 
 use std::future::Future;
 use std::pin::Pin;
