@@ -70,8 +70,10 @@ pub(crate) struct CommitLog {
     durable: Mutex<u64>,
     durable_end: AtomicU64,
     durable_changed: Condvar,
-    /// Tasks awaiting a durable end (see [`wake_when_durable`](Self::wake_when_durable)).
-    durable_wakers: Mutex<Vec<(u64, Waker)>>,
+    /// Tasks awaiting a durable end, by that end (see
+    /// [`wake_when_durable`](Self::wake_when_durable)): a sync takes the
+    /// ones it covers without looking at the others.
+    durable_wakers: Mutex<BTreeMap<u64, Vec<Waker>>>,
     poisoned: AtomicBool,
     poison_reason: Mutex<String>,
     closed: AtomicBool,
@@ -122,7 +124,7 @@ impl CommitLog {
             durable: Mutex::new(durable),
             durable_end: AtomicU64::new(durable),
             durable_changed: Condvar::new(),
-            durable_wakers: Mutex::new(Vec::new()),
+            durable_wakers: Mutex::new(BTreeMap::new()),
             tail: Mutex::new(Tail { writer: recovered.tail, base: recovered.tail_base, end: recovered.end }),
             table: RwLock::new(Arc::new(segment_list(&recovered.segments))),
             segments: RwLock::new(recovered.segments),
@@ -590,22 +592,21 @@ impl CommitLog {
     /// flush moves the durable end before it wakes, so either the look
     /// sees the new end or the flush sees the waker.
     pub fn wake_when_durable(&self, end: u64, waker: &Waker) {
-        self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner()).push((end, waker.clone()));
+        let mut wakers = self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner());
+        wakers.entry(end).or_default().push(waker.clone());
     }
 
     /// Wakes the tasks awaiting a durable end at or below `durable`.
     fn wake_durable(&self, durable: u64) {
-        let ready: Vec<Waker> = {
+        let ready = {
             let mut wakers = self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner());
-            if wakers.is_empty() {
-                return;
-            }
-            let (ready, waiting) =
-                std::mem::take(&mut *wakers).into_iter().partition(|(end, _)| *end <= durable);
-            *wakers = waiting;
-            ready.into_iter().map(|(_, waker)| waker).collect()
+            let waiting = match durable.checked_add(1) {
+                Some(above) => wakers.split_off(&above),
+                None => BTreeMap::new(),
+            };
+            std::mem::replace(&mut *wakers, waiting)
         };
-        ready.into_iter().for_each(Waker::wake);
+        ready.into_values().flatten().for_each(Waker::wake);
     }
 
     fn sync_range(&self, from: u64, to: u64) -> Result<()> {
