@@ -47,6 +47,7 @@ pub mod internals;
 mod message;
 mod mmap;
 mod open;
+mod pending;
 mod prefault;
 #[cfg(feature = "crash-recorder")]
 #[doc(hidden)]
@@ -72,6 +73,7 @@ pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
     MAX_TOPIC_LEN, Message, Receipt, Written,
 };
+pub use pending::PendingTimer;
 pub use retention::ReclaimReport;
 pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, Stats};

@@ -13,6 +13,7 @@ use crate::format::record::MessageView;
 use crate::message::CancelOutcome;
 use crate::stats::TimerStats;
 use crate::timer::Timer;
+use crate::timer::window::PendingEntry;
 
 /// Where timed messages wait until they are due.
 pub(crate) trait SchedulerFront: Send + Sync {
@@ -40,4 +41,8 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// Returns once everything handed to the scheduler before the call is
     /// taken in and its gauges are refreshed.
     fn refresh(&self) -> Result<()>;
+
+    /// The first `limit` pending timers due in `window_ms`, by deliver time,
+    /// each as it stood at one instant (none of them had fired then).
+    fn pending(&self, window_ms: std::ops::Range<u64>, limit: usize) -> Result<Vec<PendingEntry>>;
 }

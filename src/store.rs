@@ -18,6 +18,7 @@ use crate::durable::FlushSignal;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, Written, validate_topic};
+use crate::pending::PendingTimer;
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::scheduler::SchedulerFront;
 use crate::sealed::SealedHandle;
@@ -471,7 +472,13 @@ impl Store {
     /// timeout; [`Error::Closed`] if the ticking thread does not answer in
     /// that time; the poison if the store is poisoned.
     pub fn fresh_stats(&self) -> Result<Stats> {
-        let end = self.log.write_end();
+        self.wait_indexed_to(self.log.write_end())?;
+        self.scheduler.refresh()?;
+        Ok(self.stats())
+    }
+
+    /// Waits, up to the put timeout, until every record below `end` is indexed.
+    fn wait_indexed_to(&self, end: u64) -> Result<()> {
         let started = std::time::Instant::now();
         let _ = self.wakes.dispatch.try_send(());
         while self.indexed_below() < end {
@@ -482,8 +489,41 @@ impl Store {
             }
             std::thread::sleep(Duration::from_millis(1));
         }
-        self.scheduler.refresh()?;
-        Ok(self.stats())
+        Ok(())
+    }
+
+    /// The first `limit` pending timers due in `window_ms` (epoch ms,
+    /// half-open), by deliver time (then by offset): every timer put before
+    /// the call that has not fired and is not cancelled, with its topic,
+    /// queue and key. The wheel's slots and timer logs are read, never the
+    /// whole commit log: the cost is that of the timers in the window, plus
+    /// one read of each answered timer's message.
+    ///
+    /// The answer is taken at one instant on the ticking thread: each timer
+    /// in it had not fired at that instant (it may fire right after).
+    ///
+    /// ```
+    /// # use delaywheel::{Config, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let due = 4_000_000_000_000; // 2096
+    /// let r = store.put(Message::new("orders", "pay?").key("order-42").deliver_at_ms(due))?;
+    /// let soon = store.pending(due..due + 300_000, 100)?;
+    /// assert_eq!(soon[0].key.as_deref(), Some("order-42"));
+    /// assert_eq!(Some(soon[0].handle), r.handle());
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors: [`Error::Busy`] if the indexes do not take in what was put
+    /// before the call within the put timeout; [`Error::Closed`] if the
+    /// ticking thread does not answer in that time; a corruption error if a
+    /// slot's chain does not check out; [`Error::Invalid`] with the bucket
+    /// scheduler, which cannot list its timers.
+    pub fn pending(&self, window_ms: std::ops::Range<u64>, limit: usize) -> Result<Vec<PendingTimer>> {
+        self.wait_indexed_to(self.log.write_end())?;
+        let entries = self.scheduler.pending(window_ms, limit)?;
+        Ok(crate::pending::describe(&self.log, entries))
     }
 
     /// Counters and gauges: pending timers (per level and per coming horizon),

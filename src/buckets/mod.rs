@@ -142,6 +142,16 @@ impl SchedulerFront for BucketFront {
     fn refresh(&self) -> Result<()> {
         Ok(())
     }
+
+    /// RocketMQ 4.x's buckets are FIFO queues of offsets: they cannot be
+    /// read by due time without scanning every bucket, so they do not answer.
+    fn pending(
+        &self,
+        _window_ms: std::ops::Range<u64>,
+        _limit: usize,
+    ) -> Result<Vec<crate::timer::window::PendingEntry>> {
+        Err(Error::invalid("scheduler", "the bucket scheduler cannot list pending timers; use the wheel"))
+    }
 }
 
 impl BucketFront {

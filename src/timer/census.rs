@@ -68,21 +68,30 @@ impl Wheel {
         // The finest level first among the copies of one timer.
         found.sort_unstable();
         found.dedup_by_key(|(offset, _, _)| *offset);
-        let gone = |offset: u64| {
-            self.restart.settled.contains(&offset)
-                || cancelled.contains(&offset)
-                || self.cancels.knows_cancelled(offset)
-                || self.restart.handed_out(offset)
-        };
         let mut census =
             Census { pending: 0, per_level: [0; LEVEL_COUNT], by_due_time: vec![0; bounds_ms.len() + 1] };
-        for (_, level, deliver_at_ms) in found.into_iter().filter(|&(offset, _, _)| !gone(offset)) {
+        for (_, level, deliver_at_ms) in
+            found.into_iter().filter(|&(offset, _, _)| !self.is_gone(offset, &cancelled))
+        {
             census.pending += 1;
             census.per_level[level] += 1;
             census.by_due_time
                 [bounds_ms.iter().position(|&b| deliver_at_ms < b).unwrap_or(bounds_ms.len())] += 1;
         }
         Ok(census)
+    }
+}
+
+impl Wheel {
+    /// Whether the timer of `offset`, found in a live place, will not fire
+    /// from there: it fired or was cancelled before a restart, a cancel entry
+    /// among `cancelled` (those the caller read) or this session cancelled
+    /// it, or it is a replayed copy whose twin was handed out.
+    pub(super) fn is_gone(&self, offset: u64, cancelled: &HashSet<u64>) -> bool {
+        self.restart.settled.contains(&offset)
+            || cancelled.contains(&offset)
+            || self.cancels.knows_cancelled(offset)
+            || self.restart.handed_out(offset)
     }
 }
 

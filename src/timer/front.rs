@@ -16,6 +16,7 @@ use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::timer::Timer;
 use crate::timer::tick::{WheelCommand, WheelShared};
+use crate::timer::window::PendingEntry;
 
 /// The wheel's front.
 pub(crate) struct WheelFront {
@@ -77,5 +78,9 @@ impl SchedulerFront for WheelFront {
 
     fn refresh(&self) -> Result<()> {
         self.ask(WheelCommand::Refresh)
+    }
+
+    fn pending(&self, window_ms: std::ops::Range<u64>, limit: usize) -> Result<Vec<PendingEntry>> {
+        self.ask(|reply| WheelCommand::Pending { window_ms, limit, reply })?
     }
 }

@@ -10,6 +10,7 @@
 //!   since the checkpoint); `reclaim.rs`: the timer-log and ledger files it
 //!   may delete; `gauges.rs`: pending counts from the slot counts;
 //!   `census.rs`: the exact count, by reading every live chain;
+//!   `window.rs`: the pending timers due in a window of time;
 //! * `log.rs`: the timer logs the slots chain through; `tails.rs`: where each
 //!   slot's chain begins; `loaded.rs`: the seconds in memory;
 //! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
@@ -32,6 +33,7 @@ pub(crate) mod restart;
 pub(crate) mod tails;
 pub(crate) mod tick;
 pub(crate) mod wheel;
+pub(crate) mod window;
 
 pub(crate) use front::WheelFront;
 

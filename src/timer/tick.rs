@@ -26,6 +26,7 @@ use crate::timer::Timer;
 use crate::timer::cancels::{CancelState, CancelTarget};
 use crate::timer::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::{FilesToSync, Wheel};
+use crate::timer::window::PendingEntry;
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -51,6 +52,8 @@ pub(crate) enum WheelCommand {
     Cancel(Timer, Sender<Result<CancelOutcome>>),
     /// Refresh the gauges and answer: every command sent before this one is handled.
     Refresh(Sender<()>),
+    /// Answer the first `limit` pending timers due in `window_ms` (see `window.rs`).
+    Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
 }
 
 /// What a checkpoint may vouch for on the wheel's behalf, as of its last sync.
@@ -360,6 +363,11 @@ impl Ticker {
                 // count exactly (see `census.rs`).
                 self.publish_stats(!self.deliver)?;
                 let _ = reply.send(());
+                Ok(())
+            }
+            WheelCommand::Pending { window_ms, limit, reply } => {
+                // A failed read is this caller's answer; the wheel goes on.
+                let _ = reply.send(self.wheel.pending_between(window_ms, limit));
                 Ok(())
             }
         }

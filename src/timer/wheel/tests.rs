@@ -187,6 +187,12 @@ fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<
     crate::timer::gauges::carry_cancels_back(net)
 }
 
+/// What [`Wheel::pending_between`] lists, as (deliver time, offset).
+fn listed(w: &Wheel, window: std::ops::Range<u64>, limit: usize) -> Vec<(u64, u64)> {
+    let entries = w.pending_between(window, limit).unwrap();
+    entries.iter().map(|e| (e.timer.deliver_at_ms, e.timer.message_offset)).collect()
+}
+
 #[derive(Debug, Clone)]
 enum Op {
     /// Put a timer this many ms from now (may be negative: in the past).
@@ -216,7 +222,11 @@ proptest! {
     /// The wheel hands out exactly what a `BTreeMap` of deliver times says,
     /// in its order, never early.
     #[test]
-    fn the_wheel_matches_a_btreemap_model(ops in proptest::collection::vec(op(), 1..80)) {
+    fn the_wheel_matches_a_btreemap_model(
+        ops in proptest::collection::vec(op(), 1..80),
+        short in (-5_000i64..(2 * DAY) as i64, 1u64..HOUR, 1usize..8),
+        long in (-5_000i64..(150 * YEAR) as i64, 1u64..(30 * YEAR), 1usize..8),
+    ) {
         let dir = tempfile::tempdir().unwrap();
         let mut now = START_MS;
         let mut w = wheel(dir.path(), now);
@@ -279,7 +289,19 @@ proptest! {
                 }
             }
             prop_assert_eq!(&w.pending_by_due_time(&bounds).unwrap()[..4], &within_the_hour[..]);
+            // The window query lists what the model holds, in its order.
+            for (from, len, limit) in [short, long] {
+                let from = now.saturating_add_signed(from);
+                let want: Vec<(u64, u64)> = model
+                    .keys()
+                    .filter(|(at, _)| (from..from + len).contains(at))
+                    .take(limit)
+                    .copied()
+                    .collect();
+                prop_assert_eq!(listed(&w, from..from + len, limit), want, "{}..+{} limit {}", from, len, limit);
+            }
         }
+        prop_assert_eq!(listed(&w, 0..u64::MAX, usize::MAX), model.keys().copied().collect::<Vec<_>>());
     }
 }
 
