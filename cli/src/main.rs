@@ -3,6 +3,7 @@
 
 mod demo;
 mod ops;
+mod pending;
 mod perf;
 mod retention_sim;
 
@@ -32,6 +33,8 @@ enum Command {
     Drain(ops::DrainArgs),
     /// Opens a store (recovering it) without delivering, reports, closes it.
     Recover(ops::RecoverArgs),
+    /// The pending timers of a store on disk due in [--from, --to), read-only.
+    Pending(pending::PendingArgs),
     /// Weeks of steady traffic on a manual clock: what retention keeps and copies.
     RetentionSim(retention_sim::RetentionSimArgs),
 }
@@ -60,6 +63,7 @@ fn main() -> ExitCode {
         Command::Perf(args) => perf::run(args),
         Command::Drain(args) => ops::drain(args),
         Command::Recover(args) => ops::recover(args),
+        Command::Pending(args) => pending::run(args),
         Command::RetentionSim(args) => retention_sim::run(args),
     };
     match result {

@@ -99,6 +99,8 @@ pub struct Audit {
     pub window_deleted: u64,
     /// Relocation index entries or copies that do not check out (not audited; `verify` names them).
     pub damaged_copies: u64,
+    /// The offsets of the pending timers' messages, ascending.
+    pub pending: Vec<u64>,
 }
 
 /// One message worth naming.
@@ -113,6 +115,12 @@ pub struct Example {
 const EXAMPLES: usize = 10;
 
 pub fn audit(files: &StoreFiles) -> Result<Audit> {
+    audit_with_facts(files, false).map(|(audit, _)| audit)
+}
+
+/// [`audit`], also answering what the commit log says of each message (with
+/// the timed messages' keys if `keep_keys`).
+pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, LogFacts)> {
     let marker = files.dir.join("schedule");
     if marker.exists() {
         return Err(DumpError::BucketStore { dir: files.dir.clone(), marker });
@@ -120,7 +128,7 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
     let checkpoint = CheckpointFile::read(files)?;
     let resume = Resume::new(files, &checkpoint);
     let log = CommitLog::open(files)?;
-    let mut facts = LogFacts::gather(&log)?;
+    let mut facts = if keep_keys { LogFacts::gather_with_keys(&log)? } else { LogFacts::gather(&log)? };
     let clean = resume.checkpoint.is_some_and(|(_, cp)| cp.clean);
     let relocated = Relocated::gather(files, &log, &mut facts, clean, false)?;
     let log_start = relocated.log_start;
@@ -157,6 +165,7 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
         relocated_pending: 0,
         window_deleted: relocated.window_deleted,
         damaged_copies: relocated.damaged,
+        pending: Vec::new(),
     };
     for (&offset, m) in timed {
         a.counts.timer_messages += 1;
@@ -192,6 +201,7 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
         } else if !is_relocated && offset >= replay_from {
             a.counts.pending += 1;
             a.pending_by_replay += 1;
+            a.pending.push(offset);
         } else if match &membership {
             Some(w) => w.pending(offset),
             // Without a readable wheel the store rebuilds it from the log at the next open.
@@ -199,6 +209,7 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
         } {
             a.counts.pending += 1;
             a.relocated_pending += u64::from(is_relocated);
+            a.pending.push(offset);
         } else if is_relocated && m.deliver_at_ms < oldest_time_ms.saturating_add(GRACE_MS) {
             a.counts.reclaimed += 1;
         } else if m.deliver_at_ms.saturating_add(GRACE_MS) < a.reference_ms {
@@ -228,7 +239,7 @@ pub fn audit(files: &StoreFiles) -> Result<Audit> {
             note: format!("{} delivery records of a message retention deleted", times.len()),
         });
     }
-    Ok(a)
+    Ok((a, facts))
 }
 
 /// Which timers the live slots hold; `None` (with why) if the next open

@@ -165,6 +165,8 @@ pub struct LogFacts {
     pub newest_time_ms: u64,
     /// The time of the first record of the oldest segment, epoch ms.
     pub oldest_time_ms: Option<u64>,
+    /// The keys of timed messages by offset, if asked for ([`LogFacts::gather_with_keys`]).
+    pub keys: Option<std::collections::HashMap<u64, String>>,
 }
 
 /// What the indexes need to know about one message record.
@@ -183,6 +185,15 @@ pub struct MessageFacts {
 impl LogFacts {
     /// Scans the whole log.
     pub fn gather(log: &CommitLog) -> Result<Self> {
+        Self::gather_keeping_keys(log, false)
+    }
+
+    /// [`gather`](Self::gather), also keeping the key of every timed message.
+    pub fn gather_with_keys(log: &CommitLog) -> Result<Self> {
+        Self::gather_keeping_keys(log, true)
+    }
+
+    fn gather_keeping_keys(log: &CommitLog, keep_keys: bool) -> Result<Self> {
         let mut facts = Self {
             messages: Default::default(),
             deliveries: Vec::new(),
@@ -195,6 +206,7 @@ impl LogFacts {
             end: LogEnd::Clean { offset: 0 },
             newest_time_ms: 0,
             oldest_time_ms: None,
+            keys: keep_keys.then(Default::default),
         };
         facts.end = log.scan(|offset, len, record| {
             facts.note(offset, len, record);
@@ -209,6 +221,21 @@ impl LogFacts {
     pub fn add_relocated_timer(&mut self, offset: u64, len: usize, m: &MessageView<'_>) {
         let facts = self.message_facts(len, m);
         self.messages.insert(offset, facts);
+        self.keep_key(offset, m);
+    }
+
+    fn keep_key(&mut self, offset: u64, m: &MessageView<'_>) {
+        if let Some(keys) = &mut self.keys
+            && !m.key.is_empty()
+            && m.timer_deliver_at_ms().is_some()
+        {
+            keys.insert(offset, m.key.to_string());
+        }
+    }
+
+    /// The key of the timed message at `offset`, if it has one and keys were kept.
+    pub fn key(&self, offset: u64) -> Option<&str> {
+        self.keys.as_ref()?.get(&offset).map(String::as_str)
     }
 
     fn message_facts(&mut self, len: usize, m: &MessageView<'_>) -> MessageFacts {
@@ -241,6 +268,7 @@ impl LogFacts {
                 self.newest_time_ms = self.newest_time_ms.max(m.store_time_ms);
                 let facts = self.message_facts(len, &m);
                 self.messages.insert(offset, facts);
+                self.keep_key(offset, &m);
             }
             Record::Delivery(d) => {
                 self.counts.deliveries += 1;

@@ -8,19 +8,6 @@
 //! or early); 1 a problem found, or the directory is not a readable store;
 //! 2 bad arguments (one line on stderr).
 
-mod audit;
-mod commitlog;
-mod error;
-mod indexes;
-mod listing;
-mod output;
-mod relocated;
-mod store_files;
-mod summary;
-mod time;
-mod verify;
-mod wheel_view;
-
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -28,10 +15,11 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use serde::Serialize;
 
-use crate::error::{DumpError, Result};
-use crate::listing::Format;
-use crate::output::{SCHEMA_VERSION, json_line};
-use crate::store_files::StoreFiles;
+use wheel_dump::error::{DumpError, Result};
+use wheel_dump::listing::Format;
+use wheel_dump::output::{SCHEMA_VERSION, json_line};
+use wheel_dump::store_files::StoreFiles;
+use wheel_dump::{audit, listing, output, summary, verify};
 
 #[derive(Parser)]
 #[command(
@@ -197,7 +185,7 @@ fn report_verify(files: &StoreFiles, json: bool, out: &mut impl Write) -> Result
 }
 
 fn render_checked(c: &verify::Checked) -> String {
-    use crate::output::thousands as n;
+    use wheel_dump::output::thousands as n;
     let mut out = String::from("ok: every checksum and cross-reference checked\n");
     let mut t = output::Table::new(&["checked", ">count"]);
     for (what, count) in [
