@@ -14,7 +14,7 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY};
-use crate::format::record::{DeliveryView, MessageView, RecordKind};
+use crate::format::record::{DeliveryView, MessageView, RecordKind, RescheduleView};
 use crate::fs::write_atomically;
 use crate::message::ConsumedMessage;
 use crate::stats::RetentionCounters;
@@ -202,22 +202,30 @@ impl Consumer {
             }
             Ok(())
         };
-        let record = if entry.flags & FLAG_TIMER_DELIVERY != 0 {
+        let (record, rescheduled_to) = if entry.flags & FLAG_TIMER_DELIVERY != 0 {
             // A timer's entry points at its delivery record, which names the
-            // message: the delivery is only looked at, not shared.
+            // record of the timer: the message, or a reschedule record that
+            // names the message. The delivery is only looked at, not shared.
             let (named, _) = self.reader.visit_checked(entry.log_offset, |at, kind, bytes| {
                 fits(kind, bytes.len())?;
                 DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(at, kind))
             })?;
-            let record = self.reader.read(named?.message_offset)?;
+            let mut record = self.reader.read(named?.message_offset)?;
+            let mut rescheduled_to = None;
+            if record.kind == RecordKind::Reschedule {
+                let r = RescheduleView::parse(&record.bytes)
+                    .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+                rescheduled_to = Some(r.deliver_at_ms);
+                record = self.reader.read(r.message_offset)?;
+            }
             if record.kind != RecordKind::Message {
                 return Err(bad(&self.log, "names a delivery of something that is not a message"));
             }
-            record
+            (record, rescheduled_to)
         } else {
             let record = self.reader.read(entry.log_offset)?;
             fits(record.kind, record.bytes.len())?;
-            record
+            (record, None)
         };
         let view =
             MessageView::parse(&record.bytes).map_err(|kind| self.log.corruption_at(record.offset, kind))?;
@@ -230,7 +238,9 @@ impl Consumer {
             log_offset: record.offset,
             store_time_ms: view.store_time_ms,
             visible_at_ms: entry.time_ms,
-            deliver_at_ms: (view.timing.deliver_at_ms != 0).then_some(view.timing.deliver_at_ms),
+            // A rescheduled message was due at its new time.
+            deliver_at_ms: rescheduled_to
+                .or((view.timing.deliver_at_ms != 0).then_some(view.timing.deliver_at_ms)),
             delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
             key: non_empty(view.key),
             tags: non_empty(view.tags),

@@ -20,7 +20,7 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
-use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind};
+use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind, RescheduleView};
 use crate::message::validate_topic;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
@@ -210,30 +210,7 @@ impl Dispatcher {
             RecordKind::Delivery => {
                 let delivery =
                     DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
-                // A delivery of this session's ticker names a message it checked.
-                let checksum = offset < self.replay_end;
-                let visited = self.originals.borrow_mut().visit_checking(
-                    delivery.message_offset,
-                    checksum,
-                    |at, kind, original| {
-                        if kind != RecordKind::Message {
-                            let why = format!("delivery at {offset} names a {kind:?} record");
-                            return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
-                        }
-                        let view = self.message(at, original)?;
-                        // The entry points at the delivery record, so a queue's
-                        // entries stay in commit-log order (recovery relies on it);
-                        // consumers follow the delivery record to the message.
-                        self.append_entry(
-                            &view,
-                            offset,
-                            DELIVERY_LEN,
-                            delivery.delivered_at_ms,
-                            FLAG_TIMER_DELIVERY,
-                        )
-                    },
-                );
-                match visited.and_then(|(queue, _)| queue) {
+                match self.index_delivery(offset, delivery) {
                     Ok(queue) => Ok(Some(queue)),
                     // Only a rebuild of the indexes from the oldest segment
                     // meets this: the timer fired long ago and retention has
@@ -254,10 +231,54 @@ impl Dispatcher {
                     Err(e) => Err(e),
                 }
             }
+            RecordKind::Reschedule => match RescheduleView::parse(bytes) {
+                // The ticker replaced the old timer when it wrote the record;
+                // the new one is indexed here, in log order, like a message's.
+                Ok(view) => self.scheduler.index_rescheduled(offset, &view).map(|()| None),
+                Err(kind) => self.quarantine(offset, self.log.corruption_at(offset, kind)),
+            },
             // Padding is skipped; cancels were applied by the ticker that wrote
             // them; a relocation changes where a message's bytes are, not its timer.
             RecordKind::Cancel | RecordKind::Relocation | RecordKind::Skipped | RecordKind::Padding => {
                 Ok(None)
+            }
+        }
+    }
+
+    /// Indexes the delivery record at `offset` into the queue of the message
+    /// it delivers: the record it names is the message, or a reschedule
+    /// record that names it. The entry points at the delivery record, so a
+    /// queue's entries stay in commit-log order (recovery relies on it);
+    /// consumers follow the delivery record to the message.
+    fn index_delivery(&self, offset: u64, delivery: DeliveryView) -> Result<Arc<ConsumeQueue>> {
+        // A delivery of this session's ticker names a record it checked.
+        let checksum = offset < self.replay_end;
+        let mut originals = self.originals.borrow_mut();
+        let mut named = delivery.message_offset;
+        loop {
+            let (step, _) = originals.visit_checking(named, checksum, |at, kind, record| match kind {
+                RecordKind::Message => {
+                    let view = self.message(at, record)?;
+                    let queue = self.append_entry(
+                        &view,
+                        offset,
+                        DELIVERY_LEN,
+                        delivery.delivered_at_ms,
+                        FLAG_TIMER_DELIVERY,
+                    )?;
+                    Ok(Ok(queue))
+                }
+                RecordKind::Reschedule if named == delivery.message_offset => RescheduleView::parse(record)
+                    .map(|r| Err(r.message_offset))
+                    .map_err(|kind| self.log.corruption_at(at, kind)),
+                _ => {
+                    let why = format!("delivery at {offset} names a {kind:?} record");
+                    Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)))
+                }
+            })?;
+            match step? {
+                Ok(queue) => return Ok(queue),
+                Err(message) => named = message,
             }
         }
     }

@@ -311,6 +311,10 @@ pub enum Written {
     /// A cancel answered `Cancelled` in memory: the timer will not fire
     /// unless a power loss takes the cancel record.
     Cancel(Handle),
+    /// A reschedule answered `Rescheduled` in memory: the timer fires at
+    /// the new time, unless a power loss takes the reschedule record (then
+    /// at the old one).
+    Reschedule(Handle),
 }
 
 impl std::fmt::Display for Written {
@@ -328,6 +332,7 @@ impl std::fmt::Display for Written {
                 _ => write!(f, "an empty batch"),
             },
             Self::Cancel(handle) => write!(f, "the cancel of timer {handle}"),
+            Self::Reschedule(handle) => write!(f, "the reschedule of timer {handle}"),
         }
     }
 }
@@ -339,6 +344,20 @@ pub enum CancelOutcome {
     Cancelled,
     /// Too late: the timer has fired.
     AlreadyDelivered,
+    /// No timed message with this deliver time at that offset.
+    NotFound,
+}
+
+/// What [`Store::reschedule`](crate::Store::reschedule) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescheduleOutcome {
+    /// The timer fires at the new time and never at the old one. Its handle
+    /// stays valid: cancel and reschedule it with the same handle as before.
+    Rescheduled,
+    /// Too late: the timer has fired (nothing changed).
+    AlreadyDelivered,
+    /// The timer was cancelled (nothing changed).
+    Cancelled,
     /// No timed message with this deliver time at that offset.
     NotFound,
 }

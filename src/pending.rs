@@ -2,7 +2,7 @@
 //! with what its message says of it.
 
 use crate::commitlog::CommitLog;
-use crate::format::record::{MessageView, RecordKind};
+use crate::format::record::{MessageView, RecordKind, RescheduleView};
 use crate::message::Handle;
 use crate::timer::window::PendingEntry;
 
@@ -36,11 +36,23 @@ pub(crate) fn describe(log: &CommitLog, entries: Vec<PendingEntry>) -> Vec<Pendi
 }
 
 fn describe_one(log: &CommitLog, entry: PendingEntry) -> Option<PendingTimer> {
-    let offset = entry.timer.message_offset;
+    // A rescheduled timer is named by its reschedule record, which names the message.
+    let timer_record = entry.timer.message_offset;
+    let offset = match log.visit_checked(timer_record, |_, kind, bytes| {
+        (kind == RecordKind::Reschedule).then(|| RescheduleView::parse(bytes).ok().map(|r| r.message_offset))
+    }) {
+        Ok((Some(Some(message)), _)) => message,
+        Ok((Some(None), _)) => {
+            tracing::warn!(offset = timer_record, "a pending timer's reschedule record is damaged: left out");
+            return None;
+        }
+        _ => timer_record,
+    };
     let described = log.visit_checked(offset, |at, kind, bytes| {
         let view = MessageView::parse(bytes).ok().filter(|_| at == offset && kind == RecordKind::Message)?;
         Some(PendingTimer {
-            handle: Handle { offset, deliver_at_ms: entry.timer.deliver_at_ms },
+            // The handle the put returned: it names the message's own timer.
+            handle: Handle { offset, deliver_at_ms: view.timer_deliver_at_ms()? },
             topic: view.topic.to_string(),
             queue: view.queue_id,
             key: (!view.key.is_empty()).then(|| view.key.to_string()),

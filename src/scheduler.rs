@@ -9,8 +9,8 @@ use std::sync::Arc;
 
 use crate::consume_queue::ConsumeQueue;
 use crate::error::Result;
-use crate::format::record::MessageView;
-use crate::message::CancelOutcome;
+use crate::format::record::{MessageView, RescheduleView};
+use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::stats::TimerStats;
 use crate::timer::Timer;
 use crate::timer::window::PendingEntry;
@@ -22,6 +22,10 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// appended to, if any.
     fn index(&self, offset: u64, len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>>;
 
+    /// Indexes the timer of the reschedule record at `offset` (in commit-log
+    /// order, like [`index`](Self::index)).
+    fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()>;
+
     /// Every timed record below `offset` has been handed to [`index`](Self::index):
     /// what a checkpoint may vouch for on the scheduler's behalf.
     fn indexed_below(&self, offset: u64) -> Result<()>;
@@ -29,6 +33,10 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// Decides the fate of `timer` (a timed message record the caller checked):
     /// `Cancelled` once a cancel record is in the log, or `AlreadyDelivered`.
     fn cancel(&self, timer: Timer) -> Result<CancelOutcome>;
+
+    /// Moves `timer` (a timed message record the caller checked, or the
+    /// latest reschedule of it) to `deliver_at_ms`, once a reschedule record is in the log.
+    fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome>;
 
     /// The scheduler's latest counters and gauges.
     fn stats(&self) -> TimerStats;

@@ -17,7 +17,7 @@ use crate::consumer::{Consumer, OffsetStore};
 use crate::durable::FlushSignal;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
-use crate::message::{CancelOutcome, Handle, Message, Receipt, Written, validate_topic};
+use crate::message::{CancelOutcome, Handle, Message, Receipt, RescheduleOutcome, Written, validate_topic};
 use crate::pending::PendingTimer;
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::scheduler::SchedulerFront;
@@ -270,6 +270,62 @@ impl Store {
             self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
         }
         Ok(outcome)
+    }
+
+    /// Moves the timer `handle` names to `deliver_at_ms` (epoch ms; a time in
+    /// the past means now). `Rescheduled`: it fires once, at the new time,
+    /// and never at the old one, on whatever wheel level the new time falls;
+    /// the handle stays valid (a later cancel or reschedule takes the same
+    /// handle). The payload is not rewritten: a 52-byte reschedule record
+    /// goes to the commit log, as a cancel record does, and it alone decides
+    /// which schedule holds after a crash (the old one if it is lost, the
+    /// new one if it is there; never both, never neither).
+    /// `AlreadyDelivered` and `Cancelled` change nothing; `NotFound`: no
+    /// timed message with that deliver time is at that offset.
+    ///
+    /// ```
+    /// # use delaywheel::{Config, Message, RescheduleOutcome, Store};
+    /// # use std::time::Duration;
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let deadline = store.put(Message::new("orders", "cancel if unpaid").delay(Duration::from_secs(1800)))?;
+    /// let handle = deadline.handle().expect("a timer");
+    /// // The customer asked for ten more minutes.
+    /// let later = handle.deliver_at_ms + 600_000;
+    /// assert_eq!(store.reschedule(handle, later)?, RescheduleOutcome::Rescheduled);
+    /// assert_eq!(store.pending(later..later + 1, 1)?[0].deliver_at_ms, later);
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// In sync flush mode `Rescheduled` is answered once the record is on disk.
+    ///
+    /// Errors: [`Error::Invalid`] naming `deliver_at_ms` past the end of the
+    /// year 9999, or with the bucket scheduler (it cannot reschedule); else
+    /// those of [`cancel`](Self::cancel), with [`Written::Reschedule`].
+    pub fn reschedule(&self, handle: Handle, deliver_at_ms: u64) -> Result<RescheduleOutcome> {
+        if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
+            return Err(Error::Closed);
+        }
+        if deliver_at_ms > crate::message::MAX_DELIVER_AT_MS {
+            let why = format!("{deliver_at_ms} ms is past the clock's range (the end of year 9999)");
+            return Err(Error::invalid("deliver_at_ms", why));
+        }
+        if !self.is_timer(handle) {
+            return Ok(RescheduleOutcome::NotFound);
+        }
+        let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
+        let outcome = self.scheduler.reschedule(timer, deliver_at_ms)?;
+        if outcome == RescheduleOutcome::Rescheduled && self.config.flush_mode == FlushMode::Sync {
+            self.wait_durable_for(self.log.write_end(), Written::Reschedule(handle))?;
+        }
+        Ok(outcome)
+    }
+
+    /// [`reschedule`](Self::reschedule) to `delay` from now (the store's clock).
+    pub fn reschedule_in(&self, handle: Handle, delay: Duration) -> Result<RescheduleOutcome> {
+        let delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX);
+        self.reschedule(handle, self.config.clock.now_ms().saturating_add(delay_ms))
     }
 
     /// Waits until the message of `receipt` is on disk, at most `timeout`:

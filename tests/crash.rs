@@ -7,9 +7,14 @@
 //!
 //! The child puts one message at a time in async flush mode; then, in sync
 //! flush mode, in batches (`put_batch`) and pipelined (`submit`, a message
-//! acknowledged once its ticket says it is on disk).
+//! acknowledged once its ticket says it is on disk); then one at a time in
+//! async mode again, rescheduling one in eight of its timers (one in
+//! sixteen twice) to anywhere in the next 1.5 s, earlier or later: a
+//! delivery of one must carry the deliver time of its last acknowledged
+//! reschedule (or of one asked for after it, whose answer died with the
+//! child), and fire once.
 //!
-//! `cargo test --test crash` runs 20 kills of the first and 6 of each sync
+//! `cargo test --test crash` runs 20 kills of the first and 6 of each other
 //! mode; `DELAYWHEEL_CRASH_KILLS=50` runs more of the first,
 //! `DELAYWHEEL_CRASH_SEED=n` repeats a run.
 
@@ -23,7 +28,8 @@ use std::time::Duration;
 use common::crash_copy;
 use common::kill::{Audit, audit, kill_child_with, kills_and_seed};
 use delaywheel::{
-    CancelOutcome, Clock, Config, Error, FlushMode, Message, PutTicket, Receipt, Stats, Store, SystemClock,
+    CancelOutcome, Clock, Config, Error, FlushMode, Message, PutTicket, Receipt, RescheduleOutcome, Stats,
+    Store, SystemClock,
 };
 
 const TOPIC: &str = "CrashTopic";
@@ -36,6 +42,7 @@ enum Mode {
     OneAtATime,
     SyncBatches,
     SyncPipelined,
+    Reschedules,
 }
 
 impl Mode {
@@ -44,6 +51,7 @@ impl Mode {
             Self::OneAtATime => "one",
             Self::SyncBatches => "batches",
             Self::SyncPipelined => "pipelined",
+            Self::Reschedules => "reschedules",
         }
     }
 
@@ -51,13 +59,14 @@ impl Mode {
         match std::env::var(MODE_ENV).as_deref() {
             Ok("batches") => Self::SyncBatches,
             Ok("pipelined") => Self::SyncPipelined,
+            Ok("reschedules") => Self::Reschedules,
             _ => Self::OneAtATime,
         }
     }
 
     fn config(self, dir: &Path) -> Config {
         match self {
-            Self::OneAtATime => config(dir),
+            Self::OneAtATime | Self::Reschedules => config(dir),
             Self::SyncBatches | Self::SyncPipelined => config(dir).with_flush_mode(FlushMode::Sync),
         }
     }
@@ -78,13 +87,24 @@ fn config(dir: &Path) -> Config {
 fn child(dir: &str, mode: Mode) -> ! {
     let store = Store::open(mode.config(Path::new(dir))).expect("child opens the store");
     let mut rng = fastrand::Rng::new();
+    let mut resched_rng = fastrand::Rng::new();
     let mut out = std::io::stdout().lock();
     let mut acknowledged = |id: u64, receipt: Receipt| {
         writeln!(out, "{id}").expect("stdout");
-        if id % 8 == 3 {
-            let handle = receipt.handle().expect("a timer");
-            if store.cancel(handle).expect("cancel") == CancelOutcome::Cancelled {
-                writeln!(out, "c {id}").expect("stdout");
+        let handle = receipt.handle().expect("a timer");
+        if id % 8 == 3 && store.cancel(handle).expect("cancel") == CancelOutcome::Cancelled {
+            writeln!(out, "c {id}").expect("stdout");
+        }
+        let times = match id % 16 {
+            5 if mode == Mode::Reschedules => 2,
+            13 if mode == Mode::Reschedules => 1,
+            _ => 0,
+        };
+        for _ in 0..times {
+            let at = SystemClock.now_ms() + resched_rng.u64(0..1_500);
+            writeln!(out, "t {id} {at}").expect("stdout");
+            if store.reschedule(handle, at).expect("reschedule") == RescheduleOutcome::Rescheduled {
+                writeln!(out, "r {id}").expect("stdout");
             }
         }
         if id.is_multiple_of(64) {
@@ -99,7 +119,7 @@ fn child(dir: &str, mode: Mode) -> ! {
     let mut id = 0u64;
     loop {
         match mode {
-            Mode::OneAtATime => {
+            Mode::OneAtATime | Mode::Reschedules => {
                 let receipt = store.put(message(id, &mut rng)).expect("put");
                 acknowledged(id, receipt);
                 id += 1;
@@ -169,7 +189,8 @@ fn main() {
         child(&dir, Mode::from_env());
     }
     let (kills, seed) = kills_and_seed(20);
-    let runs = [(Mode::OneAtATime, kills), (Mode::SyncBatches, 6), (Mode::SyncPipelined, 6)];
+    let runs =
+        [(Mode::OneAtATime, kills), (Mode::SyncBatches, 6), (Mode::SyncPipelined, 6), (Mode::Reschedules, 6)];
     println!("crash test: {runs:?}, seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut failed, mut total) = (0, 0);

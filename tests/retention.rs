@@ -10,7 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use delaywheel::{
-    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, Retention, Store,
+    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, RescheduleOutcome,
+    Retention, Store,
 };
 
 const MINUTE: u64 = 60_000;
@@ -43,6 +44,18 @@ impl Model {
         let receipt = store.put(Message::new("T", body.clone()).queue_id(0).deliver_at_ms(at)).unwrap();
         self.handles.insert(body.clone(), receipt.handle().unwrap());
         self.pending.entry(at).or_default().push(body);
+    }
+
+    /// Moves the timer of `body`, due at `from`, to `to`.
+    fn reschedule(&mut self, store: &Store, body: &str, from: u64, to: u64) {
+        let handle = self.handles[body];
+        assert_eq!(store.reschedule(handle, to).unwrap(), RescheduleOutcome::Rescheduled, "{body}");
+        let due = self.pending.get_mut(&from).unwrap();
+        due.retain(|b| b != body);
+        if due.is_empty() {
+            self.pending.remove(&from);
+        }
+        self.pending.entry(to).or_default().push(body.to_string());
     }
 
     fn cancel(&mut self, store: &Store, body: &str) {
@@ -187,6 +200,78 @@ fn pending_timers_outlive_their_segments_and_fire_once_at_their_millisecond() {
     let skipped = store.stats().retention.consumer_skipped;
     assert!(skipped > 0);
     assert_eq!(got.len() as u64 + skipped, rounds as u64 * 100, "each filler read or skipped once");
+}
+
+/// A timer rescheduled past the time retention would keep its message for
+/// (its segment is deleted, and its own deliver time says nothing needs it)
+/// still fires, at its new time: its message is pinned and copied by that
+/// time. A timer relocated before it was rescheduled fires at its new time
+/// too, earlier or later than its window, which stays while it is pending;
+/// both across a restart and a wheel rebuilt from the log.
+#[test]
+fn rescheduled_timers_keep_their_messages_through_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let open = || Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+    let mut store = open();
+    let mut model = Model::default();
+    model.put(&store, "minute-to-days".into(), T0 + MINUTE);
+    model.put(&store, "day-to-weeks".into(), T0 + DAY);
+    model.put(&store, "day-to-hours".into(), T0 + DAY + 1);
+    model.reschedule(&store, "minute-to-days", T0 + MINUTE, T0 + 3 * DAY);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    for round in 0..6 {
+        fill(&store, round);
+        settle();
+        model.advance_to(&clock, &mut consumer, clock.now_ms() + 2 * HOUR);
+        settle();
+        clock.advance_ms(1_000);
+        settle();
+        store.reclaim().unwrap();
+    }
+    let relocated = relocation_index(dir.path());
+    assert!(store.stats().retention.segments_deleted > 0);
+    assert!(
+        relocated.iter().any(|&(_, at)| at == T0 + 3 * DAY),
+        "the rescheduled message was copied by its new time: {relocated:?}"
+    );
+    // Both day timers were relocated with their segment; now move them.
+    assert!(
+        relocated.iter().filter(|&&(_, at)| (T0 + DAY..=T0 + DAY + 1).contains(&at)).count() >= 2,
+        "{relocated:?}"
+    );
+    model.reschedule(&store, "day-to-weeks", T0 + DAY, T0 + 20 * DAY);
+    model.reschedule(&store, "day-to-hours", T0 + DAY + 1, clock.now_ms() + 3 * HOUR);
+    consumer.commit();
+    drop(consumer);
+    store.close().unwrap();
+    store = open();
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let mut day = 0;
+    while let Some(&next) = model.pending.keys().next() {
+        fill(&store, 10 + day);
+        settle();
+        let step = (clock.now_ms() + DAY).min(next);
+        model.advance_to(&clock, &mut consumer, step);
+        settle();
+        clock.advance_ms(1_000);
+        settle();
+        store.reclaim().unwrap();
+        day += 1;
+        if day == 10 {
+            // Lose the wheel: the rebuild finds the relocated message and its
+            // reschedule, and the pins come back from the cancel ledger.
+            consumer.commit();
+            drop(consumer);
+            store.close().unwrap();
+            std::fs::remove_dir_all(dir.path().join("timer")).unwrap();
+            store = open();
+            consumer = store.consumer_in_group("after-rebuild", "T", 0).unwrap();
+            let _ = drain_idle(&mut consumer, usize::MAX, Duration::from_millis(300));
+        }
+    }
+    assert!(day > 10, "the rebuild ran");
+    assert!(store.pending(0..u64::MAX, 10).unwrap().is_empty(), "each fired once, at its new time");
 }
 
 #[test]

@@ -39,8 +39,8 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{Error, Result};
 use crate::format::queue_entry::{Entry, tag_hash};
-use crate::format::record::{MessageView, RecordKind, Timing};
-use crate::message::CancelOutcome;
+use crate::format::record::{MessageView, RecordKind, RescheduleView, Timing};
+use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::timer::levels::DelayLevels;
@@ -136,6 +136,18 @@ impl SchedulerFront for BucketFront {
     /// The buckets index a timed record as the dispatcher hands it over.
     fn held_below(&self, dispatched: u64) -> u64 {
         dispatched
+    }
+
+    /// A bucket store writes no reschedule record (it cannot reschedule).
+    fn index_rescheduled(&self, offset: u64, _view: &RescheduleView) -> Result<()> {
+        tracing::warn!(offset, "a reschedule record in a bucket store: ignored");
+        Ok(())
+    }
+
+    /// RocketMQ 4.x's buckets are FIFO queues of offsets by level: a timer
+    /// cannot be moved to another time (nor are arbitrary times kept).
+    fn reschedule(&self, _timer: Timer, _deliver_at_ms: u64) -> Result<RescheduleOutcome> {
+        Err(Error::invalid("scheduler", "the bucket scheduler cannot reschedule; use the wheel"))
     }
 
     /// The poller refreshes its gauges at every poll (100 ms): nothing to ask.

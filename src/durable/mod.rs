@@ -8,7 +8,7 @@ pub(crate) mod segment_counts;
 use std::sync::{Arc, Mutex};
 
 use crate::format::checkpoint::Checkpoint;
-pub(crate) use segment_counts::SegmentCounts;
+pub(crate) use segment_counts::{LivePins, SegmentCounts};
 
 /// What the flusher's channel carries.
 pub(crate) enum FlushSignal {

@@ -49,6 +49,9 @@ pub enum RecordKind {
     /// Damaged bytes lenient recovery found between two valid records, left
     /// in place and skipped: the next record follows this one's length.
     Skipped = 5,
+    /// A timer's new deliver time: the timer it names no longer fires, and
+    /// this record's own timer (of the same message) fires at the new time.
+    Reschedule = 6,
     /// Filler from here to the end of the segment; the next record starts the next segment.
     Padding = 0xFF,
 }
@@ -69,6 +72,7 @@ impl RecordKind {
             3 => Some(Self::Cancel),
             4 => Some(Self::Relocation),
             5 => Some(Self::Skipped),
+            6 => Some(Self::Reschedule),
             0xFF => Some(Self::Padding),
             _ => None,
         }
@@ -273,6 +277,62 @@ impl CancelView {
             cancelled_at_ms: get_u64(record, C_CANCELLED_AT),
             message_offset: get_u64(record, C_MESSAGE_OFFSET),
             deliver_at_ms: get_u64(record, C_DELIVER_AT),
+        })
+    }
+}
+
+// Reschedule body layout, after the frame header.
+const S_RESCHEDULED_AT: usize = RECORD_HEADER_LEN;
+const S_MESSAGE_OFFSET: usize = S_RESCHEDULED_AT + 8;
+const S_FROM_TIMER: usize = S_MESSAGE_OFFSET + 8;
+const S_FROM_DELIVER_AT: usize = S_FROM_TIMER + 8;
+const S_DELIVER_AT: usize = S_FROM_DELIVER_AT + 8;
+/// Length of a reschedule record.
+pub const RESCHEDULE_LEN: usize = S_DELIVER_AT + 8;
+
+/// A decoded reschedule record: at `rescheduled_at_ms`, the timer of the
+/// message at `message_offset` that was due at `from_deliver_at_ms` (the
+/// message's own timer if `from_timer` is the message's offset, else the
+/// timer of the reschedule record at `from_timer`) was moved to
+/// `deliver_at_ms`. That timer no longer fires; this record's own does:
+/// a timer is named by the offset of the record that made it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RescheduleView {
+    /// When the reschedule was recorded (epoch ms).
+    pub rescheduled_at_ms: u64,
+    /// The timed message record: the payload, never rewritten.
+    pub message_offset: u64,
+    /// The record whose timer is replaced: the message, or an earlier reschedule record.
+    pub from_timer: u64,
+    /// When that timer was due.
+    pub from_deliver_at_ms: u64,
+    /// When this record's timer is due.
+    pub deliver_at_ms: u64,
+}
+
+impl RescheduleView {
+    /// Writes the record at log `offset` into `buf` ([`RESCHEDULE_LEN`] bytes).
+    pub fn encode(&self, buf: &mut [u8], offset: u64) {
+        write_header(buf, RecordKind::Reschedule, RESCHEDULE_LEN);
+        put_u64(buf, S_RESCHEDULED_AT, self.rescheduled_at_ms);
+        put_u64(buf, S_MESSAGE_OFFSET, self.message_offset);
+        put_u64(buf, S_FROM_TIMER, self.from_timer);
+        put_u64(buf, S_FROM_DELIVER_AT, self.from_deliver_at_ms);
+        put_u64(buf, S_DELIVER_AT, self.deliver_at_ms);
+        seal(buf, offset, RESCHEDULE_LEN);
+    }
+
+    /// Decodes a reschedule record whose frame and CRC were checked.
+    pub fn parse(record: &[u8]) -> Result<Self, CorruptionKind> {
+        if record.len() != RESCHEDULE_LEN {
+            return Err(CorruptionKind::BadFrame(format!("reschedule record of {} bytes", record.len())));
+        }
+        Ok(Self {
+            rescheduled_at_ms: get_u64(record, S_RESCHEDULED_AT),
+            message_offset: get_u64(record, S_MESSAGE_OFFSET),
+            from_timer: get_u64(record, S_FROM_TIMER),
+            from_deliver_at_ms: get_u64(record, S_FROM_DELIVER_AT),
+            deliver_at_ms: get_u64(record, S_DELIVER_AT),
         })
     }
 }
@@ -546,6 +606,8 @@ pub enum Record<'a> {
     Cancel(CancelView),
     /// Retention relocated a segment's pending timers.
     Relocation(RelocationView),
+    /// A timer's new deliver time.
+    Reschedule(RescheduleView),
     /// Damaged bytes lenient recovery left in place, skipped.
     Skipped,
     /// Filler to the end of a segment.
@@ -573,6 +635,7 @@ impl<'a> Record<'a> {
             RecordKind::Delivery => Record::Delivery(DeliveryView::parse(record)?),
             RecordKind::Cancel => Record::Cancel(CancelView::parse(record)?),
             RecordKind::Relocation => Record::Relocation(RelocationView::parse(record)?),
+            RecordKind::Reschedule => Record::Reschedule(RescheduleView::parse(record)?),
             RecordKind::Skipped => Record::Skipped,
             RecordKind::Padding => Record::Padding,
         })
@@ -585,6 +648,7 @@ impl<'a> Record<'a> {
             Record::Delivery(d) => Some(d.delivered_at_ms),
             Record::Cancel(c) => Some(c.cancelled_at_ms),
             Record::Relocation(r) => Some(r.relocated_at_ms),
+            Record::Reschedule(r) => Some(r.rescheduled_at_ms),
             Record::Skipped | Record::Padding => None,
         }
     }
@@ -668,6 +732,36 @@ mod tests {
                 "f469e5cf8b010000",
                 "2000000000000000",
                 "e86be5cf8b010000"
+            )
+        );
+    }
+
+    #[test]
+    fn reschedule_golden_bytes_match_wheel_format_md() {
+        let view = RescheduleView {
+            rescheduled_at_ms: 1_700_000_000_500,
+            message_offset: 32,
+            from_timer: 32,
+            from_deliver_at_ms: 1_700_000_001_000,
+            deliver_at_ms: 1_700_000_601_000,
+        };
+        let mut buf = [0u8; RESCHEDULE_LEN];
+        view.encode(&mut buf, 8192);
+        assert_eq!(check_frame(&buf, 8192), Ok(Frame { kind: RecordKind::Reschedule, len: RESCHEDULE_LEN }));
+        assert_eq!(RescheduleView::parse(&buf), Ok(view));
+        assert_eq!(record_time_ms(RecordKind::Reschedule, &buf), Some(1_700_000_000_500));
+        assert_eq!(
+            hex(&buf[4..]),
+            concat!(
+                "34000000",
+                "06",
+                "01",
+                "0000",
+                "f469e5cf8b010000",
+                "2000000000000000",
+                "2000000000000000",
+                "e86be5cf8b010000",
+                "a893eecf8b010000"
             )
         );
     }

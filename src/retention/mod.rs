@@ -25,11 +25,11 @@ use crate::commitlog::CommitLog;
 use crate::commitlog::relocated::Copied;
 use crate::config::Retention;
 use crate::consume_queue::QueueRegistry;
-use crate::durable::{Floor, Mark};
+use crate::durable::{Floor, LivePins, Mark};
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{
-    CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, record_time_ms,
+    CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, RescheduleView, record_time_ms,
 };
 use crate::stats::RetentionCounters;
 use crate::threads::StopFlag;
@@ -68,6 +68,9 @@ pub(crate) struct Retainer {
     /// their time (after downtime), and stay readable the retention time after.
     pub opened_at_ms: u64,
     pub open_tick_second: u64,
+    /// The ticking thread's pins: messages whose timer was rescheduled, with
+    /// the new deliver time (see `durable/segment_counts.rs`).
+    pub live_pins: Arc<LivePins>,
 }
 
 impl Retainer {
@@ -101,7 +104,7 @@ impl Retainer {
             report.queue_files_deleted = self.queues.delete_files_below(self.log.start())?;
             self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
-        report.windows_deleted = self.delete_passed_windows(needed_from_ms)?;
+        report.windows_deleted = self.delete_passed_windows(&floor, needed_from_ms)?;
         let _ = self.timer_log_reclaim.try_send(());
         Ok(report)
     }
@@ -180,7 +183,7 @@ impl Retainer {
             _ if self.log.relocated().last_original_offset()?.is_some_and(|last| last >= base) => {
                 Copied::default()
             }
-            _ => self.copy_pending(base, needed_from_ms)?,
+            _ => self.copy_pending(base, floor, needed_from_ms)?,
         };
         let record = RelocationView {
             relocated_at_ms: self.clock.now_ms(),
@@ -206,8 +209,16 @@ impl Retainer {
         Ok(copied)
     }
 
+    /// When the message at `offset`, put due at `own_ms`, is needed until: a
+    /// rescheduled timer's message (pinned, in the floor's counts or by the
+    /// ticking thread since) is needed until its new deliver time.
+    fn needed_until_ms(&self, floor: &Mark, offset: u64, own_ms: u64) -> u64 {
+        let pinned = floor.counts.pinned(offset).max(self.live_pins.get(offset));
+        pinned.map_or(own_ms, |pinned| pinned.max(own_ms))
+    }
+
     /// Reads the segment at `base` and copies (and syncs) what a pending timer needs.
-    fn copy_pending(&self, base: u64, pending_from_ms: u64) -> Result<Copied> {
+    fn copy_pending(&self, base: u64, floor: &Mark, pending_from_ms: u64) -> Result<Copied> {
         let size = self.log.segment_size();
         let (guard, mut pass) = self.log.relocated().begin();
         let mut at = base + FILE_HEADER_LEN as u64;
@@ -218,7 +229,13 @@ impl Retainer {
                     RecordKind::Message => MessageView::parse(bytes)
                         .map_err(corrupt)?
                         .timer_deliver_at_ms()
+                        .map(|own| self.needed_until_ms(floor, offset, own))
                         .filter(|&at| at >= pending_from_ms),
+                    // A rescheduled timer's record (its message is pinned).
+                    RecordKind::Reschedule => {
+                        Some(RescheduleView::parse(bytes).map_err(corrupt)?.deliver_at_ms)
+                            .filter(|&at| at >= pending_from_ms)
+                    }
                     // A cancel of a timer not yet due goes along: a wheel
                     // rebuilt from the log must still see it.
                     RecordKind::Cancel => Some(CancelView::parse(bytes).map_err(corrupt)?.deliver_at_ms)
@@ -242,9 +259,19 @@ impl Retainer {
 
     /// Deletes the relocation windows whose timers are all due before
     /// `needed_from_ms`: fired, indexed, and read or past the retention time.
-    fn delete_passed_windows(&self, needed_from_ms: u64) -> Result<u64> {
-        let (files, _) =
-            self.log.relocated().delete_windows_before(needed_from_ms / 1000, self.log.write_end())?;
+    /// A window holding the copy of a pinned message stays: it was copied by
+    /// when it was due then, and rescheduled later since.
+    fn delete_passed_windows(&self, floor: &Mark, needed_from_ms: u64) -> Result<u64> {
+        let log_start = self.log.start();
+        let pinned =
+            floor.counts.pins_below(log_start).map(|(m, _)| m).chain(self.live_pins.below(log_start));
+        let mut before_sec = needed_from_ms / 1000;
+        for message in pinned {
+            if let Some(copy) = self.log.relocated().find(message)? {
+                before_sec = before_sec.min(copy.window());
+            }
+        }
+        let (files, _) = self.log.relocated().delete_windows_before(before_sec, self.log.write_end())?;
         self.counters.windows_deleted.fetch_add(files, Ordering::Relaxed);
         Ok(files)
     }

@@ -13,7 +13,7 @@ use std::collections::{BTreeMap, HashSet};
 use crate::error::Result;
 use crate::timer::Timer;
 use crate::timer::geometry::LEVEL_COUNT;
-use crate::timer::ledger::CancelLedger;
+use crate::timer::ledger::{CancelLedger, LedgerEntry};
 use crate::timer::restart::Restart;
 use crate::timer::wheel::{Prefetch, Wheel};
 
@@ -172,7 +172,24 @@ impl Wheel {
     /// Enters a cancel the store answered `Cancelled` in the ledger, with
     /// its cancel record's commit-log offset (records come in log order).
     pub fn record_cancel(&mut self, timer: Timer, cancel_offset: u64) -> Result<()> {
-        self.cancels.ledger.record(timer, cancel_offset)
+        self.record_in_ledger(LedgerEntry::cancel(timer, cancel_offset))
+    }
+
+    /// Enters a cancel or a reschedule in the ledger (records come in log order).
+    pub fn record_in_ledger(&mut self, entry: LedgerEntry) -> Result<()> {
+        self.cancels.ledger.record(entry)
+    }
+
+    /// The pins the ledger knows (see `SegmentCounts::adopt_pins`).
+    pub fn ledger_pins(&self) -> Result<Vec<(u64, crate::format::segment_counts::Pin)>> {
+        self.cancels.ledger.pins()
+    }
+
+    /// The timer of the message a handle names now: the message's own
+    /// (`timer`), or that of its latest reschedule record.
+    pub fn current_timer(&self, timer: Timer) -> Result<Timer> {
+        let latest = self.cancels.ledger.latest_reschedule(timer.message_offset)?;
+        Ok(latest.map_or(timer, |entry| entry.rescheduled_timer()))
     }
 
     /// Carries out a cancel located by [`locate_for_cancel`](Self::locate_for_cancel).

@@ -10,12 +10,12 @@ use crossbeam_channel::Sender;
 
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
-use crate::format::record::MessageView;
-use crate::message::CancelOutcome;
+use crate::format::record::{MessageView, RescheduleView};
+use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::timer::Timer;
-use crate::timer::tick::{WheelCommand, WheelShared};
+use crate::timer::tick::{Control, WheelCommand, WheelShared};
 use crate::timer::window::PendingEntry;
 
 /// The wheel's front.
@@ -54,12 +54,21 @@ impl SchedulerFront for WheelFront {
         Ok(None)
     }
 
+    fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()> {
+        let timer = Timer { deliver_at_ms: view.deliver_at_ms, message_offset: offset };
+        self.send(WheelCommand::InsertRescheduled { timer, message_offset: view.message_offset })
+    }
+
     fn indexed_below(&self, offset: u64) -> Result<()> {
         self.send(WheelCommand::Progress(offset))
     }
 
     fn cancel(&self, timer: Timer) -> Result<CancelOutcome> {
-        self.ask(|reply| WheelCommand::Cancel(timer, reply))?
+        self.ask(|reply| WheelCommand::Control(timer, Control::Cancel(reply)))?
+    }
+
+    fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome> {
+        self.ask(|reply| WheelCommand::Control(timer, Control::Reschedule(deliver_at_ms, reply)))?
     }
 
     fn stats(&self) -> TimerStats {

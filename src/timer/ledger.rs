@@ -1,16 +1,20 @@
 //! The cancel ledger: one small entry per cancel the store answered
-//! `Cancelled`, in commit-log order of the cancel records. It is how a
-//! repeated cancel still answers `Cancelled` once the timer's second has
-//! passed, also after a restart: the wheel forgets a second once it is
+//! `Cancelled` and per reschedule, in commit-log order of their records. It
+//! is how a repeated cancel still answers `Cancelled` once the timer's second
+//! has passed, also after a restart: the wheel forgets a second once it is
 //! handed out, and the commit log holds the answer but only a scan of it
-//! could find it again.
+//! could find it again. And it is where a handle finds its timer once it was
+//! rescheduled: the handle names the message, the timer is named by the
+//! latest reschedule record of that message.
 //!
-//! The ledger is an index of the commit log's cancel records. Its files have
-//! the timer log's layout (see `log.rs`) under the magic `DWCNCL`; an entry
-//! holds the cancelled message's offset and deliver time, `prev` holds the
-//! cancel record's offset, and the cancel bit is set. Cancel-record offsets
-//! grow from entry to entry, so the entries of cancels made after a message
-//! was put are found by a binary search, then read in order.
+//! The ledger is an index of the commit log's cancel and reschedule records.
+//! Its files have the timer log's layout (see `log.rs`) under the magic
+//! `DWCNCL`; `prev` holds the record's offset. A cancel entry holds the
+//! cancelled timer (its record's offset and deliver time) with the cancel bit
+//! set; a reschedule entry the message's offset and the new deliver time,
+//! without it. Record offsets grow from entry to entry, so the entries of
+//! records made after a message was put are found by a binary search, then
+//! read in order.
 //!
 //! A lookup would read every cancel made since the message was put, and a
 //! cancel of a timer that fired (common: the order was paid just too late)
@@ -34,6 +38,7 @@ use bloomfilter::Bloom;
 use crate::error::Result;
 use crate::format::CANCEL_LEDGER_MAGIC;
 use crate::format::layout::CANCEL_LEDGER_DIR;
+use crate::format::segment_counts::Pin;
 use crate::format::timer_entry::TimerEntry;
 use crate::mmap::Mapped;
 use crate::timer::Timer;
@@ -42,12 +47,40 @@ use crate::timer::log::TimerLog;
 /// Entries per ledger file (64 Ki entries, 1.75 MiB): retention deletes whole files.
 pub const LEDGER_ENTRIES_PER_FILE: u64 = 1 << 16;
 
-/// One cancel the store answered `Cancelled`.
+/// One cancel the store answered `Cancelled`, or one reschedule.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct LedgerEntry {
+    /// A cancel: the timer cancelled. A reschedule: the message and the new deliver time.
     pub timer: Timer,
-    /// The commit-log offset of the cancel record.
-    pub cancel_offset: u64,
+    /// The commit-log offset of the cancel or reschedule record.
+    pub record_offset: u64,
+    pub kind: LedgerKind,
+}
+
+/// What a ledger entry records.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum LedgerKind {
+    Cancel,
+    Reschedule,
+}
+
+impl LedgerEntry {
+    /// The entry of a cancel record at `record_offset`.
+    pub fn cancel(timer: Timer, record_offset: u64) -> Self {
+        Self { timer, record_offset, kind: LedgerKind::Cancel }
+    }
+
+    /// The entry of a reschedule record at `record_offset` of the message at
+    /// `message_offset`, to `deliver_at_ms`.
+    pub fn reschedule(message_offset: u64, deliver_at_ms: u64, record_offset: u64) -> Self {
+        Self { timer: Timer { deliver_at_ms, message_offset }, record_offset, kind: LedgerKind::Reschedule }
+    }
+
+    /// The timer the record of a reschedule entry makes.
+    pub fn rescheduled_timer(&self) -> Timer {
+        debug_assert_eq!(self.kind, LedgerKind::Reschedule);
+        Timer { deliver_at_ms: self.timer.deliver_at_ms, message_offset: self.record_offset }
+    }
 }
 
 /// False positives a file's filter allows.
@@ -89,36 +122,71 @@ impl CancelLedger {
         Ok(ledger)
     }
 
-    /// Records a cancel. Cancel records must come in commit-log order.
-    pub fn record(&mut self, timer: Timer, cancel_offset: u64) -> Result<()> {
+    /// Records a cancel or a reschedule. Records must come in commit-log order.
+    pub fn record(&mut self, entry: LedgerEntry) -> Result<()> {
+        debug_assert!(entry.record_offset > entry.timer.message_offset, "a record follows what it names");
         let entry = TimerEntry {
-            message_offset: timer.message_offset,
-            deliver_at_ms: timer.deliver_at_ms,
-            prev: cancel_offset,
-            cancel: true,
+            message_offset: entry.timer.message_offset,
+            deliver_at_ms: entry.timer.deliver_at_ms,
+            prev: entry.record_offset,
+            cancel: entry.kind == LedgerKind::Cancel,
         };
         self.log.append(&entry).map(drop)
     }
 
-    /// Whether a cancel of the message at `message_offset` was recorded.
-    /// Its cancel record lies after the message, so only the entries from the
-    /// first cancel record after it are read, and of those only the ones in
-    /// files whose filter may hold the message.
-    pub fn contains(&self, message_offset: u64) -> Result<bool> {
-        let (mut index, end) = (self.first_entry_at_or_after(message_offset + 1)?, self.log.end());
+    /// Whether a cancel of the timer of the record at `timer_offset` (a
+    /// message, or a reschedule record) was recorded.
+    pub fn contains(&self, timer_offset: u64) -> Result<bool> {
+        Ok(self.last_of(timer_offset, LedgerKind::Cancel)?.is_some())
+    }
+
+    /// The latest reschedule of the message at `message_offset`, if any: its
+    /// record names the message's timer now.
+    pub fn latest_reschedule(&self, message_offset: u64) -> Result<Option<LedgerEntry>> {
+        self.last_of(message_offset, LedgerKind::Reschedule)
+    }
+
+    /// The last entry of `kind` naming `offset`. Its record lies after
+    /// `offset`, so only the entries from the first record after it are
+    /// read, and of those only the ones in files whose filter may hold it.
+    fn last_of(&self, offset: u64, kind: LedgerKind) -> Result<Option<LedgerEntry>> {
+        let (mut index, end) = (self.first_entry_at_or_after(offset + 1)?, self.log.end());
+        let mut last = None;
         while index < end {
             let file_start = index - index % LEDGER_ENTRIES_PER_FILE;
             let file_end = (file_start + LEDGER_ENTRIES_PER_FILE).min(end);
-            if self.file_may_hold(file_start, file_end, message_offset)? {
+            if self.file_may_hold(file_start, file_end, offset)? {
                 for i in index..file_end {
-                    if self.entry(i)?.is_some_and(|e| e.timer.message_offset == message_offset) {
-                        return Ok(true);
+                    match self.entry(i)? {
+                        Some(e) if e.timer.message_offset == offset && e.kind == kind => last = Some(e),
+                        _ => {}
                     }
                 }
             }
             index = file_end;
         }
-        Ok(false)
+        Ok(last)
+    }
+
+    /// Every message whose latest reschedule's timer was not cancelled, with
+    /// that timer (it may have fired: the ledger does not know deliveries).
+    /// Reads the whole ledger: only for counts that lost their pins.
+    pub fn pins(&self) -> Result<Vec<(u64, Pin)>> {
+        let mut latest = BTreeMap::new();
+        let mut cancelled = std::collections::HashSet::new();
+        for index in self.log.first()..self.log.end() {
+            match self.entry(index)? {
+                Some(e) if e.kind == LedgerKind::Reschedule => {
+                    let pin = Pin { timer: e.record_offset, deliver_at_ms: e.timer.deliver_at_ms };
+                    latest.insert(e.timer.message_offset, pin);
+                }
+                Some(e) => {
+                    cancelled.insert(e.timer.message_offset);
+                }
+                None => {}
+            }
+        }
+        Ok(latest.into_iter().filter(|(_, pin)| !cancelled.contains(&pin.timer)).collect())
     }
 
     /// Whether the file starting at entry `file_start` may name the message,
@@ -139,14 +207,14 @@ impl CancelLedger {
         Ok(filter.messages.check(&message_offset))
     }
 
-    /// The first entry whose cancel record lies at or after `offset` (binary
-    /// search: cancel offsets grow from entry to entry).
+    /// The first entry whose record lies at or after `offset` (binary
+    /// search: record offsets grow from entry to entry).
     fn first_entry_at_or_after(&self, offset: u64) -> Result<u64> {
         let (mut lo, mut hi) = (self.log.first(), self.log.end());
         while lo < hi {
             let mid = lo + (hi - lo) / 2;
             match self.entry(mid)? {
-                Some(e) if e.cancel_offset < offset => lo = mid + 1,
+                Some(e) if e.record_offset < offset => lo = mid + 1,
                 _ => hi = mid,
             }
         }
@@ -158,7 +226,8 @@ impl CancelLedger {
         self.entries_read.set(self.entries_read.get() + 1);
         Ok(self.log.read(index)?.map(|e| LedgerEntry {
             timer: Timer { deliver_at_ms: e.deliver_at_ms, message_offset: e.message_offset },
-            cancel_offset: e.prev,
+            record_offset: e.prev,
+            kind: if e.cancel { LedgerKind::Cancel } else { LedgerKind::Reschedule },
         }))
     }
 
@@ -176,7 +245,7 @@ impl CancelLedger {
         let mut first_needed = self.log.first();
         while first_needed < self.log.end() {
             match self.entry(first_needed)? {
-                Some(e) if e.cancel_offset < log_start && e.timer.deliver_at_ms < relocated_from_ms => {
+                Some(e) if e.record_offset < log_start && e.timer.deliver_at_ms < relocated_from_ms => {
                     first_needed += 1;
                 }
                 _ => break,
@@ -223,7 +292,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
         let cancelled = Timer { deliver_at_ms: 1_700_000_001_000, message_offset: 32 };
-        ledger.record(cancelled, 4096).unwrap();
+        ledger.record(LedgerEntry::cancel(cancelled, 4096)).unwrap();
         drop(ledger);
         let file =
             std::fs::read(dir.path().join(CANCEL_LEDGER_DIR).join(crate::format::numbered_file_name(0)))
@@ -239,7 +308,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
         for (message, cancel) in [(100, 500), (40, 600), (700, 800)] {
-            ledger.record(timer(message), cancel).unwrap();
+            ledger.record(LedgerEntry::cancel(timer(message), cancel)).unwrap();
         }
         for message in [100, 40, 700] {
             assert!(ledger.contains(message).unwrap(), "{message}");
@@ -258,7 +327,7 @@ mod tests {
         let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
         let n = LEDGER_ENTRIES_PER_FILE * 3;
         for i in 0..n {
-            ledger.record(timer(i * 10), i * 10 + 5).unwrap();
+            ledger.record(LedgerEntry::cancel(timer(i * 10), i * 10 + 5)).unwrap();
         }
         assert!(ledger.contains(10 * (n / 2)).unwrap());
         assert!(!ledger.contains(3).unwrap(), "builds every file's filter");
@@ -268,17 +337,39 @@ mod tests {
         }
         let per_lookup = ledger.entries_read.get() / 100;
         assert!(per_lookup < LEDGER_ENTRIES_PER_FILE / 4, "read {per_lookup} entries per lookup");
-        ledger.record(timer(3), n * 10 + 5).unwrap();
+        ledger.record(LedgerEntry::cancel(timer(3), n * 10 + 5)).unwrap();
         assert!(ledger.contains(3).unwrap(), "an entry recorded after the filters were built");
+    }
+
+    #[test]
+    fn the_latest_reschedule_names_the_timer_and_is_no_cancel() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        ledger.record(LedgerEntry::reschedule(100, 5_000, 200)).unwrap();
+        ledger.record(LedgerEntry::cancel(timer(150), 250)).unwrap();
+        ledger.record(LedgerEntry::reschedule(100, 9_000, 300)).unwrap();
+        let latest = ledger.latest_reschedule(100).unwrap().unwrap();
+        assert_eq!(latest.rescheduled_timer(), Timer { deliver_at_ms: 9_000, message_offset: 300 });
+        assert!(!ledger.contains(100).unwrap(), "a reschedule is not a cancel");
+        assert_eq!(ledger.latest_reschedule(150).unwrap(), None, "a cancel is not a reschedule");
+        ledger.record(LedgerEntry::cancel(Timer { deliver_at_ms: 9_000, message_offset: 300 }, 400)).unwrap();
+        assert!(ledger.contains(300).unwrap(), "the rescheduled timer is cancelled by its record's offset");
+        drop(ledger);
+        let ledger = CancelLedger::open(dir.path(), 300).unwrap();
+        assert_eq!(
+            ledger.latest_reschedule(100).unwrap().map(|e| e.record_offset),
+            Some(200),
+            "cut from 300"
+        );
     }
 
     #[test]
     fn reopening_cuts_the_entries_the_recovery_scan_reads_again() {
         let dir = tempfile::tempdir().unwrap();
         let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
-        ledger.record(timer(10), 100).unwrap();
-        ledger.record(timer(20), 200).unwrap();
-        ledger.record(timer(30), 300).unwrap();
+        ledger.record(LedgerEntry::cancel(timer(10), 100)).unwrap();
+        ledger.record(LedgerEntry::cancel(timer(20), 200)).unwrap();
+        ledger.record(LedgerEntry::cancel(timer(30), 300)).unwrap();
         drop(ledger);
         let ledger = CancelLedger::open(dir.path(), 200).unwrap();
         assert_eq!(ledger.len(), 1);
@@ -292,7 +383,7 @@ mod tests {
         let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
         let per_file = LEDGER_ENTRIES_PER_FILE;
         for i in 0..per_file * 2 {
-            ledger.record(timer(i * 10), i * 10 + 5).unwrap();
+            ledger.record(LedgerEntry::cancel(timer(i * 10), i * 10 + 5)).unwrap();
         }
         let far_future = u64::MAX;
         // Index 0 is never used, so the first file holds records 0..=per_file - 2.

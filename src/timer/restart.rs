@@ -1,8 +1,9 @@
 //! The wheel's side of recovery: one contract, [`restart_wheel`], that the
 //! store's recovery calls once the commit log is recovered.
 //!
-//! The commit log says what happened since the checkpoint: its delivery and
-//! cancel records settle timers (they must not fire again), and the
+//! The commit log says what happened since the checkpoint: its delivery,
+//! cancel and reschedule records settle timers (they must not fire again:
+//! a reschedule record settles the timer it replaces), and the
 //! dispatcher's replay of the records after the checkpoint sends their
 //! timers again. A wheel resumed at the checkpoint may already hold some of
 //! those (indexed after it was written, or moved by a cascade it redoes), so
@@ -19,7 +20,7 @@ use std::path::Path;
 use crate::commitlog::CommitLog;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
-use crate::format::record::{CancelView, DeliveryView, RecordKind, check_crc};
+use crate::format::record::{CancelView, DeliveryView, MessageView, RecordKind, RescheduleView, check_crc};
 use crate::timer::Timer;
 use crate::timer::geometry::{LEVELS, slot_index, timer_log_of};
 use crate::timer::ledger::LedgerEntry;
@@ -32,13 +33,14 @@ pub(crate) struct Resume {
     pub tick_second: u64,
 }
 
-/// Timers known to have fired or been cancelled, by message offset.
+/// Timers known to have fired or been cancelled (or replaced by a
+/// reschedule), by the offset of the record that made them.
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Settled {
     pub delivered: HashSet<u64>,
     pub cancelled: HashSet<u64>,
-    /// The cancel records read, in log order, for the cancel ledger.
-    pub cancel_records: Vec<LedgerEntry>,
+    /// The cancel and reschedule records read, in log order, for the cancel ledger.
+    pub ledger_records: Vec<LedgerEntry>,
 }
 
 impl Settled {
@@ -295,11 +297,11 @@ impl Wheel {
         }
     }
 
-    /// Enters the cancel records recovery read into the ledger (after any
-    /// relocated ones: the ledger is in log order).
+    /// Enters the cancel and reschedule records recovery read into the
+    /// ledger (after any relocated ones: the ledger is in log order).
     fn record_recovered_cancels(&mut self) -> Result<()> {
-        for entry in std::mem::take(&mut self.restart.settled.cancel_records) {
-            self.cancels.ledger.record(entry.timer, entry.cancel_offset)?;
+        for entry in std::mem::take(&mut self.restart.settled.ledger_records) {
+            self.cancels.ledger.record(entry)?;
         }
         Ok(())
     }
@@ -381,7 +383,8 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
     let area = log.relocated();
     let _span = tracing::info_span!("restore_relocated", copies = area.entries()).entered();
     let from_ms = tick_second.saturating_mul(1000);
-    let mut cancels = Vec::new();
+    // What the cancels and reschedules settle, and their ledger entries.
+    let mut settles = Vec::new();
     for i in 0..area.entries() {
         let entry = area.entry(i)?;
         let record = match log.read(entry.original_offset) {
@@ -390,38 +393,54 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
             Err(Error::Reclaimed { .. }) => continue,
             Err(e) => return Err(e),
         };
-        let timer = Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.original_offset };
+        let corrupt = |k| log.corruption_at(record.offset, k);
         match record.kind {
-            RecordKind::Message if entry.deliver_at_ms >= from_ms => {
-                // Not counted per segment: its segment is gone.
-                wheel.insert(timer)?;
+            RecordKind::Message => {
+                // The message's own timer (a pinned copy's window may be a
+                // reschedule's, later: see `retention`).
+                let view = MessageView::parse(&record.bytes).map_err(corrupt)?;
+                let Some(deliver_at_ms) = view.timer_deliver_at_ms() else { continue };
+                if deliver_at_ms >= from_ms {
+                    // Not counted per segment: its segment is gone.
+                    wheel.insert(Timer { deliver_at_ms, message_offset: record.offset })?;
+                }
             }
             RecordKind::Cancel => {
-                let cancel =
-                    CancelView::parse(&record.bytes).map_err(|k| log.corruption_at(record.offset, k))?;
+                let cancel = CancelView::parse(&record.bytes).map_err(corrupt)?;
                 let timer =
                     Timer { deliver_at_ms: cancel.deliver_at_ms, message_offset: cancel.message_offset };
-                cancels.push(LedgerEntry { timer, cancel_offset: record.offset });
+                settles.push((timer, LedgerEntry::cancel(timer, record.offset)));
+            }
+            RecordKind::Reschedule => {
+                let r = RescheduleView::parse(&record.bytes).map_err(corrupt)?;
+                if r.deliver_at_ms >= from_ms {
+                    wheel.insert(Timer { deliver_at_ms: r.deliver_at_ms, message_offset: record.offset })?;
+                }
+                let replaced = Timer { deliver_at_ms: r.from_deliver_at_ms, message_offset: r.from_timer };
+                settles.push((
+                    replaced,
+                    LedgerEntry::reschedule(r.message_offset, r.deliver_at_ms, record.offset),
+                ));
             }
             _ => {}
         }
     }
     // The ledger is in log order; the index is in the order copies were made.
-    cancels.sort_unstable_by_key(|c| c.cancel_offset);
-    for LedgerEntry { timer, cancel_offset } in cancels {
+    settles.sort_unstable_by_key(|(_, entry)| entry.record_offset);
+    for (timer, entry) in settles {
         if timer.deliver_at_ms >= from_ms {
             wheel.cancel(timer)?;
         }
-        wheel.record_cancel(timer, cancel_offset)?;
+        wheel.record_in_ledger(entry)?;
     }
     Ok(())
 }
 
-/// What a record settles: a delivery (of the message at an offset) or a
-/// cancel (by the cancel record at `record`).
+/// What a record settles: a delivery (of the timer of the record at an
+/// offset), or a cancel or a reschedule (of a timer, by its ledger entry).
 enum Settles {
     Delivery(u64),
-    Cancel { record: u64, timer: Timer },
+    Cancel { timer: Timer, entry: LedgerEntry },
 }
 
 /// The timers that fired or were cancelled, from the delivery and cancel
@@ -446,7 +465,16 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
                     .map(|c| {
                         let timer =
                             Timer { deliver_at_ms: c.deliver_at_ms, message_offset: c.message_offset };
-                        Some(Settles::Cancel { record: offset, timer })
+                        Some(Settles::Cancel { timer, entry: LedgerEntry::cancel(timer, offset) })
+                    })
+                    .map_err(corrupt),
+                RecordKind::Reschedule => check_crc(bytes, offset)
+                    .and_then(|()| RescheduleView::parse(bytes))
+                    .map(|r| {
+                        let timer =
+                            Timer { deliver_at_ms: r.from_deliver_at_ms, message_offset: r.from_timer };
+                        let entry = LedgerEntry::reschedule(r.message_offset, r.deliver_at_ms, offset);
+                        Some(Settles::Cancel { timer, entry })
                     })
                     .map_err(corrupt),
                 _ => Ok(None),
@@ -456,9 +484,9 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
             Some(Settles::Delivery(message_offset)) => {
                 settled.delivered.insert(message_offset);
             }
-            Some(Settles::Cancel { record, timer }) => {
+            Some(Settles::Cancel { timer, entry }) => {
                 settled.cancelled.insert(timer.message_offset);
-                settled.cancel_records.push(LedgerEntry { timer, cancel_offset: record });
+                settled.ledger_records.push(entry);
             }
             None => {}
         }

@@ -16,14 +16,16 @@ use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::record::{
-    CANCEL_LEN, DELIVERY_LEN, MessageView, RecordKind, encode_cancel, encode_delivery,
+    CANCEL_LEN, DELIVERY_LEN, MessageView, RESCHEDULE_LEN, RecordKind, RescheduleView, encode_cancel,
+    encode_delivery,
 };
-use crate::message::CancelOutcome;
+use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::threads::StopFlag;
 use crate::timer::Timer;
 use crate::timer::cancels::{CancelState, CancelTarget};
+use crate::timer::ledger::LedgerEntry;
 use crate::timer::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::{FilesToSync, Wheel};
 use crate::timer::window::PendingEntry;
@@ -46,14 +48,34 @@ const COMMAND_BATCH: usize = 4096;
 pub(crate) enum WheelCommand {
     /// Index this timer.
     Insert(Timer),
+    /// Index the timer of a reschedule record, of the message at `message_offset`.
+    InsertRescheduled { timer: Timer, message_offset: u64 },
     /// Every timed record below this commit-log offset has been sent.
     Progress(u64),
-    /// Cancel this timer and answer what became of it.
-    Cancel(Timer, Sender<Result<CancelOutcome>>),
+    /// Cancel or reschedule the timer a handle names and answer what became of it.
+    Control(Timer, Control),
     /// Refresh the gauges and answer: every command sent before this one is handled.
     Refresh(Sender<()>),
     /// Answer the first `limit` pending timers due in `window_ms` (see `window.rs`).
     Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
+}
+
+/// What a handle asks of its timer.
+#[derive(Debug)]
+pub(crate) enum Control {
+    Cancel(Sender<Result<CancelOutcome>>),
+    /// Move it to this deliver time.
+    Reschedule(u64, Sender<Result<RescheduleOutcome>>),
+}
+
+impl Control {
+    /// Answers `e`: the wheel could not tell where the timer is.
+    fn fail(self, e: Error) {
+        match self {
+            Control::Cancel(reply) => drop(reply.send(Err(e))),
+            Control::Reschedule(_, reply) => drop(reply.send(Err(e))),
+        }
+    }
 }
 
 /// What a checkpoint may vouch for on the wheel's behalf, as of its last sync.
@@ -124,8 +146,8 @@ pub(crate) struct Ticker {
     pub indexed: u64,
     /// The timer logs' ends when it was received.
     pub indexed_log_ends: [u64; 2],
-    /// Cancels of timers the dispatcher has not sent yet.
-    pub deferred_cancels: Vec<(Timer, Sender<Result<CancelOutcome>>)>,
+    /// Cancels and reschedules of timers the dispatcher has not sent yet.
+    pub deferred: Vec<(Timer, Control)>,
     /// Pending timers per commit-log segment, for retention.
     pub counts: SegmentCounts,
     /// Retention's keep time: a timer due within it of being indexed is "near".
@@ -221,7 +243,8 @@ impl Ticker {
         // Every timer received so far, also those after the last progress
         // (and the one being inserted when the old wheel failed).
         let (start, through) = (self.log.start(), self.indexed.max(self.received));
-        let counts = SegmentCounts::rebuilt(self.log.segment_size(), start..through);
+        let mut counts = SegmentCounts::rebuilt(self.log.segment_size(), start..through);
+        counts.keep_live_pins_of(&self.counts);
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.flush
             .send(FlushSignal::Rebuild { tick_second, counts: counts.clone(), reply })
@@ -246,20 +269,27 @@ impl Ticker {
         Ok(())
     }
 
-    /// Indexes the timed messages of `[from, to)` (what the dispatcher
-    /// already handed over). A record that does not check out is left to
-    /// the dispatcher's and the ticker's checks, which skip it.
+    /// Indexes the timers of the timed messages and reschedule records of
+    /// `[from, to)` (what the dispatcher already handed over). A record that
+    /// does not check out is left to the dispatcher's and the ticker's
+    /// checks, which skip it.
     fn index_timers(&mut self, from: u64, to: u64) -> Result<()> {
         let mut at = from;
         while at < to {
-            let (timer, next) = self.log.visit_trusted(at, |offset, kind, bytes| {
-                (kind == RecordKind::Message)
-                    .then(|| MessageView::parse(bytes).ok().and_then(|v| v.timer_deliver_at_ms()))
-                    .flatten()
-                    .map(|deliver_at_ms| Timer { deliver_at_ms, message_offset: offset })
+            let (found, next) = self.log.visit_trusted(at, |offset, kind, bytes| match kind {
+                RecordKind::Message => MessageView::parse(bytes)
+                    .ok()
+                    .and_then(|v| v.timer_deliver_at_ms())
+                    .map(|deliver_at_ms| (Timer { deliver_at_ms, message_offset: offset }, None)),
+                RecordKind::Reschedule => RescheduleView::parse(bytes).ok().map(|r| {
+                    (Timer { deliver_at_ms: r.deliver_at_ms, message_offset: offset }, Some(r.message_offset))
+                }),
+                _ => None,
             })?;
-            if let Some(timer) = timer {
-                self.insert(timer)?;
+            match found {
+                Some((timer, None)) => drop(self.insert(timer)?),
+                Some((timer, Some(message))) => self.insert_rescheduled(timer, message)?,
+                None => {}
             }
             at = next;
         }
@@ -308,8 +338,9 @@ impl Ticker {
     }
 
     /// Indexes a timer, and counts it in its segment.
-    fn insert(&mut self, timer: Timer) -> Result<()> {
-        if self.wheel.insert(timer)? {
+    fn insert(&mut self, timer: Timer) -> Result<bool> {
+        let inserted = self.wheel.insert(timer)?;
+        if inserted {
             // A timer already overdue fires now, not at its deliver
             // time: consumers get the retention time from now. Indexed
             // no earlier than it was stored, so "near" may include a
@@ -318,6 +349,14 @@ impl Ticker {
             let fires_at = timer.deliver_at_ms.max(now_ms);
             let near = fires_at < now_ms.saturating_add(self.keep_ms);
             self.counts.indexed(timer.message_offset, fires_at, near);
+        }
+        Ok(inserted)
+    }
+
+    /// Indexes the timer of a reschedule record, and pins its message.
+    fn insert_rescheduled(&mut self, timer: Timer, message_offset: u64) -> Result<()> {
+        if self.insert(timer)? {
+            self.counts.pin(message_offset, timer.message_offset, timer.deliver_at_ms);
         }
         Ok(())
     }
@@ -333,7 +372,11 @@ impl Ticker {
         match command {
             WheelCommand::Insert(timer) => {
                 self.received = self.received.max(timer.message_offset + 1);
-                self.insert(timer)
+                self.insert(timer).map(drop)
+            }
+            WheelCommand::InsertRescheduled { timer, message_offset } => {
+                self.received = self.received.max(timer.message_offset + 1);
+                self.insert_rescheduled(timer, message_offset)
             }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
@@ -344,19 +387,13 @@ impl Ticker {
                 if offset >= self.replay_end {
                     self.indexed_log_ends = self.wheel.timer_log_ends();
                 }
-                let ready: Vec<_> = {
-                    let (ready, waiting) =
-                        self.deferred_cancels.drain(..).partition(|(t, _)| t.message_offset < offset);
-                    self.deferred_cancels = waiting;
-                    ready
-                };
-                ready.into_iter().try_for_each(|(timer, reply)| self.cancel(timer, reply))
+                // Each is tried again (its timer may have been rescheduled
+                // meanwhile, to a record the dispatcher has not sent yet).
+                std::mem::take(&mut self.deferred)
+                    .into_iter()
+                    .try_for_each(|(timer, control)| self.control(timer, control))
             }
-            WheelCommand::Cancel(timer, reply) if timer.message_offset >= self.indexed => {
-                self.deferred_cancels.push((timer, reply));
-                Ok(())
-            }
-            WheelCommand::Cancel(timer, reply) => self.cancel(timer, reply),
+            WheelCommand::Control(timer, control) => self.control(timer, control),
             WheelCommand::Refresh(reply) => {
                 self.deliver_or_load(self.clock.now_ms())?;
                 // Without delivery nothing moves, and an operator asked:
@@ -373,8 +410,32 @@ impl Ticker {
         }
     }
 
-    /// Decides a timer's fate. The ticking thread is the only place that
-    /// delivers or cancels, so the answer and the record agree.
+    /// Cancels or reschedules the timer a handle names: the message's own,
+    /// or its latest reschedule's. Waits (deferred) until the dispatcher has
+    /// sent that timer. The ticking thread is the only place that delivers,
+    /// cancels or reschedules, so the answer and the record agree.
+    fn control(&mut self, handle: Timer, control: Control) -> Result<()> {
+        let timer = match self.wheel.current_timer(handle) {
+            Ok(timer) => timer,
+            Err(e) => {
+                tracing::error!(error = %e, "could not tell which timer a handle names now");
+                control.fail(e);
+                return Ok(());
+            }
+        };
+        if timer.message_offset >= self.indexed {
+            self.deferred.push((handle, control));
+            return Ok(());
+        }
+        match control {
+            Control::Cancel(reply) => self.cancel(timer, reply),
+            Control::Reschedule(deliver_at_ms, reply) => {
+                self.reschedule(handle.message_offset, timer, deliver_at_ms, reply)
+            }
+        }
+    }
+
+    /// Decides a timer's fate.
     fn cancel(&mut self, timer: Timer, reply: Sender<Result<CancelOutcome>>) -> Result<()> {
         let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
         let target = match self.wheel.locate_for_cancel(&timer) {
@@ -427,8 +488,70 @@ impl Ticker {
     /// timer's time has passed: retention relocates such a cancel (a timer
     /// relocated with its cancelled message must not fire from a rebuilt wheel).
     fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
-        self.counts.settled(timer.message_offset);
+        self.counts.timer_settled(timer.message_offset);
         self.counts.cancel_recorded(cancel_offset, timer.deliver_at_ms);
+    }
+
+    /// Moves `timer` (of the message at `message_offset`) to `deliver_at_ms`.
+    fn reschedule(
+        &mut self,
+        message_offset: u64,
+        timer: Timer,
+        deliver_at_ms: u64,
+        reply: Sender<Result<RescheduleOutcome>>,
+    ) -> Result<()> {
+        let _span =
+            tracing::debug_span!("reschedule", offset = timer.message_offset, deliver_at_ms).entered();
+        let target = match self.wheel.locate_for_cancel(&timer) {
+            Ok(target) => target,
+            Err(e) => {
+                tracing::error!(error = %e, "could not tell whether a timer was cancelled");
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        let outcome = match target {
+            CancelTarget::AlreadyDelivered => Ok(RescheduleOutcome::AlreadyDelivered),
+            CancelTarget::AlreadyCancelled => Ok(RescheduleOutcome::Cancelled),
+            target => self.record_and_apply_reschedule(message_offset, timer, deliver_at_ms, target),
+        };
+        let failed = outcome.is_err();
+        let _ = reply.send(outcome);
+        if failed {
+            return Err(Error::invalid("reschedule", "the wheel could not record a reschedule"));
+        }
+        Ok(())
+    }
+
+    /// Writes the reschedule record, then takes the old timer out of the
+    /// wheel (as a cancel does); the new one is the record's, indexed when
+    /// the dispatcher reaches it. A reschedule that could not be recorded
+    /// changes nothing.
+    fn record_and_apply_reschedule(
+        &mut self,
+        message_offset: u64,
+        timer: Timer,
+        deliver_at_ms: u64,
+        target: CancelTarget,
+    ) -> Result<RescheduleOutcome> {
+        let view = RescheduleView {
+            rescheduled_at_ms: self.clock.now_ms(),
+            message_offset,
+            from_timer: timer.message_offset,
+            from_deliver_at_ms: timer.deliver_at_ms,
+            deliver_at_ms,
+        };
+        let (record, _) = self.log.append_reserved(RESCHEDULE_LEN, |buf, offset| view.encode(buf, offset))?;
+        let state = self.wheel.apply_cancel(timer, target)?;
+        debug_assert_eq!(state, CancelState::Cancelled, "located as pending");
+        let entry = LedgerEntry::reschedule(message_offset, deliver_at_ms, record);
+        // Without its ledger entry, the handle would name the old timer again:
+        // the ledger is then unreliable, and the wheel is rebuilt.
+        self.wheel.record_in_ledger(entry)?;
+        self.counts.timer_replaced(timer.message_offset);
+        self.counts.pin(message_offset, record, deliver_at_ms);
+        self.wake_indexers();
+        Ok(RescheduleOutcome::Rescheduled)
     }
 
     /// How long to sleep: until the next timer is due or the next second
@@ -478,7 +601,7 @@ impl Ticker {
                     encode_delivery(buf, offset, now_ms, timer.message_offset);
                 })?;
                 stats.lateness_ms.saturating_record(now_ms - timer.deliver_at_ms);
-                self.counts.settled(timer.message_offset);
+                self.counts.timer_settled(timer.message_offset);
             }
             stats.delivered += due.len() as u64;
             self.wake_indexers();
@@ -561,6 +684,38 @@ impl Ticker {
     }
 }
 
+/// Whether the record of `timer` is a timed message due then, or a
+/// reschedule record to then of a timed message, checksums checked.
+fn check_timer_record(reader: &mut LogReader, timer: Timer) -> Result<bool> {
+    let (named, _) = reader.visit_checked(timer.message_offset, |at, kind, bytes| {
+        if at != timer.message_offset {
+            return None;
+        }
+        match kind {
+            RecordKind::Message => MessageView::parse(bytes)
+                .is_ok_and(|v| v.timer_deliver_at_ms() == Some(timer.deliver_at_ms))
+                .then_some(None),
+            RecordKind::Reschedule => RescheduleView::parse(bytes)
+                .ok()
+                .filter(|r| r.deliver_at_ms == timer.deliver_at_ms)
+                .map(|r| Some(r.message_offset)),
+            _ => None,
+        }
+    })?;
+    match named {
+        None => Ok(false),
+        Some(None) => Ok(true),
+        Some(Some(message)) => {
+            let (timed, _) = reader.visit_checked(message, |at, kind, bytes| {
+                at == message
+                    && kind == RecordKind::Message
+                    && MessageView::parse(bytes).is_ok_and(|v| v.timer_deliver_at_ms().is_some())
+            })?;
+            Ok(timed)
+        }
+    }
+}
+
 /// Keeps the timers whose record is the timed message they name, due when
 /// they say, its checksum checked: a timer is never delivered for a damaged
 /// message or for another record at its offset. Each one left out is logged
@@ -576,15 +731,9 @@ fn retain_checked(
     let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
     std::hint::black_box(touched);
     timers.retain(|timer| {
-        let found = reader.visit_checked(timer.message_offset, |at, kind, bytes| {
-            at == timer.message_offset
-                && kind == RecordKind::Message
-                && MessageView::parse(bytes)
-                    .is_ok_and(|v| v.timer_deliver_at_ms() == Some(timer.deliver_at_ms))
-        });
-        let why = match found {
-            Ok((true, _)) => return true,
-            Ok((false, _)) => format!("is not a timed message due at {}", timer.deliver_at_ms),
+        let why = match check_timer_record(reader, *timer) {
+            Ok(true) => return true,
+            Ok(false) => format!("is not a timed message (or its reschedule) due at {}", timer.deliver_at_ms),
             Err(e) => e.to_string(),
         };
         tracing::error!(
@@ -594,7 +743,7 @@ fn retain_checked(
             "a timer's record does not check out: it will not be delivered"
         );
         quarantined.fetch_add(1, Ordering::Relaxed);
-        counts.settled(timer.message_offset);
+        counts.timer_settled(timer.message_offset);
         false
     });
     reader.release();

@@ -1,7 +1,8 @@
 //! Crash tests with real processes: this test binary runs again as a child
 //! that prints the id of every message `put` acknowledged (and `c <id>` for
-//! every cancel answered `Cancelled`), is killed with SIGKILL, and the store
-//! it leaves is audited.
+//! every cancel answered `Cancelled`; `t <id> <ms>` before it asks to
+//! reschedule a timer to `ms`, `r <id>` once that is answered
+//! `Rescheduled`), is killed with SIGKILL, and the store it leaves is audited.
 
 use std::collections::{HashMap, HashSet};
 use std::io::{BufRead, BufReader};
@@ -15,6 +16,20 @@ use delaywheel::{Clock, Store, SystemClock};
 pub struct Acks {
     pub acked: Vec<u64>,
     pub cancelled: HashSet<u64>,
+    /// Per id, the deliver times it asked to reschedule to, in order, each
+    /// with whether it was answered `Rescheduled`.
+    pub reschedules: HashMap<u64, Vec<(u64, bool)>>,
+}
+
+impl Acks {
+    /// The deliver times a delivery of `id` may carry, if a reschedule of it
+    /// was acknowledged: that of the last one acknowledged, or of one asked
+    /// for after it (its answer may have died with the child). `None`: any.
+    pub fn allowed_times(&self, id: u64) -> Option<Vec<u64>> {
+        let asked = self.reschedules.get(&id)?;
+        let last_acked = asked.iter().rposition(|&(_, acked)| acked)?;
+        Some(asked[last_acked..].iter().map(|&(at, _)| at).collect())
+    }
 }
 
 /// Runs this binary with `child_env` set to `dir`, kills it after `after`,
@@ -35,11 +50,18 @@ pub fn kill_child_with(child_env: &str, dir: &Path, after: Duration, env: &[(&st
         .expect("spawn child");
     let stdout = child.stdout.take().expect("piped");
     let reader = std::thread::spawn(move || {
-        let mut acks = Acks { acked: Vec::new(), cancelled: HashSet::new() };
+        let mut acks = Acks { acked: Vec::new(), cancelled: HashSet::new(), reschedules: HashMap::new() };
         for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            match line.strip_prefix("c ") {
-                Some(id) => acks.cancelled.extend(id.parse::<u64>().ok()),
-                None => acks.acked.extend(line.parse::<u64>().ok()),
+            let words: Vec<u64> = line.split(' ').skip(1).filter_map(|w| w.parse().ok()).collect();
+            match (line.split(' ').next(), words.as_slice()) {
+                (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
+                (Some("t"), &[id, at]) => acks.reschedules.entry(id).or_default().push((at, false)),
+                (Some("r"), &[id]) => {
+                    if let Some(last) = acks.reschedules.get_mut(&id).and_then(|asked| asked.last_mut()) {
+                        last.1 = true;
+                    }
+                }
+                _ => acks.acked.extend(line.parse::<u64>().ok()),
             }
         }
         acks
@@ -60,6 +82,10 @@ pub struct Audit {
     pub duplicated: usize,
     pub early: usize,
     pub fired_after_cancel: usize,
+    /// Timers with an acknowledged reschedule.
+    pub rescheduled: usize,
+    /// Rescheduled (acknowledged) and delivered for another deliver time.
+    pub fired_off_schedule: usize,
 }
 
 impl Audit {
@@ -71,6 +97,7 @@ impl Audit {
             && self.duplicated == 0
             && self.early == 0
             && self.fired_after_cancel == 0
+            && self.fired_off_schedule == 0
             && self.delivered + self.cancelled >= self.acked - self.acked / 8
     }
 }
@@ -82,15 +109,19 @@ impl Audit {
 pub fn audit(store: &Store, topic: &str, acks: &Acks, maybe_cancelled: impl Fn(u64) -> bool) -> Audit {
     let mut consumer = store.consumer_in_group("audit", topic, 0).expect("consumer");
     let mut seen: HashMap<u64, usize> = HashMap::new();
-    let mut early = 0;
+    let (mut early, mut off_schedule) = (0, 0);
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         let batch = consumer.poll(4096, Duration::from_millis(200)).expect("poll");
         for m in &batch {
             let id = u64::from_le_bytes(m.body()[..8].try_into().expect("8-byte body"));
             *seen.entry(id).or_default() += 1;
-            if m.delivered_at_ms() < m.deliver_at_ms().expect("a timed message") {
+            let due = m.deliver_at_ms().expect("a timed message");
+            if m.delivered_at_ms() < due {
                 early += 1;
+            }
+            if acks.allowed_times(id).is_some_and(|allowed| !allowed.contains(&due)) {
+                off_schedule += 1;
             }
         }
         let settled = |id: &u64| seen.contains_key(id) || acks.cancelled.contains(id) || maybe_cancelled(*id);
@@ -111,6 +142,8 @@ pub fn audit(store: &Store, topic: &str, acks: &Acks, maybe_cancelled: impl Fn(u
         duplicated: seen.values().map(|&n| n.saturating_sub(1)).sum(),
         early,
         fired_after_cancel: acks.cancelled.iter().filter(|id| seen.contains_key(id)).count(),
+        rescheduled: acks.reschedules.values().filter(|asked| asked.iter().any(|&(_, acked)| acked)).count(),
+        fired_off_schedule: off_schedule,
     }
 }
 

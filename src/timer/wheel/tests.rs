@@ -201,6 +201,8 @@ enum Op {
     Advance(u64),
     /// Cancel the n-th timer put so far (modulo how many there are).
     Cancel(usize),
+    /// Reschedule the n-th timer put so far to this many ms from now.
+    Reschedule(usize, i64),
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -213,6 +215,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => (0u64..(3 * DAY)).prop_map(Op::Advance),
         1 => (0u64..(40 * YEAR)).prop_map(Op::Advance),
         2 => any::<usize>().prop_map(Op::Cancel),
+        2 => (any::<usize>(), -5_000i64..5_000).prop_map(|(n, ahead)| Op::Reschedule(n, ahead)),
+        1 => (any::<usize>(), 0i64..(2 * DAY) as i64).prop_map(|(n, ahead)| Op::Reschedule(n, ahead)),
+        1 => (any::<usize>(), 0i64..(150 * YEAR) as i64).prop_map(|(n, ahead)| Op::Reschedule(n, ahead)),
     ]
 }
 
@@ -220,7 +225,9 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
 
     /// The wheel hands out exactly what a `BTreeMap` of deliver times says,
-    /// in its order, never early.
+    /// in its order, never early; a reschedule (as the ticking thread makes
+    /// it: the old timer out as by a cancel, the ledger entry, the record's
+    /// timer in) moves a timer in the model.
     #[test]
     fn the_wheel_matches_a_btreemap_model(
         ops in proptest::collection::vec(op(), 1..80),
@@ -255,8 +262,31 @@ proptest! {
                     prop_assert_eq!(got, want);
                     prop_assert_eq!(w.pending(), model.len() as u64);
                 }
+                Op::Reschedule(n, ahead) if !put.is_empty() => {
+                    let handle = put[n % put.len()];
+                    let t = w.current_timer(handle).unwrap();
+                    let at = now.saturating_add_signed(ahead).max(1);
+                    let record = next_offset;
+                    next_offset += 64;
+                    let was_pending = model.remove(&(t.deliver_at_ms, t.message_offset)).is_some();
+                    let target = w.locate_for_cancel(&t).unwrap();
+                    match target {
+                        CancelTarget::AlreadyDelivered | CancelTarget::AlreadyCancelled => {
+                            prop_assert!(!was_pending, "{:?} was pending: {:?}", t, target);
+                        }
+                        target => {
+                            prop_assert!(was_pending, "{:?} was not pending: {:?}", t, target);
+                            w.apply_cancel(t, target).unwrap();
+                            let entry = crate::timer::ledger::LedgerEntry::reschedule(handle.message_offset, at, record);
+                            w.record_in_ledger(entry).unwrap();
+                            w.insert(timer(at, record)).unwrap();
+                            model.insert((at, record), ());
+                        }
+                    }
+                }
+                Op::Reschedule(..) => {}
                 Op::Cancel(n) if !put.is_empty() => {
-                    let t = put[n % put.len()];
+                    let t = w.current_timer(put[n % put.len()]).unwrap();
                     let outcome = w.cancel(t).unwrap();
                     let was_pending = model.remove(&(t.deliver_at_ms, t.message_offset)).is_some();
                     if was_pending {

@@ -5,6 +5,13 @@
 //!   makes it **duplicated**, one whose delivered-at is before the deliver
 //!   time makes it **early**;
 //! * **cancelled**: a cancel record names it (or a cancel entry in a live slot does);
+//! * a **rescheduled** message (one or more reschedule records name it) is
+//!   judged by its timers: the message's own and each reschedule record's
+//!   (named by the record's offset); the last one is the timer that counts
+//!   for cancelled and pending, deliveries of any of them count together for
+//!   delivered and duplicated, each is early against its own deliver time,
+//!   and a delivery of a replaced timer (the message fired at an old time)
+//!   counts as **fired after reschedule**;
 //! * **pending**: the store will still deliver it: its timer is in a live
 //!   wheel slot (see `wheel_view`; level-0 chains are read from the near
 //!   timer log, level-1 and level-2 chains from the far one), or its record
@@ -67,11 +74,15 @@ pub struct AuditCounts {
     pub early: u64,
     /// Relocated timers that fired and whose delivery record retention deleted.
     pub reclaimed: u64,
+    /// Timer messages with at least one reschedule record.
+    pub rescheduled: u64,
+    /// Rescheduled messages delivered by a timer a reschedule had replaced.
+    pub fired_after_reschedule: u64,
 }
 
 impl AuditCounts {
     pub fn failed(&self) -> bool {
-        self.lost > 0 || self.duplicated > 0 || self.early > 0
+        self.lost > 0 || self.duplicated > 0 || self.early > 0 || self.fired_after_reschedule > 0
     }
 }
 
@@ -84,6 +95,7 @@ pub struct Audit {
     pub unsettled: Vec<Example>,
     pub lost: Vec<Example>,
     pub duplicated: Vec<Example>,
+    pub fired_after_reschedule: Vec<Example>,
     pub early: Vec<Example>,
     /// Both delivered and cancelled (the store writes one or the other).
     pub delivered_and_cancelled: Vec<Example>,
@@ -99,8 +111,8 @@ pub struct Audit {
     pub window_deleted: u64,
     /// Relocation index entries or copies that do not check out (not audited; `verify` names them).
     pub damaged_copies: u64,
-    /// The offsets of the pending timers' messages, ascending.
-    pub pending: Vec<u64>,
+    /// The pending timers: their messages' offsets, ascending, and when each is due now.
+    pub pending: Vec<(u64, u64)>,
 }
 
 /// One message worth naming.
@@ -157,6 +169,7 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         unsettled: Vec::new(),
         lost: Vec::new(),
         duplicated: Vec::new(),
+        fired_after_reschedule: Vec::new(),
         early: Vec::new(),
         delivered_and_cancelled: Vec::new(),
         wheel_note,
@@ -167,52 +180,68 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         damaged_copies: relocated.damaged,
         pending: Vec::new(),
     };
+    // Each rescheduled message's timers after its own: (record offset, deliver time), in log order.
+    let mut reschedules: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
+    for (&record, r) in &facts.reschedules {
+        reschedules.entry(r.message_offset).or_default().push((record, r.deliver_at_ms));
+    }
     for (&offset, m) in timed {
         a.counts.timer_messages += 1;
         let is_relocated = offset < log_start;
         a.relocated_timers += u64::from(is_relocated);
-        let example = |note: String| Example {
-            offset,
-            topic: facts.topic(m).to_string(),
-            deliver_at_ms: m.deliver_at_ms,
-            note,
-        };
-        if let Some(times) = deliveries.get(&offset) {
+        // The message's timers, its own first: the last one is the one that counts.
+        let mut timers = vec![(offset, m.deliver_at_ms)];
+        timers.extend(reschedules.get(&offset).into_iter().flatten().copied());
+        a.counts.rescheduled += u64::from(timers.len() > 1);
+        let (current, due) = *timers.last().expect("the message's own timer");
+        let example =
+            |note: String| Example { offset, topic: facts.topic(m).to_string(), deliver_at_ms: due, note };
+        let fired: Vec<(u64, u64, u64)> = timers
+            .iter()
+            .flat_map(|&(timer, due)| {
+                deliveries.get(&timer).into_iter().flatten().map(move |&t| (timer, due, t))
+            })
+            .collect();
+        if !fired.is_empty() {
             a.counts.delivered += 1;
-            if times.len() > 1 {
+            if fired.len() > 1 {
                 a.counts.duplicated += 1;
-                a.duplicated.push(example(format!("{} delivery records", times.len())));
+                a.duplicated.push(example(format!("{} delivery records", fired.len())));
             }
-            if let Some(&first_early) = times.iter().find(|&&t| t < m.deliver_at_ms) {
+            if let Some(&(_, due, first_early)) = fired.iter().find(|&&(_, due, t)| t < due) {
                 a.counts.early += 1;
                 a.early.push(example(format!(
                     "delivered at {} ({} ms early)",
                     utc_ms(first_early),
-                    m.deliver_at_ms - first_early
+                    due - first_early
                 )));
             }
-            if cancelled.contains(&offset) {
+            if fired.iter().any(|&(timer, _, _)| timer != current) {
+                a.counts.fired_after_reschedule += 1;
+                a.fired_after_reschedule.push(example("delivered by a timer a reschedule replaced".into()));
+            }
+            if cancelled.contains(&current) {
                 a.delivered_and_cancelled.push(example("a delivery and a cancel record".into()));
             }
-        } else if cancelled.contains(&offset)
-            || membership.as_ref().is_some_and(|w| w.cancel_entries.contains(&offset))
+        } else if cancelled.contains(&current)
+            || membership.as_ref().is_some_and(|w| w.cancel_entries.contains(&current))
         {
             a.counts.cancelled += 1;
-        } else if !is_relocated && offset >= replay_from {
+        } else if current >= log_start && current >= replay_from {
             a.counts.pending += 1;
             a.pending_by_replay += 1;
-            a.pending.push(offset);
+            a.pending.push((offset, due));
         } else if match &membership {
-            Some(w) => w.pending(offset),
+            Some(w) => w.pending(current),
             // Without a readable wheel the store rebuilds it from the log at the next open.
-            None => !is_relocated || m.deliver_at_ms >= restored_from_ms,
+            None => current >= log_start || due >= restored_from_ms,
         } {
             a.counts.pending += 1;
             a.relocated_pending += u64::from(is_relocated);
-            a.pending.push(offset);
-        } else if is_relocated && m.deliver_at_ms < oldest_time_ms.saturating_add(GRACE_MS) {
+            a.pending.push((offset, due));
+        } else if is_relocated && due < oldest_time_ms.saturating_add(GRACE_MS) {
             a.counts.reclaimed += 1;
-        } else if m.deliver_at_ms.saturating_add(GRACE_MS) < a.reference_ms {
+        } else if due.saturating_add(GRACE_MS) < a.reference_ms {
             a.counts.lost += 1;
             a.lost.push(example("not delivered, not cancelled, in no live slot".into()));
         } else {
@@ -284,6 +313,14 @@ impl Audit {
         ] {
             t.row(vec![name.into(), thousands(n)]);
         }
+        if c.rescheduled > 0 || c.fired_after_reschedule > 0 {
+            for (name, n) in [
+                ("rescheduled (among the above)", c.rescheduled),
+                ("fired after reschedule", c.fired_after_reschedule),
+            ] {
+                t.row(vec![name.into(), thousands(n)]);
+            }
+        }
         let retention = self.log_start > 0 || self.relocated_timers > 0 || c.reclaimed > 0;
         if retention {
             for (name, n) in [
@@ -327,6 +364,7 @@ impl Audit {
             ("lost", &self.lost),
             ("duplicated", &self.duplicated),
             ("early", &self.early),
+            ("fired after reschedule", &self.fired_after_reschedule),
             ("delivered and cancelled", &self.delivered_and_cancelled),
             ("unsettled", &self.unsettled),
         ] {

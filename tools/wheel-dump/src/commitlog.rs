@@ -10,7 +10,9 @@
 use std::path::PathBuf;
 
 use delaywheel::CorruptionKind;
-use delaywheel::internals::record::{self, Frame, FrameError, MessageView, Record, RelocationView};
+use delaywheel::internals::record::{
+    self, Frame, FrameError, MessageView, Record, RelocationView, RescheduleView,
+};
 use delaywheel::internals::{self, queue_entry, validate_topic};
 
 use crate::error::Result;
@@ -71,6 +73,7 @@ pub struct RecordCounts {
     pub deliveries: u64,
     pub cancels: u64,
     pub relocations: u64,
+    pub reschedules: u64,
     /// Stretches of damaged bytes lenient recovery left in place (`Skipped` records).
     pub skipped: u64,
 }
@@ -155,6 +158,8 @@ pub struct LogFacts {
     pub cancels: Vec<(u64, u64, u64)>,
     /// Relocation records in log order: (record offset, record).
     pub relocations: Vec<(u64, RelocationView)>,
+    /// Reschedule records (relocated copies too) by record offset.
+    pub reschedules: std::collections::BTreeMap<u64, RescheduleView>,
     /// Skipped records (damaged stretches lenient recovery left): (offset, length).
     pub skipped: Vec<(u64, u64)>,
     pub topics: Vec<String>,
@@ -199,6 +204,7 @@ impl LogFacts {
             deliveries: Vec::new(),
             cancels: Vec::new(),
             relocations: Vec::new(),
+            reschedules: Default::default(),
             skipped: Vec::new(),
             topics: Vec::new(),
             topic_ids: Default::default(),
@@ -279,6 +285,11 @@ impl LogFacts {
                 self.counts.cancels += 1;
                 self.newest_time_ms = self.newest_time_ms.max(c.cancelled_at_ms);
                 self.cancels.push((offset, c.message_offset, c.deliver_at_ms));
+            }
+            Record::Reschedule(r) => {
+                self.counts.reschedules += 1;
+                self.newest_time_ms = self.newest_time_ms.max(r.rescheduled_at_ms);
+                self.reschedules.insert(offset, r);
             }
             Record::Relocation(r) => {
                 self.counts.relocations += 1;

@@ -20,11 +20,13 @@ use crate::time::utc_ms;
 /// One pending timer.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 pub struct PendingTimer {
-    /// `offset@deliver_at_ms`, as `delaywheel::Handle` prints it.
+    /// `offset@deliver_at_ms`, as `delaywheel::Handle` prints it: the
+    /// handle the put returned (a reschedule keeps it).
     pub handle: String,
     pub topic: String,
     pub queue: u32,
     pub key: Option<String>,
+    /// When it is due now (a rescheduled timer: its new time).
     pub deliver_at_ms: u64,
     pub deliver_at_utc: String,
     /// The legacy delay level it was put with, if any.
@@ -45,11 +47,11 @@ pub fn list(files: &StoreFiles, window_ms: Range<u64>, filter: &Filter) -> Resul
     let mut found: Vec<PendingTimer> = audit
         .pending
         .iter()
-        .filter_map(|&offset| {
+        .filter_map(|&(offset, due)| {
             let m = facts.messages.get(&offset)?;
             let topic = facts.topic(m);
             let key = facts.key(offset);
-            let wanted = window_ms.contains(&m.deliver_at_ms)
+            let wanted = window_ms.contains(&due)
                 && filter.topic.as_deref().is_none_or(|t| t == topic)
                 && filter.key.as_deref().is_none_or(|k| Some(k) == key);
             wanted.then(|| PendingTimer {
@@ -57,8 +59,8 @@ pub fn list(files: &StoreFiles, window_ms: Range<u64>, filter: &Filter) -> Resul
                 topic: topic.to_string(),
                 queue: m.queue_id,
                 key: key.map(str::to_string),
-                deliver_at_ms: m.deliver_at_ms,
-                deliver_at_utc: utc_ms(m.deliver_at_ms),
+                deliver_at_ms: due,
+                deliver_at_utc: utc_ms(due),
                 level: (m.delay_level != 0).then_some(m.delay_level),
                 message_offset: offset,
             })

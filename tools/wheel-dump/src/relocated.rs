@@ -157,6 +157,8 @@ pub enum CopyKind {
     Timer,
     /// A cancel of a timer not yet due when it was copied.
     Cancel,
+    /// A reschedule record whose timer was not yet due when it was copied.
+    Reschedule,
     /// Unknown: its window file was deleted (its window passed).
     WindowDeleted,
     /// Unknown: the copy does not check out (lenient reading only).
@@ -364,7 +366,11 @@ impl Relocated {
                         DumpError::bad_reference(&copy.path, entry.position, why)
                     };
                     match &copy.record() {
-                        Record::Message(m) if m.timer_deliver_at_ms() == Some(entry.deliver_at_ms) => {
+                        // The copy of a rescheduled timer's message is filed by
+                        // its new deliver time, later than its own.
+                        Record::Message(m)
+                            if m.timer_deliver_at_ms().is_some_and(|own| own <= entry.deliver_at_ms) =>
+                        {
                             if relocated {
                                 facts.add_relocated_timer(entry.original_offset, entry.len as usize, m);
                             }
@@ -386,6 +392,16 @@ impl Relocated {
                                 });
                             }
                             CopyKind::Cancel
+                        }
+                        Record::Reschedule(s)
+                            if s.deliver_at_ms == entry.deliver_at_ms
+                                && s.message_offset < entry.original_offset =>
+                        {
+                            if relocated {
+                                facts.reschedules.insert(entry.original_offset, *s);
+                            }
+                            r.timers += 1;
+                            CopyKind::Reschedule
                         }
                         Record::Message(m) if m.timer_deliver_at_ms().is_some() => {
                             let due = m.timing.deliver_at_ms;
@@ -421,7 +437,7 @@ impl Relocated {
                 s.entries += 1;
                 s.bytes += u64::from(entry.len);
                 match kind {
-                    CopyKind::Timer => s.timers += 1,
+                    CopyKind::Timer | CopyKind::Reschedule => s.timers += 1,
                     CopyKind::Cancel => s.cancels += 1,
                     CopyKind::WindowDeleted | CopyKind::Damaged => s.unread += 1,
                 }
@@ -457,6 +473,7 @@ pub fn record_name(record: &Record<'_>) -> &'static str {
         Record::Delivery(_) => "delivery",
         Record::Cancel(_) => "cancel",
         Record::Relocation(_) => "relocation",
+        Record::Reschedule(_) => "reschedule",
         Record::Skipped => "skipped (damaged) record",
         Record::Padding => "padding",
     }

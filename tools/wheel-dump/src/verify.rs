@@ -166,8 +166,9 @@ pub struct Checked {
 
 /// What a delivery, a cancel or a timer-log entry names.
 enum Named<'a> {
-    /// A timed message record, in the log or relocated.
-    Timer(&'a MessageFacts),
+    /// A timer: of a timed message record (in the log or relocated), or of
+    /// a reschedule record of one; with its message and when it is due.
+    Timer(&'a MessageFacts, u64),
     /// An offset below the oldest segment with no readable copy: retention
     /// deleted the record (its timer had fired, or its copy's window passed).
     Deleted,
@@ -175,16 +176,27 @@ enum Named<'a> {
     Not,
 }
 
-fn named<'a>(facts: &'a LogFacts, relocated: &Relocated, message: u64) -> Named<'a> {
+fn named<'a>(facts: &'a LogFacts, relocated: &Relocated, timer: u64) -> Named<'a> {
+    if let Some(r) = facts.reschedules.get(&timer) {
+        return match named_message(facts, relocated, r.message_offset) {
+            Named::Timer(m, _) if r.message_offset < timer => Named::Timer(m, r.deliver_at_ms),
+            Named::Deleted => Named::Deleted,
+            _ => Named::Not,
+        };
+    }
+    named_message(facts, relocated, timer)
+}
+
+fn named_message<'a>(facts: &'a LogFacts, relocated: &Relocated, message: u64) -> Named<'a> {
     if let Some(m) = facts.timed(message) {
-        return Named::Timer(m);
+        return Named::Timer(m, m.deliver_at_ms);
     }
     if message >= relocated.log_start {
         return Named::Not;
     }
     match relocated.by_offset.get(&message) {
         None | Some(CopyKind::WindowDeleted | CopyKind::Damaged) => Named::Deleted,
-        Some(CopyKind::Timer | CopyKind::Cancel) => Named::Not,
+        Some(CopyKind::Timer | CopyKind::Cancel | CopyKind::Reschedule) => Named::Not,
     }
 }
 
@@ -428,8 +440,8 @@ fn check_settling_records(
     let mut check =
         |what: &str, record: u64, message: u64, deliver_at: Option<u64>, place: (PathBuf, u64)| {
             let bad = |why: String| DumpError::bad_reference(&place.0, place.1, why);
-            let m = match named(facts, relocated, message) {
-                Named::Timer(m) if message < record => m,
+            let due = match named(facts, relocated, message) {
+                Named::Timer(_, due) if message < record => due,
                 Named::Deleted if message < record => {
                     checked.named_deleted += 1;
                     return Ok(());
@@ -444,8 +456,8 @@ fn check_settling_records(
                 checked.named_relocated += 1;
             }
             match deliver_at {
-                Some(at) if at != m.deliver_at_ms => {
-                    Err(bad(format!("{what} says deliver at {at}, the message says {}", m.deliver_at_ms)))
+                Some(at) if at != due => {
+                    Err(bad(format!("{what} says deliver at {at}, the timer says {due}")))
                 }
                 _ => Ok(()),
             }
@@ -455,6 +467,14 @@ fn check_settling_records(
     }
     for &(record, message, deliver_at) in &facts.cancels {
         check("cancel record", record, message, Some(deliver_at), log.locate(record))?;
+    }
+    for (&record, r) in &facts.reschedules {
+        let place = if record < relocated.log_start {
+            (PathBuf::from("commitlog/relocated"), record)
+        } else {
+            log.locate(record)
+        };
+        check("reschedule record", record, r.from_timer, Some(r.from_deliver_at_ms), place)?;
     }
     for c in &relocated.cancel_copies {
         let place = (c.path.clone(), c.position);
@@ -500,9 +520,9 @@ fn check_timer_entries(
             continue;
         }
         let matches = match named(facts, relocated, e.message_offset) {
-            Named::Timer(m) => {
+            Named::Timer(_, due) => {
                 checked.named_relocated += u64::from(e.message_offset < relocated.log_start);
-                m.deliver_at_ms == e.deliver_at_ms
+                due == e.deliver_at_ms
             }
             Named::Deleted => {
                 checked.named_deleted += 1;
@@ -716,7 +736,7 @@ fn check_queues(
             let (message, visible_ms, len) = if e.timer_delivery() {
                 let (when, m) = deliveries.get(&e.log_offset).copied().ok_or_else(|| bad(format!("log offset {} is not a delivery record", e.log_offset)))?;
                 let message = match named(facts, relocated, m) {
-                    Named::Timer(m) => Some(m),
+                    Named::Timer(m, _) => Some(m),
                     Named::Deleted => None,
                     Named::Not => return Err(bad("its delivery record names no timed message".into())),
                 };

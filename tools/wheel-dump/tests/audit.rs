@@ -17,7 +17,8 @@ fn every_timer_delivered_passes() {
     let dir = all_delivered(300);
     let (code, doc) = audit_json(dir.path());
     let expected = json!({"schema_version": 1, "timer_messages": 300, "delivered": 300, "cancelled": 0,
-        "pending": 0, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0});
+        "pending": 0, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "rescheduled": 0,
+        "fired_after_reschedule": 0});
     assert_eq!((code, doc), (0, expected));
 }
 
@@ -26,7 +27,8 @@ fn delivered_cancelled_and_pending_are_told_apart() {
     let h = healthy();
     let (code, doc) = audit_json(h.path());
     let expected = json!({"schema_version": 1, "timer_messages": 5, "delivered": 2, "cancelled": 1,
-        "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0});
+        "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "rescheduled": 0,
+        "fired_after_reschedule": 0});
     assert_eq!((code, doc), (0, expected));
 }
 
