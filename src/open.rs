@@ -18,7 +18,7 @@ use crate::consume_queue::QueueRegistry;
 use crate::consumer::OffsetStore;
 use crate::dispatcher::{DispatchPlan, Dispatcher};
 use crate::durable::FlushSignal;
-use crate::durable::{Floor, LivePins, SegmentCounts};
+use crate::durable::{Floor, Pins, SegmentCounts};
 use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::format::checkpoint::Checkpoint;
@@ -140,14 +140,11 @@ impl Parts {
         let Restarted { wheel, replay_from, delivery_scan_from, fresh } = timers;
         let (replay_from, end) = (*replay_from, log.write_end());
         // Segment counts: rebuilt by the replay; a fresh wheel's replay sees every segment.
-        let mut counts = if *fresh {
+        let counts = if *fresh {
             SegmentCounts::rebuilt(config.segment_size, replay_from..end)
         } else {
             SegmentCounts::load(&layout.timer(), config.segment_size, replay_from, end)
         };
-        if !counts.pins_known {
-            counts.adopt_pins(wheel.ledger_pins()?);
-        }
         let open_counts = Arc::new(counts.clone());
         let queues =
             Arc::new(QueueRegistry::open(&layout.consume_queues(), config.queue_file_entries, replay_from)?);
@@ -229,7 +226,7 @@ impl Parts {
         let stop = StopFlag::new(Some(self.wakes.prefault.clone()));
         threads
             .spawn("prefault", Stop::Flag(stop.clone()), move || prefaulter.run(inboxes.prefault, stop))?;
-        let live_pins = counts.live_pins();
+        let pins = timers.wheel.pins();
         let ticker = self.ticker(timers, counts, inboxes.timer_log_reclaim);
         let stop = StopFlag::new(None);
         let wheel = inboxes.wheel;
@@ -251,7 +248,7 @@ impl Parts {
         let stop = StopFlag::new(Some(self.wakes.dispatch.clone()));
         let wake = inboxes.dispatch;
         threads.spawn("dispatch", Stop::Flag(stop.clone()), move || dispatcher.run(wake, stop))?;
-        let retainer = self.retainer(live_pins);
+        let retainer = self.retainer(pins);
         if let Some(retainer) = retainer.clone() {
             let stop = StopFlag::new(Some(self.wakes.retention.clone()));
             let wake = inboxes.retention;
@@ -369,7 +366,7 @@ impl Parts {
     }
 
     /// Retention, for the wheel scheduler only (the bucket baseline keeps every segment).
-    fn retainer(&self, live_pins: Arc<LivePins>) -> Option<Arc<Retainer>> {
+    fn retainer(&self, pins: Arc<Pins>) -> Option<Arc<Retainer>> {
         (self.config.scheduler == Scheduler::Wheel).then(|| {
             self.log.set_size_cap(self.config.retention.max_log_bytes);
             Arc::new(Retainer {
@@ -383,7 +380,7 @@ impl Parts {
                 running: Default::default(),
                 opened_at_ms: self.opened_at_ms,
                 open_tick_second: self.open_tick_second,
-                live_pins,
+                pins,
             })
         })
     }

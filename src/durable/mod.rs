@@ -1,14 +1,17 @@
 //! What the disk vouches for: the checkpoints written (the floor below
 //! which no recovery reads) and the pending timers per commit-log segment as
-//! of a durable moment. The ticking thread, the flusher and retention all
-//! read these; none of them owns the others.
+//! of a durable moment; and the pins, the messages rescheduled timers need
+//! (from the cancel ledger). The ticking thread, the flusher and retention
+//! all read these; none of them owns the others.
 
+pub(crate) mod pins;
 pub(crate) mod segment_counts;
 
 use std::sync::{Arc, Mutex};
 
 use crate::format::checkpoint::Checkpoint;
-pub(crate) use segment_counts::{LivePins, SegmentCounts};
+pub(crate) use pins::{Pin, Pins};
+pub(crate) use segment_counts::SegmentCounts;
 
 /// What the flusher's channel carries.
 pub(crate) enum FlushSignal {

@@ -12,97 +12,37 @@
 //!   a counts file older than the checkpoint, or without one) are *unknown*
 //!   and always scanned.
 //!
-//! A rescheduled timer is named by its reschedule record, and needs that
-//! record and its message both: each counts once in its own segment, and the
-//! message is *pinned* with the new deliver time, so retention relocates it
-//! by when it is due now, not by the deliver time it was put with. The pin
-//! and the message's count go when the rescheduled timer fires or is
-//! cancelled (a later reschedule moves the pin to its own record).
-//!
 //! The counts are an index: persisted now and then to `timer/segment_pending`
 //! (layout in `wheel-format.md`), rebuilt by the replay after a restart, and
-//! treated as unknown if the file is missing or damaged (the pins are then
-//! taken from the cancel ledger, see `Wheel::ledger_pins`).
+//! treated as unknown if the file is missing or damaged.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::Path;
-use std::sync::{Arc, Mutex};
 
 use crate::format::layout::SEGMENT_COUNTS_FILE;
-use crate::format::segment_counts::{self as codec, Pin, SegmentPending};
+use crate::format::segment_counts::{self as codec, SegmentPending};
 
 /// Pending timers per segment (by segment base offset).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) struct SegmentCounts {
     segment_size: u64,
     counts: BTreeMap<u64, SegmentPending>,
     /// Log offsets whose segments' counts may miss inserts: scanned, never skipped.
     unknown: Range<u64>,
-    /// Messages whose pending timer was rescheduled, by message offset.
-    pins: BTreeMap<u64, Pin>,
-    /// The pinned messages by the record of their timer.
-    pinned_by_timer: BTreeMap<u64, u64>,
-    /// Whether every pin is here: not after a rebuild or without a valid
-    /// file (see [`adopt_pins`](Self::adopt_pins)). Not persisted.
-    pub pins_known: bool,
-    /// The ticking thread's pins as they change, shared with retention (the
-    /// snapshots, which share it too, never change).
-    live: Arc<LivePins>,
 }
-
-/// The pins as the ticking thread has them now. Retention keeps a message
-/// pinned here or in its floor's counts: a pin is here from the moment its
-/// reschedule record is written, long before a checkpoint carries it, and
-/// stays in the floor's counts until the timer's settlement is durable.
-#[derive(Debug, Default)]
-pub(crate) struct LivePins(Mutex<BTreeMap<u64, u64>>);
-
-impl LivePins {
-    fn map(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, u64>> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// When the message at `message_offset` is due now, if it is pinned.
-    pub fn get(&self, message_offset: u64) -> Option<u64> {
-        self.map().get(&message_offset).copied()
-    }
-
-    /// The pinned messages below `offset`.
-    pub fn below(&self, offset: u64) -> Vec<u64> {
-        self.map().range(..offset).map(|(&message, _)| message).collect()
-    }
-}
-
-impl PartialEq for SegmentCounts {
-    /// The counts, the unknown range and the pins (not the shared live pins).
-    fn eq(&self, other: &Self) -> bool {
-        (self.segment_size, &self.counts, &self.unknown, &self.pins)
-            == (other.segment_size, &other.counts, &other.unknown, &other.pins)
-    }
-}
-
-impl Eq for SegmentCounts {}
 
 impl SegmentCounts {
     /// Counts that know every segment.
     pub fn new(segment_size: u64) -> Self {
-        Self {
-            segment_size,
-            counts: BTreeMap::new(),
-            unknown: 0..0,
-            pins: BTreeMap::new(),
-            pinned_by_timer: BTreeMap::new(),
-            pins_known: true,
-            live: Arc::default(),
-        }
+        Self { segment_size, counts: BTreeMap::new(), unknown: 0..0 }
     }
 
     /// The counts of a wheel rebuilt by a replay of `replayed`: the replay
     /// counts every timer but no cancel record, so those segments are unknown.
     pub fn rebuilt(segment_size: u64, replayed: Range<u64>) -> Self {
         let unknown = if replayed.is_empty() { 0..0 } else { replayed };
-        Self { unknown, pins_known: false, ..Self::new(segment_size) }
+        Self { unknown, ..Self::new(segment_size) }
     }
 
     fn base(&self, offset: u64) -> u64 {
@@ -128,71 +68,6 @@ impl SegmentCounts {
         }
     }
 
-    /// The timer of the message at `message_offset` is now that of the
-    /// reschedule record at `timer`, due at `deliver_at_ms`: the message stays
-    /// counted (and is pinned) until that timer fires or is cancelled. The
-    /// record's own count comes with its insert.
-    pub fn pin(&mut self, message_offset: u64, timer: u64, deliver_at_ms: u64) {
-        if let Some(old) = self.pins.insert(message_offset, Pin { timer, deliver_at_ms }) {
-            self.pinned_by_timer.remove(&old.timer);
-        }
-        self.live.map().insert(message_offset, deliver_at_ms);
-        self.pinned_by_timer.insert(timer, message_offset);
-        let pending = self.counts.entry(self.base(message_offset)).or_default();
-        pending.latest_due_ms = pending.latest_due_ms.max(deliver_at_ms);
-    }
-
-    /// The timer of the record at `offset` fired or was cancelled: its
-    /// record is settled, and its message too if it was rescheduled.
-    pub fn timer_settled(&mut self, offset: u64) {
-        self.settled(offset);
-        if let Some(message) = self.pinned_by_timer.remove(&offset) {
-            self.pins.remove(&message);
-            self.live.map().remove(&message);
-            self.settled(message);
-        }
-    }
-
-    /// The timer of the record at `offset` was replaced by a reschedule: the
-    /// record is settled; its message (if it is not the record) stays pinned.
-    pub fn timer_replaced(&mut self, offset: u64) {
-        if self.pinned_by_timer.remove(&offset).is_some() {
-            self.settled(offset);
-        }
-    }
-
-    /// When the pinned message at `message_offset` is due now, if it is pinned.
-    pub fn pinned(&self, message_offset: u64) -> Option<u64> {
-        self.pins.get(&message_offset).map(|pin| pin.deliver_at_ms)
-    }
-
-    /// The pins of messages below `offset` (relocated ones, once it is the log's start).
-    pub fn pins_below(&self, offset: u64) -> impl Iterator<Item = (u64, Pin)> + '_ {
-        self.pins.range(..offset).map(|(&message, &pin)| (message, pin))
-    }
-
-    /// The live pins, to share with retention.
-    pub fn live_pins(&self) -> Arc<LivePins> {
-        Arc::clone(&self.live)
-    }
-
-    /// Counts that replace `old` (a rebuild) keep sharing its live pins
-    /// with retention; the pins `old` had stay there until settled.
-    pub fn keep_live_pins_of(&mut self, old: &SegmentCounts) {
-        let mine = std::mem::replace(&mut self.live, Arc::clone(&old.live));
-        self.live.map().extend(mine.map().iter().map(|(&m, &at)| (m, at)));
-    }
-
-    /// Takes the pins the cancel ledger knows, for counts that do not know
-    /// theirs: a pin of a timer that has fired since only keeps its message
-    /// longer (until its window passes).
-    pub fn adopt_pins(&mut self, pins: impl IntoIterator<Item = (u64, Pin)>) {
-        for (message, pin) in pins {
-            self.pin(message, pin.timer, pin.deliver_at_ms);
-        }
-        self.pins_known = true;
-    }
-
     /// A cancel record at `offset` cancels a timer not yet due: its segment
     /// must be scanned before deletion (the cancel is relocated if the timer
     /// is still ahead then). Never decremented: it only costs that scan.
@@ -211,31 +86,20 @@ impl SegmentCounts {
         self.counts.iter().filter(|(_, p)| p.count > 0).map(|(&base, p)| (base, p.count))
     }
 
-    /// Drops the counts of segments below `start` (deleted). Pins stay: a
-    /// relocated message stays pinned until its rescheduled timer is settled.
+    /// Drops the counts of segments below `start` (deleted).
     pub fn forget_below(&mut self, start: u64) {
         self.counts = self.counts.split_off(&self.base(start));
     }
 
     /// The file's bytes: these counts cover every insert below `covered_below`.
     pub fn encode(&self, covered_below: u64) -> Vec<u8> {
-        codec::encode(covered_below, &self.unknown, &self.counts, &self.pins)
+        codec::encode(covered_below, &self.unknown, &self.counts)
     }
 
     /// Decodes a counts file; `None` if it is not a valid one.
     pub fn decode(bytes: &[u8], segment_size: u64) -> Option<(Self, u64)> {
         let decoded = codec::decode(bytes)?;
-        let pinned_by_timer = decoded.pins.iter().map(|(&message, pin)| (pin.timer, message)).collect();
-        let counts = Self {
-            segment_size,
-            counts: decoded.counts,
-            unknown: decoded.unknown,
-            pins: decoded.pins,
-            pinned_by_timer,
-            pins_known: true,
-            live: Arc::default(),
-        };
-        counts.live.map().extend(counts.pins.iter().map(|(&m, pin)| (m, pin.deliver_at_ms)));
+        let counts = Self { segment_size, counts: decoded.counts, unknown: decoded.unknown };
         Some((counts, decoded.covered_below))
     }
 

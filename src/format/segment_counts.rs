@@ -4,11 +4,7 @@
 //! The 32-byte file header (magic `DWSPND`, `a` = the offset below which every
 //! insert is counted, `b` = entries), then `unknown start u64 | unknown end u64`,
 //! then per segment `base u64 | count u64 | latest due ms u64 | latest near due ms u64`,
-//! then a CRC32C of everything after the header. Version 2 appends the pins
-//! (messages whose timer was rescheduled and is pending): `pins u64`, then per
-//! pin `message offset u64 | timer record offset u64 | deliver at ms u64`,
-//! then a CRC32C of that section, written only if there are pins: a file that
-//! ends before it (also one of a build before reschedules) holds none. `wheel-format.md` is the byte ruler.
+//! then a CRC32C of everything after the header. `wheel-format.md` is the byte ruler.
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -32,18 +28,6 @@ pub struct SegmentPending {
     pub latest_near_due_ms: u64,
 }
 
-/// A pending rescheduled timer: its message must be kept until it fires.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Pin {
-    /// The reschedule record whose timer it is.
-    pub timer: u64,
-    /// When it is due.
-    pub deliver_at_ms: u64,
-}
-
-/// Bytes per pin in the file: message offset, timer record offset, deliver time.
-const PIN_LEN: usize = 24;
-
 /// A decoded counts file.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Decoded {
@@ -53,17 +37,10 @@ pub struct Decoded {
     pub unknown: Range<u64>,
     /// By segment base offset.
     pub counts: BTreeMap<u64, SegmentPending>,
-    /// By message offset.
-    pub pins: BTreeMap<u64, Pin>,
 }
 
 /// The file's bytes.
-pub fn encode(
-    covered_below: u64,
-    unknown: &Range<u64>,
-    counts: &BTreeMap<u64, SegmentPending>,
-    pins: &BTreeMap<u64, Pin>,
-) -> Vec<u8> {
+pub fn encode(covered_below: u64, unknown: &Range<u64>, counts: &BTreeMap<u64, SegmentPending>) -> Vec<u8> {
     let header = FileHeader::new(SEGMENT_PENDING_MAGIC, covered_below, counts.len() as u64);
     let mut out = header.encode().to_vec();
     let mut field = |value: u64| {
@@ -80,20 +57,6 @@ pub fn encode(
         field(pending.latest_near_due_ms);
     }
     let crc = crc32c::crc32c(&out[FILE_HEADER_LEN..]);
-    out.extend_from_slice(&crc.to_le_bytes());
-    // Without pins the file is what builds before reschedules wrote.
-    if pins.is_empty() {
-        return out;
-    }
-    let pins_from = out.len();
-    let mut field = |value: u64| out.extend_from_slice(&value.to_le_bytes());
-    field(pins.len() as u64);
-    for (&message, pin) in pins {
-        field(message);
-        field(pin.timer);
-        field(pin.deliver_at_ms);
-    }
-    let crc = crc32c::crc32c(&out[pins_from..]);
     out.extend_from_slice(&crc.to_le_bytes());
     out
 }
@@ -120,30 +83,7 @@ pub fn decode(bytes: &[u8]) -> Option<Decoded> {
             (get_u64(body, at), pending)
         })
         .collect();
-    // A file of the previous build ends here: its store made no reschedule.
-    let pins = match &bytes[FILE_HEADER_LEN + body_len + 4..] {
-        [] => BTreeMap::new(),
-        section => decode_pins(section)?,
-    };
-    Some(Decoded { covered_below: header.a, unknown, counts, pins })
-}
-
-/// The pins section: its count, the pins, its CRC.
-fn decode_pins(section: &[u8]) -> Option<BTreeMap<u64, Pin>> {
-    let count = usize::try_from(get_u64(section.get(..8)?, 0)).ok()?;
-    let len = count.checked_mul(PIN_LEN)?.checked_add(8)?;
-    let (covered, crc) = (section.get(..len)?, section.get(len..len.checked_add(4)?)?);
-    if crc32c::crc32c(covered).to_le_bytes() != crc {
-        return None;
-    }
-    let pin_at = |i: usize| {
-        let at = 8 + PIN_LEN * i;
-        (
-            get_u64(covered, at),
-            Pin { timer: get_u64(covered, at + 8), deliver_at_ms: get_u64(covered, at + 16) },
-        )
-    };
-    Some((0..count).map(pin_at).collect())
+    Some(Decoded { covered_below: header.a, unknown, counts })
 }
 
 #[cfg(test)]
@@ -155,23 +95,13 @@ mod tests {
         let near = SegmentPending { count: 1, latest_due_ms: 10, latest_near_due_ms: 10 };
         let far = SegmentPending { count: 1, latest_due_ms: 20, latest_near_due_ms: 0 };
         let counts = BTreeMap::from([(1_000, near), (5_000, far)]);
-        let pins = BTreeMap::from([(1_200, Pin { timer: 5_300, deliver_at_ms: 90 })]);
-        let bytes = encode(6_000, &(0..0), &counts, &pins);
+        let bytes = encode(6_000, &(0..0), &counts);
         let header = FileHeader::decode(&bytes, SEGMENT_PENDING_MAGIC).unwrap();
         assert_eq!((header.a, header.b), (6_000, 2), "wheel-format.md: a = covered below, b = entries");
-        let want = Decoded { covered_below: 6_000, unknown: 0..0, counts: counts.clone(), pins };
-        assert_eq!(decode(&bytes), Some(want));
+        assert_eq!(decode(&bytes), Some(Decoded { covered_below: 6_000, unknown: 0..0, counts }));
         let mut flipped = bytes.clone();
         flipped[FILE_HEADER_LEN + 20] ^= 1;
         assert_eq!(decode(&flipped), None);
-        let mut flipped_pin = bytes.clone();
-        flipped_pin[bytes.len() - 10] ^= 1;
-        assert_eq!(decode(&flipped_pin), None, "a damaged pins section");
         assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
-        // The previous build's file: no pins section.
-        let pins_len = 8 + PIN_LEN + 4;
-        let previous = &bytes[..bytes.len() - pins_len];
-        let want = Decoded { covered_below: 6_000, unknown: 0..0, counts, pins: BTreeMap::new() };
-        assert_eq!(decode(previous), Some(want));
     }
 }

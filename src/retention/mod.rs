@@ -25,7 +25,7 @@ use crate::commitlog::CommitLog;
 use crate::commitlog::relocated::Copied;
 use crate::config::Retention;
 use crate::consume_queue::QueueRegistry;
-use crate::durable::{Floor, LivePins, Mark};
+use crate::durable::{Floor, Mark, Pins};
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{
@@ -68,9 +68,8 @@ pub(crate) struct Retainer {
     /// their time (after downtime), and stay readable the retention time after.
     pub opened_at_ms: u64,
     pub open_tick_second: u64,
-    /// The ticking thread's pins: messages whose timer was rescheduled, with
-    /// the new deliver time (see `durable/segment_counts.rs`).
-    pub live_pins: Arc<LivePins>,
+    /// Messages whose timer was rescheduled, with the new deliver time (see `durable/pins.rs`).
+    pub pins: Arc<Pins>,
 }
 
 impl Retainer {
@@ -91,6 +90,10 @@ impl Retainer {
     pub fn pass(&self) -> Result<ReclaimReport> {
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
+        // Until the ticking thread has read the pins, a pinned message looks unneeded.
+        if !self.pins.ready() {
+            return Ok(ReclaimReport::default());
+        }
         let _span = tracing::debug_span!("retention", floor = floor.log_offset).entered();
         let needed_from_ms = self.needed_from_ms(&floor);
         let mut report = ReclaimReport::default();
@@ -104,7 +107,7 @@ impl Retainer {
             report.queue_files_deleted = self.queues.delete_files_below(self.log.start())?;
             self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
-        report.windows_deleted = self.delete_passed_windows(&floor, needed_from_ms)?;
+        report.windows_deleted = self.delete_passed_windows(needed_from_ms)?;
         let _ = self.timer_log_reclaim.try_send(());
         Ok(report)
     }
@@ -174,8 +177,10 @@ impl Retainer {
     /// the copies and a relocation record durable, then deletes the segment.
     fn relocate_and_delete(&self, base: u64, floor: &Mark, needed_from_ms: u64) -> Result<Copied> {
         let _span = tracing::info_span!("relocate", segment = base).entered();
+        // A rescheduled timer's message counts in no segment: its pin keeps it.
+        let pinned = !self.pins.due_from(base..base + self.log.segment_size(), needed_from_ms).is_empty();
         let copied = match floor.counts.pending_in(base) {
-            Some(p) if p.count == 0 && p.latest_due_ms < needed_from_ms => {
+            Some(p) if p.count == 0 && p.latest_due_ms < needed_from_ms && !pinned => {
                 self.counters.deleted_unread.fetch_add(1, Ordering::Relaxed);
                 Copied::default()
             }
@@ -183,7 +188,7 @@ impl Retainer {
             _ if self.log.relocated().last_original_offset()?.is_some_and(|last| last >= base) => {
                 Copied::default()
             }
-            _ => self.copy_pending(base, floor, needed_from_ms)?,
+            _ => self.copy_pending(base, needed_from_ms)?,
         };
         let record = RelocationView {
             relocated_at_ms: self.clock.now_ms(),
@@ -212,13 +217,12 @@ impl Retainer {
     /// When the message at `offset`, put due at `own_ms`, is needed until: a
     /// rescheduled timer's message (pinned, in the floor's counts or by the
     /// ticking thread since) is needed until its new deliver time.
-    fn needed_until_ms(&self, floor: &Mark, offset: u64, own_ms: u64) -> u64 {
-        let pinned = floor.counts.pinned(offset).max(self.live_pins.get(offset));
-        pinned.map_or(own_ms, |pinned| pinned.max(own_ms))
+    fn needed_until_ms(&self, offset: u64, own_ms: u64) -> u64 {
+        self.pins.get(offset).map_or(own_ms, |pin| pin.deliver_at_ms.max(own_ms))
     }
 
     /// Reads the segment at `base` and copies (and syncs) what a pending timer needs.
-    fn copy_pending(&self, base: u64, floor: &Mark, pending_from_ms: u64) -> Result<Copied> {
+    fn copy_pending(&self, base: u64, pending_from_ms: u64) -> Result<Copied> {
         let size = self.log.segment_size();
         let (guard, mut pass) = self.log.relocated().begin();
         let mut at = base + FILE_HEADER_LEN as u64;
@@ -229,7 +233,7 @@ impl Retainer {
                     RecordKind::Message => MessageView::parse(bytes)
                         .map_err(corrupt)?
                         .timer_deliver_at_ms()
-                        .map(|own| self.needed_until_ms(floor, offset, own))
+                        .map(|own| self.needed_until_ms(offset, own))
                         .filter(|&at| at >= pending_from_ms),
                     // A rescheduled timer's record (its message is pinned).
                     RecordKind::Reschedule => {
@@ -259,14 +263,13 @@ impl Retainer {
 
     /// Deletes the relocation windows whose timers are all due before
     /// `needed_from_ms`: fired, indexed, and read or past the retention time.
-    /// A window holding the copy of a pinned message stays: it was copied by
-    /// when it was due then, and rescheduled later since.
-    fn delete_passed_windows(&self, floor: &Mark, needed_from_ms: u64) -> Result<u64> {
-        let log_start = self.log.start();
-        let pinned =
-            floor.counts.pins_below(log_start).map(|(m, _)| m).chain(self.live_pins.below(log_start));
+    /// A window holding the copy of a pinned message stays while its timer
+    /// is needed: it was copied by when it was due then, and rescheduled
+    /// later since. (A pin due before `needed_from_ms` fired long enough ago;
+    /// one the cancel ledger gave after a lost counts file may have fired.)
+    fn delete_passed_windows(&self, needed_from_ms: u64) -> Result<u64> {
         let mut before_sec = needed_from_ms / 1000;
-        for message in pinned {
+        for (message, _) in self.pins.due_from(0..self.log.start(), needed_from_ms) {
             if let Some(copy) = self.log.relocated().find(message)? {
                 before_sec = before_sec.min(copy.window());
             }

@@ -9,6 +9,9 @@
 //! between [`Wheel::locate_for_cancel`] and [`Wheel::apply_cancel`].
 
 use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
+
+use crate::durable::Pins;
 
 use crate::error::Result;
 use crate::timer::Timer;
@@ -180,9 +183,18 @@ impl Wheel {
         self.cancels.ledger.record(entry)
     }
 
-    /// The pins the ledger knows (see `SegmentCounts::adopt_pins`).
-    pub fn ledger_pins(&self) -> Result<Vec<(u64, crate::format::segment_counts::Pin)>> {
+    /// The pins (see `durable/pins.rs`), read from the ledger, to share with retention.
+    pub fn pins(&self) -> Arc<Pins> {
         self.cancels.ledger.pins()
+    }
+
+    /// Reads the pins from the ledger, into `pins` if given (the ones
+    /// retention reads, kept across a rebuild).
+    pub fn load_pins(&mut self, pins: Option<Arc<Pins>>) -> Result<()> {
+        match pins {
+            Some(pins) => self.cancels.ledger.share_pins(pins),
+            None => self.cancels.ledger.load_pins(),
+        }
     }
 
     /// The timer of the message a handle names now: the message's own

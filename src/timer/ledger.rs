@@ -35,10 +35,10 @@ use std::sync::Arc;
 
 use bloomfilter::Bloom;
 
+use crate::durable::{Pin, Pins};
 use crate::error::Result;
 use crate::format::CANCEL_LEDGER_MAGIC;
 use crate::format::layout::CANCEL_LEDGER_DIR;
-use crate::format::segment_counts::Pin;
 use crate::format::timer_entry::TimerEntry;
 use crate::mmap::Mapped;
 use crate::timer::Timer;
@@ -94,6 +94,11 @@ pub(crate) struct CancelLedger {
     /// Per file (by its first entry index): a filter of the message offsets
     /// of its entries below `covered`, built when a lookup first needs it.
     filters: RefCell<BTreeMap<u64, FileFilter>>,
+    /// The latest reschedule entry of every rescheduled message the ledger
+    /// names (see `durable/pins.rs`), read whole by [`load_pins`](Self::load_pins),
+    /// then kept up to date: every cancel asks for it, and a lookup in the
+    /// files cost as much as the cancel itself (measured).
+    pins: Arc<Pins>,
     /// Entries read, for tests of what a lookup costs.
     #[cfg(test)]
     entries_read: std::cell::Cell<u64>,
@@ -114,6 +119,7 @@ impl CancelLedger {
         let mut ledger = Self {
             log,
             filters: RefCell::new(BTreeMap::new()),
+            pins: Arc::default(),
             #[cfg(test)]
             entries_read: std::cell::Cell::new(0),
         };
@@ -131,7 +137,12 @@ impl CancelLedger {
             prev: entry.record_offset,
             cancel: entry.kind == LedgerKind::Cancel,
         };
-        self.log.append(&entry).map(drop)
+        self.log.append(&entry)?;
+        if !entry.cancel {
+            let pin = Pin { timer: entry.prev, deliver_at_ms: entry.deliver_at_ms };
+            self.pins.set(entry.message_offset, pin);
+        }
+        Ok(())
     }
 
     /// Whether a cancel of the timer of the record at `timer_offset` (a
@@ -141,9 +152,42 @@ impl CancelLedger {
     }
 
     /// The latest reschedule of the message at `message_offset`, if any: its
-    /// record names the message's timer now.
+    /// record names the message's timer now (see `latest`).
     pub fn latest_reschedule(&self, message_offset: u64) -> Result<Option<LedgerEntry>> {
-        self.last_of(message_offset, LedgerKind::Reschedule)
+        if !self.pins.ready() {
+            self.load_pins()?;
+        }
+        Ok(self
+            .pins
+            .get(message_offset)
+            .map(|pin| LedgerEntry::reschedule(message_offset, pin.deliver_at_ms, pin.timer)))
+    }
+
+    /// Reads every reschedule entry into the pins (each message's latest).
+    pub fn load_pins(&self) -> Result<()> {
+        let mut by_message = BTreeMap::new();
+        for index in self.log.first()..self.log.end() {
+            if let Some(e) = self.entry(index)?.filter(|e| e.kind == LedgerKind::Reschedule) {
+                by_message.insert(
+                    e.timer.message_offset,
+                    Pin { timer: e.record_offset, deliver_at_ms: e.timer.deliver_at_ms },
+                );
+            }
+        }
+        self.pins.replace_all(by_message);
+        Ok(())
+    }
+
+    /// The pins this ledger keeps, to share with retention.
+    pub fn pins(&self) -> Arc<Pins> {
+        Arc::clone(&self.pins)
+    }
+
+    /// Keeps `pins` (those retention reads) up to date from now on, in place
+    /// of this ledger's own: after a rebuild, the new ledger's.
+    pub fn share_pins(&mut self, pins: Arc<Pins>) -> Result<()> {
+        self.pins = pins;
+        self.load_pins()
     }
 
     /// The last entry of `kind` naming `offset`. Its record lies after
@@ -166,27 +210,6 @@ impl CancelLedger {
             index = file_end;
         }
         Ok(last)
-    }
-
-    /// Every message whose latest reschedule's timer was not cancelled, with
-    /// that timer (it may have fired: the ledger does not know deliveries).
-    /// Reads the whole ledger: only for counts that lost their pins.
-    pub fn pins(&self) -> Result<Vec<(u64, Pin)>> {
-        let mut latest = BTreeMap::new();
-        let mut cancelled = std::collections::HashSet::new();
-        for index in self.log.first()..self.log.end() {
-            match self.entry(index)? {
-                Some(e) if e.kind == LedgerKind::Reschedule => {
-                    let pin = Pin { timer: e.record_offset, deliver_at_ms: e.timer.deliver_at_ms };
-                    latest.insert(e.timer.message_offset, pin);
-                }
-                Some(e) => {
-                    cancelled.insert(e.timer.message_offset);
-                }
-                None => {}
-            }
-        }
-        Ok(latest.into_iter().filter(|(_, pin)| !cancelled.contains(&pin.timer)).collect())
     }
 
     /// Whether the file starting at entry `file_start` may name the message,
@@ -252,6 +275,10 @@ impl CancelLedger {
             }
         }
         let deleted = self.log.delete_files_below(first_needed)?;
+        if deleted > 0 {
+            // The pins of the deleted entries go with them.
+            self.load_pins()?;
+        }
         let first = self.log.first();
         self.filters.borrow_mut().retain(|&file_start, _| file_start + LEDGER_ENTRIES_PER_FILE > first);
         Ok(deleted)

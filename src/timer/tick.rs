@@ -243,8 +243,7 @@ impl Ticker {
         // Every timer received so far, also those after the last progress
         // (and the one being inserted when the old wheel failed).
         let (start, through) = (self.log.start(), self.indexed.max(self.received));
-        let mut counts = SegmentCounts::rebuilt(self.log.segment_size(), start..through);
-        counts.keep_live_pins_of(&self.counts);
+        let counts = SegmentCounts::rebuilt(self.log.segment_size(), start..through);
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.flush
             .send(FlushSignal::Rebuild { tick_second, counts: counts.clone(), reply })
@@ -259,7 +258,10 @@ impl Ticker {
             last: Some(Checkpoint { tick_second, ..Default::default() }),
             replay_from: start,
         })?;
+        let pins = self.wheel.pins();
         self.wheel = restarted.wheel;
+        // Retention reads these: the new ledger keeps them (read from it again).
+        self.wheel.load_pins(Some(pins))?;
         self.wheel.lower_durable_tick(tick_second);
         self.counts = counts;
         self.index_timers(start, through)?;
@@ -300,6 +302,8 @@ impl Ticker {
         let mut last_sync = Instant::now();
         let mut last_stats = Instant::now();
         let mut last_reclaim = Instant::now();
+        // Retention deletes nothing until the pins are read (see `durable/pins.rs`).
+        self.wheel.load_pins(None)?;
         // The checkpoints on disk at open: the wheel reuses no slot a restart from them would reload.
         if let Some(mark) = self.floor.get() {
             self.wheel.lower_durable_tick(mark.tick_second);
@@ -353,12 +357,10 @@ impl Ticker {
         Ok(inserted)
     }
 
-    /// Indexes the timer of a reschedule record, and pins its message.
-    fn insert_rescheduled(&mut self, timer: Timer, message_offset: u64) -> Result<()> {
-        if self.insert(timer)? {
-            self.counts.pin(message_offset, timer.message_offset, timer.deliver_at_ms);
-        }
-        Ok(())
+    /// Indexes the timer of a reschedule record (its message is pinned by
+    /// the record's ledger entry: see `durable/pins.rs`).
+    fn insert_rescheduled(&mut self, timer: Timer, _message_offset: u64) -> Result<()> {
+        self.insert(timer).map(drop)
     }
 
     /// Handles a command, then counts it handled (see `WheelFront::held_below`).
@@ -488,7 +490,7 @@ impl Ticker {
     /// timer's time has passed: retention relocates such a cancel (a timer
     /// relocated with its cancelled message must not fire from a rebuilt wheel).
     fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
-        self.counts.timer_settled(timer.message_offset);
+        self.counts.settled(timer.message_offset);
         self.counts.cancel_recorded(cancel_offset, timer.deliver_at_ms);
     }
 
@@ -548,8 +550,7 @@ impl Ticker {
         // Without its ledger entry, the handle would name the old timer again:
         // the ledger is then unreliable, and the wheel is rebuilt.
         self.wheel.record_in_ledger(entry)?;
-        self.counts.timer_replaced(timer.message_offset);
-        self.counts.pin(message_offset, record, deliver_at_ms);
+        self.counts.settled(timer.message_offset);
         self.wake_indexers();
         Ok(RescheduleOutcome::Rescheduled)
     }
@@ -601,7 +602,7 @@ impl Ticker {
                     encode_delivery(buf, offset, now_ms, timer.message_offset);
                 })?;
                 stats.lateness_ms.saturating_record(now_ms - timer.deliver_at_ms);
-                self.counts.timer_settled(timer.message_offset);
+                self.counts.settled(timer.message_offset);
             }
             stats.delivered += due.len() as u64;
             self.wake_indexers();
@@ -743,7 +744,7 @@ fn retain_checked(
             "a timer's record does not check out: it will not be delivered"
         );
         quarantined.fetch_add(1, Ordering::Relaxed);
-        counts.timer_settled(timer.message_offset);
+        counts.settled(timer.message_offset);
         false
     });
     reader.release();

@@ -165,7 +165,8 @@ struct EntryLine {
     /// moved to finer slots), missed (a stale level-0 slot and no delivery
     /// record: a problem), retention-deleted (a stale level-0 slot, and the
     /// message lies below the oldest segment: its delivery record, if any,
-    /// was deleted with its segment), or cancel-entry.
+    /// was deleted with its segment), rescheduled (a reschedule record
+    /// replaced it by its own timer), or cancel-entry.
     state: String,
 }
 
@@ -191,6 +192,7 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
     }
     let mut cancelled: std::collections::HashSet<u64> = facts.cancels.iter().map(|&(_, m, _)| m).collect();
     cancelled.extend(relocated.cancel_copies.iter().map(|c| c.message_offset));
+    let replaced: std::collections::HashSet<u64> = facts.reschedules.values().map(|r| r.from_timer).collect();
     let mut lines = Vec::new();
     if let Some(wheel) = wheel {
         for level in 0..geometry::LEVEL_COUNT {
@@ -230,6 +232,9 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
                     || in_chain_cancels.contains(&e.message_offset)
                 {
                     "cancelled".into()
+                } else if replaced.contains(&e.message_offset) {
+                    // A reschedule record replaced it by its own timer.
+                    "rescheduled".into()
                 } else if live {
                     "pending".into()
                 } else if level > 0 {
@@ -240,7 +245,10 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
                 } else {
                     "missed".into()
                 };
-                let message = facts.timed(e.message_offset);
+                // A rescheduled timer is named by its reschedule record, which names the message.
+                let message = facts.timed(e.message_offset).or_else(|| {
+                    facts.reschedules.get(&e.message_offset).and_then(|r| facts.timed(r.message_offset))
+                });
                 lines.push(EntryLine {
                     level,
                     entry: *index,

@@ -542,8 +542,8 @@ fn check_timer_entries(
     Ok(())
 }
 
-/// Step 5b: the cancel ledger's entries, in log order of their cancel
-/// records, each naming its cancel record (one in the retained log is checked).
+/// Step 5b: the cancel ledger's entries, in log order of their records,
+/// each naming its cancel or reschedule record (one in the retained log is checked).
 fn check_cancel_ledger(
     files: &StoreFiles,
     facts: &LogFacts,
@@ -558,16 +558,13 @@ fn check_cancel_ledger(
     ledger.scan(|index, path, position, e| {
         checked.cancel_ledger_entries += 1;
         let bad = |why: String| DumpError::bad_reference(path, position, format!("entry {index}: {why}"));
-        // A ledger entry has the timer-log layout: `prev` holds its cancel
-        // record's offset, and the cancel bit is set on every one.
+        // A ledger entry has the timer-log layout: `prev` holds its record's
+        // offset; the cancel bit is set on a cancel's, clear on a reschedule's.
         let cancel = e.prev;
-        if !e.cancel {
-            return Err(bad("bit 63 of its deliver-at is clear, the store sets it on every entry".into()));
-        }
-        // The store binary-searches by cancel record: out of order, a repeated cancel answers wrong.
+        // The store binary-searches by record: out of order, a handle finds the wrong answer.
         if let Some(last) = last.filter(|&last| cancel <= last) {
             return Err(bad(format!(
-                "cancel record at log offset {cancel} is not after the previous entry's {last}"
+                "record at log offset {cancel} is not after the previous entry's {last}"
             )));
         }
         last = Some(cancel);
@@ -584,9 +581,25 @@ fn check_cancel_ledger(
     Ok(())
 }
 
-/// Whether the cancel record a ledger entry names (in the retained log) cancels the entry's timer.
+/// Whether the cancel record a ledger entry names (in the retained log)
+/// cancels the entry's timer, or the reschedule record it names moves the
+/// entry's message to the entry's deliver time.
 fn ledger_entry_matches(facts: &LogFacts, e: &TimerEntry) -> Result<(), String> {
     let at = e.prev;
+    if !e.cancel {
+        let Some(r) = facts.reschedules.get(&at) else {
+            return Err(format!(
+                "a reschedule entry (bit 63 clear), but log offset {at} is not a reschedule record"
+            ));
+        };
+        if (r.message_offset, r.deliver_at_ms) != (e.message_offset, e.deliver_at_ms) {
+            return Err(format!(
+                "names log offset {} to {}, its reschedule record at log offset {at} moves log offset {} to {}",
+                e.message_offset, e.deliver_at_ms, r.message_offset, r.deliver_at_ms
+            ));
+        }
+        return Ok(());
+    }
     // `facts.cancels` is in log order, so sorted by record offset.
     let Ok(i) = facts.cancels.binary_search_by_key(&at, |&(record, _, _)| record) else {
         return Err(format!("log offset {at} is not a cancel record"));

@@ -124,3 +124,51 @@ fn pending_after_a_crash_mid_second_is_what_audit_counts() {
     let (_, doc) = audit_json(crashed.path());
     assert_eq!((pending, &doc["pending"], &doc["delivered"]), (1_000, &1_000.into(), &1_000.into()));
 }
+
+/// Rescheduled timers are audited by their last timer: delivered at the new
+/// time, or pending for it; a delivery record of the timer a reschedule
+/// replaced (the message fired at its old time) fails the audit.
+#[test]
+fn rescheduled_timers_are_judged_by_their_new_time() {
+    use delaywheel::{ManualClock, Message, RescheduleOutcome, Store};
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    let put =
+        |body: &str, at: u64| store.put(Message::new(TOPIC, body.to_string()).deliver_at_ms(at)).unwrap();
+    let fired = put("fired", T0 + 5_000);
+    let moved_away = put("moved-away", T0 + 1_000);
+    let twice = put("twice", T0 + 2_000);
+    for (receipt, to) in
+        [(&fired, T0 + 3_000), (&moved_away, T0 + 86_400_000), (&twice, T0 + 8_000), (&twice, T0 + 9_000)]
+    {
+        assert_eq!(store.reschedule(receipt.handle().unwrap(), to).unwrap(), RescheduleOutcome::Rescheduled);
+    }
+    clock.set_ms(T0 + 10_000);
+    wait_until(|| store.stats().delivered == 2);
+    store.close().unwrap();
+    let (code, doc) = audit_json(dir.path());
+    assert_eq!(
+        (code, &doc["timer_messages"], &doc["delivered"], &doc["pending"], &doc["rescheduled"]),
+        (0, &json!(3), &json!(2), &json!(1), &json!(3)),
+        "{doc}"
+    );
+    assert_eq!(dump(dir.path(), &["verify"]).status.code(), Some(0));
+    let slot = stdout(&dump(dir.path(), &["slot", &((T0 + 1_000) / 1000).to_string()]));
+    assert!(slot.contains("rescheduled"), "the replaced timer is shown as such: {slot}");
+
+    // A delivery of "moved-away"'s own timer, the one its reschedule replaced.
+    let copy = copy_of(dir.path());
+    append_copy(copy.path(), delivery_of(copy.path(), twice_timer(copy.path())), |bytes| {
+        bytes[20..28].copy_from_slice(&moved_away.offset().to_le_bytes());
+    });
+    let (code, doc) = audit_json(copy.path());
+    assert_eq!((code, &doc["fired_after_reschedule"]), (1, &json!(1)), "{doc}");
+}
+
+/// The record the delivery of the "twice" timer names: its last reschedule record.
+fn twice_timer(dir: &std::path::Path) -> u64 {
+    let (records, _) = records(dir);
+    let last = records.iter().rev().find(|(at, b)| matches!(decoded(*at, b), Record::Reschedule(_)));
+    last.expect("a reschedule record").0
+}

@@ -1,0 +1,75 @@
+//! What moving a timer costs: `Store::reschedule` against what it replaces,
+//! a cancel followed by a put of the message again (not atomic, and a new
+//! handle), and a cancel alone; each on timers a day ahead, one handle per
+//! operation, on a manual clock (nothing fires). Criterion runs the three
+//! side by side in one run.
+//!
+//! `cargo bench --bench timer_control`
+
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, criterion_group, criterion_main};
+use delaywheel::{CancelOutcome, Config, Handle, ManualClock, Message, RescheduleOutcome, Store};
+
+const T0: u64 = 1_700_000_000_000;
+const DAY_MS: u64 = 86_400_000;
+
+fn message(i: u64) -> Message {
+    Message::new("bench", vec![7u8; 128]).deliver_at_ms(T0 + DAY_MS + i % 3_600_000)
+}
+
+/// Handles of `n` fresh timers, put outside the measurement.
+fn handles(store: &Store, n: u64, next: &mut u64) -> Vec<Handle> {
+    let batch: Vec<Message> = (*next..*next + n).map(message).collect();
+    *next += n;
+    let receipts = store.put_batch(batch).expect("put");
+    store.fresh_stats().expect("indexed");
+    receipts.iter().map(|r| r.handle().expect("a timer")).collect()
+}
+
+fn timer_control(c: &mut Criterion) {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let store = Store::open(Config::new(dir.path()).with_clock(ManualClock::new(T0))).expect("open");
+    let mut next = 0;
+    let mut group = c.benchmark_group("timer_control");
+    group.sample_size(20).measurement_time(Duration::from_secs(5));
+    group.bench_function("reschedule", |b| {
+        b.iter_custom(|iters| {
+            let pool = handles(&store, iters, &mut next);
+            let started = Instant::now();
+            for (i, &h) in pool.iter().enumerate() {
+                let to = h.deliver_at_ms + 600_000 + i as u64;
+                assert_eq!(store.reschedule(h, to).expect("reschedule"), RescheduleOutcome::Rescheduled);
+            }
+            started.elapsed()
+        })
+    });
+    group.bench_function("cancel_then_put", |b| {
+        b.iter_custom(|iters| {
+            let pool = handles(&store, iters, &mut next);
+            let started = Instant::now();
+            for (i, &h) in pool.iter().enumerate() {
+                assert_eq!(store.cancel(h).expect("cancel"), CancelOutcome::Cancelled);
+                let again =
+                    Message::new("bench", vec![7u8; 128]).deliver_at_ms(h.deliver_at_ms + 600_000 + i as u64);
+                store.put(again).expect("put");
+            }
+            started.elapsed()
+        })
+    });
+    group.bench_function("cancel", |b| {
+        b.iter_custom(|iters| {
+            let pool = handles(&store, iters, &mut next);
+            let started = Instant::now();
+            for &h in &pool {
+                assert_eq!(store.cancel(h).expect("cancel"), CancelOutcome::Cancelled);
+            }
+            started.elapsed()
+        })
+    });
+    group.finish();
+    store.close().expect("close");
+}
+
+criterion_group!(benches, timer_control);
+criterion_main!(benches);
