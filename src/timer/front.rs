@@ -56,7 +56,8 @@ impl SchedulerFront for WheelFront {
 
     fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()> {
         let timer = Timer { deliver_at_ms: view.deliver_at_ms, message_offset: offset };
-        self.send(WheelCommand::InsertRescheduled { timer, message_offset: view.message_offset })
+        // Its message is pinned by the record's ledger entry (see `durable/pins.rs`).
+        self.send(WheelCommand::Insert(timer))
     }
 
     fn indexed_below(&self, offset: u64) -> Result<()> {

@@ -46,10 +46,8 @@ const COMMAND_BATCH: usize = 4096;
 /// What the dispatcher tells the wheel, in commit-log order.
 #[derive(Debug)]
 pub(crate) enum WheelCommand {
-    /// Index this timer.
+    /// Index this timer (of a timed message, or of a reschedule record).
     Insert(Timer),
-    /// Index the timer of a reschedule record, of the message at `message_offset`.
-    InsertRescheduled { timer: Timer, message_offset: u64 },
     /// Every timed record below this commit-log offset has been sent.
     Progress(u64),
     /// Cancel or reschedule the timer a handle names and answer what became of it.
@@ -278,20 +276,18 @@ impl Ticker {
     fn index_timers(&mut self, from: u64, to: u64) -> Result<()> {
         let mut at = from;
         while at < to {
-            let (found, next) = self.log.visit_trusted(at, |offset, kind, bytes| match kind {
-                RecordKind::Message => MessageView::parse(bytes)
-                    .ok()
-                    .and_then(|v| v.timer_deliver_at_ms())
-                    .map(|deliver_at_ms| (Timer { deliver_at_ms, message_offset: offset }, None)),
-                RecordKind::Reschedule => RescheduleView::parse(bytes).ok().map(|r| {
-                    (Timer { deliver_at_ms: r.deliver_at_ms, message_offset: offset }, Some(r.message_offset))
-                }),
-                _ => None,
+            let (timer, next) = self.log.visit_trusted(at, |offset, kind, bytes| {
+                let deliver_at_ms = match kind {
+                    RecordKind::Message => {
+                        MessageView::parse(bytes).ok().and_then(|v| v.timer_deliver_at_ms())
+                    }
+                    RecordKind::Reschedule => RescheduleView::parse(bytes).ok().map(|r| r.deliver_at_ms),
+                    _ => None,
+                };
+                deliver_at_ms.map(|deliver_at_ms| Timer { deliver_at_ms, message_offset: offset })
             })?;
-            match found {
-                Some((timer, None)) => drop(self.insert(timer)?),
-                Some((timer, Some(message))) => self.insert_rescheduled(timer, message)?,
-                None => {}
+            if let Some(timer) = timer {
+                self.insert(timer)?;
             }
             at = next;
         }
@@ -357,12 +353,6 @@ impl Ticker {
         Ok(inserted)
     }
 
-    /// Indexes the timer of a reschedule record (its message is pinned by
-    /// the record's ledger entry: see `durable/pins.rs`).
-    fn insert_rescheduled(&mut self, timer: Timer, _message_offset: u64) -> Result<()> {
-        self.insert(timer).map(drop)
-    }
-
     /// Handles a command, then counts it handled (see `WheelFront::held_below`).
     fn handle_counted(&mut self, command: WheelCommand) -> Result<()> {
         let handled = self.handle(command);
@@ -375,10 +365,6 @@ impl Ticker {
             WheelCommand::Insert(timer) => {
                 self.received = self.received.max(timer.message_offset + 1);
                 self.insert(timer).map(drop)
-            }
-            WheelCommand::InsertRescheduled { timer, message_offset } => {
-                self.received = self.received.max(timer.message_offset + 1);
-                self.insert_rescheduled(timer, message_offset)
             }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
