@@ -228,13 +228,14 @@ pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Writ
                     "cancel-entry".to_string()
                 } else if let Some(n) = delivered.get(&e.message_offset) {
                     if *n == 1 { "delivered".into() } else { format!("delivered x{n}") }
+                } else if replaced.contains(&e.message_offset) {
+                    // A reschedule record replaced it by its own timer (and
+                    // took it out with a cancel entry, if its second was not loaded).
+                    "rescheduled".into()
                 } else if cancelled.contains(&e.message_offset)
                     || in_chain_cancels.contains(&e.message_offset)
                 {
                     "cancelled".into()
-                } else if replaced.contains(&e.message_offset) {
-                    // A reschedule record replaced it by its own timer.
-                    "rescheduled".into()
                 } else if live {
                     "pending".into()
                 } else if level > 0 {
