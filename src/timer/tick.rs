@@ -426,25 +426,37 @@ impl Ticker {
     /// Decides a timer's fate.
     fn cancel(&mut self, timer: Timer, reply: Sender<Result<CancelOutcome>>) -> Result<()> {
         let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
+        self.answer("cancel", timer, reply, |ticker, target| match target {
+            CancelTarget::AlreadyDelivered => Ok(CancelOutcome::AlreadyDelivered),
+            CancelTarget::AlreadyCancelled => Ok(CancelOutcome::Cancelled),
+            target => ticker.record_and_apply_cancel(timer, target),
+        })
+    }
+
+    /// Finds where `timer` is, has `decide` act on it, and sends the answer.
+    /// A failed lookup (reading the cancel ledger) is this caller's answer
+    /// and changes nothing, so the wheel goes on; a record that could not be
+    /// written stops the wheel (`run` poisons the log).
+    fn answer<T>(
+        &mut self,
+        what: &'static str,
+        timer: Timer,
+        reply: Sender<Result<T>>,
+        decide: impl FnOnce(&mut Self, CancelTarget) -> Result<T>,
+    ) -> Result<()> {
         let target = match self.wheel.locate_for_cancel(&timer) {
             Ok(target) => target,
             Err(e) => {
-                // Reading the cancel ledger failed: this caller learns why;
-                // nothing changed, so the wheel goes on.
                 tracing::error!(error = %e, "could not tell whether a timer was cancelled");
                 let _ = reply.send(Err(e));
                 return Ok(());
             }
         };
-        let outcome = match target {
-            CancelTarget::AlreadyDelivered => Ok(CancelOutcome::AlreadyDelivered),
-            CancelTarget::AlreadyCancelled => Ok(CancelOutcome::Cancelled),
-            target => self.record_and_apply_cancel(timer, target),
-        };
+        let outcome = decide(self, target);
         let failed = outcome.is_err();
         let _ = reply.send(outcome);
         if failed {
-            return Err(crate::error::Error::invalid("cancel", "the wheel could not record a cancel"));
+            return Err(Error::invalid(what, format!("the wheel could not record a {what}")));
         }
         Ok(())
     }
@@ -490,25 +502,11 @@ impl Ticker {
     ) -> Result<()> {
         let _span =
             tracing::debug_span!("reschedule", offset = timer.message_offset, deliver_at_ms).entered();
-        let target = match self.wheel.locate_for_cancel(&timer) {
-            Ok(target) => target,
-            Err(e) => {
-                tracing::error!(error = %e, "could not tell whether a timer was cancelled");
-                let _ = reply.send(Err(e));
-                return Ok(());
-            }
-        };
-        let outcome = match target {
+        self.answer("reschedule", timer, reply, |ticker, target| match target {
             CancelTarget::AlreadyDelivered => Ok(RescheduleOutcome::AlreadyDelivered),
             CancelTarget::AlreadyCancelled => Ok(RescheduleOutcome::Cancelled),
-            target => self.record_and_apply_reschedule(message_offset, timer, deliver_at_ms, target),
-        };
-        let failed = outcome.is_err();
-        let _ = reply.send(outcome);
-        if failed {
-            return Err(Error::invalid("reschedule", "the wheel could not record a reschedule"));
-        }
-        Ok(())
+            target => ticker.record_and_apply_reschedule(message_offset, timer, deliver_at_ms, target),
+        })
     }
 
     /// Writes the reschedule record, then takes the old timer out of the
