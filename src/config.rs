@@ -62,6 +62,7 @@ pub struct Config {
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) delay_levels: String,
     pub(crate) timer_log_file_entries: u64,
+    pub(crate) key_index_file_entries: u64,
     pub(crate) disk_reserve: Option<u64>,
     pub(crate) deliver: bool,
     pub(crate) scheduler: Scheduler,
@@ -127,6 +128,7 @@ impl Config {
             clock: Arc::new(SystemClock),
             delay_levels: DEFAULT_DELAY_LEVELS.to_string(),
             timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
+            key_index_file_entries: crate::key_index::DEFAULT_ENTRIES_PER_FILE,
             disk_reserve: None,
             deliver: true,
             scheduler: Scheduler::Wheel,
@@ -190,8 +192,10 @@ impl Config {
     pub(crate) fn disk_reserve(&self) -> u64 {
         let timer_log_file = 32 + self.timer_log_file_entries * crate::format::timer_entry::ENTRY_LEN as u64;
         let queue_file = 32 + self.queue_file_entries * crate::format::queue_entry::ENTRY_LEN as u64;
+        let key_index_file = crate::format::key_index::file_len(self.key_index_file_entries);
         // Two timer logs (near and far), each may need a new file.
-        self.disk_reserve.unwrap_or(4 * timer_log_file + 2 * queue_file + SMALL_FILES_RESERVE)
+        self.disk_reserve
+            .unwrap_or(4 * timer_log_file + 2 * queue_file + key_index_file + SMALL_FILES_RESERVE)
     }
 
     /// Whether the ticking thread delivers due timers (default). With `false`
@@ -243,6 +247,14 @@ impl Config {
     /// Entries per timer-log file (default 2 Mi, 56 MiB files).
     pub fn with_timer_log_file_entries(mut self, entries: u64) -> Self {
         self.timer_log_file_entries = entries;
+        self
+    }
+
+    /// Entries per key-index file (default 1 Mi: 24 MiB files, each holding
+    /// the timed messages with a key of a run of the log; see
+    /// [`Store::pending_by_key`](crate::Store::pending_by_key)).
+    pub fn with_key_index_file_entries(mut self, entries: u64) -> Self {
+        self.key_index_file_entries = entries;
         self
     }
 
@@ -337,6 +349,9 @@ impl Config {
         }
         if self.timer_log_file_entries == 0 || self.timer_log_file_entries > 1 << 26 {
             return Err(Error::invalid("timer log file entries", "must be between 1 and 67,108,864"));
+        }
+        if self.key_index_file_entries == 0 || self.key_index_file_entries > 1 << 24 {
+            return Err(Error::invalid("key index file entries", "must be between 1 and 16,777,216"));
         }
         if self.flush_interval.is_zero() {
             return Err(Error::invalid("flush interval", "must be positive"));

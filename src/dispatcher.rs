@@ -21,6 +21,7 @@ use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
 use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind, RescheduleView};
+use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
@@ -39,6 +40,8 @@ pub(crate) struct Dispatcher {
     /// Reads the messages that deliveries name, in any order.
     originals: RefCell<LogReader>,
     queues: Arc<QueueRegistry>,
+    /// Timed messages by topic and key.
+    keys: Arc<KeyIndex>,
     /// The wheel or the buckets: timed messages and the dispatcher's progress go there.
     scheduler: Arc<dyn SchedulerFront>,
     next: u64,
@@ -77,7 +80,7 @@ pub(crate) struct DispatchPlan {
 impl Dispatcher {
     pub fn new(
         log: Arc<CommitLog>,
-        (queues, scheduler): (Arc<QueueRegistry>, Arc<dyn SchedulerFront>),
+        (queues, keys, scheduler): (Arc<QueueRegistry>, Arc<KeyIndex>, Arc<dyn SchedulerFront>),
         plan: DispatchPlan,
         progress: Arc<AtomicU64>,
         (quarantined, stall): (Arc<AtomicU64>, Arc<Stall>),
@@ -89,6 +92,7 @@ impl Dispatcher {
             originals: RefCell::new(LogReader::new(Arc::clone(&log))),
             log,
             queues,
+            keys,
             scheduler,
             next: from,
             touched_to: from,
@@ -202,7 +206,10 @@ impl Dispatcher {
                     Err(e @ Error::Corruption { .. }) => return self.quarantine(offset, e),
                     Err(e) => return Err(e),
                 };
-                if view.timing.deliver_at_ms != 0 && !view.rescheduled {
+                if view.timer_deliver_at_ms().is_some() {
+                    if !view.key.is_empty() {
+                        self.keys.add(offset, view.topic, view.key)?;
+                    }
                     return self.scheduler.index(offset, bytes.len(), &view);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)

@@ -21,11 +21,13 @@ use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::Result;
 use crate::format::checkpoint::Checkpoint;
 use crate::fs::write_atomically;
+use crate::key_index::KeyIndex;
 use crate::timer::tick::{WheelCheckpoint, WheelShared, WheelSnapshot};
 
 pub(crate) struct Flusher {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
+    pub keys: Arc<KeyIndex>,
     pub offsets: Arc<OffsetStore>,
     pub wheel: Arc<WheelShared>,
     pub checkpoint: CheckpointFile,
@@ -156,7 +158,7 @@ impl Flusher {
         let (wheel, counts) = self.sync_wheel(snapshot)?;
         // A record counts as dispatched once its queue entry or its timer is indexed.
         let dispatched = dispatched_now.min(wheel.indexed);
-        if let Err(e) = self.queues.flush_all() {
+        if let Err(e) = self.queues.flush_all().and_then(|()| self.keys.flush()) {
             self.log.poison(&format!("flush: {e}"));
             return Err(e);
         }

@@ -37,6 +37,7 @@ mod dispatcher;
 mod durable;
 mod error;
 mod flusher;
+mod key_index;
 // Some codecs and rules exist for the tools that read them through `internals`.
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 mod format;

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::format::checkpoint::Checkpoint;
 use crate::format::layout::Layout;
+use crate::key_index::KeyIndex;
 use crate::prefault::Prefaulter;
 use crate::recovery::{Recovered, recover};
 use crate::retention::Retainer;
@@ -64,6 +65,7 @@ struct Parts {
     layout: Layout,
     log: Arc<CommitLog>,
     queues: Arc<QueueRegistry>,
+    keys: Arc<KeyIndex>,
     offsets: Arc<OffsetStore>,
     shared: Arc<WheelShared>,
     floor: Arc<Floor>,
@@ -110,6 +112,7 @@ impl Store {
             levels,
             log: parts.log,
             queues: parts.queues,
+            keys: parts.keys,
             offsets: parts.offsets,
             wheel: parts.shared,
             accepting: RwLock::new(true),
@@ -148,6 +151,8 @@ impl Parts {
         let open_counts = Arc::new(counts.clone());
         let queues =
             Arc::new(QueueRegistry::open(&layout.consume_queues(), config.queue_file_entries, replay_from)?);
+        let keys =
+            Arc::new(KeyIndex::open(&layout.key_index(), config.key_index_file_entries, &log, replay_from)?);
         let offsets = Arc::new(OffsetStore::open(&layout.consumer_offsets())?);
         let now_ms = config.clock.now_ms();
         let wheel_checkpoint = WheelCheckpoint {
@@ -186,6 +191,7 @@ impl Parts {
             layout,
             log,
             queues,
+            keys,
             offsets,
             shared,
             floor,
@@ -240,7 +246,7 @@ impl Parts {
         };
         let dispatcher = Dispatcher::new(
             Arc::clone(&self.log),
-            (Arc::clone(&self.queues), Arc::clone(&scheduler)),
+            (Arc::clone(&self.queues), Arc::clone(&self.keys), Arc::clone(&scheduler)),
             plan,
             Arc::clone(&self.dispatched),
             (Arc::clone(&self.counters.quarantined), Arc::clone(&self.stall)),
@@ -261,6 +267,7 @@ impl Parts {
         Flusher {
             log: Arc::clone(&self.log),
             queues: Arc::clone(&self.queues),
+            keys: Arc::clone(&self.keys),
             offsets: Arc::clone(&self.offsets),
             wheel: Arc::clone(&self.shared),
             checkpoint,
@@ -372,6 +379,7 @@ impl Parts {
             Arc::new(Retainer {
                 log: Arc::clone(&self.log),
                 queues: Arc::clone(&self.queues),
+                keys: Arc::clone(&self.keys),
                 timer_log_reclaim: self.timer_log_reclaim.clone(),
                 clock: Arc::clone(&self.config.clock),
                 policy: self.config.retention,

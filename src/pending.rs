@@ -4,6 +4,7 @@
 use crate::commitlog::CommitLog;
 use crate::format::record::{MessageView, RecordKind, RescheduleView};
 use crate::message::Handle;
+use crate::timer::Timer;
 use crate::timer::window::PendingEntry;
 
 /// A timer that has not fired and is not cancelled, as
@@ -26,6 +27,30 @@ pub struct PendingTimer {
     /// The finest wheel level holding it: 0 for the next 18 hours (1 s
     /// slots), 1 for about 8.5 years (9.1 h slots), 2 beyond.
     pub wheel_level: u8,
+}
+
+/// The own timers of the timed messages at `candidates` whose topic and key
+/// are these (the key index names every message of a hash).
+pub(crate) fn timers_with_key(log: &CommitLog, candidates: Vec<u64>, topic: &str, key: &str) -> Vec<Timer> {
+    let timer_of = |offset: u64| {
+        let visited = log.visit_checked(offset, |at, kind, bytes| {
+            let view =
+                MessageView::parse(bytes).ok().filter(|_| at == offset && kind == RecordKind::Message)?;
+            let deliver_at_ms = view.timer_deliver_at_ms()?;
+            (view.topic == topic && view.key == key)
+                .then_some(Timer { deliver_at_ms, message_offset: offset })
+        });
+        match visited {
+            Ok((timer, _)) => timer,
+            // Its window passed long ago: it fired.
+            Err(crate::error::Error::Reclaimed { .. }) => None,
+            Err(e) => {
+                tracing::warn!(offset, error = %e, "a message the key index names does not check out: left out");
+                None
+            }
+        }
+    };
+    candidates.into_iter().filter_map(timer_of).collect()
 }
 
 /// The timers of `entries` with their messages' fields, in the same order.

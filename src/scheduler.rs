@@ -53,4 +53,8 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// The first `limit` pending timers due in `window_ms`, by deliver time,
     /// each as it stood at one instant (none of them had fired then).
     fn pending(&self, window_ms: std::ops::Range<u64>, limit: usize) -> Result<Vec<PendingEntry>>;
+
+    /// Which of `timers` (messages' own timers) are pending, each as the
+    /// timer that counts now (its latest reschedule's), at one instant.
+    fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<PendingEntry>>;
 }

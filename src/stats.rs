@@ -70,6 +70,8 @@ pub struct DiskUsage {
     pub consume_queues: u64,
     /// The wheel file and the timer log (index).
     pub timer_index: u64,
+    /// The key index's files (index; see [`Store::pending_by_key`](crate::Store::pending_by_key)).
+    pub key_index: u64,
 }
 
 /// Retention's counters since open.

@@ -38,6 +38,8 @@ pub struct Store {
     pub(crate) levels: DelayLevels,
     pub(crate) log: Arc<CommitLog>,
     pub(crate) queues: Arc<QueueRegistry>,
+    /// Timed messages by topic and key (see [`pending_by_key`](Self::pending_by_key)).
+    pub(crate) keys: Arc<crate::key_index::KeyIndex>,
     pub(crate) offsets: Arc<OffsetStore>,
     pub(crate) wheel: Arc<WheelShared>,
     /// `true` while puts are accepted; puts hold it shared, close takes it exclusively.
@@ -582,6 +584,42 @@ impl Store {
         Ok(crate::pending::describe(&self.log, entries))
     }
 
+    /// The pending timers of the messages put with `topic` and `key`, by
+    /// deliver time: "is the timeout of order-42 still pending?". The key
+    /// index (`index/keys/`, kept by the dispatcher for every timed message
+    /// with a key) names the candidates, each candidate's message is read to
+    /// compare its topic and key, and the ticking thread says which of them
+    /// are pending, at one instant (as for [`pending`](Self::pending)). A
+    /// rescheduled timer is answered with its new time and its unchanged handle.
+    ///
+    /// ```
+    /// # use delaywheel::{Config, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let due = 4_000_000_000_000; // 2096
+    /// let r = store.put(Message::new("orders", "cancel if unpaid").key("order-42").deliver_at_ms(due))?;
+    /// let pending = store.pending_by_key("orders", "order-42")?;
+    /// assert_eq!(pending.len(), 1);
+    /// assert_eq!(Some(pending[0].handle), r.handle());
+    /// store.cancel(r.handle().unwrap())?;
+    /// assert!(store.pending_by_key("orders", "order-42")?.is_empty());
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors: as for [`pending`](Self::pending); a candidate whose message
+    /// does not check out is left out with a warning.
+    pub fn pending_by_key(&self, topic: &str, key: &str) -> Result<Vec<PendingTimer>> {
+        self.wait_indexed_to(self.log.write_end())?;
+        let timers = crate::pending::timers_with_key(&self.log, self.keys.candidates(topic, key), topic, key);
+        if timers.is_empty() {
+            return Ok(Vec::new());
+        }
+        let mut entries = self.scheduler.pending_of(timers)?;
+        entries.sort_unstable_by_key(|e| e.timer);
+        Ok(crate::pending::describe(&self.log, entries))
+    }
+
     /// Counters and gauges: pending timers (per level and per coming horizon),
     /// deliveries and their lateness, disk use. The wheel's gauges are
     /// refreshed by the ticking thread about once a second (see [`Stats`]);
@@ -594,6 +632,7 @@ impl Store {
             relocated: self.log.relocated().disk_bytes().unwrap_or(0),
             consume_queues: self.queues.disk_bytes(),
             timer_index: wheel_files,
+            key_index: self.keys.disk_bytes(),
         };
         let counter = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
         let retention = RetentionStats {
@@ -622,7 +661,11 @@ impl Store {
             early: timers.early,
             reindexed: timers.reindexed,
             lateness_ms: Lateness::from_histogram(&timers.lateness_ms),
-            disk_bytes: disk.commit_log + disk.relocated + disk.consume_queues + disk.timer_index,
+            disk_bytes: disk.commit_log
+                + disk.relocated
+                + disk.consume_queues
+                + disk.timer_index
+                + disk.key_index,
             timer_log_entries: timers.timer_log_entries,
             log_bytes: self.log.write_end().saturating_sub(self.log.start()),
             // Read after the end: the dispatcher may have passed the end read first.

@@ -142,3 +142,131 @@ fn the_bucket_scheduler_says_it_cannot_list() {
     assert!(err.to_string().contains("bucket scheduler"), "{err}");
     store.close().unwrap();
 }
+
+/// The keys of the timers `pending_by_key` answers, with their deliver times.
+fn by_key(store: &Store, topic: &str, key: &str) -> Vec<(delaywheel::Handle, u64)> {
+    store.pending_by_key(topic, key).unwrap().iter().map(|p| (p.handle, p.deliver_at_ms)).collect()
+}
+
+#[test]
+fn pending_by_key_answers_a_keys_pending_timers_through_cancel_reschedule_and_firing() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let put = |topic: &str, key: &str, ahead: u64| {
+        let m = Message::new(topic, "b").key(key).queue_id(0).deliver_at_ms(T0 + ahead);
+        store.put(m).unwrap().handle().unwrap()
+    };
+    let soon = put("orders", "order-42", 5_000);
+    let month = put("orders", "order-42", 30 * 24 * HOUR);
+    let decade = put("orders", "order-42", 10 * YEAR);
+    let other_topic = put("payments", "order-42", 5_000);
+    let other_key = put("orders", "order-43", 5_000);
+    store.put(Message::new("orders", "now, not timed").key("order-42").queue_id(0)).unwrap();
+    for i in 0..500 {
+        put("orders", &format!("noise-{i}"), 1_000 + i);
+    }
+    assert_eq!(
+        by_key(&store, "orders", "order-42"),
+        [(soon, T0 + 5_000), (month, T0 + 30 * 24 * HOUR), (decade, T0 + 10 * YEAR)],
+        "every level, by deliver time; the same key in another topic is another key"
+    );
+    assert_eq!(by_key(&store, "payments", "order-42"), [(other_topic, T0 + 5_000)]);
+    assert_eq!(by_key(&store, "orders", "order-43"), [(other_key, T0 + 5_000)]);
+    assert!(by_key(&store, "orders", "order-44").is_empty());
+    let described = store.pending_by_key("orders", "order-42").unwrap();
+    assert_eq!(
+        (described[2].topic.as_str(), described[2].key.as_deref(), described[2].wheel_level),
+        ("orders", Some("order-42"), 2)
+    );
+
+    assert_eq!(store.cancel(month).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(store.reschedule(decade, T0 + 2 * HOUR).unwrap(), delaywheel::RescheduleOutcome::Rescheduled);
+    assert_eq!(
+        by_key(&store, "orders", "order-42"),
+        [(soon, T0 + 5_000), (decade, T0 + 2 * HOUR)],
+        "the cancelled one is gone; the rescheduled one keeps its handle, at its new time"
+    );
+    clock.set_ms(T0 + 6_000);
+    let mut consumer = store.consumer("orders", 0).unwrap();
+    assert_eq!(drain(&mut consumer, 503).len(), 503, "the noise, the untimed one, soon and order-43");
+    assert_eq!(by_key(&store, "orders", "order-42"), [(decade, T0 + 2 * HOUR)], "a fired timer is gone");
+    store.close().unwrap();
+
+    let store = store_at(dir.path(), &clock);
+    assert_eq!(by_key(&store, "orders", "order-42"), [(decade, T0 + 2 * HOUR)], "the same after a reopen");
+    store.close().unwrap();
+}
+
+/// Every key's answer, for comparing stores.
+fn answers_by_key(store: &Store, keys: usize) -> Vec<Vec<(delaywheel::Handle, u64)>> {
+    (0..keys).map(|k| by_key(store, "orders", &format!("k{k}"))).collect()
+}
+
+fn key_index_files(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
+    let mut files: Vec<_> =
+        std::fs::read_dir(dir.join("index/keys")).unwrap().map(|e| e.unwrap().path()).collect();
+    files.sort();
+    files
+}
+
+fn flip(path: &std::path::Path, at: usize) {
+    let mut bytes = std::fs::read(path).unwrap();
+    bytes[at] ^= 0x40;
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The key index is an index of the log: a crash cuts what the replay
+/// indexes again, and a missing or damaged index is rebuilt from the log.
+#[test]
+fn the_key_index_survives_a_crash_and_is_rebuilt_when_missing_or_damaged() {
+    const PER_FILE: usize = 8;
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config = |dir: &std::path::Path| {
+        no_periodic_flush(dir).with_clock(clock.clone()).with_key_index_file_entries(PER_FILE as u64)
+    };
+    let store = Store::open(config(dir.path())).unwrap();
+    let mut handles = Vec::new();
+    for i in 0..20u64 {
+        let m = Message::new("orders", "b").key(format!("k{}", i % 5)).deliver_at_ms(T0 + HOUR + i);
+        handles.push(store.put(m).unwrap().handle().unwrap());
+    }
+    store.close().unwrap();
+    let store = Store::open(config(dir.path())).unwrap();
+    for i in 20..30u64 {
+        let m = Message::new("orders", "b").key(format!("k{}", i % 5)).deliver_at_ms(T0 + HOUR + i);
+        handles.push(store.put(m).unwrap().handle().unwrap());
+    }
+    assert_eq!(store.cancel(handles[7]).unwrap(), CancelOutcome::Cancelled);
+    let want = answers_by_key(&store, 5);
+    assert_eq!(want.iter().map(Vec::len).sum::<usize>(), 29);
+    assert_eq!(want[2][0], (handles[2], T0 + HOUR + 2));
+    // Killed now: ten entries lie past the checkpoint the reopen resumes at.
+    let crashed = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), crashed.path());
+    store.close().unwrap();
+    let store = Store::open(config(crashed.path())).unwrap();
+    assert_eq!(answers_by_key(&store, 5), want, "after a crash: cut and indexed again, not twice");
+    store.close().unwrap();
+
+    let files = key_index_files(dir.path());
+    assert_eq!(files.len(), 4, "{files:?}: 30 entries, 8 per file");
+    std::fs::remove_dir_all(dir.path().join("index/keys")).unwrap();
+    let store = Store::open(config(dir.path())).unwrap();
+    assert_eq!(answers_by_key(&store, 5), want, "rebuilt from the log");
+    store.close().unwrap();
+    assert_eq!(key_index_files(dir.path()), files, "the same files");
+
+    flip(&files[0], 9);
+    let store = Store::open(config(dir.path())).unwrap();
+    assert_eq!(answers_by_key(&store, 5), want, "a damaged header: rebuilt");
+    store.close().unwrap();
+
+    // The newest file holds entries 24..30: damage its second entry.
+    let second_entry = 32 + 4 * PER_FILE + 20;
+    flip(files.last().unwrap(), second_entry + 3);
+    let store = Store::open(config(dir.path())).unwrap();
+    assert_eq!(answers_by_key(&store, 5), want, "a damaged entry before good ones: rebuilt");
+    store.close().unwrap();
+}

@@ -385,3 +385,49 @@ fn a_timer_that_fires_late_after_downtime_stays_readable_for_the_retention_time(
     assert_eq!(bodies(&got), ["overdue"], "{:?}", store.stats().retention);
     assert_eq!(store.stats().retention.consumer_skipped, 0);
 }
+
+/// The key index keeps finding a relocated timer by its key, and its files
+/// go once every message they name is gone.
+#[test]
+fn the_key_index_follows_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config =
+        config(dir.path(), &clock, keep_for(Duration::from_secs(3600))).with_key_index_file_entries(2);
+    let store = Store::open(config).unwrap();
+    let keyed = |key: &str, at: u64| {
+        let m = Message::new("T", key.to_string()).key(key).queue_id(0).deliver_at_ms(at);
+        store.put(m).unwrap().handle().unwrap()
+    };
+    let decades = [keyed("d0", T0 + 10 * YEAR), keyed("d1", T0 + 10 * YEAR + 1)];
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let files = || -> std::collections::BTreeSet<std::ffi::OsString> {
+        std::fs::read_dir(dir.path().join("index/keys")).unwrap().map(|e| e.unwrap().file_name()).collect()
+    };
+    let mut seen = std::collections::BTreeSet::new();
+    for round in 0..12 {
+        keyed(&format!("m{round}"), clock.now_ms() + MINUTE);
+        seen.extend(files());
+        fill(&store, round);
+        settle();
+        clock.advance_ms(2 * HOUR);
+        assert_eq!(drain(&mut consumer, 1).len(), 1, "m{round} fired");
+        settle();
+        clock.advance_ms(1_000);
+        settle();
+        store.reclaim().unwrap();
+    }
+    assert!(store.stats().retention.segments_deleted > 0);
+    assert!(!relocation_index(dir.path()).is_empty());
+    for (key, handle) in ["d0", "d1"].into_iter().zip(decades) {
+        let found = store.pending_by_key("T", key).unwrap();
+        assert_eq!(found.iter().map(|p| p.handle).collect::<Vec<_>>(), [handle], "{key}, relocated");
+    }
+    assert!(store.pending_by_key("T", "m0").unwrap().is_empty(), "fired");
+    let left = files();
+    assert_eq!(left.len(), 2, "{left:?} of {seen:?}: the first (relocated timers) and the newest stay");
+    assert_eq!(left.first(), seen.first());
+    assert!(seen.len() >= 6, "{seen:?}");
+    assert!(store.stats().disk.key_index > 0);
+    store.close().unwrap();
+}

@@ -164,6 +164,16 @@ impl SchedulerFront for BucketFront {
     ) -> Result<Vec<crate::timer::window::PendingEntry>> {
         Err(Error::invalid("scheduler", "the bucket scheduler cannot list pending timers; use the wheel"))
     }
+
+    fn pending_of(
+        &self,
+        _timers: Vec<crate::timer::Timer>,
+    ) -> Result<Vec<crate::timer::window::PendingEntry>> {
+        Err(Error::invalid(
+            "scheduler",
+            "the bucket scheduler cannot tell which timers are pending; use the wheel",
+        ))
+    }
 }
 
 impl BucketFront {

@@ -238,6 +238,22 @@ impl RelocationArea {
         Ok(None)
     }
 
+    /// Whether a copy of a record in `originals` is indexed (its window may
+    /// have been deleted since: compaction drops such entries).
+    pub fn any_copy_in(&self, originals: std::ops::Range<u64>) -> Result<bool> {
+        let index = self.index();
+        let path = self.index_path();
+        let (mut lo, mut hi) = (0, index.entries());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if index.entry(&path, mid)?.original_offset < originals.start { lo = mid + 1 } else { hi = mid }
+        }
+        if lo == index.entries() {
+            return Ok(false);
+        }
+        Ok(index.entry(&path, lo)?.original_offset < originals.end)
+    }
+
     /// The bytes of the copy `entry` names, or `None` if its window file was
     /// deleted (its window passed more than the retention time ago).
     pub fn read(&self, entry: &IndexEntry) -> Result<Option<Bytes>> {

@@ -16,6 +16,7 @@
 //! timer/timerlog-far/<20-digit index>    index: level-1 and level-2 slots' timer entries
 //! timer/cancelled/<20-digit index>       index: every cancel answered `Cancelled`
 //! timer/segment_pending                  index: pending timers per segment
+//! index/keys/<20-digit offset>           index: timed messages by topic and key
 //! schedule/delay_offsets.json            bucket scheduler progress (buckets only)
 //! consumer_offsets.json                  consumer progress
 //! ```
@@ -54,6 +55,10 @@ pub const FAR_TIMER_LOG_DIR: &str = "timerlog-far";
 pub const CANCEL_LEDGER_DIR: &str = "cancelled";
 /// The segment counts' file name, inside [`TIMER_DIR`].
 pub const SEGMENT_COUNTS_FILE: &str = "segment_pending";
+/// The directory of the indexes by content.
+pub const INDEX_DIR: &str = "index";
+/// The key index's directory, inside [`INDEX_DIR`].
+pub const KEY_INDEX_DIR: &str = "keys";
 /// The bucket scheduler's directory (its presence marks a bucket store).
 pub const BUCKETS_DIR: &str = "schedule";
 /// The bucket scheduler's persisted offsets, inside [`BUCKETS_DIR`].
@@ -142,6 +147,11 @@ impl Layout {
     /// `timer/segment_pending`.
     pub fn segment_counts(&self) -> PathBuf {
         self.timer().join(SEGMENT_COUNTS_FILE)
+    }
+
+    /// `index/keys/`.
+    pub fn key_index(&self) -> PathBuf {
+        self.dir.join(INDEX_DIR).join(KEY_INDEX_DIR)
     }
 
     /// `schedule/`.

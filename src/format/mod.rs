@@ -10,6 +10,7 @@ use crate::error::{CorruptionKind, Error, Result};
 
 pub mod chain;
 pub mod checkpoint;
+pub mod key_index;
 pub mod layout;
 pub mod queue_entry;
 pub mod record;
@@ -48,6 +49,8 @@ pub const RELOCATION_INDEX_MAGIC: [u8; 8] = *b"DWRIDX\0\0";
 pub const TAILS_MAGIC: [u8; 8] = *b"DWTAIL\0\0";
 /// Magic of `timer/segment_pending`, the per-segment pending-timer counts.
 pub const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
+/// Magic of a key-index file (`index/keys/`).
+pub const KEY_INDEX_MAGIC: [u8; 8] = *b"DWKEYS\0\0";
 /// The only format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 

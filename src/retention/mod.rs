@@ -31,6 +31,7 @@ use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{
     CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, RescheduleView, record_time_ms,
 };
+use crate::key_index::KeyIndex;
 use crate::stats::RetentionCounters;
 use crate::threads::StopFlag;
 
@@ -55,6 +56,7 @@ pub struct ReclaimReport {
 pub(crate) struct Retainer {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
+    pub keys: Arc<KeyIndex>,
     /// Tells the ticking thread (which owns the timer logs) to look for
     /// timer-log files to delete, after each pass.
     pub timer_log_reclaim: Sender<()>,
@@ -108,6 +110,9 @@ impl Retainer {
             self.counters.queue_files_deleted.fetch_add(report.queue_files_deleted, Ordering::Relaxed);
         }
         report.windows_deleted = self.delete_passed_windows(needed_from_ms)?;
+        if report.segments_deleted > 0 || report.windows_deleted > 0 {
+            self.keys.delete_unneeded(&self.log)?;
+        }
         let _ = self.timer_log_reclaim.try_send(());
         Ok(report)
     }

@@ -93,4 +93,8 @@ impl SchedulerFront for WheelFront {
     fn pending(&self, window_ms: std::ops::Range<u64>, limit: usize) -> Result<Vec<PendingEntry>> {
         self.ask(|reply| WheelCommand::Pending { window_ms, limit, reply })?
     }
+
+    fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<PendingEntry>> {
+        self.ask(|reply| WheelCommand::PendingOf { timers, reply })?
+    }
 }

@@ -56,6 +56,8 @@ pub(crate) enum WheelCommand {
     Refresh(Sender<()>),
     /// Answer the first `limit` pending timers due in `window_ms` (see `window.rs`).
     Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
+    /// Answer which of these timers of messages are pending (see `window.rs`).
+    PendingOf { timers: Vec<Timer>, reply: Sender<Result<Vec<PendingEntry>>> },
 }
 
 /// What a handle asks of its timer.
@@ -393,6 +395,10 @@ impl Ticker {
             WheelCommand::Pending { window_ms, limit, reply } => {
                 // A failed read is this caller's answer; the wheel goes on.
                 let _ = reply.send(self.wheel.pending_between(window_ms, limit));
+                Ok(())
+            }
+            WheelCommand::PendingOf { timers, reply } => {
+                let _ = reply.send(self.wheel.pending_of(&timers));
                 Ok(())
             }
         }

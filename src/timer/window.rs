@@ -18,6 +18,7 @@ use std::ops::Range;
 use crate::error::Result;
 use crate::format::timer_entry::TimerEntry;
 use crate::timer::Timer;
+use crate::timer::cancels::CancelTarget;
 use crate::timer::geometry::{LEVELS, slot_index, window_of, window_start};
 use crate::timer::wheel::Wheel;
 
@@ -98,6 +99,32 @@ impl Wheel {
         found.sort_unstable_by_key(|e| e.timer);
         found.truncate(limit);
         Ok(found)
+    }
+
+    /// Which of `timers` (each a message's own timer) are pending now, each
+    /// as the timer that counts for its message (its latest reschedule's).
+    /// O(1) per timer, but for a cancel ledger lookup of a timer not yet
+    /// loaded (its cancel may be a slot entry of an earlier session).
+    pub fn pending_of(&self, timers: &[Timer]) -> Result<Vec<PendingEntry>> {
+        let mut pending = Vec::new();
+        for &own in timers {
+            let timer = self.current_timer(own)?;
+            let level = match self.locate_for_cancel(&timer)? {
+                CancelTarget::Loaded => 0,
+                CancelTarget::Prefetching | CancelTarget::Slot
+                    if self.cancels.ledger.contains(timer.message_offset)? =>
+                {
+                    continue;
+                }
+                CancelTarget::Prefetching => 0,
+                CancelTarget::Slot => {
+                    self.place(timer.deliver_at_ms / 1000).map_or(0, |(level, _)| level as u8)
+                }
+                CancelTarget::AlreadyCancelled | CancelTarget::AlreadyDelivered => continue,
+            };
+            pending.push(PendingEntry { timer, level });
+        }
+        Ok(pending)
     }
 
     /// The live slots whose window overlaps `window_ms`, by first second.

@@ -63,6 +63,10 @@ pub struct PerfArgs {
     inflight: Option<usize>,
     #[arg(long, value_enum, default_value_t = SchedulerArg::Wheel)]
     scheduler: SchedulerArg,
+    /// Give each message a key (`order-<id>`), so the store keeps its key
+    /// index (`Store::pending_by_key`): run with and without to see its cost.
+    #[arg(long)]
+    keys: bool,
     /// Fraction of messages to cancel after putting them.
     #[arg(long, default_value_t = 0.0)]
     cancel_ratio: f64,
@@ -204,6 +208,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let disk = disk_bytes(&dir);
     let report = serde_json::json!({
         "scheduler": args.scheduler.name(),
+        "keys": args.keys,
         "messages": args.messages,
         "enqueue_secs": enqueue_secs,
         "enqueue_per_sec": args.messages as f64 / enqueue_secs,

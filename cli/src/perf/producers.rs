@@ -56,6 +56,8 @@ struct Producer {
     rng: fastrand::Rng,
     body_bytes: usize,
     cancel_ratio: f64,
+    /// Whether each message gets a key (`--keys`).
+    keys: bool,
     pace: Pace,
     latest_due: u64,
     /// Whether put latency is recorded: not for one async put at a time,
@@ -70,7 +72,8 @@ impl Producer {
         let mut body = BytesMut::with_capacity(self.body_bytes);
         body.put_u64_le(id);
         body.put_bytes(b'x', self.body_bytes - 8);
-        self.workload.message(body.freeze(), &mut self.rng, SystemClock.now_ms())
+        let message = self.workload.message(body.freeze(), &mut self.rng, SystemClock.now_ms());
+        if self.keys { message.key(format!("order-{id}")) } else { message }
     }
 
     /// The put of `id`, made at `since`, is acknowledged with `receipt`; cancels it now and then.
@@ -169,6 +172,7 @@ pub fn put_all(
                 rng: fastrand::Rng::with_seed(0x5eed ^ p),
                 body_bytes: args.body_bytes,
                 cancel_ratio: args.cancel_ratio,
+                keys: args.keys,
                 pace: Pace::new(args.rate, args.producers as u64),
                 latest_due: 0,
                 timed: args.flush == FlushArg::Sync || !matches!(path, PutPath::One),

@@ -1,0 +1,106 @@
+//! The key index's layout (see `key_index.rs` for how it is kept): one file
+//! per run of commit-log offsets, each a hash table of chains.
+//!
+//! ```text
+//! header (32 B): magic DWKEYS, a = entries per file (N, a power of two), b = first message offset
+//! heads  (4N B): u32 per bucket, the newest entry of its chain + 1 (0: empty)
+//! entries (20N B): message_offset u64 | key_hash u32 | prev u32 | crc32c u32
+//! ```
+//!
+//! An entry's bucket is `key_hash % N`; `prev` is the previous entry of the
+//! same bucket + 1 (0: none), always an earlier entry of the same file. The
+//! CRC is over the entry's number in its file (u64 LE) followed by bytes
+//! 0..16, so an entry read at the wrong place or a torn one does not check out.
+
+use crate::format::{FILE_HEADER_LEN, crc_at, get_u32, get_u64, put_u32, put_u64};
+
+/// Bytes per entry.
+pub const ENTRY_LEN: usize = 20;
+const MESSAGE_OFFSET: usize = 0;
+const KEY_HASH: usize = MESSAGE_OFFSET + 8;
+const PREV: usize = KEY_HASH + 4;
+const CRC: usize = PREV + 4;
+const _: () = assert!(CRC + 4 == ENTRY_LEN);
+/// Bytes per bucket head.
+pub const HEAD_LEN: usize = 4;
+
+/// One indexed message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KeyEntry {
+    /// The message's commit-log offset.
+    pub message_offset: u64,
+    /// [`key_hash`] of its topic and key.
+    pub key_hash: u32,
+    /// The previous entry of its bucket + 1; 0 if none.
+    pub prev: u32,
+}
+
+/// The hash of a topic and key that picks a bucket: CRC32C of the topic, a
+/// zero byte and the key (a topic holds no zero byte).
+pub fn key_hash(topic: &str, key: &str) -> u32 {
+    let crc = crc32c::crc32c_append(crc32c::crc32c(topic.as_bytes()), &[0]);
+    crc32c::crc32c_append(crc, key.as_bytes())
+}
+
+/// Where bucket `bucket` of a file's heads lies.
+pub fn head_position(bucket: u64) -> usize {
+    FILE_HEADER_LEN + bucket as usize * HEAD_LEN
+}
+
+/// Where entry `number` of a file of `per_file` entries lies.
+pub fn entry_position(per_file: u64, number: u64) -> usize {
+    FILE_HEADER_LEN + per_file as usize * HEAD_LEN + number as usize * ENTRY_LEN
+}
+
+/// The size of a file of `per_file` entries.
+pub fn file_len(per_file: u64) -> u64 {
+    entry_position(per_file, per_file) as u64
+}
+
+impl KeyEntry {
+    /// The entry's bytes as entry `number` of its file.
+    pub fn encode(&self, number: u32) -> [u8; ENTRY_LEN] {
+        let mut out = [0u8; ENTRY_LEN];
+        put_u64(&mut out, MESSAGE_OFFSET, self.message_offset);
+        put_u32(&mut out, KEY_HASH, self.key_hash);
+        put_u32(&mut out, PREV, self.prev);
+        let crc = crc_at(u64::from(number), &out[..CRC]);
+        put_u32(&mut out, CRC, crc);
+        out
+    }
+
+    /// Decodes entry `number`: `None` if its bytes do not check out (never
+    /// written, torn, or damaged).
+    pub fn decode(bytes: &[u8], number: u32) -> Option<Self> {
+        if bytes.len() < ENTRY_LEN || get_u32(bytes, CRC) != crc_at(u64::from(number), &bytes[..CRC]) {
+            return None;
+        }
+        let entry = Self {
+            message_offset: get_u64(bytes, MESSAGE_OFFSET),
+            key_hash: get_u32(bytes, KEY_HASH),
+            prev: get_u32(bytes, PREV),
+        };
+        // A chain only points back.
+        (entry.prev <= number).then_some(entry)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::format::hex;
+
+    #[test]
+    fn golden_bytes_match_wheel_format_md() {
+        assert_eq!(key_hash("OrderTopic", "order-42"), 0x1f1f_3ec0, "the hash is part of the format");
+        let e = KeyEntry { message_offset: 32, key_hash: 0x1f1f_3ec0, prev: 0 };
+        let bytes = e.encode(0);
+        assert_eq!(&hex(&bytes)[..32], concat!("2000000000000000", "c03e1f1f", "00000000"));
+        assert_eq!(KeyEntry::decode(&bytes, 0), Some(e));
+        assert_eq!(KeyEntry::decode(&bytes, 1), None, "bound to its number");
+        assert_eq!(KeyEntry::decode(&[0; ENTRY_LEN], 0), None, "an unwritten entry");
+        let forward = KeyEntry { prev: 5, ..e }.encode(3);
+        assert_eq!(KeyEntry::decode(&forward, 3), None, "a chain never points forward");
+        assert_eq!(file_len(4), 32 + 16 + 80);
+    }
+}

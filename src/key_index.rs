@@ -1,0 +1,329 @@
+//! The key index: where the timed messages of a topic and key are, so
+//! [`Store::pending_by_key`](crate::Store::pending_by_key) finds them without
+//! reading the log. The layout is in `format/key_index.rs`.
+//!
+//! The dispatcher adds an entry for every timed message with a key, in log
+//! order, so the entries of a file, and the files, follow commit-log
+//! offsets: a file is named by its first entry's message offset, and a new
+//! one begins when the last is full. An entry holds only the offset and a
+//! 32-bit hash: a lookup reads each message its bucket names and keeps those
+//! whose topic and key match, then asks the wheel which are still pending.
+//!
+//! It is an index of the commit log. Recovery drops every entry of a message
+//! at or after the dispatcher's replay start (the replay adds them again)
+//! and rebuilds the newest file's bucket heads from its entries; the entries
+//! before it were synced before the checkpoint that replay start comes
+//! from. A missing index (a store made before it existed) or a damaged one
+//! is rebuilt from the relocated copies and the log up to the replay start.
+//! Retention deletes a file once no copy of any message it names is left:
+//! every segment it covers is deleted and no relocated copy lies in its range.
+
+use std::collections::BTreeMap;
+use std::ops::Range;
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, MutexGuard};
+
+use crate::commitlog::CommitLog;
+use crate::error::{CorruptionKind, Error, Result};
+use crate::format::key_index::{
+    ENTRY_LEN, HEAD_LEN, KeyEntry, entry_position, file_len, head_position, key_hash,
+};
+use crate::format::record::{MessageView, RecordKind};
+use crate::format::{FILE_HEADER_LEN, FileHeader, KEY_INDEX_MAGIC, check_file_header, get_u32, put_u32};
+use crate::format::{numbered_file_name, parse_numbered_file_name};
+use crate::mmap::{MapWriter, Mapped};
+
+/// Entries per key-index file by default (1 Mi entries and buckets, 24 MiB).
+pub(crate) const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 20;
+
+/// The key index of one store.
+pub(crate) struct KeyIndex {
+    dir: PathBuf,
+    per_file: u64,
+    /// By first message offset. One lock: the dispatcher appends an entry in
+    /// a few tens of nanoseconds, a lookup walks one bucket per file.
+    files: Mutex<Files>,
+}
+
+struct Files {
+    by_first: BTreeMap<u64, IndexFile>,
+    /// The newest message indexed: a record the dispatcher retries (after a
+    /// full disk) is not indexed twice.
+    last: Option<u64>,
+}
+
+struct IndexFile {
+    map: MapWriter,
+    /// Entries written.
+    count: u64,
+    /// Entries already synced (and whether the heads changed since).
+    synced: u64,
+}
+
+impl KeyIndex {
+    /// Opens the index in `dir` for a log whose indexes resume at
+    /// `replay_from` (see the module docs); rebuilds it if it is missing or damaged.
+    pub fn open(dir: &Path, per_file: u64, log: &CommitLog, replay_from: u64) -> Result<Self> {
+        let existed = dir.exists();
+        crate::fs::create_dir(dir)?;
+        let per_file = crate::format::adopted_per_file(dir, KEY_INDEX_MAGIC, per_file);
+        let index = Self {
+            dir: dir.to_path_buf(),
+            per_file,
+            files: Mutex::new(Files { by_first: BTreeMap::new(), last: None }),
+        };
+        let opened = if existed { index.open_files(replay_from) } else { Ok(false) };
+        match opened {
+            Ok(true) => return Ok(index),
+            Ok(false) => {}
+            Err(e) => {
+                tracing::error!(dir = %dir.display(), error = %e, "the key index is damaged: rebuilding it from the log");
+                index.remove_all()?;
+            }
+        }
+        index.rebuild(log, replay_from)?;
+        Ok(index)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Files> {
+        self.files.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    fn path(&self, first: u64) -> PathBuf {
+        self.dir.join(numbered_file_name(first))
+    }
+
+    /// Opens the files, dropping entries from `replay_from` on. `Ok(false)`:
+    /// there were none (the index is then built from the log).
+    fn open_files(&self, replay_from: u64) -> Result<bool> {
+        let mut found = Vec::new();
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))? {
+            let entry = entry.map_err(|e| Error::io("list", &self.dir, e))?;
+            if let Some(first) = parse_numbered_file_name(&entry.file_name().to_string_lossy()) {
+                found.push(first);
+            }
+        }
+        found.sort_unstable();
+        let mut files = self.lock();
+        for first in found {
+            let path = self.path(first);
+            if first >= replay_from {
+                // Every entry in it is of a record the replay indexes again.
+                crate::fs::remove_file(&path)?;
+                continue;
+            }
+            let map = Mapped::open(&path, file_len(self.per_file))?;
+            check_file_header(&path, map.view(0, FILE_HEADER_LEN), KEY_INDEX_MAGIC, self.per_file, first)?;
+            files.by_first.insert(first, IndexFile { map, count: self.per_file, synced: self.per_file });
+        }
+        let Some((&first, newest)) = files.by_first.iter_mut().next_back() else { return Ok(false) };
+        let path = self.path(first);
+        let (count, last) = cut_point(&newest.map, &path, self.per_file, first..replay_from)?;
+        newest.count = count;
+        newest.synced = count;
+        rebuild_heads(newest, &path, self.per_file)?;
+        files.last = last;
+        Ok(true)
+    }
+
+    fn remove_all(&self) -> Result<()> {
+        let mut files = self.lock();
+        files.by_first.clear();
+        files.last = None;
+        for entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))? {
+            let entry = entry.map_err(|e| Error::io("list", &self.dir, e))?;
+            crate::fs::remove_file(&entry.path())?;
+        }
+        Ok(())
+    }
+
+    /// Indexes the relocated copies, then the log below `to`, in offset order.
+    fn rebuild(&self, log: &CommitLog, to: u64) -> Result<()> {
+        let area = log.relocated();
+        let _span = tracing::info_span!("rebuild_key_index", copies = area.entries(), to).entered();
+        for i in 0..area.entries() {
+            let copy = area.entry(i)?;
+            match log.visit_checked(copy.original_offset, keyed) {
+                Ok((Some((topic, key)), _)) => self.add(copy.original_offset, &topic, &key)?,
+                Ok((None, _)) | Err(Error::Reclaimed { .. }) => {}
+                Err(e) => {
+                    tracing::warn!(offset = copy.original_offset, error = %e, "a relocated copy not indexed by key")
+                }
+            }
+        }
+        let mut at = log.start();
+        while at < to.min(log.write_end()) {
+            let (keyed, next) = log.visit_trusted(at, keyed)?;
+            if let Some((topic, key)) = keyed {
+                self.add(at, &topic, &key)?;
+            }
+            at = next;
+        }
+        self.flush()
+    }
+
+    /// Indexes the timed message at `message_offset` under its topic and key.
+    pub fn add(&self, message_offset: u64, topic: &str, key: &str) -> Result<()> {
+        let hash = key_hash(topic, key);
+        let mut files = self.lock();
+        if files.last.is_some_and(|last| message_offset <= last) {
+            return Ok(());
+        }
+        let needs_file = files.by_first.values().next_back().is_none_or(|f| f.count == self.per_file);
+        if needs_file {
+            let header = FileHeader::new(KEY_INDEX_MAGIC, self.per_file, message_offset).encode();
+            let map = Mapped::create(&self.path(message_offset), file_len(self.per_file), &header)?;
+            files.by_first.insert(message_offset, IndexFile { map, count: 0, synced: 0 });
+        }
+        let (_, file) = files.by_first.iter_mut().next_back().expect("just ensured");
+        let number = file.count;
+        let head = head_position(u64::from(hash) % self.per_file);
+        let prev = get_u32(file.map.view(head, HEAD_LEN), 0);
+        let entry = KeyEntry { message_offset, key_hash: hash, prev };
+        let at = entry_position(self.per_file, number);
+        file.map.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(number as u32));
+        put_u32(file.map.unpublished_mut(head, HEAD_LEN), 0, number as u32 + 1);
+        file.count += 1;
+        files.last = Some(message_offset);
+        Ok(())
+    }
+
+    /// The offsets of the messages indexed under a hash equal to that of
+    /// `topic` and `key`, oldest first: a superset of that key's messages.
+    pub fn candidates(&self, topic: &str, key: &str) -> Vec<u64> {
+        let hash = key_hash(topic, key);
+        let files = self.lock();
+        let mut found = Vec::new();
+        for (&first, file) in &files.by_first {
+            let mut next =
+                get_u32(file.map.view(head_position(u64::from(hash) % self.per_file), HEAD_LEN), 0);
+            let mut chain = Vec::new();
+            while next != 0 {
+                let number = next - 1;
+                let at = entry_position(self.per_file, u64::from(number));
+                let Some(entry) = KeyEntry::decode(file.map.view(at, ENTRY_LEN), number) else {
+                    tracing::warn!(file = %self.path(first).display(), offset = at,
+                        "a key-index entry does not check out: the rest of its chain is not read");
+                    break;
+                };
+                if entry.key_hash == hash {
+                    chain.push(entry.message_offset);
+                }
+                next = entry.prev;
+            }
+            found.extend(chain.into_iter().rev());
+        }
+        found
+    }
+
+    /// Syncs what was written since the last sync.
+    pub fn flush(&self) -> Result<()> {
+        let mut files = self.lock();
+        for file in files.by_first.values_mut().filter(|f| f.synced < f.count) {
+            let entries = entry_position(self.per_file, file.synced);
+            let end = entry_position(self.per_file, file.count);
+            file.map.shared().flush(entries, end - entries)?;
+            file.map.shared().flush(FILE_HEADER_LEN, head_position(self.per_file) - FILE_HEADER_LEN)?;
+            file.synced = file.count;
+        }
+        Ok(())
+    }
+
+    /// Deletes the files no message they name is left of (see the module
+    /// docs), never the newest; returns how many.
+    pub fn delete_unneeded(&self, log: &CommitLog) -> Result<u64> {
+        let mut files = self.lock();
+        let firsts: Vec<u64> = files.by_first.keys().copied().collect();
+        let mut deleted = 0;
+        for pair in firsts.windows(2) {
+            let covers = pair[0]..pair[1];
+            if covers.end > log.start() {
+                break;
+            }
+            // Files are independent: one holding a relocated timer for years
+            // does not keep the ones after it.
+            if log.relocated().any_copy_in(covers.clone())? {
+                continue;
+            }
+            files.by_first.remove(&covers.start);
+            let path = self.path(covers.start);
+            crate::fs::remove_file(&path)?;
+            tracing::info!(file = %path.display(), "deleted a key-index file whose messages are all gone");
+            deleted += 1;
+        }
+        if deleted > 0 {
+            crate::fs::sync_dir(&self.dir)?;
+        }
+        Ok(deleted)
+    }
+
+    /// Bytes of the index's files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.lock().by_first.len() as u64 * file_len(self.per_file)
+    }
+}
+
+/// The topic and key of a timed message with a key.
+fn keyed(_at: u64, kind: RecordKind, bytes: &[u8]) -> Option<(String, String)> {
+    if kind != RecordKind::Message {
+        return None;
+    }
+    let view = MessageView::parse(bytes).ok()?;
+    (view.timer_deliver_at_ms().is_some() && !view.key.is_empty())
+        .then(|| (view.topic.to_string(), view.key.to_string()))
+}
+
+/// How many of the newest file's entries to keep, and the last one's
+/// message: those that check out, in offset order, of messages in `kept`
+/// (below the replay start). An entry
+/// that checks out past the first one that does not, and still lies below
+/// the replay start, means the file was damaged, not cut by a crash.
+fn cut_point(map: &MapWriter, path: &Path, per_file: u64, kept: Range<u64>) -> Result<(u64, Option<u64>)> {
+    let read = |number: u64| {
+        let bytes = map.view(entry_position(per_file, number), ENTRY_LEN);
+        KeyEntry::decode(bytes, number as u32)
+    };
+    let mut last = None;
+    let mut count = 0;
+    while count < per_file {
+        match read(count) {
+            Some(e) if kept.contains(&e.message_offset) && last.is_none_or(|l| e.message_offset > l) => {
+                last = Some(e.message_offset);
+                count += 1;
+            }
+            _ => break,
+        }
+    }
+    for number in count + 1..per_file {
+        let bytes = map.view(entry_position(per_file, number), ENTRY_LEN);
+        if bytes.iter().all(|&b| b == 0) {
+            continue;
+        }
+        if read(number)
+            .is_some_and(|e| last.is_some_and(|l| e.message_offset > l) && kept.contains(&e.message_offset))
+        {
+            let at = entry_position(per_file, count) as u64;
+            let why = format!("entry {count} does not check out, entry {number} after it does");
+            return Err(Error::corruption(path, at, CorruptionKind::BadReference(why)));
+        }
+    }
+    Ok((count, last))
+}
+
+/// Makes the bucket heads of `file` point at its newest entries, and zeroes
+/// the entries past its count.
+fn rebuild_heads(file: &mut IndexFile, path: &Path, per_file: u64) -> Result<()> {
+    file.map.zero_tail(entry_position(per_file, file.count))?;
+    let heads = file.map.unpublished_mut(FILE_HEADER_LEN, per_file as usize * HEAD_LEN);
+    heads.fill(0);
+    for number in 0..file.count {
+        let at = entry_position(per_file, number);
+        let Some(entry) = KeyEntry::decode(file.map.view(at, ENTRY_LEN), number as u32) else {
+            let why = format!("entry {number} changed while the index was opened");
+            return Err(Error::corruption(path, at as u64, CorruptionKind::BadReference(why)));
+        };
+        let head = head_position(u64::from(entry.key_hash) % per_file);
+        put_u32(file.map.unpublished_mut(head, HEAD_LEN), 0, number as u32 + 1);
+    }
+    file.map.shared().flush(FILE_HEADER_LEN, per_file as usize * HEAD_LEN)
+}
