@@ -3,6 +3,7 @@
 //! next 30 days, most of them on level 1, about 115 of them in the window
 //! too), whole and with a limit of 100. The
 //! store's clock is a manual one, so nothing fires while it is measured.
+//! `by_key`: `Store::pending_by_key` of one key of them (each has its own).
 //!
 //! `cargo bench --bench pending` (`DELAYWHEEL_BENCH_PENDING=N` sets `PENDING`).
 
@@ -61,6 +62,14 @@ fn pending_window(c: &mut Criterion) {
             },
         );
     }
+    // One key among the `pending`, each timer with its own key.
+    group.throughput(Throughput::Elements(1));
+    group.bench_function("by_key", |b| {
+        b.iter(|| {
+            let key = format!("order-{}", fastrand::u64(0..pending));
+            assert_eq!(store.pending_by_key("bench", &key).expect("by key").len(), 1);
+        })
+    });
     group.finish();
     store.close().expect("close");
 }

@@ -250,7 +250,7 @@ impl Config {
         self
     }
 
-    /// Entries per key-index file (default 1 Mi: 24 MiB files, each holding
+    /// Entries per key-index file (default 1 Mi: 20 MiB files, each holding
     /// the timed messages with a key of a run of the log; see
     /// [`Store::pending_by_key`](crate::Store::pending_by_key)).
     pub fn with_key_index_file_entries(mut self, entries: u64) -> Self {

@@ -21,19 +21,19 @@
 use std::collections::BTreeMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::commitlog::CommitLog;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::key_index::{
-    ENTRY_LEN, HEAD_LEN, KeyEntry, entry_position, file_len, head_position, key_hash,
+    ENTRY_LEN, HEAD_LEN, KeyEntry, entry_position, file_len, head_position, heads_len, key_hash,
 };
 use crate::format::record::{MessageView, RecordKind};
 use crate::format::{FILE_HEADER_LEN, FileHeader, KEY_INDEX_MAGIC, check_file_header, get_u32, put_u32};
 use crate::format::{numbered_file_name, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
-/// Entries per key-index file by default (1 Mi entries and buckets, 24 MiB).
+/// Entries per key-index file by default (1 Mi entries, 16 Ki buckets, 20 MiB).
 pub(crate) const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 20;
 
 /// The key index of one store.
@@ -56,8 +56,13 @@ struct IndexFile {
     map: MapWriter,
     /// Entries written.
     count: u64,
-    /// Entries already synced (and whether the heads changed since).
+    /// Entries already synced.
     synced: u64,
+    /// Whether the bucket heads were synced since the file filled up. The
+    /// newest file's heads are never synced: recovery rebuilds them from its
+    /// entries, so a cycle writes only the entries added (heads change
+    /// all over the file).
+    heads_synced: bool,
 }
 
 impl KeyIndex {
@@ -114,13 +119,15 @@ impl KeyIndex {
             }
             let map = Mapped::open(&path, file_len(self.per_file))?;
             check_file_header(&path, map.view(0, FILE_HEADER_LEN), KEY_INDEX_MAGIC, self.per_file, first)?;
-            files.by_first.insert(first, IndexFile { map, count: self.per_file, synced: self.per_file });
+            let full = IndexFile { map, count: self.per_file, synced: self.per_file, heads_synced: true };
+            files.by_first.insert(first, full);
         }
         let Some((&first, newest)) = files.by_first.iter_mut().next_back() else { return Ok(false) };
         let path = self.path(first);
         let (count, last) = cut_point(&newest.map, &path, self.per_file, first..replay_from)?;
         newest.count = count;
         newest.synced = count;
+        newest.heads_synced = count == self.per_file;
         rebuild_heads(newest, &path, self.per_file)?;
         files.last = last;
         Ok(true)
@@ -173,11 +180,12 @@ impl KeyIndex {
         if needs_file {
             let header = FileHeader::new(KEY_INDEX_MAGIC, self.per_file, message_offset).encode();
             let map = Mapped::create(&self.path(message_offset), file_len(self.per_file), &header)?;
-            files.by_first.insert(message_offset, IndexFile { map, count: 0, synced: 0 });
+            let empty = IndexFile { map, count: 0, synced: 0, heads_synced: false };
+            files.by_first.insert(message_offset, empty);
         }
         let (_, file) = files.by_first.iter_mut().next_back().expect("just ensured");
         let number = file.count;
-        let head = head_position(u64::from(hash) % self.per_file);
+        let head = head_position(self.per_file, hash);
         let prev = get_u32(file.map.view(head, HEAD_LEN), 0);
         let entry = KeyEntry { message_offset, key_hash: hash, prev };
         let at = entry_position(self.per_file, number);
@@ -195,8 +203,7 @@ impl KeyIndex {
         let files = self.lock();
         let mut found = Vec::new();
         for (&first, file) in &files.by_first {
-            let mut next =
-                get_u32(file.map.view(head_position(u64::from(hash) % self.per_file), HEAD_LEN), 0);
+            let mut next = get_u32(file.map.view(head_position(self.per_file, hash), HEAD_LEN), 0);
             let mut chain = Vec::new();
             while next != 0 {
                 let number = next - 1;
@@ -216,15 +223,30 @@ impl KeyIndex {
         found
     }
 
-    /// Syncs what was written since the last sync.
+    /// Syncs the entries written since the last sync, and the bucket heads
+    /// of files that filled up since. The lock is not held while syncing:
+    /// the dispatcher goes on adding entries meanwhile.
     pub fn flush(&self) -> Result<()> {
-        let mut files = self.lock();
-        for file in files.by_first.values_mut().filter(|f| f.synced < f.count) {
-            let entries = entry_position(self.per_file, file.synced);
-            let end = entry_position(self.per_file, file.count);
-            file.map.shared().flush(entries, end - entries)?;
-            file.map.shared().flush(FILE_HEADER_LEN, head_position(self.per_file) - FILE_HEADER_LEN)?;
-            file.synced = file.count;
+        let to_sync: Vec<(u64, Arc<Mapped>, Range<u64>, bool)> = self
+            .lock()
+            .by_first
+            .iter()
+            .filter(|(_, f)| f.synced < f.count || (f.count == self.per_file && !f.heads_synced))
+            .map(|(&first, f)| {
+                let heads = f.count == self.per_file && !f.heads_synced;
+                (first, Arc::clone(f.map.shared()), f.synced..f.count, heads)
+            })
+            .collect();
+        for (first, map, entries, heads) in to_sync {
+            let from = entry_position(self.per_file, entries.start);
+            map.flush(from, entry_position(self.per_file, entries.end) - from)?;
+            if heads {
+                map.flush(FILE_HEADER_LEN, heads_len(self.per_file))?;
+            }
+            if let Some(file) = self.lock().by_first.get_mut(&first) {
+                file.synced = file.synced.max(entries.end);
+                file.heads_synced |= heads;
+            }
         }
         Ok(())
     }
@@ -314,7 +336,7 @@ fn cut_point(map: &MapWriter, path: &Path, per_file: u64, kept: Range<u64>) -> R
 /// the entries past its count.
 fn rebuild_heads(file: &mut IndexFile, path: &Path, per_file: u64) -> Result<()> {
     file.map.zero_tail(entry_position(per_file, file.count))?;
-    let heads = file.map.unpublished_mut(FILE_HEADER_LEN, per_file as usize * HEAD_LEN);
+    let heads = file.map.unpublished_mut(FILE_HEADER_LEN, heads_len(per_file));
     heads.fill(0);
     for number in 0..file.count {
         let at = entry_position(per_file, number);
@@ -322,8 +344,8 @@ fn rebuild_heads(file: &mut IndexFile, path: &Path, per_file: u64) -> Result<()>
             let why = format!("entry {number} changed while the index was opened");
             return Err(Error::corruption(path, at as u64, CorruptionKind::BadReference(why)));
         };
-        let head = head_position(u64::from(entry.key_hash) % per_file);
+        let head = head_position(per_file, entry.key_hash);
         put_u32(file.map.unpublished_mut(head, HEAD_LEN), 0, number as u32 + 1);
     }
-    file.map.shared().flush(FILE_HEADER_LEN, per_file as usize * HEAD_LEN)
+    file.map.shared().flush(FILE_HEADER_LEN, heads_len(per_file))
 }

@@ -1,7 +1,9 @@
 //! What [`Store::pending`](crate::Store::pending) answers: a pending timer
 //! with what its message says of it.
 
-use crate::commitlog::CommitLog;
+use std::sync::Arc;
+
+use crate::commitlog::{CommitLog, LogReader};
 use crate::format::record::{MessageView, RecordKind, RescheduleView};
 use crate::message::Handle;
 use crate::timer::Timer;
@@ -56,45 +58,58 @@ pub(crate) fn timers_with_key(log: &CommitLog, candidates: Vec<u64>, topic: &str
 /// The timers of `entries` with their messages' fields, in the same order.
 /// A message that no longer checks out is left out (with a warning): the
 /// ticking thread will not deliver it either (see `Stats::quarantined`).
-pub(crate) fn describe(log: &CommitLog, entries: Vec<PendingEntry>) -> Vec<PendingTimer> {
-    entries.into_iter().filter_map(|entry| describe_one(log, entry)).collect()
+pub(crate) fn describe(log: &Arc<CommitLog>, entries: Vec<PendingEntry>) -> Vec<PendingTimer> {
+    // One reader for all: it takes the log's segment table once, not per timer.
+    let mut reader = LogReader::new(Arc::clone(log));
+    let mut described = Vec::with_capacity(entries.len());
+    described.extend(entries.into_iter().filter_map(|entry| describe_one(&mut reader, entry)));
+    described
 }
 
-fn describe_one(log: &CommitLog, entry: PendingEntry) -> Option<PendingTimer> {
-    // A rescheduled timer is named by its reschedule record, which names the message.
-    let timer_record = entry.timer.message_offset;
-    let offset = match log.visit_checked(timer_record, |_, kind, bytes| {
-        (kind == RecordKind::Reschedule).then(|| RescheduleView::parse(bytes).ok().map(|r| r.message_offset))
-    }) {
-        Ok((Some(Some(message)), _)) => message,
-        Ok((Some(None), _)) => {
-            tracing::warn!(offset = timer_record, "a pending timer's reschedule record is damaged: left out");
-            return None;
-        }
-        _ => timer_record,
-    };
-    let described = log.visit_checked(offset, |at, kind, bytes| {
-        let view = MessageView::parse(bytes).ok().filter(|_| at == offset && kind == RecordKind::Message)?;
-        Some(PendingTimer {
-            // The handle the put returned: it names the message's own timer.
-            handle: Handle { offset, deliver_at_ms: view.timer_deliver_at_ms()? },
-            topic: view.topic.to_string(),
-            queue: view.queue_id,
-            key: (!view.key.is_empty()).then(|| view.key.to_string()),
-            deliver_at_ms: entry.timer.deliver_at_ms,
-            delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
-            wheel_level: entry.level,
-        })
-    });
-    match described {
-        Ok((Some(timer), _)) => Some(timer),
-        Ok((None, _)) => {
-            tracing::warn!(offset, "a pending timer's record is not a message: left out");
-            None
-        }
-        Err(e) => {
-            tracing::warn!(offset, error = %e, "a pending timer's message does not check out: left out");
-            None
+/// What the record a timer is named by says of it.
+enum Named {
+    Timer(PendingTimer),
+    /// A reschedule record, naming the message at this offset.
+    Rescheduled(u64),
+    NotAMessage,
+}
+
+fn describe_one(log: &mut LogReader, entry: PendingEntry) -> Option<PendingTimer> {
+    // A rescheduled timer is named by its reschedule record, which names the
+    // message; most are named by their message, read (and checked) once.
+    let mut offset = entry.timer.message_offset;
+    for _ in 0..2 {
+        let visited = log.visit_checked(offset, |at, kind, bytes| match kind {
+            RecordKind::Message if at == offset => describe_message(offset, bytes, entry),
+            RecordKind::Reschedule if offset == entry.timer.message_offset => RescheduleView::parse(bytes)
+                .map_or(Named::NotAMessage, |r| Named::Rescheduled(r.message_offset)),
+            _ => Named::NotAMessage,
+        });
+        match visited {
+            Ok((Named::Timer(timer), _)) => return Some(timer),
+            Ok((Named::Rescheduled(message), _)) => offset = message,
+            Ok((Named::NotAMessage, _)) => break,
+            Err(e) => {
+                tracing::warn!(offset, error = %e, "a pending timer's message does not check out: left out");
+                return None;
+            }
         }
     }
+    tracing::warn!(offset, "a pending timer's record is not a message: left out");
+    None
+}
+
+fn describe_message(offset: u64, bytes: &[u8], entry: PendingEntry) -> Named {
+    let Ok(view) = MessageView::parse(bytes) else { return Named::NotAMessage };
+    let Some(own_deliver_at_ms) = view.timer_deliver_at_ms() else { return Named::NotAMessage };
+    Named::Timer(PendingTimer {
+        // The handle the put returned: it names the message's own timer.
+        handle: Handle { offset, deliver_at_ms: own_deliver_at_ms },
+        topic: view.topic.to_string(),
+        queue: view.queue_id,
+        key: (!view.key.is_empty()).then(|| view.key.to_string()),
+        deliver_at_ms: entry.timer.deliver_at_ms,
+        delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
+        wheel_level: entry.level,
+    })
 }

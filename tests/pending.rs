@@ -263,8 +263,9 @@ fn the_key_index_survives_a_crash_and_is_rebuilt_when_missing_or_damaged() {
     assert_eq!(answers_by_key(&store, 5), want, "a damaged header: rebuilt");
     store.close().unwrap();
 
-    // The newest file holds entries 24..30: damage its second entry.
-    let second_entry = 32 + 4 * PER_FILE + 20;
+    // The newest file holds entries 24..30 (after one bucket head: files of
+    // 8 entries have one bucket per 64 entries, at least one): damage its second.
+    let second_entry = 32 + 4 + 20;
     flip(files.last().unwrap(), second_entry + 3);
     let store = Store::open(config(dir.path())).unwrap();
     assert_eq!(answers_by_key(&store, 5), want, "a damaged entry before good ones: rebuilt");

@@ -92,11 +92,10 @@ impl Wheel {
                 }
             }
         }
-        // The finest level first among the copies of one timer.
-        found.sort_unstable_by_key(|e| (e.timer.message_offset, e.level));
-        found.dedup_by_key(|e| e.timer.message_offset);
+        // The copies of one timer are the same timer: the finest level first.
+        found.sort_unstable_by_key(|e| (e.timer, e.level));
+        found.dedup_by_key(|e| e.timer);
         found.retain(|e| !self.is_gone(e.timer.message_offset, &cancelled));
-        found.sort_unstable_by_key(|e| e.timer);
         found.truncate(limit);
         Ok(found)
     }
