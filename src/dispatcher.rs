@@ -20,12 +20,15 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
-use crate::format::record::{DELIVERY_LEN, DeliveryView, MessageView, RecordKind, RescheduleView};
+use crate::format::record::{
+    CancelView, DELIVERY_LEN, DeliveryView, MessageView, RecordKind, RescheduleView,
+};
 use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
+use crate::topic_counts::TopicCounts;
 
 /// How many records the dispatcher looks ahead to touch the messages that
 /// deliveries name: enough for the loads to overlap, few enough that the
@@ -42,6 +45,8 @@ pub(crate) struct Dispatcher {
     queues: Arc<QueueRegistry>,
     /// Timed messages by topic and key.
     keys: Arc<KeyIndex>,
+    /// Pending timers per topic (the wheel scheduler only).
+    topics: Option<Arc<TopicCounts>>,
     /// The wheel or the buckets: timed messages and the dispatcher's progress go there.
     scheduler: Arc<dyn SchedulerFront>,
     next: u64,
@@ -66,6 +71,11 @@ pub(crate) struct Dispatcher {
     stall: Arc<Stall>,
 }
 
+/// What the dispatcher writes to: the consume queues, the key index, the
+/// pending counts per topic, and the scheduler.
+pub(crate) type Indexes =
+    (Arc<QueueRegistry>, Arc<KeyIndex>, Option<Arc<TopicCounts>>, Arc<dyn SchedulerFront>);
+
 /// Where a dispatcher starts and how it indexes.
 pub(crate) struct DispatchPlan {
     /// The first record to index.
@@ -80,7 +90,7 @@ pub(crate) struct DispatchPlan {
 impl Dispatcher {
     pub fn new(
         log: Arc<CommitLog>,
-        (queues, keys, scheduler): (Arc<QueueRegistry>, Arc<KeyIndex>, Arc<dyn SchedulerFront>),
+        (queues, keys, topics, scheduler): Indexes,
         plan: DispatchPlan,
         progress: Arc<AtomicU64>,
         (quarantined, stall): (Arc<AtomicU64>, Arc<Stall>),
@@ -93,6 +103,7 @@ impl Dispatcher {
             log,
             queues,
             keys,
+            topics,
             scheduler,
             next: from,
             touched_to: from,
@@ -163,6 +174,9 @@ impl Dispatcher {
             self.originals.get_mut().release();
         }
         // Wake consumers for what was indexed, even if a later record failed.
+        if let Some(topics) = &self.topics {
+            topics.counted_below(self.next);
+        }
         self.progress.store(self.next, Ordering::Release);
         touched.iter().for_each(|q| q.notify());
         if count > 0 {
@@ -210,7 +224,12 @@ impl Dispatcher {
                     if !view.key.is_empty() {
                         self.keys.add(offset, view.topic, view.key)?;
                     }
-                    return self.scheduler.index(offset, bytes.len(), &view);
+                    let queue = self.scheduler.index(offset, bytes.len(), &view)?;
+                    // Counted once it is indexed: a record retried after a full disk is counted once.
+                    if let Some(topics) = &self.topics {
+                        topics.timed(view.topic);
+                    }
+                    return Ok(queue);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
             }
@@ -244,11 +263,20 @@ impl Dispatcher {
                 Ok(view) => self.scheduler.index_rescheduled(offset, &view).map(|()| None),
                 Err(kind) => self.quarantine(offset, self.log.corruption_at(offset, kind)),
             },
-            // Padding is skipped; cancels were applied by the ticker that wrote
-            // them; a relocation changes where a message's bytes are, not its timer.
-            RecordKind::Cancel | RecordKind::Relocation | RecordKind::Skipped | RecordKind::Padding => {
+            // Cancels were applied by the ticker that wrote them; here they
+            // only settle their message's topic count.
+            RecordKind::Cancel => {
+                if let (Some(topics), Ok(cancel)) = (&self.topics, CancelView::parse(bytes))
+                    && let Some((_, topic)) =
+                        crate::topic_counts::message_of(&self.log, cancel.message_offset)
+                {
+                    topics.settled(&topic);
+                }
                 Ok(None)
             }
+            // Padding is skipped; a relocation changes where a message's
+            // bytes are, not its timer.
+            RecordKind::Relocation | RecordKind::Skipped | RecordKind::Padding => Ok(None),
         }
     }
 
@@ -273,6 +301,9 @@ impl Dispatcher {
                         delivery.delivered_at_ms,
                         FLAG_TIMER_DELIVERY,
                     )?;
+                    if let Some(topics) = &self.topics {
+                        topics.settled(view.topic);
+                    }
                     Ok(Ok(queue))
                 }
                 RecordKind::Reschedule if named == delivery.message_offset => RescheduleView::parse(record)
@@ -321,6 +352,11 @@ impl Dispatcher {
     /// `stall.rs`); any other failure poisons the log: the indexes cannot
     /// follow it any more.
     pub fn run(mut self, wake: Receiver<()>, stop: StopFlag) -> Result<()> {
+        if let Some(topics) = self.topics.as_ref().filter(|t| !t.known())
+            && let Err(e) = topics.recount(&self.log, self.scheduler.as_ref(), self.next)
+        {
+            tracing::error!(error = %e, "could not count the pending timers per topic; Stats will not show them");
+        }
         loop {
             match self.dispatch_available() {
                 Ok(_) => self.stall.release("dispatch"),

@@ -23,11 +23,13 @@ use crate::format::checkpoint::Checkpoint;
 use crate::fs::write_atomically;
 use crate::key_index::KeyIndex;
 use crate::timer::tick::{WheelCheckpoint, WheelShared, WheelSnapshot};
+use crate::topic_counts::TopicCounts;
 
 pub(crate) struct Flusher {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
     pub keys: Arc<KeyIndex>,
+    pub topics: Option<Arc<TopicCounts>>,
     pub offsets: Arc<OffsetStore>,
     pub wheel: Arc<WheelShared>,
     pub checkpoint: CheckpointFile,
@@ -104,6 +106,9 @@ impl Flusher {
         }
         write_atomically(&self.counts_path, &counts.encode(covered_below))?;
         self.counts_written = Instant::now();
+        if let Some(topics) = &self.topics {
+            topics.persist()?;
+        }
         Ok(())
     }
 

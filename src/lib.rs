@@ -63,6 +63,7 @@ mod store;
 mod threads;
 mod ticket;
 mod timer;
+mod topic_counts;
 
 pub use buckets::SCHEDULE_TOPIC;
 pub use clock::{Clock, ManualClock, SystemClock};
@@ -77,7 +78,7 @@ pub use message::{
 pub use pending::PendingTimer;
 pub use retention::ReclaimReport;
 pub use sealed::SealedHandle;
-pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, Stats};
+pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, STATS_TOPICS, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use ticket::PutTicket;
 pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};

@@ -36,6 +36,7 @@ use crate::timer::WheelFront;
 use crate::timer::levels::DelayLevels;
 use crate::timer::restart::Restarted;
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
+use crate::topic_counts::TopicCounts;
 
 /// Commands in flight from the dispatcher to the ticking thread (bounded:
 /// a dispatcher faster than the wheel waits instead of growing memory).
@@ -66,6 +67,7 @@ struct Parts {
     log: Arc<CommitLog>,
     queues: Arc<QueueRegistry>,
     keys: Arc<KeyIndex>,
+    topics: Option<Arc<TopicCounts>>,
     offsets: Arc<OffsetStore>,
     shared: Arc<WheelShared>,
     floor: Arc<Floor>,
@@ -113,6 +115,7 @@ impl Store {
             log: parts.log,
             queues: parts.queues,
             keys: parts.keys,
+            topics: parts.topics,
             offsets: parts.offsets,
             wheel: parts.shared,
             accepting: RwLock::new(true),
@@ -153,6 +156,8 @@ impl Parts {
             Arc::new(QueueRegistry::open(&layout.consume_queues(), config.queue_file_entries, replay_from)?);
         let keys =
             Arc::new(KeyIndex::open(&layout.key_index(), config.key_index_file_entries, &log, replay_from)?);
+        let topics = (config.scheduler == Scheduler::Wheel)
+            .then(|| Arc::new(TopicCounts::open(&layout.topic_pending(), &log, replay_from)));
         let offsets = Arc::new(OffsetStore::open(&layout.consumer_offsets())?);
         let now_ms = config.clock.now_ms();
         let wheel_checkpoint = WheelCheckpoint {
@@ -192,6 +197,7 @@ impl Parts {
             log,
             queues,
             keys,
+            topics,
             offsets,
             shared,
             floor,
@@ -246,7 +252,7 @@ impl Parts {
         };
         let dispatcher = Dispatcher::new(
             Arc::clone(&self.log),
-            (Arc::clone(&self.queues), Arc::clone(&self.keys), Arc::clone(&scheduler)),
+            (Arc::clone(&self.queues), Arc::clone(&self.keys), self.topics.clone(), Arc::clone(&scheduler)),
             plan,
             Arc::clone(&self.dispatched),
             (Arc::clone(&self.counters.quarantined), Arc::clone(&self.stall)),
@@ -268,6 +274,7 @@ impl Parts {
             log: Arc::clone(&self.log),
             queues: Arc::clone(&self.queues),
             keys: Arc::clone(&self.keys),
+            topics: self.topics.clone(),
             offsets: Arc::clone(&self.offsets),
             wheel: Arc::clone(&self.shared),
             checkpoint,

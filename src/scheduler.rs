@@ -54,7 +54,8 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// each as it stood at one instant (none of them had fired then).
     fn pending(&self, window_ms: std::ops::Range<u64>, limit: usize) -> Result<Vec<PendingEntry>>;
 
-    /// Which of `timers` (messages' own timers) are pending, each as the
-    /// timer that counts now (its latest reschedule's), at one instant.
-    fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<PendingEntry>>;
+    /// Whether each of `timers` (messages' own timers) is pending, as the
+    /// timer that counts now (its latest reschedule's), at one instant: one
+    /// answer per timer, in order.
+    fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<Option<PendingEntry>>>;
 }

@@ -3,6 +3,9 @@
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
+/// How many topics [`Stats::pending_by_topic`] names.
+pub const STATS_TOPICS: usize = 16;
+
 /// A snapshot of the store's counters and gauges. Wheel gauges are refreshed
 /// about once a second by the ticking thread; with the bucket scheduler,
 /// `pending` is refreshed every poll (100 ms) and the per-level, per-horizon,
@@ -23,6 +26,15 @@ pub struct Stats {
     /// start (a store opened without delivery counts each timer at its own
     /// deliver time on [`fresh_stats`](crate::Store::fresh_stats)).
     pub pending_by_horizon: [u64; 6],
+    /// Pending timers of the topics with the most of them, most first: at
+    /// most [`STATS_TOPICS`] topics, so a store with a million topics keeps
+    /// small stats. Counted by the dispatcher in log order (a timer leaves
+    /// its topic's count when its delivery or cancel record is indexed, a
+    /// few milliseconds after it fired), kept across restarts. Empty with the
+    /// bucket scheduler, and if the counts could not be made (logged).
+    pub pending_by_topic: Vec<(String, u64)>,
+    /// Pending timers of every other topic, summed.
+    pub pending_other_topics: u64,
     /// Timers delivered since the store was opened.
     pub delivered: u64,
     /// Deliveries before their deliver-at time since open. Always 0 for the

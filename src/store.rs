@@ -40,6 +40,8 @@ pub struct Store {
     pub(crate) queues: Arc<QueueRegistry>,
     /// Timed messages by topic and key (see [`pending_by_key`](Self::pending_by_key)).
     pub(crate) keys: Arc<crate::key_index::KeyIndex>,
+    /// Pending timers per topic (the wheel scheduler only).
+    pub(crate) topics: Option<Arc<crate::topic_counts::TopicCounts>>,
     pub(crate) offsets: Arc<OffsetStore>,
     pub(crate) wheel: Arc<WheelShared>,
     /// `true` while puts are accepted; puts hold it shared, close takes it exclusively.
@@ -615,7 +617,7 @@ impl Store {
         if timers.is_empty() {
             return Ok(Vec::new());
         }
-        let mut entries = self.scheduler.pending_of(timers)?;
+        let mut entries: Vec<_> = self.scheduler.pending_of(timers)?.into_iter().flatten().collect();
         entries.sort_unstable_by_key(|e| e.timer);
         Ok(crate::pending::describe(&self.log, entries))
     }
@@ -653,10 +655,14 @@ impl Store {
                 .collect(),
             consumer_skipped: counter(&self.retention.consumer_skipped),
         };
+        let (pending_by_topic, pending_other_topics) =
+            self.topics.as_ref().and_then(|t| t.top(crate::stats::STATS_TOPICS)).unwrap_or_default();
         Stats {
             pending: timers.pending,
             pending_per_level: timers.pending_per_level,
             pending_by_horizon: timers.pending_by_horizon,
+            pending_by_topic,
+            pending_other_topics,
             delivered: timers.delivered,
             early: timers.early,
             reindexed: timers.reindexed,

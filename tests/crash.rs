@@ -3,7 +3,9 @@
 //! drained and audited. Every message the child saw acknowledged must be
 //! delivered exactly once, none early, whatever the moment of the kill; and
 //! the pending count of a copy opened without delivery (what `delaywheel
-//! recover` prints) must be the number of timers the reopened store delivers.
+//! recover` prints) must be the number of timers the reopened store delivers,
+//! and the topic's count in `Stats::pending_by_topic` must be that number too
+//! (and zero once all are delivered).
 //!
 //! The child puts one message at a time in async flush mode; then, in sync
 //! flush mode, in batches (`put_batch`) and pipelined (`submit`, a message
@@ -160,28 +162,39 @@ fn fresh_stats(store: &Store) -> Stats {
     panic!("the replay did not catch up in 30 s")
 }
 
-/// What `delaywheel recover` would print as pending for a copy of `dir`.
-fn recover_pending(dir: &Path) -> u64 {
+/// What `delaywheel recover` would print as pending for a copy of `dir`,
+/// and whether the topic's count in `Stats::pending_by_topic` says the same.
+fn recover_pending(dir: &Path) -> (u64, bool) {
     let copy = tempfile::tempdir().expect("temp dir");
     crash_copy(dir, copy.path());
     let store = Store::open(config(copy.path()).with_delivery(false)).expect("open without delivery");
-    let pending = fresh_stats(&store).pending;
+    let stats = fresh_stats(&store);
     store.close().expect("close");
-    pending
+    let topic_count = stats.pending_by_topic.iter().find(|(t, _)| t == TOPIC).map_or(0, |(_, n)| *n);
+    if topic_count != stats.pending {
+        println!("the topic counts {topic_count} pending, the wheel {}", stats.pending);
+    }
+    (stats.pending, topic_count == stats.pending)
 }
 
 /// What one kill left, and the pending count recover gives against the
 /// timers the reopened store delivered.
-fn run_once(seed: u64, mode: Mode, kill_after: Duration) -> (Audit, u64, u64) {
+/// Also whether the per-topic counts agreed with the wheel (before the
+/// reopen, and with nothing left pending after it).
+fn run_once(seed: u64, mode: Mode, kill_after: Duration) -> (Audit, u64, u64, bool) {
     let dir = tempfile::tempdir().expect("temp dir");
     let acks = kill_child_with(CHILD_ENV, dir.path(), kill_after, &[(MODE_ENV, mode.name())]);
-    let recovered = recover_pending(dir.path());
+    let (recovered, topic_agreed) = recover_pending(dir.path());
     let store = Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
     // One in eight was cancelled; an answer that died with the child may have gone either way.
     let audit = audit(&store, TOPIC, &acks, |id| id % 8 == 3);
-    let delivered = fresh_stats(&store).delivered;
+    let stats = fresh_stats(&store);
     store.close().expect("close");
-    (audit, recovered, delivered)
+    let drained = stats.pending_by_topic.is_empty() && stats.pending_other_topics == 0;
+    if !drained {
+        println!("after the drain the topics still count {:?}", stats.pending_by_topic);
+    }
+    (audit, recovered, stats.delivered, topic_agreed && drained)
 }
 
 fn main() {
@@ -197,8 +210,8 @@ fn main() {
     for (mode, kills) in runs {
         for kill in 0..kills {
             let kill_after = Duration::from_millis(rng.u64(150..1_200));
-            let (audit, recovered, delivered) = run_once(seed, mode, kill_after);
-            let ok = audit.ok() && recovered == delivered;
+            let (audit, recovered, delivered, topics_agree) = run_once(seed, mode, kill_after);
+            let ok = audit.ok() && recovered == delivered && topics_agree;
             println!(
                 "{} kill {kill} after {kill_after:?}: {audit:?}, recover's pending {recovered}, delivered on reopen {delivered} {}",
                 mode.name(),

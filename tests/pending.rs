@@ -271,3 +271,83 @@ fn the_key_index_survives_a_crash_and_is_rebuilt_when_missing_or_damaged() {
     assert_eq!(answers_by_key(&store, 5), want, "a damaged entry before good ones: rebuilt");
     store.close().unwrap();
 }
+
+fn by_topic(store: &Store) -> (Vec<(String, u64)>, u64) {
+    let stats = store.fresh_stats().unwrap();
+    (stats.pending_by_topic, stats.pending_other_topics)
+}
+
+fn counted(pairs: &[(&str, u64)], other: u64) -> (Vec<(String, u64)>, u64) {
+    (pairs.iter().map(|&(t, n)| (t.to_string(), n)).collect(), other)
+}
+
+/// `Stats::pending_by_topic`: the topics with the most pending timers and
+/// the rest summed, through cancel, reschedule, firing and reopens (from
+/// the counts file, or recounted without one).
+#[test]
+fn stats_count_pending_timers_per_topic_bounded_by_the_busiest() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let put = |store: &Store, topic: &str, ahead: u64| {
+        store.put(Message::new(topic, "b").queue_id(0).deliver_at_ms(T0 + ahead)).unwrap().handle().unwrap()
+    };
+    let orders: Vec<_> = (0..5).map(|i| put(&store, "orders", HOUR + i)).collect();
+    put(&store, "payments", 5_000);
+    put(&store, "payments", 10 * YEAR);
+    put(&store, "payments", 5_000);
+    for t in 0..20 {
+        put(&store, &format!("t{t:02}"), 30 * 24 * HOUR);
+    }
+    store.put(Message::new("orders", "not timed").queue_id(0)).unwrap();
+    let mut want = vec![("orders", 5), ("payments", 3)];
+    let ones: Vec<String> = (0..20).map(|t| format!("t{t:02}")).collect();
+    want.extend(ones.iter().take(14).map(|t| (t.as_str(), 1)));
+    assert_eq!(by_topic(&store), counted(&want, 6), "16 topics, most first (then by name), and the rest");
+
+    assert_eq!(store.cancel(orders[0]).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(
+        store.cancel(orders[0]).unwrap(),
+        CancelOutcome::Cancelled,
+        "a repeated cancel settles nothing more"
+    );
+    assert_eq!(
+        store.reschedule(orders[1], T0 + 20 * YEAR).unwrap(),
+        delaywheel::RescheduleOutcome::Rescheduled
+    );
+    clock.set_ms(T0 + 6_000);
+    let mut consumer = store.consumer("payments", 0).unwrap();
+    assert_eq!(drain(&mut consumer, 2).len(), 2);
+    want[0] = ("orders", 4);
+    want[1] = ("payments", 1);
+    want.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(b.0)));
+    let expected = counted(&want, 6);
+    assert_eq!(by_topic(&store), expected, "cancelled and fired timers left their topics");
+    store.close().unwrap();
+
+    let store = store_at(dir.path(), &clock);
+    assert_eq!(by_topic(&store), expected, "from the counts file");
+    // Killed now, with the counts file of the open: the crashed copy brings it forward.
+    put(&store, "orders", HOUR);
+    let crashed = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), crashed.path());
+    store.close().unwrap();
+    let mut plus_one = want.clone();
+    plus_one[0].1 += 1;
+    let store = store_at(crashed.path(), &clock);
+    assert_eq!(by_topic(&store), counted(&plus_one, 6), "a crash: the file brought to the replay start");
+    store.close().unwrap();
+
+    std::fs::remove_file(dir.path().join("index/topic_pending")).unwrap();
+    let store = store_at(dir.path(), &clock);
+    assert_eq!(by_topic(&store), counted(&plus_one, 6), "recounted from the log");
+    store.close().unwrap();
+    let path = dir.path().join("index/topic_pending");
+    let mut bytes = std::fs::read(&path).unwrap();
+    let last = bytes.len() - 9;
+    bytes[last] ^= 1;
+    std::fs::write(&path, bytes).unwrap();
+    let store = store_at(dir.path(), &clock);
+    assert_eq!(by_topic(&store), counted(&plus_one, 6), "a damaged file: recounted");
+    store.close().unwrap();
+}

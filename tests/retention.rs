@@ -394,7 +394,7 @@ fn the_key_index_follows_retention() {
     let clock = ManualClock::new(T0);
     let config =
         config(dir.path(), &clock, keep_for(Duration::from_secs(3600))).with_key_index_file_entries(2);
-    let store = Store::open(config).unwrap();
+    let store = Store::open(config.clone()).unwrap();
     let keyed = |key: &str, at: u64| {
         let m = Message::new("T", key.to_string()).key(key).queue_id(0).deliver_at_ms(at);
         store.put(m).unwrap().handle().unwrap()
@@ -429,5 +429,13 @@ fn the_key_index_follows_retention() {
     assert_eq!(left.first(), seen.first());
     assert!(seen.len() >= 6, "{seen:?}");
     assert!(store.stats().disk.key_index > 0);
+    let counted = |store: &Store| store.fresh_stats().unwrap().pending_by_topic;
+    assert_eq!(counted(&store), [("T".to_string(), 2)], "the two relocated timers");
+    drop(consumer);
+    store.close().unwrap();
+    // Recounted: the relocated timers' messages are below the oldest segment.
+    std::fs::remove_file(dir.path().join("index/topic_pending")).unwrap();
+    let store = Store::open(config).unwrap();
+    assert_eq!(counted(&store), [("T".to_string(), 2)], "recounted with the relocated timers");
     store.close().unwrap();
 }

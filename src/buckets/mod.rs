@@ -168,7 +168,7 @@ impl SchedulerFront for BucketFront {
     fn pending_of(
         &self,
         _timers: Vec<crate::timer::Timer>,
-    ) -> Result<Vec<crate::timer::window::PendingEntry>> {
+    ) -> Result<Vec<Option<crate::timer::window::PendingEntry>>> {
         Err(Error::invalid(
             "scheduler",
             "the bucket scheduler cannot tell which timers are pending; use the wheel",

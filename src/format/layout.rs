@@ -17,6 +17,7 @@
 //! timer/cancelled/<20-digit index>       index: every cancel answered `Cancelled`
 //! timer/segment_pending                  index: pending timers per segment
 //! index/keys/<20-digit offset>           index: timed messages by topic and key
+//! index/topic_pending                    index: pending timers per topic
 //! schedule/delay_offsets.json            bucket scheduler progress (buckets only)
 //! consumer_offsets.json                  consumer progress
 //! ```
@@ -59,6 +60,8 @@ pub const SEGMENT_COUNTS_FILE: &str = "segment_pending";
 pub const INDEX_DIR: &str = "index";
 /// The key index's directory, inside [`INDEX_DIR`].
 pub const KEY_INDEX_DIR: &str = "keys";
+/// The pending counts per topic, inside [`INDEX_DIR`].
+pub const TOPIC_PENDING_FILE: &str = "topic_pending";
 /// The bucket scheduler's directory (its presence marks a bucket store).
 pub const BUCKETS_DIR: &str = "schedule";
 /// The bucket scheduler's persisted offsets, inside [`BUCKETS_DIR`].
@@ -152,6 +155,11 @@ impl Layout {
     /// `index/keys/`.
     pub fn key_index(&self) -> PathBuf {
         self.dir.join(INDEX_DIR).join(KEY_INDEX_DIR)
+    }
+
+    /// `index/topic_pending`.
+    pub fn topic_pending(&self) -> PathBuf {
+        self.dir.join(INDEX_DIR).join(TOPIC_PENDING_FILE)
     }
 
     /// `schedule/`.

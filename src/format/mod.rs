@@ -19,6 +19,7 @@ pub mod segment_counts;
 pub mod slot;
 pub mod tail;
 pub mod timer_entry;
+pub mod topic_counts;
 
 /// Size of the header at the start of every commit-log segment and consume-queue file.
 pub const FILE_HEADER_LEN: usize = 32;
@@ -51,6 +52,8 @@ pub const TAILS_MAGIC: [u8; 8] = *b"DWTAIL\0\0";
 pub const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
 /// Magic of a key-index file (`index/keys/`).
 pub const KEY_INDEX_MAGIC: [u8; 8] = *b"DWKEYS\0\0";
+/// Magic of `index/topic_pending`, the pending timers per topic.
+pub const TOPIC_PENDING_MAGIC: [u8; 8] = *b"DWTOPC\0\0";
 /// The only format version this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 

@@ -154,11 +154,15 @@ impl Wheel {
             return Ok(CancelTarget::AlreadyDelivered);
         }
         let sec = timer.deliver_at_ms / 1000;
-        if self.prefetch.as_ref().is_some_and(|p| p.second == sec) {
-            return Ok(CancelTarget::Prefetching);
-        }
-        if sec > self.loaded_through {
-            return Ok(CancelTarget::Slot);
+        let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
+        if prefetching || sec > self.loaded_through {
+            // Its cancel may be a slot entry an earlier session wrote, which
+            // only the ledger remembers: a second cancel record would settle
+            // the timer twice in the log.
+            if self.cancels.ledger.contains(offset)? {
+                return Ok(CancelTarget::AlreadyCancelled);
+            }
+            return Ok(if prefetching { CancelTarget::Prefetching } else { CancelTarget::Slot });
         }
         // Loaded: pending exactly if not yet handed out (a replayed copy may have been).
         if self.loaded.contains(timer) && !self.restart.handed_out(offset) {

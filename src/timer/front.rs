@@ -94,7 +94,7 @@ impl SchedulerFront for WheelFront {
         self.ask(|reply| WheelCommand::Pending { window_ms, limit, reply })?
     }
 
-    fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<PendingEntry>> {
+    fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<Option<PendingEntry>>> {
         self.ask(|reply| WheelCommand::PendingOf { timers, reply })?
     }
 }

@@ -57,7 +57,7 @@ pub(crate) enum WheelCommand {
     /// Answer the first `limit` pending timers due in `window_ms` (see `window.rs`).
     Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
     /// Answer which of these timers of messages are pending (see `window.rs`).
-    PendingOf { timers: Vec<Timer>, reply: Sender<Result<Vec<PendingEntry>>> },
+    PendingOf { timers: Vec<Timer>, reply: Sender<Result<Vec<Option<PendingEntry>>>> },
 }
 
 /// What a handle asks of its timer.

@@ -100,30 +100,25 @@ impl Wheel {
         Ok(found)
     }
 
-    /// Which of `timers` (each a message's own timer) are pending now, each
-    /// as the timer that counts for its message (its latest reschedule's).
-    /// O(1) per timer, but for a cancel ledger lookup of a timer not yet
-    /// loaded (its cancel may be a slot entry of an earlier session).
-    pub fn pending_of(&self, timers: &[Timer]) -> Result<Vec<PendingEntry>> {
-        let mut pending = Vec::new();
-        for &own in timers {
-            let timer = self.current_timer(own)?;
-            let level = match self.locate_for_cancel(&timer)? {
-                CancelTarget::Loaded => 0,
-                CancelTarget::Prefetching | CancelTarget::Slot
-                    if self.cancels.ledger.contains(timer.message_offset)? =>
-                {
-                    continue;
-                }
-                CancelTarget::Prefetching => 0,
-                CancelTarget::Slot => {
-                    self.place(timer.deliver_at_ms / 1000).map_or(0, |(level, _)| level as u8)
-                }
-                CancelTarget::AlreadyCancelled | CancelTarget::AlreadyDelivered => continue,
-            };
-            pending.push(PendingEntry { timer, level });
-        }
-        Ok(pending)
+    /// Whether each of `timers` (each a message's own timer) is pending now,
+    /// as the timer that counts for its message (its latest reschedule's):
+    /// one answer per timer, in order. O(1) per timer, but for a cancel
+    /// ledger lookup of one not yet loaded (see `locate_for_cancel`).
+    pub fn pending_of(&self, timers: &[Timer]) -> Result<Vec<Option<PendingEntry>>> {
+        timers
+            .iter()
+            .map(|&own| {
+                let timer = self.current_timer(own)?;
+                let level = match self.locate_for_cancel(&timer)? {
+                    CancelTarget::Loaded | CancelTarget::Prefetching => 0,
+                    CancelTarget::Slot => {
+                        self.place(timer.deliver_at_ms / 1000).map_or(0, |(level, _)| level as u8)
+                    }
+                    CancelTarget::AlreadyCancelled | CancelTarget::AlreadyDelivered => return Ok(None),
+                };
+                Ok(Some(PendingEntry { timer, level }))
+            })
+            .collect()
     }
 
     /// The live slots whose window overlaps `window_ms`, by first second.

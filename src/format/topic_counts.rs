@@ -1,0 +1,71 @@
+//! `index/topic_pending`: pending timers per topic, an index (see
+//! `topic_counts.rs` for what the counts mean).
+//!
+//! The 32-byte file header (magic `DWTOPC`, `a` = the offset below which
+//! every record is counted, `b` = entries), then per topic
+//! `topic length u16 | topic bytes | count u64`, then a CRC32C of everything
+//! after the header. `wheel-format.md` is the byte ruler.
+
+use std::collections::HashMap;
+
+use crate::format::{FILE_HEADER_LEN, FileHeader, TOPIC_PENDING_MAGIC, get_u64};
+use crate::message::MAX_TOPIC_LEN;
+
+/// The file's bytes.
+pub fn encode(through: u64, by_topic: &HashMap<String, u64>) -> Vec<u8> {
+    let mut out = FileHeader::new(TOPIC_PENDING_MAGIC, through, by_topic.len() as u64).encode().to_vec();
+    for (topic, count) in by_topic {
+        out.extend_from_slice(&(topic.len() as u16).to_le_bytes());
+        out.extend_from_slice(topic.as_bytes());
+        out.extend_from_slice(&count.to_le_bytes());
+    }
+    let crc = crc32c::crc32c(&out[FILE_HEADER_LEN..]);
+    out.extend_from_slice(&crc.to_le_bytes());
+    out
+}
+
+/// Decodes a counts file: the offset counted to and the counts; `None` if
+/// it is not a valid one.
+pub fn decode(bytes: &[u8]) -> Option<(u64, HashMap<String, u64>)> {
+    let header = FileHeader::decode(bytes, TOPIC_PENDING_MAGIC).ok()?;
+    let (body, crc) =
+        bytes.get(FILE_HEADER_LEN..)?.split_at_checked(bytes.len().checked_sub(FILE_HEADER_LEN + 4)?)?;
+    if crc32c::crc32c(body).to_le_bytes() != crc {
+        return None;
+    }
+    // Each entry takes at least 11 bytes: the count cannot ask for more room than the file has.
+    let entries = usize::try_from(header.b).ok().filter(|&n| n <= body.len() / 11)?;
+    let mut by_topic = HashMap::with_capacity(entries);
+    let mut at = 0;
+    for _ in 0..entries {
+        let len = usize::from(u16::from_le_bytes(body.get(at..at + 2)?.try_into().ok()?));
+        if len == 0 || len > MAX_TOPIC_LEN {
+            return None;
+        }
+        let topic = std::str::from_utf8(body.get(at + 2..at + 2 + len)?).ok()?;
+        let count = get_u64(body.get(at + 2 + len..at + 10 + len)?, 0);
+        by_topic.insert(topic.to_string(), count);
+        at += 10 + len;
+    }
+    (at == body.len()).then_some((header.a, by_topic))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_file_round_trips_and_a_flipped_bit_or_a_short_file_is_refused() {
+        let counts = HashMap::from([("orders".to_string(), 3), ("payments".to_string(), 1)]);
+        let bytes = encode(6_000, &counts);
+        let header = FileHeader::decode(&bytes, TOPIC_PENDING_MAGIC).unwrap();
+        assert_eq!((header.a, header.b), (6_000, 2), "wheel-format.md: a = counted below, b = entries");
+        assert_eq!(bytes.len(), 32 + (2 + 6 + 8) + (2 + 8 + 8) + 4);
+        assert_eq!(decode(&bytes), Some((6_000, counts)));
+        let mut flipped = bytes.clone();
+        flipped[FILE_HEADER_LEN + 3] ^= 1;
+        assert_eq!(decode(&flipped), None);
+        assert_eq!(decode(&bytes[..bytes.len() - 1]), None);
+        assert_eq!(decode(&bytes[..10]), None);
+    }
+}
