@@ -47,6 +47,10 @@ pub(crate) struct Dispatcher {
     keys: Arc<KeyIndex>,
     /// Pending timers per topic (the wheel scheduler only).
     topics: Option<Arc<TopicCounts>>,
+    /// What the record being indexed does to its topic's count, applied once
+    /// the record is indexed (with its end, so the counts never include a
+    /// record past the offset they say they are counted to).
+    count: RefCell<(Count, String)>,
     /// The wheel or the buckets: timed messages and the dispatcher's progress go there.
     scheduler: Arc<dyn SchedulerFront>,
     next: u64,
@@ -69,6 +73,14 @@ pub(crate) struct Dispatcher {
     quarantined: Arc<AtomicU64>,
     /// Where the dispatcher says it waits for disk space.
     stall: Arc<Stall>,
+}
+
+/// What a record does to its topic's count of pending timers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Count {
+    None,
+    Timed,
+    Settled,
 }
 
 /// What the dispatcher writes to: the consume queues, the key index, the
@@ -104,6 +116,7 @@ impl Dispatcher {
             queues,
             keys,
             topics,
+            count: RefCell::new((Count::None, String::new())),
             scheduler,
             next: from,
             touched_to: from,
@@ -151,8 +164,12 @@ impl Dispatcher {
                 .visit_trusted(self.next, |offset, kind, bytes| self.index(offset, kind, bytes));
             let (queue, next) = match indexed {
                 Ok((Ok(queue), next)) => (queue, next),
-                Ok((Err(e), _)) | Err(e) => break Err(e),
+                Ok((Err(e), _)) | Err(e) => {
+                    self.count.get_mut().0 = Count::None;
+                    break Err(e);
+                }
             };
+            self.apply_count(next);
             if let Some(queue) = queue
                 && !touched.iter().any(|q| Arc::ptr_eq(q, &queue))
             {
@@ -225,10 +242,7 @@ impl Dispatcher {
                         self.keys.add(offset, view.topic, view.key)?;
                     }
                     let queue = self.scheduler.index(offset, bytes.len(), &view)?;
-                    // Counted once it is indexed: a record retried after a full disk is counted once.
-                    if let Some(topics) = &self.topics {
-                        topics.timed(view.topic);
-                    }
+                    self.note_count(Count::Timed, view.topic);
                     return Ok(queue);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
@@ -266,11 +280,11 @@ impl Dispatcher {
             // Cancels were applied by the ticker that wrote them; here they
             // only settle their message's topic count.
             RecordKind::Cancel => {
-                if let (Some(topics), Ok(cancel)) = (&self.topics, CancelView::parse(bytes))
+                if let (Some(_), Ok(cancel)) = (&self.topics, CancelView::parse(bytes))
                     && let Some((_, topic)) =
                         crate::topic_counts::message_of(&self.log, cancel.message_offset)
                 {
-                    topics.settled(&topic);
+                    self.note_count(Count::Settled, &topic);
                 }
                 Ok(None)
             }
@@ -301,9 +315,7 @@ impl Dispatcher {
                         delivery.delivered_at_ms,
                         FLAG_TIMER_DELIVERY,
                     )?;
-                    if let Some(topics) = &self.topics {
-                        topics.settled(view.topic);
-                    }
+                    self.note_count(Count::Settled, view.topic);
                     Ok(Ok(queue))
                 }
                 RecordKind::Reschedule if named == delivery.message_offset => RescheduleView::parse(record)
@@ -318,6 +330,27 @@ impl Dispatcher {
                 Ok(queue) => return Ok(queue),
                 Err(message) => named = message,
             }
+        }
+    }
+
+    /// Notes what the record being indexed does to `topic`'s count.
+    fn note_count(&self, count: Count, topic: &str) {
+        if self.topics.is_some() {
+            let mut noted = self.count.borrow_mut();
+            noted.0 = count;
+            noted.1.clear();
+            noted.1.push_str(topic);
+        }
+    }
+
+    /// Applies what the record ending at `end` did to its topic's count.
+    fn apply_count(&mut self, end: u64) {
+        let (count, topic) = self.count.get_mut();
+        let Some(topics) = &self.topics else { return };
+        match std::mem::replace(count, Count::None) {
+            Count::None => {}
+            Count::Timed => topics.timed(topic, end),
+            Count::Settled => topics.settled(topic, end),
         }
     }
 

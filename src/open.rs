@@ -387,6 +387,7 @@ impl Parts {
                 log: Arc::clone(&self.log),
                 queues: Arc::clone(&self.queues),
                 keys: Arc::clone(&self.keys),
+                topics: self.topics.clone(),
                 timer_log_reclaim: self.timer_log_reclaim.clone(),
                 clock: Arc::clone(&self.config.clock),
                 policy: self.config.retention,

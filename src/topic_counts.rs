@@ -77,26 +77,30 @@ impl TopicCounts {
         self.lock().known
     }
 
-    /// A timed message of `topic` was dispatched.
-    pub fn timed(&self, topic: &str) {
+    /// A timed message of `topic`, ending at `end`, was dispatched.
+    pub fn timed(&self, topic: &str, end: u64) {
         let mut state = self.lock();
+
         match state.by_topic.get_mut(topic) {
             Some(count) => *count += 1,
             None => drop(state.by_topic.insert(topic.to_string(), 1)),
         }
-        state.dirty = true;
+        state.counted_to(end);
     }
 
-    /// The timer of a message of `topic` was delivered or cancelled.
-    pub fn settled(&self, topic: &str) {
+    /// The record ending at `end` settled the timer of a message of `topic`.
+    pub fn settled(&self, topic: &str, end: u64) {
         let mut state = self.lock();
+
         settle(&mut state.by_topic, topic);
-        state.dirty = true;
+        state.counted_to(end);
     }
 
     /// Every record below `offset` is counted.
     pub fn counted_below(&self, offset: u64) {
-        self.lock().through = offset;
+        let mut state = self.lock();
+        debug_assert!(offset >= state.through, "the counts never go back");
+        state.through = offset;
     }
 
     /// The `n` topics with the most pending timers (most first) and the sum
@@ -144,6 +148,14 @@ impl TopicCounts {
         let mut state = self.lock();
         *state = State { through: replay_from, by_topic, dirty: true, known: true };
         Ok(())
+    }
+}
+
+impl State {
+    fn counted_to(&mut self, end: u64) {
+        debug_assert!(end >= self.through, "records are counted in log order");
+        self.through = end;
+        self.dirty = true;
     }
 }
 
@@ -234,7 +246,9 @@ fn bring_to(
 }
 
 /// Counts from the log what the dispatcher would have counted below
-/// `replay_from`, with the ticking thread running and the dispatcher not yet.
+/// `replay_from`, with the ticking thread running and the dispatcher and
+/// retention not yet (retention waits for the counts: a segment it deleted
+/// during the count would hide timers from it).
 ///
 /// The timed messages and settling records of the log count as they come.
 /// A relocated copy's timed message lies below the oldest segment, so its

@@ -34,6 +34,7 @@ use crate::format::record::{
 use crate::key_index::KeyIndex;
 use crate::stats::RetentionCounters;
 use crate::threads::StopFlag;
+use crate::topic_counts::TopicCounts;
 
 /// What one retention pass did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -57,6 +58,7 @@ pub(crate) struct Retainer {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
     pub keys: Arc<KeyIndex>,
+    pub topics: Option<Arc<TopicCounts>>,
     /// Tells the ticking thread (which owns the timer logs) to look for
     /// timer-log files to delete, after each pass.
     pub timer_log_reclaim: Sender<()>,
@@ -92,8 +94,9 @@ impl Retainer {
     pub fn pass(&self) -> Result<ReclaimReport> {
         let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
-        // Until the ticking thread has read the pins, a pinned message looks unneeded.
-        if !self.pins.ready() {
+        // Until the ticking thread has read the pins, a pinned message looks
+        // unneeded; until the topic counts are made, a recount reads the log.
+        if !self.pins.ready() || self.topics.as_ref().is_some_and(|t| !t.known()) {
             return Ok(ReclaimReport::default());
         }
         let _span = tracing::debug_span!("retention", floor = floor.log_offset).entered();
