@@ -16,8 +16,9 @@ use crate::timer::window::PendingEntry;
 pub struct PendingTimer {
     /// Cancels it.
     pub handle: Handle,
-    /// The topic it will be delivered to.
-    pub topic: String,
+    /// The topic it will be delivered to (shared by the answers of one
+    /// query with the same topic: one allocation per topic, not per timer).
+    pub topic: Arc<str>,
     /// The queue of that topic.
     pub queue: u32,
     /// Its business key, if it had one.
@@ -61,9 +62,28 @@ pub(crate) fn timers_with_key(log: &CommitLog, candidates: Vec<u64>, topic: &str
 pub(crate) fn describe(log: &Arc<CommitLog>, entries: Vec<PendingEntry>) -> Vec<PendingTimer> {
     // One reader for all: it takes the log's segment table once, not per timer.
     let mut reader = LogReader::new(Arc::clone(log));
+    let mut topics = Topics::default();
     let mut described = Vec::with_capacity(entries.len());
-    described.extend(entries.into_iter().filter_map(|entry| describe_one(&mut reader, entry)));
+    described.extend(entries.into_iter().filter_map(|entry| describe_one(&mut reader, &mut topics, entry)));
     described
+}
+
+/// The topics of one answer, each allocated once.
+#[derive(Default)]
+struct Topics(Vec<Arc<str>>);
+
+impl Topics {
+    fn get(&mut self, topic: &str) -> Arc<str> {
+        // Most answers name a few topics: a short list beats hashing each name.
+        if let Some(known) = self.0.iter().find(|t| &***t == topic) {
+            return Arc::clone(known);
+        }
+        let new: Arc<str> = Arc::from(topic);
+        if self.0.len() < 64 {
+            self.0.push(Arc::clone(&new));
+        }
+        new
+    }
 }
 
 /// What the record a timer is named by says of it.
@@ -74,13 +94,13 @@ enum Named {
     NotAMessage,
 }
 
-fn describe_one(log: &mut LogReader, entry: PendingEntry) -> Option<PendingTimer> {
+fn describe_one(log: &mut LogReader, topics: &mut Topics, entry: PendingEntry) -> Option<PendingTimer> {
     // A rescheduled timer is named by its reschedule record, which names the
     // message; most are named by their message, read (and checked) once.
     let mut offset = entry.timer.message_offset;
     for _ in 0..2 {
         let visited = log.visit_checked(offset, |at, kind, bytes| match kind {
-            RecordKind::Message if at == offset => describe_message(offset, bytes, entry),
+            RecordKind::Message if at == offset => describe_message(offset, bytes, entry, topics),
             RecordKind::Reschedule if offset == entry.timer.message_offset => RescheduleView::parse(bytes)
                 .map_or(Named::NotAMessage, |r| Named::Rescheduled(r.message_offset)),
             _ => Named::NotAMessage,
@@ -99,13 +119,13 @@ fn describe_one(log: &mut LogReader, entry: PendingEntry) -> Option<PendingTimer
     None
 }
 
-fn describe_message(offset: u64, bytes: &[u8], entry: PendingEntry) -> Named {
+fn describe_message(offset: u64, bytes: &[u8], entry: PendingEntry, topics: &mut Topics) -> Named {
     let Ok(view) = MessageView::parse(bytes) else { return Named::NotAMessage };
     let Some(own_deliver_at_ms) = view.timer_deliver_at_ms() else { return Named::NotAMessage };
     Named::Timer(PendingTimer {
         // The handle the put returned: it names the message's own timer.
         handle: Handle { offset, deliver_at_ms: own_deliver_at_ms },
-        topic: view.topic.to_string(),
+        topic: topics.get(view.topic),
         queue: view.queue_id,
         key: (!view.key.is_empty()).then(|| view.key.to_string()),
         deliver_at_ms: entry.timer.deliver_at_ms,

@@ -44,12 +44,9 @@ fn the_window_lists_pending_timers_on_every_level_in_deliver_time_order() {
         [0, 0, 1, 2]
     );
     let retry = all.iter().find(|p| p.handle == legacy).unwrap();
-    assert_eq!(
-        (retry.topic.as_str(), retry.delay_level, retry.deliver_at_ms),
-        ("retries", Some(3), T0 + 10_000)
-    );
+    assert_eq!((&*retry.topic, retry.delay_level, retry.deliver_at_ms), ("retries", Some(3), T0 + 10_000));
     let first = &all[0];
-    assert_eq!((first.topic.as_str(), first.queue, first.handle), ("orders", 1, handles[4]));
+    assert_eq!((&*first.topic, first.queue, first.handle), ("orders", 1, handles[4]));
 
     assert_eq!(store.pending(T0 + 1_000..T0 + 2 * HOUR, 100).unwrap().len(), 2, "a and the retry");
     assert_eq!(store.pending(T0 + 1_000..T0 + 2 * HOUR + 1, 100).unwrap().len(), 3, "half-open");
@@ -176,7 +173,7 @@ fn pending_by_key_answers_a_keys_pending_timers_through_cancel_reschedule_and_fi
     assert!(by_key(&store, "orders", "order-44").is_empty());
     let described = store.pending_by_key("orders", "order-42").unwrap();
     assert_eq!(
-        (described[2].topic.as_str(), described[2].key.as_deref(), described[2].wheel_level),
+        (&*described[2].topic, described[2].key.as_deref(), described[2].wheel_level),
         ("orders", Some("order-42"), 2)
     );
 

