@@ -385,10 +385,8 @@ impl Dispatcher {
     /// `stall.rs`); any other failure poisons the log: the indexes cannot
     /// follow it any more.
     pub fn run(mut self, wake: Receiver<()>, stop: StopFlag) -> Result<()> {
-        if let Some(topics) = self.topics.as_ref().filter(|t| !t.known())
-            && let Err(e) = topics.recount(&self.log, self.scheduler.as_ref(), self.next)
-        {
-            tracing::error!(error = %e, "could not count the pending timers per topic; Stats will not show them");
+        if let Some(topics) = self.topics.as_ref().filter(|t| t.recounting()) {
+            topics.recount(&self.log, self.scheduler.as_ref(), self.next);
         }
         loop {
             match self.dispatch_available() {

@@ -31,7 +31,9 @@ pub struct Stats {
     /// small stats. Counted by the dispatcher in log order (a timer leaves
     /// its topic's count when its delivery or cancel record is indexed, a
     /// few milliseconds after it fired), kept across restarts. Empty with the
-    /// bucket scheduler, and if the counts could not be made (logged).
+    /// bucket scheduler, while a recount runs after an open that found no
+    /// usable counts file ([`fresh_stats`](crate::Store::fresh_stats) waits
+    /// for it), and if the counts could not be made (logged).
     pub pending_by_topic: Vec<(String, u64)>,
     /// Pending timers of every other topic, summed.
     pub pending_other_topics: u64,

@@ -533,8 +533,25 @@ impl Store {
     /// that time; the poison if the store is poisoned.
     pub fn fresh_stats(&self) -> Result<Stats> {
         self.wait_indexed_to(self.log.write_end())?;
+        self.wait_topics_counted()?;
         self.scheduler.refresh()?;
         Ok(self.stats())
+    }
+
+    /// Waits, up to the put timeout, until the recount of the pending timers
+    /// per topic an open may need has run (the dispatcher runs it first).
+    fn wait_topics_counted(&self) -> Result<()> {
+        let started = std::time::Instant::now();
+        while self.topics.as_ref().is_some_and(|t| t.recounting()) {
+            self.health()?;
+            if started.elapsed() >= self.config.put_timeout {
+                // The recount reads the log: that is how far behind it is at most.
+                let lag_bytes = self.log.write_end() - self.log.start();
+                return Err(Error::Busy { lag_bytes, waited_ms: started.elapsed().as_millis() as u64 });
+            }
+            std::thread::sleep(std::time::Duration::from_millis(1));
+        }
+        Ok(())
     }
 
     /// Waits, up to the put timeout, until every record below `end` is indexed.

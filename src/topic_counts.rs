@@ -37,8 +37,10 @@ struct State {
     by_topic: HashMap<String, u64>,
     /// Changed since the last write of the file.
     dirty: bool,
-    /// `false` until a recount (see [`recount`]) has run.
+    /// `false` until a recount (see [`recount`]) has made them.
     known: bool,
+    /// A recount is still to run (it may fail: then they stay unknown).
+    recounting: bool,
 }
 
 /// What one record does to the counts.
@@ -55,10 +57,16 @@ impl TopicCounts {
     /// file's, brought there; unknown (to be recounted) if there is none usable.
     pub fn open(path: &Path, log: &CommitLog, replay_from: u64) -> Self {
         let loaded = std::fs::read(path).ok().and_then(|bytes| decode(&bytes));
-        let mut state = State { through: replay_from, by_topic: HashMap::new(), dirty: true, known: false };
+        let mut state = State {
+            through: replay_from,
+            by_topic: HashMap::new(),
+            dirty: true,
+            known: false,
+            recounting: true,
+        };
         match loaded {
             Some((through, by_topic)) => match bring_to(log, through, replay_from, by_topic) {
-                Ok(by_topic) => state = State { by_topic, known: true, ..state },
+                Ok(by_topic) => state = State { by_topic, known: true, recounting: false, ..state },
                 Err(e) => {
                     tracing::warn!(file = %path.display(), error = %e, "pending counts per topic: recounting")
                 }
@@ -73,8 +81,8 @@ impl TopicCounts {
     }
 
     /// Whether the counts must be recounted before the dispatcher starts.
-    pub fn known(&self) -> bool {
-        self.lock().known
+    pub fn recounting(&self) -> bool {
+        self.lock().recounting
     }
 
     /// A timed message of `topic`, ending at `end`, was dispatched.
@@ -141,13 +149,18 @@ impl TopicCounts {
     }
 
     /// Recounts from the log, on the dispatcher's thread before it
-    /// dispatches anything from `replay_from` (see the module docs of
-    /// `recount`).
-    pub fn recount(&self, log: &CommitLog, scheduler: &dyn SchedulerFront, replay_from: u64) -> Result<()> {
-        let by_topic = recount(log, scheduler, replay_from)?;
+    /// dispatches anything from `replay_from` (see [`recount`]). A failure
+    /// is logged, and leaves the counts unknown: `Stats` then names no topic.
+    pub fn recount(&self, log: &CommitLog, scheduler: &dyn SchedulerFront, replay_from: u64) {
+        let counted = recount(log, scheduler, replay_from);
         let mut state = self.lock();
-        *state = State { through: replay_from, by_topic, dirty: true, known: true };
-        Ok(())
+        state.recounting = false;
+        match counted {
+            Ok(by_topic) => {
+                *state = State { through: replay_from, by_topic, dirty: true, known: true, recounting: false }
+            }
+            Err(e) => tracing::error!(error = %e, "could not count the pending timers per topic"),
+        }
     }
 }
 

@@ -96,7 +96,7 @@ impl Retainer {
         let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
         // Until the ticking thread has read the pins, a pinned message looks
         // unneeded; until the topic counts are made, a recount reads the log.
-        if !self.pins.ready() || self.topics.as_ref().is_some_and(|t| !t.known()) {
+        if !self.pins.ready() || self.topics.as_ref().is_some_and(|t| t.recounting()) {
             return Ok(ReclaimReport::default());
         }
         let _span = tracing::debug_span!("retention", floor = floor.log_offset).entered();
