@@ -28,7 +28,7 @@ use crate::message::validate_topic;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
-use crate::topic_counts::TopicCounts;
+use crate::topic_counts::{CountBuffer, TopicCounts};
 
 /// How many records the dispatcher looks ahead to touch the messages that
 /// deliveries name: enough for the loads to overlap, few enough that the
@@ -47,10 +47,8 @@ pub(crate) struct Dispatcher {
     keys: Arc<KeyIndex>,
     /// Pending timers per topic (the wheel scheduler only).
     topics: Option<Arc<TopicCounts>>,
-    /// What the record being indexed does to its topic's count, applied once
-    /// the record is indexed (with its end, so the counts never include a
-    /// record past the offset they say they are counted to).
-    count: RefCell<(Count, String)>,
+    /// What the records indexed did to their topics' counts, not yet added.
+    count: RefCell<CountBuffer>,
     /// The wheel or the buckets: timed messages and the dispatcher's progress go there.
     scheduler: Arc<dyn SchedulerFront>,
     next: u64,
@@ -73,14 +71,6 @@ pub(crate) struct Dispatcher {
     quarantined: Arc<AtomicU64>,
     /// Where the dispatcher says it waits for disk space.
     stall: Arc<Stall>,
-}
-
-/// What a record does to its topic's count of pending timers.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Count {
-    None,
-    Timed,
-    Settled,
 }
 
 /// What the dispatcher writes to: the consume queues, the key index, the
@@ -116,7 +106,7 @@ impl Dispatcher {
             queues,
             keys,
             topics,
-            count: RefCell::new((Count::None, String::new())),
+            count: RefCell::new(CountBuffer::default()),
             scheduler,
             next: from,
             touched_to: from,
@@ -165,11 +155,11 @@ impl Dispatcher {
             let (queue, next) = match indexed {
                 Ok((Ok(queue), next)) => (queue, next),
                 Ok((Err(e), _)) | Err(e) => {
-                    self.count.get_mut().0 = Count::None;
+                    self.count.get_mut().discard();
                     break Err(e);
                 }
             };
-            self.apply_count(next);
+            self.count.get_mut().indexed(next);
             if let Some(queue) = queue
                 && !touched.iter().any(|q| Arc::ptr_eq(q, &queue))
             {
@@ -192,6 +182,7 @@ impl Dispatcher {
         }
         // Wake consumers for what was indexed, even if a later record failed.
         if let Some(topics) = &self.topics {
+            self.count.get_mut().flush(topics);
             topics.counted_below(self.next);
         }
         self.progress.store(self.next, Ordering::Release);
@@ -242,7 +233,7 @@ impl Dispatcher {
                         self.keys.add(offset, view.topic, view.key)?;
                     }
                     let queue = self.scheduler.index(offset, bytes.len(), &view)?;
-                    self.note_count(Count::Timed, view.topic);
+                    self.note_count(view.topic, 1);
                     return Ok(queue);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
@@ -284,7 +275,7 @@ impl Dispatcher {
                     && let Some((_, topic)) =
                         crate::topic_counts::message_of(&self.log, cancel.message_offset)
                 {
-                    self.note_count(Count::Settled, &topic);
+                    self.note_count(&topic, -1);
                 }
                 Ok(None)
             }
@@ -315,7 +306,7 @@ impl Dispatcher {
                         delivery.delivered_at_ms,
                         FLAG_TIMER_DELIVERY,
                     )?;
-                    self.note_count(Count::Settled, view.topic);
+                    self.note_count(view.topic, -1);
                     Ok(Ok(queue))
                 }
                 RecordKind::Reschedule if named == delivery.message_offset => RescheduleView::parse(record)
@@ -333,24 +324,11 @@ impl Dispatcher {
         }
     }
 
-    /// Notes what the record being indexed does to `topic`'s count.
-    fn note_count(&self, count: Count, topic: &str) {
-        if self.topics.is_some() {
-            let mut noted = self.count.borrow_mut();
-            noted.0 = count;
-            noted.1.clear();
-            noted.1.push_str(topic);
-        }
-    }
-
-    /// Applies what the record ending at `end` did to its topic's count.
-    fn apply_count(&mut self, end: u64) {
-        let (count, topic) = self.count.get_mut();
-        let Some(topics) = &self.topics else { return };
-        match std::mem::replace(count, Count::None) {
-            Count::None => {}
-            Count::Timed => topics.timed(topic, end),
-            Count::Settled => topics.settled(topic, end),
+    /// Notes what the record being indexed does to `topic`'s count (`sign`:
+    /// +1 for a timed message, -1 for a record that settles one).
+    fn note_count(&self, topic: &str, sign: i64) {
+        if let Some(topics) = &self.topics {
+            self.count.borrow_mut().note(topics, topic, sign);
         }
     }
 

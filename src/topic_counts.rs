@@ -85,22 +85,20 @@ impl TopicCounts {
         self.lock().recounting
     }
 
-    /// A timed message of `topic`, ending at `end`, was dispatched.
-    pub fn timed(&self, topic: &str, end: u64) {
+    /// The records up to `end` changed `topic`'s count by `delta`: timed
+    /// messages (+1 each) and the records that settled them (-1 each).
+    fn add(&self, topic: &str, delta: i64, end: u64) {
         let mut state = self.lock();
-
-        match state.by_topic.get_mut(topic) {
-            Some(count) => *count += 1,
-            None => drop(state.by_topic.insert(topic.to_string(), 1)),
+        if delta > 0 {
+            match state.by_topic.get_mut(topic) {
+                Some(count) => *count += delta.unsigned_abs(),
+                None => drop(state.by_topic.insert(topic.to_string(), delta.unsigned_abs())),
+            }
+        } else {
+            for _ in 0..delta.unsigned_abs() {
+                settle(&mut state.by_topic, topic);
+            }
         }
-        state.counted_to(end);
-    }
-
-    /// The record ending at `end` settled the timer of a message of `topic`.
-    pub fn settled(&self, topic: &str, end: u64) {
-        let mut state = self.lock();
-
-        settle(&mut state.by_topic, topic);
         state.counted_to(end);
     }
 
@@ -160,6 +158,53 @@ impl TopicCounts {
                 *state = State { through: replay_from, by_topic, dirty: true, known: true, recounting: false }
             }
             Err(e) => tracing::error!(error = %e, "could not count the pending timers per topic"),
+        }
+    }
+}
+
+/// The dispatcher's side: what the records of one topic in a row did,
+/// summed before the shared counts are touched (a burst to one topic then
+/// costs a comparison per record, not a lock and a hash). The shared counts
+/// never include a record past the offset they say they are counted to.
+#[derive(Default)]
+pub(crate) struct CountBuffer {
+    topic: String,
+    delta: i64,
+    /// The end of the last record summed in `delta`.
+    end: u64,
+    /// What the record being indexed does, once it is indexed.
+    noted: i64,
+}
+
+impl CountBuffer {
+    /// The record being indexed is a timed message of `topic` (`+1`) or
+    /// settles one (`-1`).
+    pub fn note(&mut self, counts: &TopicCounts, topic: &str, sign: i64) {
+        if self.topic != topic {
+            self.flush(counts);
+            self.topic.clear();
+            self.topic.push_str(topic);
+        }
+        self.noted = sign;
+    }
+
+    /// The record being indexed, ending at `end`, is indexed.
+    pub fn indexed(&mut self, end: u64) {
+        if self.noted != 0 {
+            self.delta += std::mem::take(&mut self.noted);
+            self.end = end;
+        }
+    }
+
+    /// The record being indexed failed: it will be indexed again.
+    pub fn discard(&mut self) {
+        self.noted = 0;
+    }
+
+    /// Adds what was summed to the shared counts.
+    pub fn flush(&mut self, counts: &TopicCounts) {
+        if self.delta != 0 {
+            counts.add(&self.topic, std::mem::take(&mut self.delta), self.end);
         }
     }
 }

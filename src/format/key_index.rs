@@ -3,11 +3,11 @@
 //!
 //! ```text
 //! header (32 B): magic DWKEYS, a = entries per file (N), b = first message offset
-//! heads  (4B B): u32 per bucket (B = max(1, N / 64)), the newest entry of its chain + 1 (0: empty)
+//! heads  (4B B): u32 per bucket (B: the greatest power of two <= max(1, N / 64)), the newest entry of its chain + 1 (0: empty)
 //! entries (20N B): message_offset u64 | key_hash u32 | prev u32 | crc32c u32
 //! ```
 //!
-//! An entry's bucket is `key_hash % B`; `prev` is the previous entry of the
+//! An entry's bucket is `key_hash % B` (its low bits); `prev` is the previous entry of the
 //! same bucket + 1 (0: none), always an earlier entry of the same file. The
 //! CRC is over the entry's number in its file (u64 LE) followed by bytes
 //! 0..16, so an entry read at the wrong place or a torn one does not check out.
@@ -50,9 +50,11 @@ pub fn key_hash(topic: &str, key: &str) -> u32 {
 /// with one per 64 within the noise. A lookup walks about 64 entries per file.
 pub const ENTRIES_PER_BUCKET: u64 = 64;
 
-/// The buckets of a file of `per_file` entries.
+/// The buckets of a file of `per_file` entries: a power of two, so a
+/// bucket is a mask of the hash (a division was most of an add's cost).
 pub fn buckets(per_file: u64) -> u64 {
-    (per_file / ENTRIES_PER_BUCKET).max(1)
+    let wanted = (per_file / ENTRIES_PER_BUCKET).max(1);
+    1 << wanted.ilog2()
 }
 
 /// Bytes of the bucket heads of a file of `per_file` entries.
@@ -62,7 +64,7 @@ pub fn heads_len(per_file: u64) -> usize {
 
 /// Where the head of the bucket of `key_hash` lies in a file of `per_file` entries.
 pub fn head_position(per_file: u64, key_hash: u32) -> usize {
-    FILE_HEADER_LEN + (u64::from(key_hash) % buckets(per_file)) as usize * HEAD_LEN
+    FILE_HEADER_LEN + (u64::from(key_hash) & (buckets(per_file) - 1)) as usize * HEAD_LEN
 }
 
 /// Where entry `number` of a file of `per_file` entries lies.
@@ -121,6 +123,7 @@ mod tests {
         assert_eq!(KeyEntry::decode(&forward, 3), None, "a chain never points forward");
         assert_eq!(file_len(4), 32 + 4 + 80, "one bucket");
         assert_eq!(file_len(1024), 32 + 64 + 1024 * 20, "sixteen buckets");
+        assert_eq!(buckets(1500), 16, "a power of two");
         assert_eq!(head_position(1024, 21), 32 + 5 * 4);
     }
 }
