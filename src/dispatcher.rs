@@ -272,8 +272,10 @@ impl Dispatcher {
             // only settle their message's topic count.
             RecordKind::Cancel => {
                 if let (Some(_), Ok(cancel)) = (&self.topics, CancelView::parse(bytes))
-                    && let Some((_, topic)) =
-                        crate::topic_counts::message_of(&self.log, cancel.message_offset)
+                    && let Some((_, topic)) = crate::topic_counts::message_of(
+                        &mut self.originals.borrow_mut(),
+                        cancel.message_offset,
+                    )
                 {
                     self.note_count(&topic, -1);
                 }

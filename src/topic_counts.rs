@@ -16,9 +16,9 @@
 use std::cmp::Reverse;
 use std::collections::{BinaryHeap, HashMap, HashSet};
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Arc, Mutex, MutexGuard};
 
-use crate::commitlog::CommitLog;
+use crate::commitlog::{CommitLog, LogReader};
 use crate::error::{Error, Result};
 use crate::format::record::{CancelView, DeliveryView, MessageView, RecordKind, RescheduleView};
 use crate::format::topic_counts::{decode, encode};
@@ -55,7 +55,7 @@ enum Effect {
 impl TopicCounts {
     /// The counts for a log whose dispatcher resumes at `replay_from`: the
     /// file's, brought there; unknown (to be recounted) if there is none usable.
-    pub fn open(path: &Path, log: &CommitLog, replay_from: u64) -> Self {
+    pub fn open(path: &Path, log: &Arc<CommitLog>, replay_from: u64) -> Self {
         let loaded = std::fs::read(path).ok().and_then(|bytes| decode(&bytes));
         let mut state = State {
             through: replay_from,
@@ -149,7 +149,7 @@ impl TopicCounts {
     /// Recounts from the log, on the dispatcher's thread before it
     /// dispatches anything from `replay_from` (see [`recount`]). A failure
     /// is logged, and leaves the counts unknown: `Stats` then names no topic.
-    pub fn recount(&self, log: &CommitLog, scheduler: &dyn SchedulerFront, replay_from: u64) {
+    pub fn recount(&self, log: &Arc<CommitLog>, scheduler: &dyn SchedulerFront, replay_from: u64) {
         let counted = recount(log, scheduler, replay_from);
         let mut state = self.lock();
         state.recounting = false;
@@ -248,7 +248,7 @@ fn effect(kind: RecordKind, bytes: &[u8]) -> Effect {
 /// The message a timer belongs to, and its topic: the record at
 /// `timer_offset` is the message or a reschedule record naming it. `None`
 /// if it cannot be read (retention deleted it): the dispatcher skipped it too.
-pub(crate) fn message_of(log: &CommitLog, timer_offset: u64) -> Option<(u64, String)> {
+pub(crate) fn message_of(log: &mut LogReader, timer_offset: u64) -> Option<(u64, String)> {
     let mut at = timer_offset;
     for _ in 0..2 {
         let (next, _) = log
@@ -269,7 +269,7 @@ pub(crate) fn message_of(log: &CommitLog, timer_offset: u64) -> Option<(u64, Str
 /// `by_topic`, counted below `through`, brought to `to` by applying the
 /// records in between (or taking them back).
 fn bring_to(
-    log: &CommitLog,
+    log: &Arc<CommitLog>,
     through: u64,
     to: u64,
     mut by_topic: HashMap<String, u64>,
@@ -279,12 +279,14 @@ fn bring_to(
         let why = format!("counted to {through}, the log holds {}..{}", log.start(), log.write_end());
         return Err(Error::invalid("topic counts", why));
     }
+    // Reads the messages the settling records name.
+    let mut named = LogReader::new(Arc::clone(log));
     let mut at = from;
     while at < end {
         let (effect, next) = log.visit_trusted(at, |_, kind, bytes| effect(kind, bytes))?;
         let topic = match effect {
             Effect::Timed(topic) => Some((topic, forward)),
-            Effect::Settles(timer) => message_of(log, timer).map(|(_, topic)| (topic, !forward)),
+            Effect::Settles(timer) => message_of(&mut named, timer).map(|(_, topic)| (topic, !forward)),
             Effect::None => None,
         };
         match topic {
@@ -317,7 +319,7 @@ fn bring_to(
 /// after the answer was pending in it, and one that fired before has its
 /// delivery record below that end.
 fn recount(
-    log: &CommitLog,
+    log: &Arc<CommitLog>,
     scheduler: &dyn SchedulerFront,
     replay_from: u64,
 ) -> Result<HashMap<String, u64>> {
@@ -342,13 +344,14 @@ fn recount(
     // copy it settles is counted.
     let mut by_topic: HashMap<String, i64> = HashMap::new();
     let mut settled_in_log = HashSet::new();
+    let mut named = LogReader::new(Arc::clone(log));
     let (mut at, end) = (log.start(), log.write_end());
     while at < end {
         let (effect, next) = log.visit_trusted(at, |_, kind, bytes| effect(kind, bytes))?;
         match effect {
             Effect::Timed(topic) if at < replay_from => *by_topic.entry(topic).or_default() += 1,
             Effect::Settles(timer) => {
-                if let Some((message, topic)) = message_of(log, timer) {
+                if let Some((message, topic)) = message_of(&mut named, timer) {
                     if message < log.start() {
                         settled_in_log.insert(message);
                     }

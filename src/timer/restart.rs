@@ -104,6 +104,12 @@ impl Restart {
         self.replay_range.contains(&offset) && !self.replay_seen.insert(offset)
     }
 
+    /// Whether the record at `offset` was in the log when the store opened:
+    /// only then can an earlier session have cancelled its timer.
+    pub fn before_open(&self, offset: u64) -> bool {
+        offset < self.replay_range.end
+    }
+
     /// Whether a copy of the timer of `offset` from the replay was handed out.
     pub fn handed_out(&self, offset: u64) -> bool {
         self.replay_seen.contains(&offset)
