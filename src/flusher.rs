@@ -106,8 +106,11 @@ impl Flusher {
         }
         write_atomically(&self.counts_path, &counts.encode(covered_below))?;
         self.counts_written = Instant::now();
-        if let Some(topics) = &self.topics {
-            topics.persist()?;
+        if let Some(topics) = &self.topics
+            && let Err(e) = topics.persist()
+        {
+            // Also an index: the next open recounts without it.
+            tracing::error!(error = %e, "could not write the pending counts per topic; the next open recounts");
         }
         Ok(())
     }
