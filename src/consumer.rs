@@ -269,14 +269,79 @@ impl Consumer {
     pub fn queue_len(&self) -> u64 {
         self.queue.len()
     }
+
+    /// The topic this consumer reads.
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+
+    /// The queue this consumer reads.
+    pub fn queue_id(&self) -> u32 {
+        self.queue.queue_id()
+    }
+}
+
+/// Up to `max` messages from any of `consumers`, taken in their order (the
+/// first consumer's first), waiting at most `timeout` for the first one
+/// (sleeping on all the queues at once, not spinning). Each message names
+/// its topic and queue, so the caller knows whose position moved.
+///
+/// Errors: those of [`Consumer::poll`], for the first consumer that meets one.
+pub fn poll_any(consumers: &mut [Consumer], max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let mut messages = Vec::new();
+        for consumer in consumers.iter_mut() {
+            if messages.len() >= max {
+                break;
+            }
+            messages.extend(consumer.poll(max - messages.len(), Duration::ZERO)?);
+        }
+        let left = deadline.saturating_duration_since(Instant::now());
+        if !messages.is_empty() || left.is_zero() || max == 0 || consumers.is_empty() {
+            return Ok(messages);
+        }
+        // A token on any queue means entries were appended after we looked.
+        let mut select = crossbeam_channel::Select::new();
+        for consumer in consumers.iter() {
+            select.recv(&consumer.wake);
+        }
+        match select.select_timeout(left) {
+            Ok(ready) => {
+                let index = ready.index();
+                let _ = ready.recv(&consumers[index].wake);
+            }
+            Err(_) => return Ok(Vec::new()),
+        }
+    }
 }
 
 /// Committed consumer offsets, kept in `consumer_offsets.json` (written whole:
 /// temp file, fsync, rename, directory fsync).
+///
+/// Two writers share the file (the flusher, and [`Store::sync_offsets`](crate::Store::sync_offsets)):
+/// every change counts a generation, and a snapshot older than the one on
+/// disk is never written, so the file only moves forward.
 pub(crate) struct OffsetStore {
     path: PathBuf,
-    offsets: Mutex<BTreeMap<(String, String, u32), u64>>,
+    offsets: Mutex<Offsets>,
     dirty: AtomicBool,
+    /// The generation on disk; held while writing, so writes do not overlap.
+    written: Mutex<u64>,
+}
+
+#[derive(Default)]
+struct Offsets {
+    by_queue: BTreeMap<(String, String, u32), u64>,
+    /// Counts the changes.
+    generation: u64,
+}
+
+/// The offsets at one generation, serialised.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct OffsetSnapshot {
+    generation: u64,
+    bytes: Vec<u8>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -295,7 +360,7 @@ struct CommittedOffset {
 
 impl OffsetStore {
     pub fn open(path: &Path) -> Result<Self> {
-        let mut offsets = BTreeMap::new();
+        let mut by_queue = BTreeMap::new();
         match std::fs::read(path) {
             Ok(bytes) => {
                 let file: OffsetsFile = serde_json::from_slice(&bytes).map_err(|e| {
@@ -310,36 +375,53 @@ impl OffsetStore {
                     });
                 }
                 for o in file.offsets {
-                    offsets.insert((o.group, o.topic, o.queue_id), o.offset);
+                    by_queue.insert((o.group, o.topic, o.queue_id), o.offset);
                 }
             }
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
             Err(e) => return Err(Error::io("read", path, e)),
         }
-        Ok(Self { path: path.to_path_buf(), offsets: Mutex::new(offsets), dirty: AtomicBool::new(false) })
+        Ok(Self {
+            path: path.to_path_buf(),
+            offsets: Mutex::new(Offsets { by_queue, generation: 0 }),
+            dirty: AtomicBool::new(false),
+            written: Mutex::new(0),
+        })
     }
 
     pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
         let key = (group.to_string(), topic.to_string(), queue_id);
-        self.offsets.lock().unwrap_or_else(|e| e.into_inner()).get(&key).copied()
+        self.lock().by_queue.get(&key).copied()
     }
 
     pub fn set(&self, group: &str, topic: &str, queue_id: u32, offset: u64) {
         let key = (group.to_string(), topic.to_string(), queue_id);
-        self.offsets.lock().unwrap_or_else(|e| e.into_inner()).insert(key, offset);
+        let mut offsets = self.lock();
+        offsets.by_queue.insert(key, offset);
+        offsets.generation += 1;
         self.dirty.store(true, Ordering::Release);
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Offsets> {
+        self.offsets.lock().unwrap_or_else(|e| e.into_inner())
     }
 
     /// The offsets as committed now, if anything changed since the last
     /// snapshot. The flusher takes it *before* syncing the log, so the offsets
     /// it writes never count entries whose records are not on disk.
-    pub fn snapshot(&self) -> Option<Vec<u8>> {
+    pub fn snapshot(&self) -> Option<OffsetSnapshot> {
         if !self.dirty.swap(false, Ordering::AcqRel) {
             return None;
         }
-        let file = {
-            let offsets = self.offsets.lock().unwrap_or_else(|e| e.into_inner());
+        Some(self.snapshot_now())
+    }
+
+    fn snapshot_now(&self) -> OffsetSnapshot {
+        let (file, generation) = {
+            let offsets = self.lock();
+            let generation = offsets.generation;
             let offsets = offsets
+                .by_queue
                 .iter()
                 .map(|((group, topic, queue_id), &offset)| CommittedOffset {
                     group: group.clone(),
@@ -348,18 +430,47 @@ impl OffsetStore {
                     offset,
                 })
                 .collect();
-            OffsetsFile { version: 1, offsets }
+            (OffsetsFile { version: 1, offsets }, generation)
         };
-        Some(serde_json::to_vec_pretty(&file).expect("offsets always serialise"))
+        let bytes = serde_json::to_vec_pretty(&file).expect("offsets always serialise");
+        OffsetSnapshot { generation, bytes }
     }
 
-    /// Writes a snapshot; on failure the offsets count as changed again.
-    pub fn write(&self, snapshot: &[u8]) -> Result<()> {
-        let result = write_atomically(&self.path, snapshot);
-        if result.is_err() {
-            self.dirty.store(true, Ordering::Release);
+    /// Writes a snapshot unless a newer one is on disk already; on failure
+    /// the offsets count as changed again.
+    pub fn write(&self, snapshot: &OffsetSnapshot) -> Result<()> {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        self.write_locked(&mut written, snapshot)
+    }
+
+    fn write_locked(&self, written: &mut u64, snapshot: &OffsetSnapshot) -> Result<()> {
+        if snapshot.generation <= *written {
+            return Ok(());
+        }
+        let result = write_atomically(&self.path, &snapshot.bytes);
+        match result {
+            Ok(()) => *written = (*written).max(snapshot.generation),
+            Err(_) => self.dirty.store(true, Ordering::Release),
         }
         result
+    }
+
+    /// Makes every offset committed before the call durable before it
+    /// returns. `sync_log` runs between the snapshot and the write, so the
+    /// file never counts entries whose records are not on disk.
+    pub fn sync(&self, sync_log: impl FnOnce() -> Result<()>) -> Result<()> {
+        let target = self.lock().generation;
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if *written >= target {
+            return Ok(());
+        }
+        self.dirty.store(false, Ordering::Release);
+        let snapshot = self.snapshot_now();
+        if let Err(e) = sync_log() {
+            self.dirty.store(true, Ordering::Release);
+            return Err(e);
+        }
+        self.write_locked(&mut written, &snapshot)
     }
 }
 
@@ -378,6 +489,26 @@ mod tests {
         let again = OffsetStore::open(&path).unwrap();
         assert_eq!(again.get("g", "T", 1), Some(42));
         assert_eq!(again.get("g", "T", 0), None);
+    }
+
+    #[test]
+    fn an_older_snapshot_never_overwrites_a_newer_sync() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        let store = OffsetStore::open(&path).unwrap();
+        store.set("g", "T", 0, 1);
+        // The flusher takes its snapshot, then syncs the log for a while ...
+        let flushers = store.snapshot().unwrap();
+        store.set("g", "T", 0, 2);
+        // ... while a server makes the newer offset durable ...
+        store.sync(|| Ok(())).unwrap();
+        // ... and then writes its older snapshot.
+        store.write(&flushers).unwrap();
+        assert_eq!(OffsetStore::open(&path).unwrap().get("g", "T", 0), Some(2));
+        // Nothing changed since the sync: a second one writes nothing.
+        std::fs::remove_file(&path).unwrap();
+        store.sync(|| Ok(())).unwrap();
+        assert!(!path.exists());
     }
 
     #[test]

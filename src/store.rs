@@ -468,6 +468,17 @@ impl Store {
         }
     }
 
+    /// Makes every consumer offset committed before the call durable before
+    /// it returns (the flusher otherwise writes them with its next cycle).
+    /// The log is synced first, so the offsets never count a message a power
+    /// loss could take back. A server that hands a message out and must
+    /// never hand it out again after a crash calls this in between.
+    ///
+    /// Errors: [`Error::Io`] naming the offsets file or a segment.
+    pub fn sync_offsets(&self) -> Result<()> {
+        self.offsets.sync(|| self.log.flush().map(drop))
+    }
+
     /// Runs one retention pass now (the retention thread also runs one every
     /// check interval): deletes the segments the policy allows, relocating
     /// their pending timers first, and the relocation windows whose timers
