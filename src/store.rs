@@ -378,6 +378,15 @@ impl Store {
         self.cancel(crate::sealed::unseal(self.handle_key()?, sealed)?)
     }
 
+    /// The handle `sealed` seals, if its tag was made with this store's key:
+    /// for [`reschedule`](Self::reschedule) or anything else a client may
+    /// ask of a timer it names.
+    ///
+    /// Errors: those of [`cancel_sealed`](Self::cancel_sealed) for a bad tag.
+    pub fn unseal(&self, sealed: SealedHandle) -> Result<Handle> {
+        crate::sealed::unseal(self.handle_key()?, sealed)
+    }
+
     fn handle_key(&self) -> Result<&[u8; 32]> {
         let key = self.config.handle_key.as_ref().map(|k| &k.0);
         key.ok_or_else(|| {

@@ -137,6 +137,8 @@ fn a_sealed_handle_cancels_and_a_forged_one_does_not() {
         format!("{}.{}", kept, cancelled.to_string().rsplit_once('.').unwrap().1).parse().unwrap();
     let err = store.cancel_sealed(forged).unwrap_err();
     assert!(err.to_string().contains("sealed handle tag"), "{err}");
+    assert!(store.unseal(forged).is_err(), "unseal checks the tag too");
+    assert_eq!(store.unseal(cancelled).unwrap(), cancelled.handle());
     assert_eq!(
         store.cancel_sealed(cancelled.to_string().parse().unwrap()).unwrap(),
         CancelOutcome::Cancelled
