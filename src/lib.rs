@@ -73,7 +73,7 @@ pub use consumer::{Consumer, poll_any};
 pub use error::{CorruptionKind, Error, Result};
 pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
-    MAX_TOPIC_LEN, Message, Receipt, RescheduleOutcome, Written,
+    MAX_TOPIC_LEN, Message, Receipt, RescheduleOutcome, Written, validate_topic,
 };
 pub use pending::PendingTimer;
 pub use retention::ReclaimReport;

@@ -477,6 +477,16 @@ impl Store {
         }
     }
 
+    /// The queues of every topic ([`Config::with_queues_per_topic`]).
+    pub fn queues_per_topic(&self) -> u32 {
+        self.config.queues_per_topic
+    }
+
+    /// The largest body a put accepts ([`Config::with_max_body_bytes`]).
+    pub fn max_body_bytes(&self) -> usize {
+        self.config.max_body_bytes()
+    }
+
     /// Makes every consumer offset committed before the call durable before
     /// it returns (the flusher otherwise writes them with its next cycle).
     /// The log is synced first, so the offsets never count a message a power

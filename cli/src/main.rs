@@ -6,6 +6,7 @@ mod ops;
 mod pending;
 mod perf;
 mod retention_sim;
+mod serve;
 
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -35,6 +36,8 @@ enum Command {
     Recover(ops::RecoverArgs),
     /// The pending timers of a store on disk due in [--from, --to), read-only.
     Pending(pending::PendingArgs),
+    /// The RocketMQ 5 gRPC endpoint and the HTTP endpoint over one store.
+    Serve(serve::ServeArgs),
     /// Weeks of steady traffic on a manual clock: what retention keeps and copies.
     RetentionSim(retention_sim::RetentionSimArgs),
 }
@@ -65,6 +68,7 @@ fn main() -> ExitCode {
         Command::Recover(args) => ops::recover(args),
         Command::Pending(args) => pending::run(args),
         Command::RetentionSim(args) => retention_sim::run(args),
+        Command::Serve(args) => serve::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,75 @@
+//! `delaywheel serve`: the RocketMQ 5 gRPC endpoint and the HTTP endpoint
+//! over one store, until SIGINT or SIGTERM (then the store is closed and the
+//! command exits 0).
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+
+use clap::Args;
+use delaywheel::Store;
+use delaywheel_server::{ServeOptions, Server, load_or_create_key, store_config};
+
+use crate::Failure;
+
+#[derive(Args, Debug)]
+pub struct ServeArgs {
+    /// The store directory (made if missing).
+    #[arg(long)]
+    dir: PathBuf,
+    /// The gRPC endpoint (RocketMQ 5's MessagingService). No authentication: loopback by default.
+    #[arg(long, default_value = "127.0.0.1:8081")]
+    listen: SocketAddr,
+    /// The HTTP endpoint: /metrics, /pending, /healthz.
+    #[arg(long, default_value = "127.0.0.1:8080")]
+    http: SocketAddr,
+}
+
+pub fn run(args: ServeArgs) -> Result<(), Failure> {
+    let runtime = tokio::runtime::Runtime::new()?;
+    runtime.block_on(serve(args))
+}
+
+async fn serve(args: ServeArgs) -> Result<(), Failure> {
+    let key = load_or_create_key_in(&args.dir)?;
+    let config = store_config(&args.dir);
+    let store = tokio::task::spawn_blocking(move || Store::open(config)).await??;
+    let truncated = store.recovery_report().truncated_bytes;
+    let server =
+        Server::bind(store, ServeOptions { listen: args.listen, http: Some(args.http), key }).await?;
+    // One line a script can wait for: where both endpoints are.
+    let http = server.http_addr().map_or_else(String::new, |a| a.to_string());
+    println!(
+        "{}",
+        serde_json::json!({
+            "grpc": server.grpc_addr().to_string(),
+            "http": http,
+            "dir": args.dir.display().to_string(),
+            "truncated_bytes": truncated,
+        })
+    );
+    server.run(stop_signal()).await?;
+    Ok(())
+}
+
+fn load_or_create_key_in(dir: &std::path::Path) -> Result<delaywheel_server::HandleKey, Failure> {
+    std::fs::create_dir_all(dir)
+        .map_err(|e| Failure::Run(format!("cannot create {}: {e}", dir.display())))?;
+    Ok(load_or_create_key(dir)?)
+}
+
+/// Completes on SIGINT or SIGTERM.
+async fn stop_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(term) => term,
+        Err(e) => {
+            tracing::error!(error = %e, "cannot watch SIGTERM; stopping on SIGINT only");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,140 @@
+//! The HTTP endpoint: `GET /metrics` (Prometheus text), `GET /pending`
+//! (the pending timers due in a window, as JSON) and `GET /healthz`.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use delaywheel::MAX_DELIVER_AT_MS;
+use serde_json::json;
+
+use crate::server::Shared;
+
+/// Default and largest `limit` of `/pending`.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 10_000;
+
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    Router::new()
+        .route("/healthz", get(healthz))
+        .route("/metrics", get(metrics))
+        .route("/pending", get(pending))
+        .with_state(shared)
+}
+
+/// A JSON error naming what was wrong.
+fn error(status: StatusCode, message: String) -> Response {
+    (status, axum::Json(json!({ "error": message }))).into_response()
+}
+
+async fn on_store<T: Send + 'static>(
+    shared: &Arc<Shared>,
+    work: impl FnOnce(&Shared) -> T + Send + 'static,
+) -> Result<T, Response> {
+    let shared = Arc::clone(shared);
+    tokio::task::spawn_blocking(move || work(&shared))
+        .await
+        .map_err(|e| error(StatusCode::INTERNAL_SERVER_ERROR, format!("the store task failed: {e}")))
+}
+
+async fn healthz(State(shared): State<Arc<Shared>>) -> Response {
+    match shared.store.health() {
+        Ok(()) => (StatusCode::OK, "ok\n").into_response(),
+        Err(e) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+    }
+}
+
+async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
+    let rendered =
+        on_store(&shared, |shared| shared.metrics.render(&shared.store.stats(), &shared.groups.lags())).await;
+    match rendered {
+        Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
+        Err(response) => response,
+    }
+}
+
+/// `from` and `to` (epoch ms, half-open, default: everything) and `limit`.
+fn window(query: &HashMap<String, String>) -> Result<(std::ops::Range<u64>, usize), String> {
+    let number = |name: &str, default: u64| match query.get(name) {
+        None => Ok(default),
+        Some(text) => {
+            text.parse::<u64>().map_err(|_| format!("{name}: {text:?} is not a non-negative integer"))
+        }
+    };
+    let from = number("from", 0)?;
+    let to = number("to", MAX_DELIVER_AT_MS + 1)?;
+    if from > to {
+        return Err(format!("from: {from} is after to ({to})"));
+    }
+    let limit = number("limit", DEFAULT_LIMIT as u64)?;
+    if limit == 0 || limit > MAX_LIMIT as u64 {
+        return Err(format!("limit: {limit} is not from 1 to {MAX_LIMIT}"));
+    }
+    if let Some(unknown) = query.keys().find(|k| !["from", "to", "limit"].contains(&k.as_str())) {
+        return Err(format!("{unknown}: not a parameter (from, to, limit)"));
+    }
+    Ok((from..to, limit as usize))
+}
+
+async fn pending(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let (window, limit) = match window(&query) {
+        Ok(asked) => asked,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    // One more than asked tells whether there are more.
+    let found = on_store(&shared, move |shared| shared.store.pending(window, limit + 1)).await;
+    let mut timers = match found {
+        Ok(Ok(timers)) => timers,
+        Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(response) => return response,
+    };
+    let more = timers.len() > limit;
+    timers.truncate(limit);
+    let timers: Vec<_> = timers
+        .iter()
+        .map(|t| {
+            json!({
+                "handle": t.handle.to_string(),
+                "topic": &*t.topic,
+                "queue": t.queue,
+                "key": t.key,
+                "deliver_at_ms": t.deliver_at_ms,
+                "level": t.delay_level,
+                "wheel_level": t.wheel_level,
+            })
+        })
+        .collect();
+    axum::Json(json!({ "timers": timers, "more": more })).into_response()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn query(pairs: &[(&str, &str)]) -> HashMap<String, String> {
+        pairs.iter().map(|(k, v)| (k.to_string(), v.to_string())).collect()
+    }
+
+    #[test]
+    fn a_bad_window_names_the_parameter() {
+        for (pairs, names) in [
+            (vec![("from", "x")], "from:"),
+            (vec![("to", "-1")], "to:"),
+            (vec![("from", "5"), ("to", "4")], "from:"),
+            (vec![("limit", "0")], "limit:"),
+            (vec![("limit", "10001")], "limit:"),
+            (vec![("form", "1")], "form:"),
+        ] {
+            let err = window(&query(&pairs)).unwrap_err();
+            assert!(err.starts_with(names), "{pairs:?}: {err}");
+        }
+        assert_eq!(window(&query(&[("from", "1"), ("to", "9"), ("limit", "3")])).unwrap(), (1..9, 3));
+    }
+}

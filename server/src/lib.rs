@@ -1,0 +1,35 @@
+//! delaywheel over the network: the part of RocketMQ 5's gRPC protocol
+//! (`apache.rocketmq.v2.MessagingService`) that producers and consumers use,
+//! so the official clients in any language talk to a delaywheel store
+//! unchanged, and an HTTP endpoint beside it (`/metrics`, `/pending`,
+//! `/healthz`).
+//!
+//! The endpoint has **no authentication** yet: it binds to loopback by
+//! default, and anyone who can reach it can send, receive and recall.
+//!
+//! How the protocol maps onto the store:
+//! - topics are created on first use; each has the store's queues;
+//! - a timed send is a timed put; the receipt's recall handle names the timer
+//!   (MAC'd with the server's key, so a client cannot make one up);
+//! - a received message is invisible for its invisible duration: receiving
+//!   puts a copy of it as a timer on the same wheel into the group's retry
+//!   topic, due when the duration ends; an ack cancels that timer, and
+//!   `ChangeInvisibleDuration` reschedules it. So an un-acked message comes
+//!   back once per expiry, across restarts too (see [`receive`]).
+
+#![warn(missing_docs)]
+
+mod error;
+mod handles;
+mod http;
+mod metrics;
+pub mod proto;
+pub mod receive;
+mod send;
+mod server;
+mod service;
+mod status;
+
+pub use error::ServeError;
+pub use handles::{HandleKey, load_or_create_key};
+pub use server::{ServeOptions, Server, store_config};

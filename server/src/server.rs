@@ -1,0 +1,231 @@
+//! Starting and stopping: one store, a gRPC listener and an optional HTTP
+//! listener; a stop ends the long polls and telemetry streams, lets the
+//! answers in flight finish, then closes the store.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+use delaywheel::{Config, FlushMode, Store};
+use tokio::net::TcpListener;
+use tokio::sync::watch;
+
+use crate::error::ServeError;
+use crate::handles::HandleKey;
+use crate::metrics::Metrics;
+use crate::proto::messaging_service_server::MessagingServiceServer;
+use crate::proto::{
+    Address, AddressScheme, Broker, Endpoints, ExponentialBackoff, MessageQueue, MessageType, Permission,
+    Resource, RetryPolicy, Settings, TelemetryCommand, retry_policy, settings, telemetry_command,
+};
+use crate::receive::{Groups, MAX_DELIVERY_ATTEMPTS};
+use crate::service::Service;
+use crate::status::ok;
+
+/// How long a stop waits for the answers in flight before closing the store anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// Where to listen.
+#[derive(Debug, Clone)]
+pub struct ServeOptions {
+    /// The gRPC endpoint (port 0 picks a free one).
+    pub listen: SocketAddr,
+    /// The HTTP endpoint, if any.
+    pub http: Option<SocketAddr>,
+    /// The key that tags recall and receipt handles ([`crate::load_or_create_key`]).
+    pub key: HandleKey,
+}
+
+/// The store configuration `delaywheel serve` uses for `dir`: sync flush, so
+/// an answered send is on disk.
+pub fn store_config(dir: &Path) -> Config {
+    Config::new(dir).with_flush_mode(FlushMode::Sync)
+}
+
+/// What the service, the HTTP handlers and the stop share.
+pub(crate) struct Shared {
+    pub store: Store,
+    pub groups: Groups,
+    pub metrics: Metrics,
+    pub key: HandleKey,
+    /// Set when the server stops: long polls return what they have.
+    pub stopping: AtomicBool,
+    stop: watch::Sender<bool>,
+    /// The address clients reach the gRPC endpoint at, for routes.
+    endpoint: SocketAddr,
+    /// Spreads sends over a topic's queues.
+    next_queue: AtomicU32,
+}
+
+impl Shared {
+    pub fn stop_signal(&self) -> watch::Receiver<bool> {
+        self.stop.subscribe()
+    }
+
+    pub fn next_queue(&self) -> u32 {
+        self.next_queue.fetch_add(1, Ordering::Relaxed) % self.store.queues_per_topic()
+    }
+
+    /// The queues of `topic`, all on this endpoint (`asked`: the address the client dialled, if it said).
+    pub fn queues(&self, topic: &str, asked: Option<Endpoints>) -> Vec<MessageQueue> {
+        let endpoints = asked.filter(|e| !e.addresses.is_empty()).unwrap_or_else(|| Endpoints {
+            scheme: if self.endpoint.is_ipv4() { AddressScheme::IPv4 } else { AddressScheme::IPv6 } as i32,
+            addresses: vec![Address {
+                host: self.endpoint.ip().to_string(),
+                port: i32::from(self.endpoint.port()),
+            }],
+        });
+        let broker = Broker { name: "delaywheel".to_string(), id: 0, endpoints: Some(endpoints) };
+        (0..self.store.queues_per_topic())
+            .map(|id| MessageQueue {
+                topic: Some(Resource { resource_namespace: String::new(), name: topic.to_string() }),
+                id: id as i32,
+                permission: Permission::ReadWrite as i32,
+                broker: Some(broker.clone()),
+                // FIFO and transactions are not supported: clients refuse to send them.
+                accept_message_types: vec![MessageType::Normal as i32, MessageType::Delay as i32],
+            })
+            .collect()
+    }
+
+    /// The answer to a client's settings: its own, with the server's limits and retry policy.
+    pub fn settings_reply(&self, mut settings: Settings) -> TelemetryCommand {
+        let backoff = |max_attempts: u32| RetryPolicy {
+            max_attempts: max_attempts as i32,
+            strategy: Some(retry_policy::Strategy::ExponentialBackoff(ExponentialBackoff {
+                initial: Some(prost_types::Duration { seconds: 0, nanos: 10_000_000 }),
+                max: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
+                multiplier: 2.0,
+            })),
+        };
+        match &mut settings.pub_sub {
+            Some(settings::PubSub::Publishing(publishing)) => {
+                publishing.max_body_size = self.store.max_body_bytes().min(i32::MAX as usize) as i32;
+                publishing.validate_message_type = true;
+                settings.backoff_policy = Some(backoff(3));
+            }
+            Some(settings::PubSub::Subscription(subscription)) => {
+                if let Some(group) =
+                    subscription.group.as_ref().filter(|g| crate::receive::check_group(&g.name, "").is_ok())
+                {
+                    self.groups.know(&group.name);
+                }
+                subscription.fifo = Some(false);
+                settings.backoff_policy = Some(backoff(MAX_DELIVERY_ATTEMPTS));
+            }
+            None => {}
+        }
+        TelemetryCommand { status: Some(ok()), command: Some(telemetry_command::Command::Settings(settings)) }
+    }
+}
+
+/// A server with its listeners bound, ready to [`run`](Self::run).
+pub struct Server {
+    shared: Arc<Shared>,
+    grpc: TcpListener,
+    http: Option<TcpListener>,
+}
+
+async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
+    TcpListener::bind(addr).await.map_err(|source| ServeError::Bind { addr, source })
+}
+
+impl Server {
+    /// Binds the listeners (so the caller learns the ports before serving).
+    pub async fn bind(store: Store, options: ServeOptions) -> Result<Self, ServeError> {
+        let grpc = bind(options.listen).await?;
+        let http = match options.http {
+            Some(addr) => Some(bind(addr).await?),
+            None => None,
+        };
+        let endpoint =
+            grpc.local_addr().map_err(|source| ServeError::Bind { addr: options.listen, source })?;
+        let shared = Arc::new(Shared {
+            store,
+            groups: Groups::default(),
+            metrics: Metrics::new(),
+            key: options.key,
+            stopping: AtomicBool::new(false),
+            stop: watch::channel(false).0,
+            endpoint,
+            next_queue: AtomicU32::new(0),
+        });
+        Ok(Self { shared, grpc, http })
+    }
+
+    /// The gRPC endpoint's address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.shared.endpoint
+    }
+
+    /// The HTTP endpoint's address, if it has one.
+    pub fn http_addr(&self) -> Option<SocketAddr> {
+        self.http.as_ref().and_then(|l| l.local_addr().ok())
+    }
+
+    /// Serves until `shutdown` completes, then stops as the module says and closes the store.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
+        let Self { shared, grpc, http } = self;
+        let stopped = shared.stop_signal();
+        let until_stopped = move || {
+            let mut stopped = stopped.clone();
+            async move {
+                let _ = stopped.wait_for(|stop| *stop).await;
+            }
+        };
+        let service = MessagingServiceServer::new(Service::new(Arc::clone(&shared)))
+            // A body at the limit, with room for the rest of the request.
+            .max_decoding_message_size(shared.store.max_body_bytes() + (1 << 20));
+        let grpc = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
+            tokio_stream::wrappers::TcpListenerStream::new(grpc),
+            until_stopped(),
+        );
+        let grpc = tokio::spawn(grpc);
+        let http = http.map(|listener| {
+            let app = crate::http::router(Arc::clone(&shared));
+            tokio::spawn(axum::serve(listener, app).with_graceful_shutdown(until_stopped()).into_future())
+        });
+        shutdown.await;
+        tracing::info!("stopping: ending long polls and streams, then closing the store");
+        shared.stopping.store(true, Ordering::Release);
+        let _ = shared.stop.send(true);
+        let grpc = grpc.await.map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?;
+        grpc.map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?;
+        if let Some(http) = http {
+            let served =
+                http.await.map_err(|e| ServeError::Serve { listener: "HTTP", reason: e.to_string() })?;
+            served.map_err(|e| ServeError::Serve { listener: "HTTP", reason: e.to_string() })?;
+        }
+        close(shared).await
+    }
+}
+
+/// Closes the store once the last task holding it let go.
+async fn close(mut shared: Arc<Shared>) -> Result<(), ServeError> {
+    let started = Instant::now();
+    loop {
+        match Arc::try_unwrap(shared) {
+            Ok(shared) => {
+                let store = shared.store;
+                return tokio::task::spawn_blocking(move || store.close())
+                    .await
+                    .map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?
+                    .map_err(ServeError::from);
+            }
+            Err(still_shared) if started.elapsed() < DRAIN_TIMEOUT => {
+                shared = still_shared;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(_) => {
+                // Dropping the store closes it when the last task ends.
+                tracing::warn!(
+                    "answers still in flight after {DRAIN_TIMEOUT:?}; the store closes when they end"
+                );
+                return Ok(());
+            }
+        }
+    }
+}

@@ -1,0 +1,572 @@
+//! The gRPC `MessagingService`: each RPC checks its request, runs the store
+//! work on the blocking pool (the runtime never waits on the store), and
+//! answers with the protocol's status codes.
+
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use delaywheel::{CancelOutcome, Clock, RescheduleOutcome, SystemClock};
+use tokio_stream::{Stream, StreamExt as _};
+use tonic::{Request, Response, Status as GrpcStatus, Streaming};
+
+use crate::proto::messaging_service_server::MessagingService;
+use crate::proto::*;
+use crate::receive::{Filter, Received, Request as ReceiveRequest, check_group};
+use crate::send::{self, check_topic, timestamp};
+use crate::server::Shared;
+use crate::status::{Refusal, ok, status_of};
+
+type Answer<T> = Result<Response<T>, GrpcStatus>;
+type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
+
+/// Longest long poll a receive may ask for.
+const MAX_LONG_POLL: Duration = Duration::from_secs(300);
+/// Long poll when the request names none (the clients' default).
+const DEFAULT_LONG_POLL: Duration = Duration::from_secs(20);
+/// Invisible durations accepted: RocketMQ's range.
+const INVISIBLE_RANGE: std::ops::RangeInclusive<Duration> =
+    Duration::from_secs(1)..=Duration::from_secs(12 * 3600);
+/// Most messages one receive hands out.
+const MAX_BATCH: i32 = 1024;
+
+/// The service over one store.
+pub(crate) struct Service {
+    shared: Arc<Shared>,
+}
+
+impl Service {
+    pub fn new(shared: Arc<Shared>) -> Self {
+        Self { shared }
+    }
+
+    /// Runs store work on the blocking pool.
+    async fn blocking<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&Shared) -> T + Send + 'static,
+    ) -> Result<T, GrpcStatus> {
+        let shared = Arc::clone(&self.shared);
+        tokio::task::spawn_blocking(move || work(&shared))
+            .await
+            .map_err(|e| GrpcStatus::internal(format!("the store task failed: {e}")))
+    }
+}
+
+fn unimplemented<T>(rpc: &str, why: &str) -> Answer<T> {
+    Err(GrpcStatus::unimplemented(format!("delaywheel does not implement {rpc}: {why}")))
+}
+
+fn topic_of(resource: &Option<Resource>) -> &str {
+    resource.as_ref().map_or("", |r| r.name.as_str())
+}
+
+fn duration_of(d: &prost_types::Duration) -> Option<Duration> {
+    (d.seconds >= 0 && (0..1_000_000_000).contains(&d.nanos))
+        .then(|| Duration::new(d.seconds as u64, d.nanos as u32))
+}
+
+fn proto_duration(d: Duration) -> prost_types::Duration {
+    prost_types::Duration { seconds: d.as_secs() as i64, nanos: d.subsec_nanos() as i32 }
+}
+
+#[tonic::async_trait]
+impl MessagingService for Service {
+    async fn query_route(&self, request: Request<QueryRouteRequest>) -> Answer<QueryRouteResponse> {
+        let request = request.into_inner();
+        let topic = topic_of(&request.topic).to_string();
+        if let Err(refusal) = check_topic(&topic, "topic.name") {
+            return Ok(Response::new(QueryRouteResponse {
+                status: Some(refusal.status()),
+                message_queues: vec![],
+            }));
+        }
+        // Topics are made on first use: every valid name has the store's queues.
+        let message_queues = self.shared.queues(&topic, request.endpoints);
+        Ok(Response::new(QueryRouteResponse { status: Some(ok()), message_queues }))
+    }
+
+    async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Answer<HeartbeatResponse> {
+        let request = request.into_inner();
+        let mut result = Ok(());
+        if let Some(group) = request.group.filter(|g| !g.name.is_empty()) {
+            result = check_group(&group.name, "group.name");
+            if result.is_ok() {
+                self.shared.groups.know(&group.name);
+            }
+        }
+        Ok(Response::new(HeartbeatResponse { status: Some(status_of(result)) }))
+    }
+
+    async fn send_message(&self, request: Request<SendMessageRequest>) -> Answer<SendMessageResponse> {
+        let request = request.into_inner();
+        let answer = self.blocking(move |shared| shared.send(request.messages)).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn query_assignment(
+        &self,
+        request: Request<QueryAssignmentRequest>,
+    ) -> Answer<QueryAssignmentResponse> {
+        let request = request.into_inner();
+        let topic = topic_of(&request.topic).to_string();
+        let checked = check_topic(&topic, "topic.name").and_then(|()| {
+            let group = topic_of(&request.group);
+            self.shared.groups.check(group, "group.name")
+        });
+        if let Err(refusal) = checked {
+            return Ok(Response::new(QueryAssignmentResponse {
+                status: Some(refusal.status()),
+                assignments: vec![],
+            }));
+        }
+        // One endpoint holds every queue: each client of the group is assigned all of them
+        // (receives share the queues safely, as the module `receive` says).
+        let assignments = self
+            .shared
+            .queues(&topic, request.endpoints)
+            .into_iter()
+            .map(|q| Assignment { message_queue: Some(q) });
+        Ok(Response::new(QueryAssignmentResponse { status: Some(ok()), assignments: assignments.collect() }))
+    }
+
+    type ReceiveMessageStream = Streamed<ReceiveMessageResponse>;
+
+    async fn receive_message(
+        &self,
+        request: Request<ReceiveMessageRequest>,
+    ) -> Answer<Self::ReceiveMessageStream> {
+        let request = request.into_inner();
+        let answers = match self.receive_request(&request) {
+            Err(refusal) => vec![ReceiveMessageResponse {
+                content: Some(receive_message_response::Content::Status(refusal.status())),
+            }],
+            Ok(receive) => {
+                let invisible = receive.invisible;
+                let received = self
+                    .blocking(move |shared| {
+                        (shared.groups.receive(&shared.store, &shared.stopping, &receive), receive)
+                    })
+                    .await?;
+                self.receive_answers(received.0, &received.1, invisible)
+            }
+        };
+        Ok(Response::new(Box::pin(tokio_stream::iter(answers.into_iter().map(Ok)))))
+    }
+
+    async fn ack_message(&self, request: Request<AckMessageRequest>) -> Answer<AckMessageResponse> {
+        let request = request.into_inner();
+        let group = topic_of(&request.group).to_string();
+        let topic = topic_of(&request.topic).to_string();
+        if let Err(refusal) =
+            check_topic(&topic, "topic.name").and_then(|()| self.shared.groups.check(&group, "group.name"))
+        {
+            return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
+        }
+        let answer = self.blocking(move |shared| shared.ack(&group, &topic, request.entries)).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn forward_message_to_dead_letter_queue(
+        &self,
+        _: Request<ForwardMessageToDeadLetterQueueRequest>,
+    ) -> Answer<ForwardMessageToDeadLetterQueueResponse> {
+        unimplemented(
+            "ForwardMessageToDeadLetterQueue",
+            "messages go to %DLQ%<group> after 16 attempts on their own",
+        )
+    }
+
+    type PullMessageStream = Streamed<PullMessageResponse>;
+
+    async fn pull_message(&self, _: Request<PullMessageRequest>) -> Answer<Self::PullMessageStream> {
+        unimplemented("PullMessage", "use ReceiveMessage (the SimpleConsumer and PushConsumer model)")
+    }
+
+    async fn update_offset(&self, _: Request<UpdateOffsetRequest>) -> Answer<UpdateOffsetResponse> {
+        unimplemented("UpdateOffset", "offsets move by acks")
+    }
+
+    async fn get_offset(&self, _: Request<GetOffsetRequest>) -> Answer<GetOffsetResponse> {
+        unimplemented("GetOffset", "offsets move by acks")
+    }
+
+    async fn query_offset(&self, _: Request<QueryOffsetRequest>) -> Answer<QueryOffsetResponse> {
+        unimplemented("QueryOffset", "offsets move by acks")
+    }
+
+    async fn end_transaction(&self, _: Request<EndTransactionRequest>) -> Answer<EndTransactionResponse> {
+        unimplemented("EndTransaction", "transactional messages are not supported")
+    }
+
+    type TelemetryStream = Streamed<TelemetryCommand>;
+
+    async fn telemetry(
+        &self,
+        request: Request<Streaming<TelemetryCommand>>,
+    ) -> Answer<Self::TelemetryStream> {
+        let mut inbound = request.into_inner();
+        let (replies, stream) = tokio::sync::mpsc::channel(8);
+        let shared = Arc::clone(&self.shared);
+        let mut stopping = shared.stop_signal();
+        tokio::spawn(async move {
+            loop {
+                let command = tokio::select! {
+                    command = inbound.next() => command,
+                    _ = stopping.wait_for(|stop| *stop) => None,
+                };
+                // The client closed the stream, broke it, or the server is stopping.
+                let Some(Ok(command)) = command else { break };
+                if let Some(telemetry_command::Command::Settings(settings)) = command.command
+                    && replies.send(Ok(shared.settings_reply(settings))).await.is_err()
+                {
+                    break;
+                }
+            }
+        });
+        Ok(Response::new(Box::pin(tokio_stream::wrappers::ReceiverStream::new(stream))))
+    }
+
+    async fn notify_client_termination(
+        &self,
+        request: Request<NotifyClientTerminationRequest>,
+    ) -> Answer<NotifyClientTerminationResponse> {
+        // Nothing to release: a client's unacked messages come back after their invisible duration.
+        let group = request.into_inner().group.map(|g| g.name).unwrap_or_default();
+        let result = if group.is_empty() { Ok(()) } else { check_group(&group, "group.name") };
+        Ok(Response::new(NotifyClientTerminationResponse { status: Some(status_of(result)) }))
+    }
+
+    async fn change_invisible_duration(
+        &self,
+        request: Request<ChangeInvisibleDurationRequest>,
+    ) -> Answer<ChangeInvisibleDurationResponse> {
+        let request = request.into_inner();
+        let answer = match self.change_request(&request) {
+            Err(refusal) => ChangeInvisibleDurationResponse {
+                status: Some(refusal.status()),
+                receipt_handle: String::new(),
+            },
+            Ok(invisible) => {
+                self.blocking(move |shared| shared.change_invisible(&request, invisible)).await?
+            }
+        };
+        Ok(Response::new(answer))
+    }
+
+    async fn recall_message(&self, request: Request<RecallMessageRequest>) -> Answer<RecallMessageResponse> {
+        let request = request.into_inner();
+        let answer = self.blocking(move |shared| shared.recall(&request)).await?;
+        Ok(Response::new(answer))
+    }
+
+    async fn sync_lite_subscription(
+        &self,
+        _: Request<SyncLiteSubscriptionRequest>,
+    ) -> Answer<SyncLiteSubscriptionResponse> {
+        unimplemented("SyncLiteSubscription", "lite topics are not supported")
+    }
+}
+
+impl Service {
+    fn receive_request(&self, request: &ReceiveMessageRequest) -> Result<ReceiveRequest, Refusal> {
+        let group = topic_of(&request.group).to_string();
+        self.shared.groups.check(&group, "group.name")?;
+        let queue = request.message_queue.as_ref();
+        let topic = queue.map_or("", |q| topic_of(&q.topic)).to_string();
+        check_topic(&topic, "message_queue.topic.name")?;
+        if !(1..=MAX_BATCH).contains(&request.batch_size) {
+            return Err(Refusal::field(
+                Code::BadRequest,
+                "batch_size",
+                format!("{} is not from 1 to {MAX_BATCH}", request.batch_size),
+            ));
+        }
+        let invisible = request.invisible_duration.as_ref().and_then(duration_of);
+        let invisible = invisible.filter(|d| INVISIBLE_RANGE.contains(d)).ok_or_else(|| {
+            Refusal::field(
+                Code::IllegalInvisibleTime,
+                "invisible_duration",
+                "missing, or not from 1 s to 12 h",
+            )
+        })?;
+        let wait = match &request.long_polling_timeout {
+            None => DEFAULT_LONG_POLL,
+            Some(d) => duration_of(d).filter(|d| *d <= MAX_LONG_POLL).ok_or_else(|| {
+                Refusal::field(
+                    Code::IllegalPollingTime,
+                    "long_polling_timeout",
+                    "negative, or longer than 300 s",
+                )
+            })?,
+        };
+        let filter = match &request.filter_expression {
+            Some(f) if f.r#type == FilterType::Sql as i32 => {
+                return Err(Refusal::field(
+                    Code::IllegalFilterExpression,
+                    "filter_expression",
+                    "SQL filters are not supported",
+                ));
+            }
+            Some(f) => Filter::parse(&f.expression),
+            None => Filter::All,
+        };
+        Ok(ReceiveRequest { group, topic, max: request.batch_size as usize, invisible, wait, filter })
+    }
+
+    fn receive_answers(
+        &self,
+        received: Result<Vec<Received>, Refusal>,
+        request: &ReceiveRequest,
+        invisible: Duration,
+    ) -> Vec<ReceiveMessageResponse> {
+        use receive_message_response::Content;
+        let received = match received {
+            Ok(received) => received,
+            Err(refusal) => {
+                return vec![ReceiveMessageResponse { content: Some(Content::Status(refusal.status())) }];
+            }
+        };
+        let now_ms = SystemClock.now_ms();
+        let metrics = &self.shared.metrics;
+        let mut answers = Vec::with_capacity(received.len() + 2);
+        for r in &received {
+            metrics.received.increment(1);
+            match (r.origin.attempt, r.origin.deliver_at_ms) {
+                (1, Some(due)) => metrics.receive_lateness.record(now_ms.saturating_sub(due) as f64 / 1000.0),
+                (1, None) => {}
+                _ => metrics.redelivered.increment(1),
+            }
+            let receipt = self.shared.key.receipt_handle(&request.group, &request.topic, r.timer);
+            answers.push(ReceiveMessageResponse {
+                content: Some(Content::Message(to_proto(r, receipt, invisible))),
+            });
+        }
+        let status = if received.is_empty() {
+            Refusal::new(Code::MessageNotFound, "no new message").status()
+        } else {
+            ok()
+        };
+        answers.push(ReceiveMessageResponse { content: Some(Content::Status(status)) });
+        answers.push(ReceiveMessageResponse { content: Some(Content::DeliveryTimestamp(timestamp(now_ms))) });
+        answers
+    }
+
+    fn change_request(&self, request: &ChangeInvisibleDurationRequest) -> Result<Duration, Refusal> {
+        check_topic(topic_of(&request.topic), "topic.name")?;
+        self.shared.groups.check(topic_of(&request.group), "group.name")?;
+        let invisible = request.invisible_duration.as_ref().and_then(duration_of);
+        invisible.filter(|d| INVISIBLE_RANGE.contains(d)).ok_or_else(|| {
+            Refusal::field(
+                Code::IllegalInvisibleTime,
+                "invisible_duration",
+                "missing, or not from 1 s to 12 h",
+            )
+        })
+    }
+}
+
+/// The protocol message for a handed-out message.
+fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Message {
+    use crate::send::property;
+    let message = &received.message;
+    let origin = &received.origin;
+    let mut user_properties = std::collections::HashMap::new();
+    let mut get = std::collections::HashMap::new();
+    for (name, value) in message.properties() {
+        if name.starts_with("__") {
+            get.insert(name.as_str(), value.as_str());
+        } else {
+            user_properties.insert(name.clone(), value.clone());
+        }
+    }
+    let keys = get.get(property::KEYS).map(|k| k.split(' ').map(String::from).collect()).unwrap_or_default();
+    let gzip = get.get(property::ENCODING) == Some(&"gzip");
+    let born_ms = get.get(property::BORN_MS).and_then(|v| v.parse().ok()).unwrap_or(origin.store_ms);
+    let system = SystemProperties {
+        tag: message.tags().map(String::from),
+        keys,
+        message_id: get.get(property::MESSAGE_ID).map_or_else(String::new, |v| v.to_string()),
+        body_digest: None,
+        body_encoding: if gzip { Encoding::Gzip } else { Encoding::Identity } as i32,
+        message_type: if origin.deliver_at_ms.is_some() { MessageType::Delay } else { MessageType::Normal }
+            as i32,
+        born_timestamp: Some(timestamp(born_ms)),
+        born_host: get.get(property::BORN_HOST).map_or_else(String::new, |v| v.to_string()),
+        store_timestamp: Some(timestamp(origin.store_ms)),
+        store_host: "delaywheel".to_string(),
+        delivery_timestamp: origin.deliver_at_ms.map(timestamp),
+        receipt_handle: Some(receipt),
+        queue_id: origin.queue_id as i32,
+        queue_offset: Some(origin.queue_offset as i64),
+        invisible_duration: Some(proto_duration(invisible)),
+        delivery_attempt: Some(origin.attempt as i32),
+        ..Default::default()
+    };
+    Message {
+        topic: Some(Resource { resource_namespace: String::new(), name: origin.topic.clone() }),
+        user_properties,
+        system_properties: Some(system),
+        body: message.body().to_vec(),
+    }
+}
+
+impl Shared {
+    fn send(&self, messages: Vec<Message>) -> SendMessageResponse {
+        let levels = self.store.delay_levels().len();
+        let max_body = self.store.max_body_bytes();
+        let mut outgoing = Vec::with_capacity(messages.len());
+        for message in messages {
+            let queue = self.next_queue();
+            match send::to_store(message, max_body, levels, queue) {
+                Ok(out) => outgoing.push(out),
+                Err(refusal) => {
+                    // Nothing of a request is stored unless all of it is.
+                    self.metrics.send_refusals.increment(1);
+                    return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
+                }
+            }
+        }
+        if outgoing.is_empty() {
+            let refusal = Refusal::field(Code::BadRequest, "messages", "empty");
+            return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
+        }
+        let ids: Vec<_> = outgoing.iter().map(|o| (o.message_id.clone(), o.topic.clone(), o.timed)).collect();
+        let receipts = match self.store.put_batch(outgoing.into_iter().map(|o| o.message)) {
+            Ok(receipts) => receipts,
+            Err(e) => {
+                self.metrics.send_refusals.increment(ids.len() as u64);
+                return SendMessageResponse { status: Some(Refusal::from(e).status()), entries: vec![] };
+            }
+        };
+        let entries = ids.into_iter().zip(receipts).map(|((message_id, topic, timed), receipt)| {
+            self.metrics.sends.increment(1);
+            let recall_handle = match receipt.handle().filter(|_| timed) {
+                Some(handle) => {
+                    self.metrics.timed_sends.increment(1);
+                    self.key.recall_handle(&topic, handle, &message_id)
+                }
+                None => String::new(),
+            };
+            SendResultEntry {
+                status: Some(ok()),
+                message_id,
+                transaction_id: String::new(),
+                offset: receipt.offset() as i64,
+                recall_handle,
+            }
+        });
+        SendMessageResponse { status: Some(ok()), entries: entries.collect() }
+    }
+
+    fn recall(&self, request: &RecallMessageRequest) -> RecallMessageResponse {
+        let answer = |status, message_id| RecallMessageResponse { status: Some(status), message_id };
+        let topic = topic_of(&request.topic);
+        if let Err(refusal) = check_topic(topic, "topic.name") {
+            return answer(refusal.status(), String::new());
+        }
+        let (handle, message_id) = match self.key.open_recall(topic, &request.recall_handle) {
+            Ok(opened) => opened,
+            Err(why) => {
+                return answer(
+                    Refusal::field(Code::BadRequest, "recall_handle", why).status(),
+                    String::new(),
+                );
+            }
+        };
+        let status = match self.store.cancel(handle) {
+            Ok(CancelOutcome::Cancelled) => {
+                self.metrics.recalls.increment(1);
+                ok()
+            }
+            Ok(CancelOutcome::AlreadyDelivered) => {
+                Refusal::field(Code::PreconditionFailed, "recall_handle", "the message was already delivered")
+                    .status()
+            }
+            Ok(CancelOutcome::NotFound) => {
+                Refusal::field(Code::NotFound, "recall_handle", "names no timed message").status()
+            }
+            Err(e) => Refusal::from(e).status(),
+        };
+        answer(status, message_id)
+    }
+
+    fn ack(&self, group: &str, topic: &str, entries: Vec<AckMessageEntry>) -> AckMessageResponse {
+        let mut all_ok = true;
+        let results: Vec<_> = entries
+            .into_iter()
+            .map(|entry| {
+                let status = status_of(self.ack_one(group, topic, &entry.receipt_handle));
+                all_ok &= status.code == Code::Ok as i32;
+                AckMessageResultEntry {
+                    message_id: entry.message_id,
+                    receipt_handle: entry.receipt_handle,
+                    status: Some(status),
+                }
+            })
+            .collect();
+        let status = if all_ok || results.len() == 1 {
+            results.first().and_then(|r| r.status.clone()).unwrap_or_else(ok)
+        } else {
+            Refusal::new(Code::MultipleResults, "some entries were not acked: see each entry's status")
+                .status()
+        };
+        AckMessageResponse { status: Some(status), entries: results }
+    }
+
+    fn ack_one(&self, group: &str, topic: &str, receipt: &str) -> Result<(), Refusal> {
+        let timer = self
+            .key
+            .open_receipt(group, topic, receipt)
+            .map_err(|why| Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why))?;
+        match self.store.cancel(timer)? {
+            CancelOutcome::Cancelled => {
+                self.metrics.acks.increment(1);
+                Ok(())
+            }
+            CancelOutcome::AlreadyDelivered => Err(Refusal::field(
+                Code::InvalidReceiptHandle,
+                "receipt_handle",
+                "expired: the invisible duration ended and the message was handed out again",
+            )),
+            CancelOutcome::NotFound => {
+                Err(Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", "names no received message"))
+            }
+        }
+    }
+
+    fn change_invisible(
+        &self,
+        request: &ChangeInvisibleDurationRequest,
+        invisible: Duration,
+    ) -> ChangeInvisibleDurationResponse {
+        let (group, topic) = (topic_of(&request.group), topic_of(&request.topic));
+        let result = self
+            .key
+            .open_receipt(group, topic, &request.receipt_handle)
+            .map_err(|why| Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why))
+            .and_then(|timer| {
+                let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
+                match self.store.reschedule(timer, due)? {
+                    RescheduleOutcome::Rescheduled => Ok(()),
+                    RescheduleOutcome::AlreadyDelivered => Err(Refusal::field(
+                        Code::InvalidReceiptHandle,
+                        "receipt_handle",
+                        "expired: the message was handed out again",
+                    )),
+                    RescheduleOutcome::Cancelled => Err(Refusal::field(
+                        Code::InvalidReceiptHandle,
+                        "receipt_handle",
+                        "the message was acked",
+                    )),
+                    RescheduleOutcome::NotFound => Err(Refusal::field(
+                        Code::InvalidReceiptHandle,
+                        "receipt_handle",
+                        "names no received message",
+                    )),
+                }
+            });
+        // The timer keeps its handle when rescheduled, so the receipt stays the same.
+        let receipt_handle = if result.is_ok() { request.receipt_handle.clone() } else { String::new() };
+        ChangeInvisibleDurationResponse { status: Some(status_of(result)), receipt_handle }
+    }
+}

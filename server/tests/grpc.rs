@@ -1,0 +1,317 @@
+//! A tonic client from the same `.proto` against an in-process server on an
+//! ephemeral port: send, timed send, recall, receive, ack, invisibility, and
+//! the answers to bad requests.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use delaywheel::Store;
+use delaywheel_server::proto::messaging_service_client::MessagingServiceClient;
+use delaywheel_server::proto::*;
+use delaywheel_server::{HandleKey, ServeOptions, Server, store_config};
+use tonic::transport::Channel;
+
+struct Running {
+    client: MessagingServiceClient<Channel>,
+    http: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<Result<(), delaywheel_server::ServeError>>,
+}
+
+async fn start(dir: &std::path::Path) -> Running {
+    let config = store_config(dir).with_queues_per_topic(2);
+    let store = Store::open(config).unwrap();
+    let options = ServeOptions {
+        listen: "127.0.0.1:0".parse().unwrap(),
+        http: Some("127.0.0.1:0".parse().unwrap()),
+        key: HandleKey::from_bytes([3; 32]),
+    };
+    let server = Server::bind(store, options).await.unwrap();
+    let (grpc, http) = (server.grpc_addr(), server.http_addr().unwrap());
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let served = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    let client = MessagingServiceClient::connect(format!("http://{grpc}")).await.unwrap();
+    Running { client, http, stop, served }
+}
+
+impl Running {
+    async fn stop(self) {
+        drop(self.client);
+        self.stop.send(()).unwrap();
+        self.served.await.unwrap().unwrap();
+    }
+}
+
+fn resource(name: &str) -> Option<Resource> {
+    Some(Resource { resource_namespace: String::new(), name: name.to_string() })
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn timestamp(ms: i64) -> prost_types::Timestamp {
+    prost_types::Timestamp { seconds: ms.div_euclid(1000), nanos: (ms.rem_euclid(1000) * 1_000_000) as i32 }
+}
+
+fn message(topic: &str, id: &str, body: &str, deliver_at_ms: Option<i64>) -> Message {
+    Message {
+        topic: resource(topic),
+        user_properties: [("color".to_string(), "blue".to_string())].into(),
+        system_properties: Some(SystemProperties {
+            message_id: id.to_string(),
+            keys: vec!["order-1".to_string()],
+            tag: Some("created".to_string()),
+            message_type: if deliver_at_ms.is_some() { MessageType::Delay } else { MessageType::Normal }
+                as i32,
+            delivery_timestamp: deliver_at_ms.map(timestamp),
+            body_encoding: Encoding::Identity as i32,
+            ..Default::default()
+        }),
+        body: body.as_bytes().to_vec(),
+    }
+}
+
+async fn send(client: &mut MessagingServiceClient<Channel>, messages: Vec<Message>) -> SendMessageResponse {
+    client.send_message(SendMessageRequest { messages }).await.unwrap().into_inner()
+}
+
+fn code(status: &Option<Status>) -> Code {
+    Code::try_from(status.as_ref().unwrap().code).unwrap()
+}
+
+async fn heartbeat(client: &mut MessagingServiceClient<Channel>, group: &str) {
+    let request = HeartbeatRequest { group: resource(group), client_type: ClientType::SimpleConsumer as i32 };
+    let answer = client.heartbeat(request).await.unwrap().into_inner();
+    assert_eq!(code(&answer.status), Code::Ok);
+}
+
+/// The messages and the status of one receive.
+async fn receive(
+    client: &mut MessagingServiceClient<Channel>,
+    group: &str,
+    topic: &str,
+    invisible: Duration,
+    wait: Duration,
+) -> (Vec<Message>, Status) {
+    let request = ReceiveMessageRequest {
+        group: resource(group),
+        message_queue: Some(MessageQueue { topic: resource(topic), ..Default::default() }),
+        filter_expression: Some(FilterExpression { r#type: FilterType::Tag as i32, expression: "*".into() }),
+        batch_size: 32,
+        invisible_duration: Some(prost_types::Duration { seconds: invisible.as_secs() as i64, nanos: 0 }),
+        auto_renew: false,
+        long_polling_timeout: Some(prost_types::Duration { seconds: wait.as_secs() as i64, nanos: 0 }),
+        attempt_id: None,
+    };
+    let mut stream = client.receive_message(request).await.unwrap().into_inner();
+    let (mut messages, mut status) = (Vec::new(), None);
+    while let Some(answer) = stream.message().await.unwrap() {
+        match answer.content.unwrap() {
+            receive_message_response::Content::Message(m) => messages.push(m),
+            receive_message_response::Content::Status(s) => status = Some(s),
+            receive_message_response::Content::DeliveryTimestamp(_) => {}
+        }
+    }
+    (messages, status.expect("a receive always ends with a status"))
+}
+
+async fn ack(client: &mut MessagingServiceClient<Channel>, group: &str, topic: &str, m: &Message) -> Code {
+    let system = m.system_properties.as_ref().unwrap();
+    let entry = AckMessageEntry {
+        message_id: system.message_id.clone(),
+        receipt_handle: system.receipt_handle.clone().unwrap(),
+    };
+    let request = AckMessageRequest { group: resource(group), topic: resource(topic), entries: vec![entry] };
+    code(&client.ack_message(request).await.unwrap().into_inner().status)
+}
+
+fn body(m: &Message) -> &str {
+    std::str::from_utf8(&m.body).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn send_timed_send_recall_receive_and_ack() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+
+    let route =
+        client.query_route(QueryRouteRequest { topic: resource("Orders"), endpoints: None }).await.unwrap();
+    let route = route.into_inner();
+    assert_eq!(code(&route.status), Code::Ok);
+    assert_eq!(route.message_queues.len(), 2, "the store's queues per topic");
+
+    let sent = send(client, vec![message("Orders", "n1", "normal", None)]).await;
+    assert_eq!(code(&sent.status), Code::Ok);
+    assert!(sent.entries[0].recall_handle.is_empty(), "a normal message has nothing to recall");
+    let due = now_ms() as i64 + 1_500;
+    let timed = send(
+        client,
+        vec![message("Orders", "t1", "timed", Some(due)), message("Orders", "t2", "recalled", Some(due))],
+    )
+    .await;
+    assert_eq!(code(&timed.status), Code::Ok);
+    let recall = RecallMessageRequest {
+        topic: resource("Orders"),
+        recall_handle: timed.entries[1].recall_handle.clone(),
+    };
+    let recalled = client.recall_message(recall.clone()).await.unwrap().into_inner();
+    assert_eq!((code(&recalled.status), recalled.message_id.as_str()), (Code::Ok, "t2"));
+
+    heartbeat(client, "G").await;
+    let (first, status) =
+        receive(client, "G", "Orders", Duration::from_secs(2), Duration::from_secs(5)).await;
+    assert_eq!(code(&Some(status)), Code::Ok);
+    assert_eq!(first.iter().map(body).collect::<Vec<_>>(), ["normal"]);
+    let system = first[0].system_properties.as_ref().unwrap();
+    assert_eq!((system.message_id.as_str(), system.delivery_attempt), ("n1", Some(1)));
+    assert_eq!(
+        (system.tag.as_deref(), system.keys.as_slice()),
+        (Some("created"), &["order-1".to_string()][..])
+    );
+    assert_eq!(first[0].user_properties.get("color").map(String::as_str), Some("blue"));
+    assert!(
+        !first[0].user_properties.keys().any(|k| k.starts_with("__")),
+        "the server's properties stay inside"
+    );
+
+    // The timed one arrives at its time, not before; the recalled one never.
+    let (second, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(second.iter().map(body).collect::<Vec<_>>(), ["timed"]);
+    assert!(now_ms() as i64 >= due);
+    assert_eq!(ack(client, "G", "Orders", &second[0]).await, Code::Ok);
+    assert_eq!(ack(client, "G", "Orders", &second[0]).await, Code::Ok, "an ack repeated changes nothing");
+    // Recalling a delivered message says so.
+    let late = RecallMessageRequest {
+        topic: resource("Orders"),
+        recall_handle: timed.entries[0].recall_handle.clone(),
+    };
+    assert_eq!(
+        code(&client.recall_message(late).await.unwrap().into_inner().status),
+        Code::PreconditionFailed
+    );
+
+    // "normal" was not acked: it comes back after 2 s, as attempt 2; acking the old receipt is refused.
+    let (again, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(again.iter().map(body).collect::<Vec<_>>(), ["normal"]);
+    assert_eq!(again[0].system_properties.as_ref().unwrap().delivery_attempt, Some(2));
+    assert_eq!(
+        ack(client, "G", "Orders", &first[0]).await,
+        Code::InvalidReceiptHandle,
+        "the first receipt expired"
+    );
+    assert_eq!(ack(client, "G", "Orders", &again[0]).await, Code::Ok);
+    // Another group reads the topic from the start, on its own.
+    heartbeat(client, "H").await;
+    let (other, _) = receive(client, "H", "Orders", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(other.iter().map(body).collect::<Vec<_>>(), ["normal", "timed"]);
+    // A receipt of group H does not ack for G.
+    assert_eq!(ack(client, "G", "Orders", &other[0]).await, Code::InvalidReceiptHandle);
+    let (nothing, status) =
+        receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert!(nothing.is_empty());
+    assert_eq!(code(&Some(status)), Code::MessageNotFound);
+
+    let (_, metrics) = http_get(server.http, "/metrics").await;
+    assert!(metrics.contains("delaywheel_grpc_acks_total 3"), "{metrics}");
+    assert!(
+        metrics.contains("delaywheel_consumer_lag_messages{group=\"G\",topic=\"Orders\",queue=\"0\"} 0"),
+        "{metrics}"
+    );
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn change_invisible_duration_moves_the_redelivery() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    send(client, vec![message("Jobs", "j1", "job", None)]).await;
+    heartbeat(client, "G").await;
+    let (got, _) = receive(client, "G", "Jobs", Duration::from_secs(1), Duration::from_secs(5)).await;
+    let system = got[0].system_properties.as_ref().unwrap();
+    let change = ChangeInvisibleDurationRequest {
+        group: resource("G"),
+        topic: resource("Jobs"),
+        receipt_handle: system.receipt_handle.clone().unwrap(),
+        invisible_duration: Some(prost_types::Duration { seconds: 3600, nanos: 0 }),
+        message_id: "j1".into(),
+    };
+    let changed = client.change_invisible_duration(change).await.unwrap().into_inner();
+    assert_eq!(code(&changed.status), Code::Ok);
+    assert_eq!(Some(changed.receipt_handle), system.receipt_handle, "the receipt stays valid");
+    // Without the change it would be back after 1 s.
+    let (none, _) = receive(client, "G", "Jobs", Duration::from_secs(1), Duration::from_secs(3)).await;
+    assert!(none.is_empty(), "invisible for an hour now");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_name_the_field_and_store_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    let mut oversized = message("Orders", "big", "", None);
+    oversized.body = vec![b'x'; 4 << 20 | 1];
+    let mut no_id = message("Orders", "", "b", None);
+    no_id.system_properties.as_mut().unwrap().message_id.clear();
+    let mut reserved = message("Orders", "r", "b", None);
+    reserved.user_properties.insert("__MSGID".into(), "x".into());
+    let mut fifo = message("Orders", "f", "b", None);
+    fifo.system_properties.as_mut().unwrap().message_group = Some("g".into());
+    let cases = [
+        (message("bad topic!", "a", "b", None), Code::IllegalTopic, "topic.name"),
+        (message("%RETRY%G|Orders", "a", "b", None), Code::IllegalTopic, "topic.name"),
+        (message("Orders", "a", "b", Some(-1_000)), Code::IllegalDeliveryTime, "before 1970"),
+        (message("Orders", "a", "b", Some(253_402_300_800_000)), Code::IllegalDeliveryTime, "9999"),
+        (message("Orders", "a", "", None), Code::MessageBodyEmpty, "body"),
+        (oversized, Code::MessageBodyTooLarge, "body"),
+        (no_id, Code::IllegalMessageId, "message_id"),
+        (reserved, Code::IllegalMessagePropertyKey, "__MSGID"),
+        (fifo, Code::Unsupported, "FIFO"),
+    ];
+    for (bad, want, names) in cases {
+        // A good message first: nothing of a request is stored unless all of it is.
+        let answer = send(client, vec![message("Orders", "good", "good", None), bad]).await;
+        let status = answer.status.unwrap();
+        assert_eq!(Code::try_from(status.code).unwrap(), want, "{}", status.message);
+        assert!(status.message.contains(names), "{names}: {}", status.message);
+    }
+    let recall =
+        |handle: &str| RecallMessageRequest { topic: resource("Orders"), recall_handle: handle.to_string() };
+    for garbage in ["", "r1.1.2.3", "r1.0.1796174066000.3caef89d3f645ae70aa6929aa2cb5657.id", "\u{0}\u{ff}"] {
+        let answer = client.recall_message(recall(garbage)).await.unwrap().into_inner();
+        let status = answer.status.unwrap();
+        assert_eq!(Code::try_from(status.code).unwrap(), Code::BadRequest, "{garbage:?}");
+        assert!(status.message.starts_with("recall_handle: "), "{}", status.message);
+    }
+    // A group no client declared.
+    let (_, status) =
+        receive(client, "Nobody", "Orders", Duration::from_secs(5), Duration::from_secs(1)).await;
+    assert_eq!(Code::try_from(status.code).unwrap(), Code::ConsumerGroupNotFound, "{}", status.message);
+    heartbeat(client, "G").await;
+    let (got, _) = receive(client, "G", "Orders", Duration::from_secs(5), Duration::from_secs(1)).await;
+    assert!(got.is_empty(), "no refused request stored anything");
+    // An RPC delaywheel does not implement says so.
+    let refused = client.end_transaction(EndTransactionRequest {}).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unimplemented);
+    assert!(refused.message().contains("transactional messages are not supported"), "{}", refused.message());
+    // The HTTP side: a bad window is a 400 naming the parameter.
+    let (status, text) = http_get(server.http, "/pending?from=soon").await;
+    assert!(status.contains("400") && text.contains("from:"), "{status} {text}");
+    server.stop().await;
+}
+
+/// A bare HTTP/1.1 GET: the status line and the body.
+async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
+    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).await.unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
+    (head.lines().next().unwrap().to_string(), body.to_string())
+}

@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# The real-client test of `delaywheel serve`: builds the binary, makes a
+# Python venv with the official RocketMQ 5 client (from PyPI), and runs
+# test_serve.py against a server it starts itself. `.ci/run` runs this.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+
+venv=target/rocketmq-venv
+if [[ ! -x $venv/bin/python ]] || ! $venv/bin/python -c 'import rocketmq' 2>/dev/null; then
+  python3 -m venv "$venv"
+  "$venv/bin/pip" install --quiet --disable-pip-version-check -r tools/rocketmq-client/requirements.txt
+fi
+cargo build --release --quiet -p delaywheel-cli
+exec "$venv/bin/python" tools/rocketmq-client/test_serve.py target/release/delaywheel "$@"
