@@ -261,6 +261,34 @@ impl Store {
     /// disk within the put timeout: the timer will not fire, unless a power
     /// loss takes the cancel record first (cancelling again is harmless).
     pub fn cancel(&self, handle: Handle) -> Result<CancelOutcome> {
+        let outcome = self.cancel_unsynced(handle)?;
+        if outcome == CancelOutcome::Cancelled && self.config.flush_mode == FlushMode::Sync {
+            // The cancel record is appended: the answer holds once it is durable.
+            self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
+        }
+        Ok(outcome)
+    }
+
+    /// [`cancel`](Self::cancel) for many timers, answered in order. In sync
+    /// mode the call waits once, for all the cancel records together (as
+    /// [`put_batch`](Self::put_batch) does for messages), instead of once per
+    /// timer. Each cancel is independent: an error stops the batch, and the
+    /// timers before it are cancelled (cancelling them again is harmless).
+    ///
+    /// Errors: those of `cancel`.
+    pub fn cancel_batch(&self, handles: &[Handle]) -> Result<Vec<CancelOutcome>> {
+        let outcomes =
+            handles.iter().map(|&handle| self.cancel_unsynced(handle)).collect::<Result<Vec<_>>>()?;
+        let last_cancelled =
+            handles.iter().zip(&outcomes).rev().find(|(_, o)| **o == CancelOutcome::Cancelled);
+        if let (Some((&handle, _)), FlushMode::Sync) = (last_cancelled, self.config.flush_mode) {
+            self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
+        }
+        Ok(outcomes)
+    }
+
+    /// A cancel whose record is appended, not yet waited for.
+    fn cancel_unsynced(&self, handle: Handle) -> Result<CancelOutcome> {
         if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
             return Err(Error::Closed);
         }
@@ -268,12 +296,7 @@ impl Store {
             return Ok(CancelOutcome::NotFound);
         }
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
-        let outcome = self.scheduler.cancel(timer)?;
-        if outcome == CancelOutcome::Cancelled && self.config.flush_mode == FlushMode::Sync {
-            // The cancel record is appended: the answer holds once it is durable.
-            self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
-        }
-        Ok(outcome)
+        self.scheduler.cancel(timer)
     }
 
     /// Moves the timer `handle` names to `deliver_at_ms` (epoch ms; a time in

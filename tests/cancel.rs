@@ -129,3 +129,34 @@ fn a_repeated_cancel_after_the_time_passed_and_a_restart_still_answers_cancelled
         store.close().unwrap();
     }
 }
+
+#[test]
+fn cancel_batch_answers_each_in_order_and_the_cancelled_never_fire() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config =
+        small_config(dir.path()).with_clock(clock.clone()).with_flush_mode(delaywheel::FlushMode::Sync);
+    let store = Store::open(config.clone()).unwrap();
+    let fired = put_timer(&store, "fired", T0 + 1_000);
+    let kept = put_timer(&store, "kept", T0 + 5_000);
+    let batch: Vec<Handle> = (0..100).map(|i| put_timer(&store, &format!("c{i}"), T0 + 2_000 + i)).collect();
+    clock.set_ms(T0 + 1_000);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&consumer.poll(1, Duration::from_secs(5)).unwrap()), ["fired"]);
+    let unknown = Handle { offset: 1, deliver_at_ms: T0 };
+    let mut handles = vec![fired, unknown];
+    handles.extend(&batch);
+    let outcomes = store.cancel_batch(&handles).unwrap();
+    assert_eq!(outcomes[..2], [CancelOutcome::AlreadyDelivered, CancelOutcome::NotFound]);
+    assert!(outcomes[2..].iter().all(|o| *o == CancelOutcome::Cancelled));
+    drop(consumer);
+    store.close().unwrap();
+
+    let store = Store::open(config).unwrap();
+    clock.set_ms(T0 + 10_000);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    consumer.seek(1);
+    assert_eq!(bodies(&drain_idle(&mut consumer, 101, Duration::from_millis(500))), ["kept"]);
+    assert_eq!(store.cancel_batch(&[kept]).unwrap(), [CancelOutcome::AlreadyDelivered]);
+    assert!(store.cancel_batch(&[]).unwrap().is_empty());
+}

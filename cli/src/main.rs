@@ -2,6 +2,7 @@
 //! `cargo run --release` runs `demo`. Command-line contracts: `../shared/design.md` §6.
 
 mod demo;
+mod grpc_load;
 mod ops;
 mod pending;
 mod perf;
@@ -38,6 +39,8 @@ enum Command {
     Pending(pending::PendingArgs),
     /// The RocketMQ 5 gRPC endpoint and the HTTP endpoint over one store.
     Serve(serve::ServeArgs),
+    /// Timed sends through a running `serve` from concurrent gRPC clients: rate and lateness.
+    GrpcLoad(grpc_load::GrpcLoadArgs),
     /// Weeks of steady traffic on a manual clock: what retention keeps and copies.
     RetentionSim(retention_sim::RetentionSimArgs),
 }
@@ -69,6 +72,7 @@ fn main() -> ExitCode {
         Command::Pending(args) => pending::run(args),
         Command::RetentionSim(args) => retention_sim::run(args),
         Command::Serve(args) => serve::run(args),
+        Command::GrpcLoad(args) => grpc_load::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

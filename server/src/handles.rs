@@ -118,7 +118,12 @@ fn parse_timer<'a>(parts: &mut impl Iterator<Item = &'a str>) -> Result<(Handle,
 }
 
 fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    use std::fmt::Write as _;
+    let mut text = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        let _ = write!(text, "{b:02x}");
+    }
+    text
 }
 
 /// The server's handle key for the store in `dir`: read from

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use delaywheel::{Config, FlushMode, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
+use tokio_stream::StreamExt as _;
 
 use crate::error::ServeError;
 use crate::handles::HandleKey;
@@ -179,10 +180,16 @@ impl Server {
         let service = MessagingServiceServer::new(Service::new(Arc::clone(&shared)))
             // A body at the limit, with room for the rest of the request.
             .max_decoding_message_size(shared.store.max_body_bytes() + (1 << 20));
-        let grpc = tonic::transport::Server::builder().add_service(service).serve_with_incoming_shutdown(
-            tokio_stream::wrappers::TcpListenerStream::new(grpc),
-            until_stopped(),
-        );
+        // Small answers go out at once: without TCP_NODELAY, Nagle's algorithm and
+        // the client's delayed ACK hold each one for up to 40 ms.
+        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|accepted| {
+            let stream = accepted?;
+            stream.set_nodelay(true)?;
+            Ok::<_, std::io::Error>(stream)
+        });
+        let grpc = tonic::transport::Server::builder()
+            .add_service(service)
+            .serve_with_incoming_shutdown(incoming, until_stopped());
         let grpc = tokio::spawn(grpc);
         let http = http.map(|listener| {
             let app = crate::http::router(Arc::clone(&shared));

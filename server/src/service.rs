@@ -491,11 +491,31 @@ impl Shared {
     }
 
     fn ack(&self, group: &str, topic: &str, entries: Vec<AckMessageEntry>) -> AckMessageResponse {
+        // Every receipt is checked first; the valid ones are cancelled in one batch (one wait for the disk).
+        let opened: Vec<_> = entries
+            .iter()
+            .map(|e| {
+                self.key
+                    .open_receipt(group, topic, &e.receipt_handle)
+                    .map_err(|why| Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why))
+            })
+            .collect();
+        let timers: Vec<_> = opened.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
+        let mut outcomes = match self.store.cancel_batch(&timers) {
+            Ok(outcomes) => outcomes.into_iter(),
+            Err(e) => {
+                let refusal = Refusal::from(e);
+                return AckMessageResponse { status: Some(refusal.status()), entries: vec![] };
+            }
+        };
         let mut all_ok = true;
         let results: Vec<_> = entries
             .into_iter()
-            .map(|entry| {
-                let status = status_of(self.ack_one(group, topic, &entry.receipt_handle));
+            .zip(opened)
+            .map(|(entry, opened)| {
+                let acked =
+                    opened.and_then(|_| self.ack_outcome(outcomes.next().expect("one outcome per timer")));
+                let status = status_of(acked);
                 all_ok &= status.code == Code::Ok as i32;
                 AckMessageResultEntry {
                     message_id: entry.message_id,
@@ -513,12 +533,8 @@ impl Shared {
         AckMessageResponse { status: Some(status), entries: results }
     }
 
-    fn ack_one(&self, group: &str, topic: &str, receipt: &str) -> Result<(), Refusal> {
-        let timer = self
-            .key
-            .open_receipt(group, topic, receipt)
-            .map_err(|why| Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why))?;
-        match self.store.cancel(timer)? {
+    fn ack_outcome(&self, outcome: CancelOutcome) -> Result<(), Refusal> {
+        match outcome {
             CancelOutcome::Cancelled => {
                 self.metrics.acks.increment(1);
                 Ok(())

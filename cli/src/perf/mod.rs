@@ -105,7 +105,7 @@ enum FlushArg {
 }
 
 /// `A..B` (end excluded) or `A..=B` (end included), as a half-open pair.
-fn parse_range(s: &str) -> Result<(u64, u64), String> {
+pub(crate) fn parse_range(s: &str) -> Result<(u64, u64), String> {
     let (a, b, inclusive) = if let Some((a, b)) = s.split_once("..=") {
         (a, b, true)
     } else if let Some((a, b)) = s.split_once("..") {
