@@ -34,6 +34,11 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// `Cancelled` once a cancel record is in the log, or `AlreadyDelivered`.
     fn cancel(&self, timer: Timer) -> Result<CancelOutcome>;
 
+    /// [`cancel`](Self::cancel) for each of `timers`, answered in order.
+    fn cancel_many(&self, timers: &[Timer]) -> Result<Vec<CancelOutcome>> {
+        timers.iter().map(|&timer| self.cancel(timer)).collect()
+    }
+
     /// Moves `timer` (a timed message record the caller checked, or the
     /// latest reschedule of it) to `deliver_at_ms`, once a reschedule record is in the log.
     fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome>;

@@ -272,13 +272,28 @@ impl Store {
     /// [`cancel`](Self::cancel) for many timers, answered in order. In sync
     /// mode the call waits once, for all the cancel records together (as
     /// [`put_batch`](Self::put_batch) does for messages), instead of once per
-    /// timer. Each cancel is independent: an error stops the batch, and the
-    /// timers before it are cancelled (cancelling them again is harmless).
+    /// timer, and the ticking thread decides them all in one go. An error
+    /// (the store closing) may leave some cancelled: cancelling again is harmless.
     ///
     /// Errors: those of `cancel`.
     pub fn cancel_batch(&self, handles: &[Handle]) -> Result<Vec<CancelOutcome>> {
-        let outcomes =
-            handles.iter().map(|&handle| self.cancel_unsynced(handle)).collect::<Result<Vec<_>>>()?;
+        if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
+            return Err(Error::Closed);
+        }
+        let found: Vec<bool> = handles.iter().map(|&handle| self.is_timer(handle)).collect();
+        let timers: Vec<Timer> = (handles.iter().zip(&found))
+            .filter(|(_, found)| **found)
+            .map(|(h, _)| Timer { deliver_at_ms: h.deliver_at_ms, message_offset: h.offset })
+            .collect();
+        // The ticking thread decides them all before the first answer is awaited.
+        let mut decided = self.scheduler.cancel_many(&timers)?.into_iter();
+        let outcomes: Vec<CancelOutcome> = found
+            .iter()
+            .map(|found| match found {
+                true => decided.next().expect("one answer per timer"),
+                false => CancelOutcome::NotFound,
+            })
+            .collect();
         let last_cancelled =
             handles.iter().zip(&outcomes).rev().find(|(_, o)| **o == CancelOutcome::Cancelled);
         if let (Some((&handle, _)), FlushMode::Sync) = (last_cancelled, self.config.flush_mode) {

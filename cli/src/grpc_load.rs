@@ -45,6 +45,12 @@ pub struct GrpcLoadArgs {
     /// Body bytes.
     #[arg(long, default_value_t = 128)]
     body_bytes: usize,
+    /// The topic (default: a new one per run, `GrpcLoad<ms>`); the group is `<topic>Group`.
+    #[arg(long)]
+    topic: Option<String>,
+    /// How long a received message stays invisible before it comes back unless acked.
+    #[arg(long, default_value_t = 300)]
+    invisible_secs: i64,
     /// Only send (the timers stay pending): the send rate alone.
     #[arg(long)]
     no_receive: bool,
@@ -87,7 +93,7 @@ struct Seen {
 
 async fn load(args: GrpcLoadArgs) -> Result<(), Failure> {
     let args = Arc::new(args);
-    let topic = format!("GrpcLoad{}", now_ms());
+    let topic = args.topic.clone().unwrap_or_else(|| format!("GrpcLoad{}", now_ms()));
     let group = format!("{topic}Group");
     let mut client = connect(&args.endpoint).await?;
     let heartbeat =
@@ -246,7 +252,7 @@ async fn receive(
             message_queue: Some(MessageQueue { topic: resource(&topic), ..Default::default() }),
             filter_expression: None,
             batch_size: 1024,
-            invisible_duration: Some(prost_types::Duration { seconds: 300, nanos: 0 }),
+            invisible_duration: Some(prost_types::Duration { seconds: args.invisible_secs, nanos: 0 }),
             auto_renew: false,
             long_polling_timeout: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
             attempt_id: None,

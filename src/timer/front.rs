@@ -68,6 +68,23 @@ impl SchedulerFront for WheelFront {
         self.ask(|reply| WheelCommand::Control(timer, Control::Cancel(reply)))?
     }
 
+    fn cancel_many(&self, timers: &[Timer]) -> Result<Vec<CancelOutcome>> {
+        // All asked before any answer is awaited: the ticking thread takes
+        // them in one go, and the caller waits once, not once per timer.
+        let answers = timers
+            .iter()
+            .map(|&timer| {
+                let (reply, answer) = crossbeam_channel::bounded(1);
+                self.send(WheelCommand::Control(timer, Control::Cancel(reply))).map_err(|_| Error::Closed)?;
+                Ok(answer)
+            })
+            .collect::<Result<Vec<_>>>()?;
+        answers
+            .into_iter()
+            .map(|answer| answer.recv_timeout(self.timeout).map_err(|_| Error::Closed)?)
+            .collect()
+    }
+
     fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome> {
         self.ask(|reply| WheelCommand::Control(timer, Control::Reschedule(deliver_at_ms, reply)))?
     }
