@@ -34,8 +34,11 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let config = store_config(&args.dir);
     let store = tokio::task::spawn_blocking(move || Store::open(config)).await??;
     let truncated = store.recovery_report().truncated_bytes;
-    let server =
-        Server::bind(store, ServeOptions { listen: args.listen, http: Some(args.http), key }).await?;
+    let server = Server::bind(
+        store,
+        ServeOptions { listen: args.listen, http: Some(args.http), ..ServeOptions::loopback(key) },
+    )
+    .await?;
     // One line a script can wait for: where both endpoints are.
     let http = server.http_addr().map_or_else(String::new, |a| a.to_string());
     println!(

@@ -17,8 +17,10 @@
 //! handed out again (its timer is cancelled and the position is on disk), a
 //! message not acked comes back once per expiry, and a crash between steps 1
 //! and 2 can only hand out again a message no client has seen. After
-//! [`MAX_DELIVERY_ATTEMPTS`] the message goes to the group's dead-letter
-//! topic `%DLQ%<group>` instead.
+//! [`MAX_DELIVERY_ATTEMPTS`] hand-outs (or as configured) the message goes to
+//! the group's dead-letter topic `%DLQ%<group>` instead, as a plain message
+//! with the retry properties (where it came from, and the attempt it would
+//! have been).
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -133,8 +135,8 @@ impl Origin {
         }
     }
 
-    /// A copy of `message` for `topic`, remembering this origin, for the attempt after this one.
-    fn copy(&self, message: &ConsumedMessage, topic: String) -> StoreMessage {
+    /// A copy of `message` for `topic`, remembering this origin and `attempt`.
+    fn copy(&self, message: &ConsumedMessage, topic: String, attempt: u32) -> StoreMessage {
         let mut copy = StoreMessage::new(topic, message.body().clone()).queue_id(0);
         if let Some(tags) = message.tags() {
             copy = copy.tags(tags);
@@ -152,7 +154,7 @@ impl Origin {
             .property(property::QUEUE, self.queue_id.to_string())
             .property(property::QUEUE_OFFSET, self.queue_offset.to_string())
             .property(property::STORE_MS, self.store_ms.to_string())
-            .property(property::ATTEMPT, (self.attempt + 1).to_string());
+            .property(property::ATTEMPT, attempt.to_string());
         match self.deliver_at_ms {
             Some(at) => copy.property(property::DELIVER_MS, at.to_string()),
             None => copy,
@@ -164,8 +166,8 @@ impl Origin {
 type Readers = Arc<Mutex<Vec<Consumer>>>;
 
 /// The consumer groups this server knows, and their readers.
-#[derive(Default)]
 pub struct Groups {
+    max_delivery_attempts: u32,
     /// Groups a client declared (by its settings or a heartbeat).
     known: Mutex<HashSet<String>>,
     readers: Mutex<HashMap<(String, String), Readers>>,
@@ -180,6 +182,16 @@ pub(crate) struct Lag {
 }
 
 impl Groups {
+    /// No groups yet; a message handed out `max_delivery_attempts` times
+    /// goes to the dead-letter topic instead of coming back again.
+    pub(crate) fn new(max_delivery_attempts: u32) -> Self {
+        Self { max_delivery_attempts, known: Mutex::default(), readers: Mutex::default() }
+    }
+
+    pub(crate) fn max_delivery_attempts(&self) -> u32 {
+        self.max_delivery_attempts
+    }
+
     /// Records that a client of `group` exists.
     pub(crate) fn know(&self, group: &str) {
         let mut known = self.known.lock().unwrap_or_else(|e| e.into_inner());
@@ -258,12 +270,15 @@ impl Groups {
         let (live, dead): (Vec<_>, Vec<_>) = wanted
             .into_iter()
             .map(|m| (Origin::of(&m), m))
-            .partition(|(o, _)| o.attempt <= MAX_DELIVERY_ATTEMPTS);
+            .partition(|(o, _)| o.attempt <= self.max_delivery_attempts);
         let due = SystemClock.now_ms().saturating_add(request.invisible.as_millis() as u64);
         let retry = retry_topic(&request.group, &request.topic);
-        let timers = live.iter().map(|(origin, m)| origin.copy(m, retry.clone()).deliver_at_ms(due));
-        let dead_letters =
-            dead.iter().map(|(origin, m)| origin.copy(m, format!("{DLQ_PREFIX}{}", request.group)));
+        let timers = live
+            .iter()
+            .map(|(origin, m)| origin.copy(m, retry.clone(), origin.attempt + 1).deliver_at_ms(due));
+        let dead_letters = dead
+            .iter()
+            .map(|(origin, m)| origin.copy(m, format!("{DLQ_PREFIX}{}", request.group), origin.attempt));
         let receipts = match store.put_batch(timers.chain(dead_letters).collect::<Vec<_>>()) {
             Ok(receipts) => receipts,
             Err(e) => {

@@ -38,6 +38,17 @@ pub struct ServeOptions {
     pub http: Option<SocketAddr>,
     /// The key that tags recall and receipt handles ([`crate::load_or_create_key`]).
     pub key: HandleKey,
+    /// Hand-outs of one message before it goes to its group's dead-letter
+    /// topic instead ([`crate::receive::MAX_DELIVERY_ATTEMPTS`] is RocketMQ's default).
+    pub max_delivery_attempts: u32,
+}
+
+impl ServeOptions {
+    /// Both listeners on loopback (ports 0: free ones), RocketMQ's 16 attempts.
+    pub fn loopback(key: HandleKey) -> Self {
+        let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
+        Self { listen: any_port, http: Some(any_port), key, max_delivery_attempts: MAX_DELIVERY_ATTEMPTS }
+    }
 }
 
 /// The store configuration `delaywheel serve` uses for `dir`: sync flush, so
@@ -115,7 +126,7 @@ impl Shared {
                     self.groups.know(&group.name);
                 }
                 subscription.fifo = Some(false);
-                settings.backoff_policy = Some(backoff(MAX_DELIVERY_ATTEMPTS));
+                settings.backoff_policy = Some(backoff(self.groups.max_delivery_attempts()));
             }
             None => {}
         }
@@ -146,7 +157,7 @@ impl Server {
             grpc.local_addr().map_err(|source| ServeError::Bind { addr: options.listen, source })?;
         let shared = Arc::new(Shared {
             store,
-            groups: Groups::default(),
+            groups: Groups::new(options.max_delivery_attempts),
             metrics: Metrics::new(),
             key: options.key,
             stopping: AtomicBool::new(false),

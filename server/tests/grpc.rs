@@ -18,13 +18,12 @@ struct Running {
 }
 
 async fn start(dir: &std::path::Path) -> Running {
+    start_with(dir, ServeOptions::loopback(HandleKey::from_bytes([3; 32]))).await
+}
+
+async fn start_with(dir: &std::path::Path, options: ServeOptions) -> Running {
     let config = store_config(dir).with_queues_per_topic(2);
     let store = Store::open(config).unwrap();
-    let options = ServeOptions {
-        listen: "127.0.0.1:0".parse().unwrap(),
-        http: Some("127.0.0.1:0".parse().unwrap()),
-        key: HandleKey::from_bytes([3; 32]),
-    };
     let server = Server::bind(store, options).await.unwrap();
     let (grpc, http) = (server.grpc_addr(), server.http_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel();
@@ -301,6 +300,71 @@ async fn bad_requests_name_the_field_and_store_nothing() {
     // The HTTP side: a bad window is a 400 naming the parameter.
     let (status, text) = http_get(server.http, "/pending?from=soon").await;
     assert!(status.contains("400") && text.contains("from:"), "{status} {text}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_the_last_attempt_a_message_goes_to_the_dead_letter_topic() {
+    let dir = tempfile::tempdir().unwrap();
+    let options =
+        ServeOptions { max_delivery_attempts: 2, ..ServeOptions::loopback(HandleKey::from_bytes([3; 32])) };
+    let mut server = start_with(dir.path(), options).await;
+    let client = &mut server.client;
+    send(client, vec![message("Jobs", "p1", "poison", None)]).await;
+    heartbeat(client, "G").await;
+    for attempt in 1..=2 {
+        let (got, _) = receive(client, "G", "Jobs", Duration::from_secs(1), Duration::from_secs(5)).await;
+        assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["poison"], "attempt {attempt}");
+        assert_eq!(got[0].system_properties.as_ref().unwrap().delivery_attempt, Some(attempt));
+    }
+    // Not acked twice: it does not come a third time.
+    let (none, _) = receive(client, "G", "Jobs", Duration::from_secs(1), Duration::from_secs(3)).await;
+    assert!(none.is_empty());
+    server.stop().await;
+    let store = Store::open(store_config(dir.path()).with_queues_per_topic(2)).unwrap();
+    let mut dead = store.consumer("%DLQ%G", 0).unwrap();
+    let letters = dead.poll(10, Duration::from_secs(1)).unwrap();
+    assert_eq!(letters.iter().map(|m| &m.body()[..]).collect::<Vec<_>>(), [&b"poison"[..]]);
+    let attempt = letters[0].properties().iter().find(|(k, _)| k == "__ATTEMPT").map(|(_, v)| v.as_str());
+    assert_eq!(attempt, Some("3"), "the attempt it would have been");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_legacy_delay_level_and_a_dropped_receive() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    let mut legacy = message("Orders", "l1", "level-1", None);
+    legacy.user_properties.insert("DELAY".into(), "1".into());
+    let sent_at = now_ms();
+    let sent = send(client, vec![legacy]).await;
+    assert_eq!(code(&sent.status), Code::Ok);
+    assert!(!sent.entries[0].recall_handle.is_empty(), "a level is a timer too");
+    heartbeat(client, "G").await;
+    // A client that goes away mid-receive loses nothing: the message comes
+    // now, or after its invisible duration.
+    let request = ReceiveMessageRequest {
+        group: resource("G"),
+        message_queue: Some(MessageQueue { topic: resource("Orders"), ..Default::default() }),
+        filter_expression: None,
+        batch_size: 1,
+        invisible_duration: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
+        auto_renew: false,
+        long_polling_timeout: Some(prost_types::Duration { seconds: 5, nanos: 0 }),
+        attempt_id: None,
+    };
+    drop(client.receive_message(request).await.unwrap());
+    let (got, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(10)).await;
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["level-1"]);
+    let system = got[0].system_properties.as_ref().unwrap();
+    assert_eq!(system.message_type, MessageType::Delay as i32);
+    let due = system.delivery_timestamp.as_ref().unwrap();
+    let due_ms = due.seconds as u64 * 1000 + due.nanos as u64 / 1_000_000;
+    assert!(due_ms >= sent_at + 1_000 && now_ms() >= due_ms, "level 1 is 1 s after the send");
+    let mut bad = message("Orders", "l2", "b", None);
+    bad.user_properties.insert("DELAY".into(), "19".into());
+    let refused = send(client, vec![bad]).await;
+    assert_eq!(code(&refused.status), Code::IllegalDeliveryTime);
     server.stop().await;
 }
 
