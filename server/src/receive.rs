@@ -247,13 +247,20 @@ impl Groups {
             let mut consumers = readers.lock().unwrap_or_else(|e| e.into_inner());
             let received = self.take(store, &mut consumers, request, left.min(WAIT_SLICE))?;
             drop(consumers);
-            if !received.is_empty() || left <= WAIT_SLICE || stopping.load(Ordering::Acquire) {
+            if !received.is_empty() {
+                // Outside the group's lock, so the next receive polls meanwhile. Once this
+                // returns, the messages are the timers' to bring back, never the queues'.
+                store.sync_offsets()?;
+                return Ok(received);
+            }
+            if left <= WAIT_SLICE || stopping.load(Ordering::Acquire) {
                 return Ok(received);
             }
         }
     }
 
-    /// One wait of a receive: polls, puts the invisibility timers, commits.
+    /// One wait of a receive: polls, puts the invisibility timers, commits
+    /// the positions (in memory: the caller makes them durable).
     fn take(
         &self,
         store: &Store,
@@ -287,9 +294,8 @@ impl Groups {
                 return Err(e.into());
             }
         };
+        // Made durable by the caller, before it answers.
         consumers.iter().for_each(Consumer::commit);
-        // Once this returns, the messages are the timers' to bring back, never the queues'.
-        store.sync_offsets()?;
         let received = live.into_iter().zip(receipts).map(|((origin, message), receipt)| {
             let timer = receipt.handle().expect("an invisibility timer is a timed message");
             Received { message, origin, timer }
