@@ -365,6 +365,11 @@ impl Service {
     }
 }
 
+/// A receipt handle that acks or changes nothing, and why.
+fn bad_receipt(why: impl std::fmt::Display) -> Refusal {
+    Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why)
+}
+
 /// The protocol message for a handed-out message.
 fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Message {
     use crate::send::property;
@@ -494,11 +499,7 @@ impl Shared {
         // Every receipt is checked first; the valid ones are cancelled in one batch (one wait for the disk).
         let opened: Vec<_> = entries
             .iter()
-            .map(|e| {
-                self.key
-                    .open_receipt(group, topic, &e.receipt_handle)
-                    .map_err(|why| Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why))
-            })
+            .map(|e| self.key.open_receipt(group, topic, &e.receipt_handle).map_err(bad_receipt))
             .collect();
         let timers: Vec<_> = opened.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
         let mut outcomes = match self.store.cancel_batch(&timers) {
@@ -539,14 +540,10 @@ impl Shared {
                 self.metrics.acks.increment(1);
                 Ok(())
             }
-            CancelOutcome::AlreadyDelivered => Err(Refusal::field(
-                Code::InvalidReceiptHandle,
-                "receipt_handle",
-                "expired: the invisible duration ended and the message was handed out again",
-            )),
-            CancelOutcome::NotFound => {
-                Err(Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", "names no received message"))
+            CancelOutcome::AlreadyDelivered => {
+                Err(bad_receipt("expired: the invisible duration ended and the message was handed out again"))
             }
+            CancelOutcome::NotFound => Err(bad_receipt("names no received message")),
         }
     }
 
@@ -556,31 +553,20 @@ impl Shared {
         invisible: Duration,
     ) -> ChangeInvisibleDurationResponse {
         let (group, topic) = (topic_of(&request.group), topic_of(&request.topic));
-        let result = self
-            .key
-            .open_receipt(group, topic, &request.receipt_handle)
-            .map_err(|why| Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why))
-            .and_then(|timer| {
-                let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
-                match self.store.reschedule(timer, due)? {
-                    RescheduleOutcome::Rescheduled => Ok(()),
-                    RescheduleOutcome::AlreadyDelivered => Err(Refusal::field(
-                        Code::InvalidReceiptHandle,
-                        "receipt_handle",
-                        "expired: the message was handed out again",
-                    )),
-                    RescheduleOutcome::Cancelled => Err(Refusal::field(
-                        Code::InvalidReceiptHandle,
-                        "receipt_handle",
-                        "the message was acked",
-                    )),
-                    RescheduleOutcome::NotFound => Err(Refusal::field(
-                        Code::InvalidReceiptHandle,
-                        "receipt_handle",
-                        "names no received message",
-                    )),
-                }
-            });
+        let result =
+            self.key.open_receipt(group, topic, &request.receipt_handle).map_err(bad_receipt).and_then(
+                |timer| {
+                    let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
+                    match self.store.reschedule(timer, due)? {
+                        RescheduleOutcome::Rescheduled => Ok(()),
+                        RescheduleOutcome::AlreadyDelivered => {
+                            Err(bad_receipt("expired: the message was handed out again"))
+                        }
+                        RescheduleOutcome::Cancelled => Err(bad_receipt("the message was acked")),
+                        RescheduleOutcome::NotFound => Err(bad_receipt("names no received message")),
+                    }
+                },
+            );
         // The timer keeps its handle when rescheduled, so the receipt stays the same.
         let receipt_handle = if result.is_ok() { request.receipt_handle.clone() } else { String::new() };
         ChangeInvisibleDurationResponse { status: Some(status_of(result)), receipt_handle }

@@ -86,15 +86,9 @@ async fn heartbeat(client: &mut MessagingServiceClient<Channel>, group: &str) {
     assert_eq!(code(&answer.status), Code::Ok);
 }
 
-/// The messages and the status of one receive.
-async fn receive(
-    client: &mut MessagingServiceClient<Channel>,
-    group: &str,
-    topic: &str,
-    invisible: Duration,
-    wait: Duration,
-) -> (Vec<Message>, Status) {
-    let request = ReceiveMessageRequest {
+/// A receive of up to 32 messages of any tag.
+fn receive_request(group: &str, topic: &str, invisible: Duration, wait: Duration) -> ReceiveMessageRequest {
+    ReceiveMessageRequest {
         group: resource(group),
         message_queue: Some(MessageQueue { topic: resource(topic), ..Default::default() }),
         filter_expression: Some(FilterExpression { r#type: FilterType::Tag as i32, expression: "*".into() }),
@@ -103,7 +97,18 @@ async fn receive(
         auto_renew: false,
         long_polling_timeout: Some(prost_types::Duration { seconds: wait.as_secs() as i64, nanos: 0 }),
         attempt_id: None,
-    };
+    }
+}
+
+/// The messages and the status of one receive.
+async fn receive(
+    client: &mut MessagingServiceClient<Channel>,
+    group: &str,
+    topic: &str,
+    invisible: Duration,
+    wait: Duration,
+) -> (Vec<Message>, Status) {
+    let request = receive_request(group, topic, invisible, wait);
     let mut stream = client.receive_message(request).await.unwrap().into_inner();
     let (mut messages, mut status) = (Vec::new(), None);
     while let Some(answer) = stream.message().await.unwrap() {
@@ -343,16 +348,7 @@ async fn a_legacy_delay_level_and_a_dropped_receive() {
     heartbeat(client, "G").await;
     // A client that goes away mid-receive loses nothing: the message comes
     // now, or after its invisible duration.
-    let request = ReceiveMessageRequest {
-        group: resource("G"),
-        message_queue: Some(MessageQueue { topic: resource("Orders"), ..Default::default() }),
-        filter_expression: None,
-        batch_size: 1,
-        invisible_duration: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
-        auto_renew: false,
-        long_polling_timeout: Some(prost_types::Duration { seconds: 5, nanos: 0 }),
-        attempt_id: None,
-    };
+    let request = receive_request("G", "Orders", Duration::from_secs(1), Duration::from_secs(5));
     drop(client.receive_message(request).await.unwrap());
     let (got, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(10)).await;
     assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["level-1"]);
