@@ -168,7 +168,7 @@ type Readers = Arc<Mutex<Vec<Consumer>>>;
 /// The consumer groups this server knows, and their readers.
 pub struct Groups {
     max_delivery_attempts: u32,
-    /// Groups a client declared (by its settings or a heartbeat).
+    /// Groups a client declared (by its settings or a heartbeat) or received for.
     known: Mutex<HashSet<String>>,
     readers: Mutex<HashMap<(String, String), Readers>>,
 }
@@ -200,13 +200,15 @@ impl Groups {
         }
     }
 
-    /// `Ok` for a well-formed group some client declared.
+    /// `Ok` for a well-formed group that a client declared (by its settings
+    /// or a heartbeat) or received for, since this server started.
     pub(crate) fn check(&self, group: &str, field: &str) -> Result<(), Refusal> {
         check_group(group, field)?;
         if self.known.lock().unwrap_or_else(|e| e.into_inner()).contains(group) {
             return Ok(());
         }
-        let why = format!("{group:?} is unknown: no client of it sent its settings or a heartbeat");
+        let why =
+            format!("{group:?} is unknown: no client of it sent its settings, a heartbeat or a receive");
         Err(Refusal::field(Code::ConsumerGroupNotFound, field, why))
     }
 

@@ -157,8 +157,9 @@ impl MessagingService for Service {
         let request = request.into_inner();
         let group = topic_of(&request.group).to_string();
         let topic = topic_of(&request.topic).to_string();
+        // The receipts name the group (their tags are made for it): a group well formed is enough here.
         if let Err(refusal) =
-            check_topic(&topic, "topic.name").and_then(|()| self.shared.groups.check(&group, "group.name"))
+            check_topic(&topic, "topic.name").and_then(|()| check_group(&group, "group.name"))
         {
             return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
         }
@@ -270,7 +271,7 @@ impl MessagingService for Service {
 impl Service {
     fn receive_request(&self, request: &ReceiveMessageRequest) -> Result<ReceiveRequest, Refusal> {
         let group = topic_of(&request.group).to_string();
-        self.shared.groups.check(&group, "group.name")?;
+        check_group(&group, "group.name")?;
         let queue = request.message_queue.as_ref();
         let topic = queue.map_or("", |q| topic_of(&q.topic)).to_string();
         check_topic(&topic, "message_queue.topic.name")?;
@@ -310,6 +311,9 @@ impl Service {
             Some(f) => Filter::parse(&f.expression),
             None => Filter::All,
         };
+        // Groups are made on first use, as topics are (a client's first receive may
+        // overtake its settings on the telemetry stream).
+        self.shared.groups.know(&group);
         Ok(ReceiveRequest { group, topic, max: request.batch_size as usize, invisible, wait, filter })
     }
 
@@ -353,7 +357,7 @@ impl Service {
 
     fn change_request(&self, request: &ChangeInvisibleDurationRequest) -> Result<Duration, Refusal> {
         check_topic(topic_of(&request.topic), "topic.name")?;
-        self.shared.groups.check(topic_of(&request.group), "group.name")?;
+        check_group(topic_of(&request.group), "group.name")?;
         let invisible = request.invisible_duration.as_ref().and_then(duration_of);
         invisible.filter(|d| INVISIBLE_RANGE.contains(d)).ok_or_else(|| {
             Refusal::field(

@@ -291,13 +291,24 @@ async fn bad_requests_name_the_field_and_store_nothing() {
         assert_eq!(Code::try_from(status.code).unwrap(), Code::BadRequest, "{garbage:?}");
         assert!(status.message.starts_with("recall_handle: "), "{}", status.message);
     }
-    // A group no client declared.
-    let (_, status) =
+    // A group no client used has no assignment; a receive makes it, as the
+    // official clients may receive before their settings are answered.
+    let assignment = |group: &str| QueryAssignmentRequest {
+        topic: resource("Orders"),
+        group: resource(group),
+        endpoints: None,
+    };
+    let unknown = client.query_assignment(assignment("Nobody")).await.unwrap().into_inner();
+    assert_eq!(code(&unknown.status), Code::ConsumerGroupNotFound, "{:?}", unknown.status);
+    let (got, status) =
         receive(client, "Nobody", "Orders", Duration::from_secs(5), Duration::from_secs(1)).await;
-    assert_eq!(Code::try_from(status.code).unwrap(), Code::ConsumerGroupNotFound, "{}", status.message);
-    heartbeat(client, "G").await;
-    let (got, _) = receive(client, "G", "Orders", Duration::from_secs(5), Duration::from_secs(1)).await;
     assert!(got.is_empty(), "no refused request stored anything");
+    assert_eq!(Code::try_from(status.code).unwrap(), Code::MessageNotFound, "{}", status.message);
+    let known = client.query_assignment(assignment("Nobody")).await.unwrap().into_inner();
+    assert_eq!((code(&known.status), known.assignments.len()), (Code::Ok, 2));
+    let (_, status) =
+        receive(client, "bad|group", "Orders", Duration::from_secs(5), Duration::from_secs(1)).await;
+    assert_eq!(Code::try_from(status.code).unwrap(), Code::IllegalConsumerGroup, "{}", status.message);
     // An RPC delaywheel does not implement says so.
     let refused = client.end_transaction(EndTransactionRequest {}).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unimplemented);
