@@ -180,13 +180,39 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn put_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<Receipt>> {
-        let messages: Vec<Message> = messages.into_iter().collect();
+        let (receipts, end) = self.append_batch(messages.into_iter().collect())?;
+        if self.config.flush_mode == FlushMode::Sync && !receipts.is_empty() {
+            self.wait_durable_for(end, Written::Batch(receipts.clone()))?;
+        }
+        Ok(receipts)
+    }
+
+    /// Appends a batch like [`put_batch`](Self::put_batch) and returns at
+    /// once, with one ticket per message, in input order (see
+    /// [`submit`](Self::submit)): all of the batch stands, and one sync makes
+    /// all of it durable.
+    ///
+    /// Errors, with nothing of the batch written: those of `put_batch`, but
+    /// never [`Error::NotYetDurable`] (the tickets tell).
+    pub fn submit_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<PutTicket>> {
+        let (receipts, end) = self.append_batch(messages.into_iter().collect())?;
+        if self.config.flush_mode == FlushMode::Sync && !receipts.is_empty() {
+            let _ = self.wakes.commit.try_send(());
+        }
+        // Every ticket waits for the batch's end: the batch is synced as one.
+        let tickets = receipts.into_iter().map(|r| PutTicket::new(r, end, Arc::clone(&self.log)));
+        Ok(tickets.collect())
+    }
+
+    /// Checks and appends a batch, all or nothing; returns the receipts and
+    /// where the batch's last record ends (0 for an empty batch).
+    fn append_batch(&self, messages: Vec<Message>) -> Result<(Vec<Receipt>, u64)> {
         let in_batch = |index: usize| move |e: Error| Error::InBatch { index, source: Box::new(e) };
         let queue_ids = (messages.iter().enumerate())
             .map(|(i, m)| self.check_message(m).map_err(in_batch(i)))
             .collect::<Result<Vec<u32>>>()?;
         if messages.is_empty() {
-            return Ok(Vec::new());
+            return Ok((Vec::new(), 0));
         }
         self.wait_for_indexes()?;
         let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
@@ -219,11 +245,8 @@ impl Store {
                 deliver_at_ms: (deliver_at_ms != 0).then_some(deliver_at_ms),
             })
             .collect();
-        if self.config.flush_mode == FlushMode::Sync {
-            let end = offsets[offsets.len() - 1] + lens[lens.len() - 1] as u64;
-            self.wait_durable_for(end, Written::Batch(receipts.clone()))?;
-        }
-        Ok(receipts)
+        let end = offsets[offsets.len() - 1] + lens[lens.len() - 1] as u64;
+        Ok((receipts, end))
     }
 
     /// Checks a message before it is put: its fields, its topic, its queue.

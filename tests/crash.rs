@@ -8,8 +8,8 @@
 //! (and zero once all are delivered).
 //!
 //! The child puts one message at a time in async flush mode; then, in sync
-//! flush mode, in batches (`put_batch`) and pipelined (`submit`, a message
-//! acknowledged once its ticket says it is on disk); then one at a time in
+//! flush mode, in batches (`put_batch`) and pipelined (`submit` and
+//! `submit_batch`, a message acknowledged once its ticket says it is on disk); then one at a time in
 //! async mode again, rescheduling one in eight of its timers (one in
 //! sixteen twice) to anywhere in the next 1.5 s, earlier or later: a
 //! delivery of one must carry the deliver time of its last acknowledged
@@ -132,16 +132,25 @@ fn child(dir: &str, mode: Mode) -> ! {
                 ids.clone().zip(receipts).for_each(|(i, receipt)| acknowledged(i, receipt));
                 id = ids.end;
             }
-            Mode::SyncPipelined => {
+            Mode::SyncPipelined if rng.bool() => {
                 tickets.push_back((id, store.submit(message(id, &mut rng)).expect("submit")));
                 id += 1;
-                while let Some((_, oldest)) = tickets.front() {
-                    if tickets.len() < 256 && !oldest.is_durable().expect("ticket") {
-                        break;
-                    }
-                    let (i, ticket) = tickets.pop_front().expect("front");
-                    acknowledged(i, ticket.wait(Duration::from_secs(10)).expect("durable"));
+            }
+            Mode::SyncPipelined => {
+                let ids = id..id + rng.u64(1..16);
+                let batch =
+                    store.submit_batch(ids.clone().map(|i| message(i, &mut rng))).expect("submit_batch");
+                tickets.extend(ids.clone().zip(batch));
+                id = ids.end;
+            }
+        }
+        if mode == Mode::SyncPipelined {
+            while let Some((_, oldest)) = tickets.front() {
+                if tickets.len() < 256 && !oldest.is_durable().expect("ticket") {
+                    break;
                 }
+                let (i, ticket) = tickets.pop_front().expect("front");
+                acknowledged(i, ticket.wait(Duration::from_secs(10)).expect("durable"));
             }
         }
         if id.is_multiple_of(512) {

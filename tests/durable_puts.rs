@@ -141,6 +141,27 @@ fn tickets_resolve_once_durable_in_sync_and_async_mode() {
     }
 }
 
+#[test]
+fn a_submitted_batch_stands_whole_at_once_and_its_tickets_resolve_with_one_sync() {
+    let dir = tempfile::tempdir().unwrap();
+    // Async mode with a slow periodic flush: nothing is durable when submit_batch returns.
+    let config = small_config(dir.path()).with_flush_interval(Duration::from_millis(300));
+    let store = Store::open(config).unwrap();
+    let tickets = store.submit_batch(numbered_messages("S", 0..100)).unwrap();
+    assert_eq!(tickets.len(), 100);
+    assert!(tickets.windows(2).all(|w| w[0].receipt().offset() < w[1].receipt().offset()), "in order");
+    assert!(!tickets[0].is_durable().unwrap(), "returned before the sync");
+    tickets[0].wait(Duration::from_secs(5)).unwrap();
+    assert!(tickets.iter().all(|t| t.is_durable().unwrap()), "one sync made the whole batch durable");
+    let mut batch = numbered_messages("S", 100..105);
+    batch[2] = Message::new("S", "bad level").queue_id(0).delay_level(99);
+    assert!(matches!(store.submit_batch(batch), Err(Error::InBatch { index: 2, .. })));
+    assert!(store.submit_batch(Vec::new()).unwrap().is_empty(), "an empty batch writes nothing");
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(bodies(&drain(&mut consumer, 101)), numbered(0..100), "nothing of the refused batch");
+    store.close().unwrap();
+}
+
 /// Wakes the thread that polls.
 struct Unpark(std::thread::Thread);
 

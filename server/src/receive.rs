@@ -3,11 +3,14 @@
 //!
 //! A group reads a topic through one [`Consumer`] per queue, plus one for
 //! its **retry topic** `%RETRY%<group>|<topic>`. Handing a message out:
-//! 1. puts a copy of it (body and properties, plus where it came from and
-//!    the attempt that comes next) into the retry topic as a timer due when
+//! 1. appends a copy of it (body and properties, plus where it came from and
+//!    the attempt that comes next) to the retry topic as a timer due when
 //!    the invisible duration ends: the *invisibility timer*;
 //! 2. commits the group's positions past the message and makes them durable
-//!    ([`Store::sync_offsets`]);
+//!    ([`Store::sync_offsets`], which syncs the log first: the timers are on
+//!    disk before the positions that pass their messages are). The group's
+//!    lock covers only the appends and the commit, so the next receive of
+//!    the group polls while this one waits for the disk;
 //! 3. answers, with a receipt handle naming the invisibility timer.
 //!
 //! An ack cancels the timer; `ChangeInvisibleDuration` reschedules it; if
@@ -288,18 +291,19 @@ impl Groups {
         let dead_letters = dead
             .iter()
             .map(|(origin, m)| origin.copy(m, format!("{DLQ_PREFIX}{}", request.group), origin.attempt));
-        let receipts = match store.put_batch(timers.chain(dead_letters).collect::<Vec<_>>()) {
-            Ok(receipts) => receipts,
+        // Not waited for here: the caller's sync of the positions syncs the log first.
+        let tickets = match store.submit_batch(timers.chain(dead_letters).collect::<Vec<_>>()) {
+            Ok(tickets) => tickets,
             Err(e) => {
                 // Nothing was handed out: the next receive reads the same messages.
                 consumers.iter_mut().zip(before).for_each(|(c, at)| c.seek(at));
                 return Err(e.into());
             }
         };
-        // Made durable by the caller, before it answers.
+        // Made durable by the caller, with the timers, before it answers.
         consumers.iter().for_each(Consumer::commit);
-        let received = live.into_iter().zip(receipts).map(|((origin, message), receipt)| {
-            let timer = receipt.handle().expect("an invisibility timer is a timed message");
+        let received = live.into_iter().zip(tickets).map(|((origin, message), ticket)| {
+            let timer = ticket.receipt().handle().expect("an invisibility timer is a timed message");
             Received { message, origin, timer }
         });
         Ok(received.collect())
