@@ -75,7 +75,7 @@ pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
     MAX_TOPIC_LEN, Message, Receipt, RescheduleOutcome, Written, validate_topic,
 };
-pub use pending::PendingTimer;
+pub use pending::{MAX_COUNT_BOUNDS, PendingTimer};
 pub use retention::ReclaimReport;
 pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, STATS_TOPICS, Stats};

@@ -9,6 +9,10 @@ use crate::message::Handle;
 use crate::timer::Timer;
 use crate::timer::window::PendingEntry;
 
+/// The most bounds one [`Store::pending_counts`](crate::Store::pending_counts)
+/// takes: ten years by the day, or a week by the minute, in one call.
+pub const MAX_COUNT_BOUNDS: usize = 10_081;
+
 /// A timer that has not fired and is not cancelled, as
 /// [`Store::pending`](crate::Store::pending) found it.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -63,4 +63,9 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// timer that counts now (its latest reschedule's), at one instant: one
     /// answer per timer, in order.
     fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<Option<PendingEntry>>>;
+
+    /// The pending timers counted by due time between `bounds_ms`
+    /// (ascending): one count before the first bound, one per interval, one
+    /// from the last bound on.
+    fn pending_counts(&self, bounds_ms: Vec<u64>) -> Result<Vec<u64>>;
 }

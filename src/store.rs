@@ -18,6 +18,7 @@ use crate::durable::FlushSignal;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, RescheduleOutcome, Written, validate_topic};
+use crate::pending::MAX_COUNT_BOUNDS;
 use crate::pending::PendingTimer;
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::scheduler::SchedulerFront;
@@ -692,6 +693,43 @@ impl Store {
         self.wait_indexed_to(self.log.write_end())?;
         let entries = self.scheduler.pending(window_ms, limit)?;
         Ok(crate::pending::describe(&self.log, entries))
+    }
+
+    /// The pending timers counted by due time, for a chart: `counts[0]` is
+    /// due before `bounds_ms[0]`, `counts[i]` from `bounds_ms[i - 1]` up to
+    /// `bounds_ms[i]`, and the last count from the last bound on, so there is
+    /// one count more than bounds and they add up to all pending timers. Read
+    /// from the wheel's slot counts, never by listing timers: with bounds on
+    /// whole seconds the counts are exact within the next 18 hours (level 0's
+    /// one-second slots); further ahead a slot covers 9.1 hours (level 1) or
+    /// 4.25 years (level 2) and its timers count as due at its start.
+    /// Cancelled timers are not counted. Taken at one instant on the ticking
+    /// thread, after everything put before the call is indexed.
+    ///
+    /// ```
+    /// # use delaywheel::{Config, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let due = 4_000_000_000_000; // 2096
+    /// store.put(Message::new("orders", "pay?").deliver_at_ms(due))?;
+    /// assert_eq!(store.pending_counts(&[due, due + 1_000])?, [0, 1, 0]);
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors: [`Error::Invalid`] (`"bounds"`) unless the bounds ascend
+    /// strictly and number at most [`MAX_COUNT_BOUNDS`]; else those of
+    /// [`pending`](Self::pending).
+    pub fn pending_counts(&self, bounds_ms: &[u64]) -> Result<Vec<u64>> {
+        if bounds_ms.len() > MAX_COUNT_BOUNDS {
+            let why = format!("{} bounds, at most {MAX_COUNT_BOUNDS}", bounds_ms.len());
+            return Err(Error::invalid("bounds", why));
+        }
+        if let Some(w) = bounds_ms.windows(2).find(|w| w[0] >= w[1]) {
+            return Err(Error::invalid("bounds", format!("{} is not before {}: bounds ascend", w[0], w[1])));
+        }
+        self.wait_indexed_to(self.log.write_end())?;
+        self.scheduler.pending_counts(bounds_ms.to_vec())
     }
 
     /// The pending timers of the messages put with `topic` and `key`, by

@@ -348,3 +348,53 @@ fn stats_count_pending_timers_per_topic_bounded_by_the_busiest() {
     assert_eq!(by_topic(&store), counted(&plus_one, 6), "a damaged file: recounted");
     store.close().unwrap();
 }
+
+#[test]
+fn counts_by_due_time_match_the_timers_put_second_by_second_and_add_up() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    // 1,200 timers over the next 5 minutes, a few per second, plus hours, a month and ten years ahead.
+    let mut expected = vec![0u64; 300];
+    let mut handles = Vec::new();
+    for i in 0..1_200u64 {
+        let second = (i * 7) % 300;
+        expected[second as usize] += 1;
+        let at = T0 + second * 1_000 + i % 1_000;
+        handles.push(
+            store.put(Message::new("orders", "m").queue_id(0).deliver_at_ms(at)).unwrap().handle().unwrap(),
+        );
+    }
+    for ahead in [2 * HOUR, 30 * 24 * HOUR, 10 * YEAR] {
+        store.put(Message::new("orders", "far").deliver_at_ms(T0 + ahead)).unwrap();
+    }
+    assert_eq!(store.cancel(handles[0]).unwrap(), CancelOutcome::Cancelled);
+    expected[0] -= 1;
+
+    let bounds: Vec<u64> = (0..=300).map(|s| T0 + s * 1_000).collect();
+    let counts = store.pending_counts(&bounds).unwrap();
+    assert_eq!(counts.len(), 302, "one count before the bounds, one per interval, one after");
+    assert_eq!(counts[0], 0, "nothing due before now");
+    assert_eq!(&counts[1..301], &expected[..], "exact per second, the cancelled one left out");
+    assert_eq!(counts[301], 3, "the rest, whatever level holds them");
+    assert_eq!(store.pending_counts(&[]).unwrap(), [1_202], "no bounds: all of them");
+    let days: Vec<u64> = (0..=3_650).map(|d| T0 + d * 24 * HOUR).collect();
+    let by_day = store.pending_counts(&days).unwrap();
+    assert_eq!(by_day[1], 1_200, "today: the five minutes and the hours ahead");
+    assert_eq!(by_day.iter().sum::<u64>(), 1_202, "every level counted once");
+
+    // Two minutes on, the first two minutes have fired.
+    clock.set_ms(T0 + 120_000);
+    let mut consumer = store.consumer("orders", 0).unwrap();
+    let fired: u64 = expected[..120].iter().sum();
+    assert_eq!(drain(&mut consumer, fired as usize).len() as u64, fired);
+    let counts = store.pending_counts(&bounds).unwrap();
+    assert_eq!(&counts[121..301], &expected[120..], "the seconds still ahead are as they were");
+    assert_eq!(counts[..121].iter().sum::<u64>(), 0, "the fired ones are gone");
+
+    for bad in [vec![T0, T0], vec![T0 + 1, T0], vec![0; delaywheel::MAX_COUNT_BOUNDS + 1]] {
+        let e = store.pending_counts(&bad).unwrap_err();
+        assert!(matches!(e, delaywheel::Error::Invalid { what: "bounds", .. }), "{e}");
+    }
+    store.close().unwrap();
+}

@@ -174,6 +174,10 @@ impl SchedulerFront for BucketFront {
             "the bucket scheduler cannot tell which timers are pending; use the wheel",
         ))
     }
+
+    fn pending_counts(&self, _bounds_ms: Vec<u64>) -> Result<Vec<u64>> {
+        Err(Error::invalid("scheduler", "the bucket scheduler cannot count pending timers by due time"))
+    }
 }
 
 impl BucketFront {

@@ -114,4 +114,8 @@ impl SchedulerFront for WheelFront {
     fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<Option<PendingEntry>>> {
         self.ask(|reply| WheelCommand::PendingOf { timers, reply })?
     }
+
+    fn pending_counts(&self, bounds_ms: Vec<u64>) -> Result<Vec<u64>> {
+        self.ask(|reply| WheelCommand::PendingCounts { bounds_ms, reply })?
+    }
 }

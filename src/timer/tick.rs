@@ -58,6 +58,8 @@ pub(crate) enum WheelCommand {
     Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
     /// Answer which of these timers of messages are pending (see `window.rs`).
     PendingOf { timers: Vec<Timer>, reply: Sender<Result<Vec<Option<PendingEntry>>>> },
+    /// Answer the pending timers counted by due time between ascending bounds (see `gauges.rs`).
+    PendingCounts { bounds_ms: Vec<u64>, reply: Sender<Result<Vec<u64>>> },
 }
 
 /// What a handle asks of its timer.
@@ -399,6 +401,10 @@ impl Ticker {
             }
             WheelCommand::PendingOf { timers, reply } => {
                 let _ = reply.send(self.wheel.pending_of(&timers));
+                Ok(())
+            }
+            WheelCommand::PendingCounts { bounds_ms, reply } => {
+                let _ = reply.send(self.wheel.pending_by_due_time(&bounds_ms));
                 Ok(())
             }
         }
