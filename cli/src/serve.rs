@@ -19,9 +19,13 @@ pub struct ServeArgs {
     /// The gRPC endpoint (RocketMQ 5's MessagingService). No authentication: loopback by default.
     #[arg(long, default_value = "127.0.0.1:8081")]
     listen: SocketAddr,
-    /// The HTTP endpoint: /metrics, /pending, /healthz.
+    /// The HTTP endpoint: the operators' page at /, /metrics, /pending, /overview, /healthz.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: SocketAddr,
+    /// Let the HTTP endpoint (and so the page) cancel and reschedule timers.
+    /// It has no authentication: whoever reaches it may.
+    #[arg(long)]
+    allow_cancel: bool,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Failure> {
@@ -36,7 +40,12 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let truncated = store.recovery_report().truncated_bytes;
     let server = Server::bind(
         store,
-        ServeOptions { listen: args.listen, http: Some(args.http), ..ServeOptions::loopback(key) },
+        ServeOptions {
+            listen: args.listen,
+            http: Some(args.http),
+            allow_cancel: args.allow_cancel,
+            ..ServeOptions::loopback(key)
+        },
     )
     .await?;
     // One line a script can wait for: where both endpoints are.

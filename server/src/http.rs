@@ -1,5 +1,6 @@
 //! The HTTP endpoint: `GET /metrics` (Prometheus text), `GET /pending`
-//! (the pending timers due in a window, as JSON) and `GET /healthz`.
+//! (the pending timers due in a window, or of one topic and key, as JSON),
+//! `GET /healthz`, and the operators' page with the JSON behind it (`operators.rs`).
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -8,10 +9,11 @@ use axum::Router;
 use axum::extract::{Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{get, post};
 use delaywheel::MAX_DELIVER_AT_MS;
 use serde_json::json;
 
+use crate::operators;
 use crate::server::Shared;
 
 /// Default and largest `limit` of `/pending`.
@@ -23,15 +25,21 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/pending", get(pending))
+        .route("/", get(operators::page))
+        .route("/overview", get(operators::overview))
+        .route("/pending/counts", get(operators::pending_counts))
+        .route("/timers/{handle}/cancel", post(operators::cancel))
+        .route("/timers/{handle}/reschedule", post(operators::reschedule))
         .with_state(shared)
 }
 
 /// A JSON error naming what was wrong.
-fn error(status: StatusCode, message: String) -> Response {
+pub(crate) fn error(status: StatusCode, message: String) -> Response {
     (status, axum::Json(json!({ "error": message }))).into_response()
 }
 
-async fn on_store<T: Send + 'static>(
+/// Runs `work` on the blocking pool: the store's calls may wait for its threads.
+pub(crate) async fn on_store<T: Send + 'static>(
     shared: &Arc<Shared>,
     work: impl FnOnce(&Shared) -> T + Send + 'static,
 ) -> Result<T, Response> {
@@ -54,6 +62,31 @@ async fn metrics(State(shared): State<Arc<Shared>>) -> Response {
     match rendered {
         Ok(text) => ([(header::CONTENT_TYPE, "text/plain; version=0.0.4")], text).into_response(),
         Err(response) => response,
+    }
+}
+
+/// What `/pending` asks for: a window, or one topic's key.
+#[derive(Debug, PartialEq, Eq)]
+enum Asked {
+    Window(std::ops::Range<u64>, usize),
+    Key { topic: String, key: String, limit: usize },
+}
+
+/// `topic` and `key` together, or a window; with either, `limit`.
+fn asked(query: &HashMap<String, String>) -> Result<Asked, String> {
+    match (query.get("topic"), query.get("key")) {
+        (None, None) => window(query).map(|(range, limit)| Asked::Window(range, limit)),
+        (Some(topic), Some(key)) => {
+            let mut rest = query.clone();
+            rest.retain(|name, _| name != "topic" && name != "key");
+            if let Some(name) = rest.keys().find(|k| k.as_str() != "limit") {
+                return Err(format!("{name}: not a parameter with topic and key (limit)"));
+            }
+            let (_, limit) = window(&rest)?;
+            Ok(Asked::Key { topic: topic.clone(), key: key.clone(), limit })
+        }
+        (Some(_), None) => Err("key: missing (a search by key names topic and key)".into()),
+        (None, Some(_)) => Err("topic: missing (a search by key names topic and key)".into()),
     }
 }
 
@@ -84,14 +117,24 @@ async fn pending(
     State(shared): State<Arc<Shared>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let (window, limit) = match window(&query) {
+    let asked = match asked(&query) {
         Ok(asked) => asked,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
+    let limit = match &asked {
+        Asked::Window(_, limit) | Asked::Key { limit, .. } => *limit,
+    };
     // One more than asked tells whether there are more.
-    let found = on_store(&shared, move |shared| shared.store.pending(window, limit + 1)).await;
+    let found = on_store(&shared, move |shared| match asked {
+        Asked::Window(window, limit) => shared.store.pending(window, limit + 1),
+        Asked::Key { topic, key, .. } => shared.store.pending_by_key(&topic, &key),
+    })
+    .await;
     let mut timers = match found {
         Ok(Ok(timers)) => timers,
+        Ok(Err(e @ delaywheel::Error::Invalid { .. })) => {
+            return error(StatusCode::BAD_REQUEST, e.to_string());
+        }
         Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(response) => return response,
     };
@@ -136,5 +179,23 @@ mod tests {
             assert!(err.starts_with(names), "{pairs:?}: {err}");
         }
         assert_eq!(window(&query(&[("from", "1"), ("to", "9"), ("limit", "3")])).unwrap(), (1..9, 3));
+    }
+
+    #[test]
+    fn a_search_by_key_names_topic_and_key() {
+        let by_key = asked(&query(&[("topic", "orders"), ("key", "order-42")])).unwrap();
+        assert_eq!(
+            by_key,
+            Asked::Key { topic: "orders".into(), key: "order-42".into(), limit: DEFAULT_LIMIT }
+        );
+        for (pairs, names) in [
+            (vec![("topic", "orders")], "key:"),
+            (vec![("key", "order-42")], "topic:"),
+            (vec![("topic", "orders"), ("key", "k"), ("from", "1")], "from:"),
+            (vec![("topic", "orders"), ("key", "k"), ("limit", "0")], "limit:"),
+        ] {
+            let err = asked(&query(&pairs)).unwrap_err();
+            assert!(err.starts_with(names), "{pairs:?}: {err}");
+        }
     }
 }

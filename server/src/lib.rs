@@ -23,6 +23,7 @@ mod error;
 mod handles;
 mod http;
 mod metrics;
+mod operators;
 pub mod proto;
 pub mod receive;
 mod send;

@@ -41,13 +41,22 @@ pub struct ServeOptions {
     /// Hand-outs of one message before it goes to its group's dead-letter
     /// topic instead ([`crate::receive::MAX_DELIVERY_ATTEMPTS`] is RocketMQ's default).
     pub max_delivery_attempts: u32,
+    /// Whether the HTTP endpoint's `POST /timers/{handle}/cancel` and
+    /// `/reschedule` act (the endpoint has no authentication yet): off, they answer 403.
+    pub allow_cancel: bool,
 }
 
 impl ServeOptions {
     /// Both listeners on loopback (ports 0: free ones), RocketMQ's 16 attempts.
     pub fn loopback(key: HandleKey) -> Self {
         let any_port = std::net::SocketAddr::from(([127, 0, 0, 1], 0));
-        Self { listen: any_port, http: Some(any_port), key, max_delivery_attempts: MAX_DELIVERY_ATTEMPTS }
+        Self {
+            listen: any_port,
+            http: Some(any_port),
+            key,
+            max_delivery_attempts: MAX_DELIVERY_ATTEMPTS,
+            allow_cancel: false,
+        }
     }
 }
 
@@ -63,6 +72,8 @@ pub(crate) struct Shared {
     pub groups: Groups,
     pub metrics: Metrics,
     pub key: HandleKey,
+    /// See [`ServeOptions::allow_cancel`].
+    pub allow_cancel: bool,
     /// Set when the server stops: long polls return what they have.
     pub stopping: AtomicBool,
     stop: watch::Sender<bool>,
@@ -160,6 +171,7 @@ impl Server {
             groups: Groups::new(options.max_delivery_attempts),
             metrics: Metrics::new(),
             key: options.key,
+            allow_cancel: options.allow_cancel,
             stopping: AtomicBool::new(false),
             stop: watch::channel(false).0,
             endpoint,

@@ -2,6 +2,8 @@
 //! ephemeral port: send, timed send, recall, receive, ack, invisibility, and
 //! the answers to bad requests.
 
+mod common;
+
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use delaywheel::Store;
@@ -9,6 +11,8 @@ use delaywheel_server::proto::messaging_service_client::MessagingServiceClient;
 use delaywheel_server::proto::*;
 use delaywheel_server::{HandleKey, ServeOptions, Server, store_config};
 use tonic::transport::Channel;
+
+use common::http_get;
 
 struct Running {
     client: MessagingServiceClient<Channel>,
@@ -373,16 +377,4 @@ async fn a_legacy_delay_level_and_a_dropped_receive() {
     let refused = send(client, vec![bad]).await;
     assert_eq!(code(&refused.status), Code::IllegalDeliveryTime);
     server.stop().await;
-}
-
-/// A bare HTTP/1.1 GET: the status line and the body.
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> (String, String) {
-    use tokio::io::{AsyncReadExt as _, AsyncWriteExt as _};
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    let request = format!("GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n");
-    stream.write_all(request.as_bytes()).await.unwrap();
-    let mut answer = String::new();
-    stream.read_to_string(&mut answer).await.unwrap();
-    let (head, body) = answer.split_once("\r\n\r\n").unwrap();
-    (head.lines().next().unwrap().to_string(), body.to_string())
 }

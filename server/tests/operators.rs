@@ -1,0 +1,126 @@
+//! The JSON behind the operators' page, over HTTP against an in-process
+//! server: counts by due time, search by key, cancel and reschedule (off
+//! without `allow_cancel`), and the answers to bad input.
+
+mod common;
+
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use common::{http, http_get};
+use delaywheel::{Message, Store};
+use delaywheel_server::{HandleKey, ServeOptions, Server, store_config};
+use serde_json::Value;
+
+struct Running {
+    http: std::net::SocketAddr,
+    stop: tokio::sync::oneshot::Sender<()>,
+    served: tokio::task::JoinHandle<Result<(), delaywheel_server::ServeError>>,
+}
+
+async fn serve(store: Store, allow_cancel: bool) -> Running {
+    let options = ServeOptions { allow_cancel, ..ServeOptions::loopback(HandleKey::from_bytes([5; 32])) };
+    let server = Server::bind(store, options).await.unwrap();
+    let http = server.http_addr().unwrap();
+    let (stop, stopped) = tokio::sync::oneshot::channel();
+    let served = tokio::spawn(server.run(async move {
+        let _ = stopped.await;
+    }));
+    Running { http, stop, served }
+}
+
+impl Running {
+    async fn stop(self) {
+        self.stop.send(()).unwrap();
+        self.served.await.unwrap().unwrap();
+    }
+}
+
+fn now_ms() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+fn json(body: &str) -> Value {
+    serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {body}"))
+}
+
+#[tokio::test]
+async fn counts_search_cancel_and_reschedule_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(store_config(dir.path())).unwrap();
+    let from = now_ms() / 1000 * 1000 + 60_000;
+    for i in 0..120u64 {
+        store.put(Message::new("orders", "m").deliver_at_ms(from + i * 1_000 + i % 7)).unwrap();
+    }
+    let keyed = Message::new("orders", "pay?").key("order-42").deliver_at_ms(from + 3_600_000);
+    let handle = store.put(keyed).unwrap().handle().unwrap().to_string();
+    let server = serve(store, true).await;
+
+    let (status, body) =
+        http_get(server.http, &format!("/pending/counts?from={from}&step=1000&buckets=120")).await;
+    assert!(status.ends_with("200 OK"), "{status}: {body}");
+    let counts = json(&body);
+    assert_eq!(counts["counts"].as_array().unwrap().len(), 120);
+    assert!(counts["counts"].as_array().unwrap().iter().all(|c| c == 1), "one timer a second: {body}");
+    assert_eq!((counts["before"].as_u64(), counts["after"].as_u64()), (Some(0), Some(1)));
+
+    let (status, body) = http_get(server.http, "/pending?topic=orders&key=order-42").await;
+    assert!(status.ends_with("200 OK"), "{status}: {body}");
+    let found = json(&body);
+    assert_eq!(found["timers"][0]["handle"], handle.as_str(), "{body}");
+
+    let (_, overview) = http_get(server.http, "/overview").await;
+    let overview = json(&overview);
+    assert_eq!(overview["pending"], 121);
+    assert_eq!(overview["allow_cancel"], true);
+
+    let later = from + 7_200_000;
+    let reschedule = format!(r#"{{"deliver_at_ms": {later}}}"#);
+    let (status, body) =
+        http(server.http, "POST", &format!("/timers/{handle}/reschedule"), &reschedule).await;
+    assert!(status.ends_with("200 OK") && body.contains("rescheduled"), "{status}: {body}");
+    let (_, found) = http_get(server.http, "/pending?topic=orders&key=order-42").await;
+    assert_eq!(json(&found)["timers"][0]["deliver_at_ms"], later, "the new time, the same handle");
+
+    let (status, body) = http(server.http, "POST", &format!("/timers/{handle}/cancel"), "").await;
+    assert!(status.ends_with("200 OK") && body.contains(r#""outcome":"cancelled""#), "{status}: {body}");
+    let (_, found) = http_get(server.http, "/pending?topic=orders&key=order-42").await;
+    assert_eq!(json(&found)["timers"].as_array().unwrap().len(), 0, "cancelled: no longer pending");
+    let (status, body) =
+        http(server.http, "POST", &format!("/timers/{handle}/reschedule"), &reschedule).await;
+    assert!(status.ends_with("409 Conflict") && body.contains("cancelled"), "{status}: {body}");
+
+    for (method, path, body, answer, names) in [
+        ("POST", "/timers/nonsense/cancel", "", "400", "handle"),
+        ("POST", "/timers/7@1700000000000/cancel", "", "404", "not_found"),
+        ("POST", &format!("/timers/{handle}/reschedule") as &str, "{}", "400", "deliver_at_ms"),
+        ("GET", "/pending/counts?step=1000", "", "400", "buckets"),
+        ("GET", "/pending/counts?step=1000&buckets=99999", "", "400", "buckets"),
+        ("GET", "/pending?topic=orders", "", "400", "key"),
+    ] {
+        let (status, text) = http(server.http, method, path, body).await;
+        assert!(status.contains(answer) && text.contains(names), "{method} {path}: {status}: {text}");
+    }
+    let (status, page) = http_get(server.http, "/").await;
+    assert!(status.ends_with("200 OK") && page.contains("<svg id=\"chart\""), "{status}");
+    // Nothing from elsewhere: no script, style or image by URL; the one URL is SVG's namespace name.
+    assert!(!page.contains(" src=") && !page.contains(" href=") && !page.contains("@import"));
+    assert_eq!(page.matches("http").count(), page.matches("http://www.w3.org/2000/svg").count());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn without_allow_cancel_the_mutating_endpoints_refuse() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(store_config(dir.path())).unwrap();
+    let timer = store.put(Message::new("orders", "m").deliver_at_ms(now_ms() + 3_600_000)).unwrap();
+    let handle = timer.handle().unwrap();
+    let server = serve(store, false).await;
+    let (status, body) = http(server.http, "POST", &format!("/timers/{handle}/cancel"), "").await;
+    assert!(status.contains("403") && body.contains("--allow-cancel"), "{status}: {body}");
+    let (status, _) =
+        http(server.http, "POST", &format!("/timers/{handle}/reschedule"), r#"{"deliver_at_ms": 1}"#).await;
+    assert!(status.contains("403"), "{status}");
+    let (_, found) = http_get(server.http, "/pending").await;
+    assert_eq!(json(&found)["timers"][0]["handle"], handle.to_string(), "still pending");
+    server.stop().await;
+}
