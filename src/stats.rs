@@ -46,6 +46,10 @@ pub struct Stats {
     pub reindexed: u64,
     /// Delivery time minus deliver-at time, over deliveries since open.
     pub lateness_ms: Lateness,
+    /// The same over the deliveries of the last one to two minutes (this
+    /// minute of the clock and the one before), so a dashboard sees how
+    /// delivery keeps up now; lateness past an hour counts as an hour.
+    pub recent_lateness_ms: Lateness,
     /// Bytes of the commit log, consume queues, wheel and timer log.
     pub disk_bytes: u64,
     /// Timer-log entries written so far (each 28 bytes on disk).
@@ -166,6 +170,8 @@ pub(crate) struct TimerStats {
     pub reindexed: u64,
     /// Delivery time minus deliver-at time; an early delivery counts as 0.
     pub lateness_ms: hdrhistogram::Histogram<u64>,
+    /// The same, over this minute and the one before.
+    pub recent_lateness_ms: RecentLateness,
     pub disk_bytes: u64,
     pub timer_log_entries: u64,
     /// How many times the gauges were refreshed (about once a second).
@@ -187,10 +193,70 @@ impl TimerStats {
             early: 0,
             reindexed: 0,
             lateness_ms,
+            recent_lateness_ms: RecentLateness::new(),
             disk_bytes: 0,
             timer_log_entries: 0,
             refreshes: 0,
             rebuilds: 0,
+        }
+    }
+}
+
+impl TimerStats {
+    /// Records one delivery's lateness, since open and for this minute.
+    pub fn record_lateness(&mut self, now_ms: u64, lateness_ms: u64) {
+        self.lateness_ms.saturating_record(lateness_ms);
+        self.recent_lateness_ms.record(now_ms, lateness_ms);
+    }
+}
+
+/// Lateness over the clock's current minute and the one before: two
+/// one-minute histograms, the older dropped as each minute begins.
+#[derive(Debug, Clone)]
+pub(crate) struct RecentLateness {
+    /// The minute (`now_ms / 60_000`) of `current`.
+    minute: u64,
+    current: hdrhistogram::Histogram<u64>,
+    previous: hdrhistogram::Histogram<u64>,
+}
+
+impl RecentLateness {
+    const MINUTE_MS: u64 = 60_000;
+
+    fn new() -> Self {
+        // Up to an hour, 2 significant digits: small enough to clone with every stats call.
+        let empty =
+            hdrhistogram::Histogram::new_with_bounds(1, 3_600_000, 2).expect("valid histogram bounds");
+        Self { minute: 0, current: empty.clone(), previous: empty }
+    }
+
+    fn record(&mut self, now_ms: u64, lateness_ms: u64) {
+        let minute = now_ms / Self::MINUTE_MS;
+        if minute != self.minute {
+            // A clock that went back starts afresh too.
+            match minute == self.minute + 1 {
+                true => std::mem::swap(&mut self.previous, &mut self.current),
+                false => self.previous.reset(),
+            }
+            self.current.reset();
+            self.minute = minute;
+        }
+        self.current.saturating_record(lateness_ms);
+    }
+
+    /// The summary at `now_ms`: of both minutes while `current` is this
+    /// minute's, of `current` alone in the next, then of nothing.
+    pub fn summary(&self, now_ms: u64) -> Lateness {
+        let minute = now_ms / Self::MINUTE_MS;
+        if minute == self.minute {
+            let mut both = self.previous.clone();
+            // Same bounds and precision: adding cannot fail.
+            let _ = both.add(&self.current);
+            Lateness::from_histogram(&both)
+        } else if minute == self.minute + 1 {
+            Lateness::from_histogram(&self.current)
+        } else {
+            Lateness::default()
         }
     }
 }
@@ -211,4 +277,28 @@ pub(crate) struct RetentionCounters {
     /// Damaged records the dispatcher skipped, and timers the ticking thread
     /// did not deliver because their message is damaged.
     pub quarantined: Arc<AtomicU64>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn recent_lateness_keeps_this_minute_and_the_one_before() {
+        let minute = RecentLateness::MINUTE_MS;
+        let at = 1_000 * minute;
+        let mut recent = RecentLateness::new();
+        recent.record(at + 5, 10);
+        recent.record(at + minute - 1, 20);
+        assert_eq!(recent.summary(at + minute - 1).count, 2);
+        recent.record(at + minute, 30);
+        let both = recent.summary(at + minute + 1);
+        assert_eq!((both.count, both.max), (3, 30), "this minute and the one before");
+        recent.record(at + 2 * minute, 40);
+        assert_eq!(recent.summary(at + 2 * minute).count, 2, "the first minute dropped");
+        assert_eq!(recent.summary(at + 3 * minute).max, 40, "a minute on, only the last minute's");
+        assert_eq!(recent.summary(at + 4 * minute), Lateness::default(), "nothing delivered lately");
+        recent.record(at + 10 * minute, 50);
+        assert_eq!(recent.summary(at + 10 * minute).count, 1, "after a gap, nothing older");
+    }
 }

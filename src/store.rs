@@ -813,6 +813,7 @@ impl Store {
             early: timers.early,
             reindexed: timers.reindexed,
             lateness_ms: Lateness::from_histogram(&timers.lateness_ms),
+            recent_lateness_ms: timers.recent_lateness_ms.summary(self.config.clock.now_ms()),
             disk_bytes: disk.commit_log
                 + disk.relocated
                 + disk.consume_queues

@@ -35,6 +35,15 @@ fn timed_messages_arrive_when_due_and_not_before() {
     assert_eq!(got[0].delay_level(), Some(2));
     let stats = store.stats();
     assert_eq!(stats.delivered, 2);
+    assert_eq!((stats.lateness_ms.count, stats.recent_lateness_ms.count), (2, 2), "both within two minutes");
+    assert!(
+        stats.recent_lateness_ms.max >= 55_000,
+        "level-2 fired 55 s late: {:?}",
+        stats.recent_lateness_ms
+    );
+    clock.set_ms(T0 + 240_000);
+    let stats = store.stats();
+    assert_eq!((stats.lateness_ms.count, stats.recent_lateness_ms.count), (2, 0), "none lately");
     store.close().unwrap();
 }
 

@@ -92,6 +92,10 @@ impl Metrics {
             ] {
                 gauge!("delaywheel_delivery_lateness_ms", "quantile" => quantile).set(ms as f64);
             }
+            let recent = &stats.recent_lateness_ms;
+            for (quantile, ms) in [("0.5", recent.p50), ("0.99", recent.p99), ("1", recent.max)] {
+                gauge!("delaywheel_delivery_lateness_recent_ms", "quantile" => quantile).set(ms as f64);
+            }
             let disk = &stats.disk;
             for (kind, bytes) in [
                 ("commit_log", disk.commit_log),

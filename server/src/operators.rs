@@ -51,16 +51,17 @@ pub(crate) async fn overview(State(shared): State<Arc<Shared>>) -> Response {
         .iter()
         .map(|l| json!({ "group": l.group, "topic": l.topic, "queue": l.queue, "behind": l.behind }))
         .collect();
-    let (disk, retention, lateness) = (&stats.disk, &stats.retention, &stats.lateness_ms);
+    let (disk, retention) = (&stats.disk, &stats.retention);
+    let summary =
+        |l: &delaywheel::Lateness| json!({ "count": l.count, "p50": l.p50, "p99": l.p99, "max": l.max });
     Json(json!({
         "now_ms": delaywheel::Clock::now_ms(&delaywheel::SystemClock),
         "pending": stats.pending,
         "pending_per_level": stats.pending_per_level,
         "pending_by_horizon": horizon,
         "delivered": stats.delivered,
-        "lateness_ms": {
-            "count": lateness.count, "p50": lateness.p50, "p99": lateness.p99, "max": lateness.max,
-        },
+        "lateness_ms": summary(&stats.lateness_ms),
+        "recent_lateness_ms": summary(&stats.recent_lateness_ms),
         "disk_bytes": {
             "commit_log": disk.commit_log,
             "relocated": disk.relocated,

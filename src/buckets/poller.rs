@@ -217,7 +217,7 @@ impl Poller {
         if now_ms < deliver_at_ms {
             stats.early += 1;
         }
-        stats.lateness_ms.saturating_record(now_ms.saturating_sub(deliver_at_ms));
+        stats.record_lateness(now_ms, now_ms.saturating_sub(deliver_at_ms));
         Ok(())
     }
 

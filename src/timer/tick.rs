@@ -597,7 +597,7 @@ impl Ticker {
                 self.log.append_reserved(DELIVERY_LEN, |buf, offset| {
                     encode_delivery(buf, offset, now_ms, timer.message_offset);
                 })?;
-                stats.lateness_ms.saturating_record(now_ms - timer.deliver_at_ms);
+                stats.record_lateness(now_ms, now_ms - timer.deliver_at_ms);
                 self.counts.settled(timer.message_offset);
             }
             stats.delivered += due.len() as u64;
