@@ -707,12 +707,12 @@ impl Store {
     /// thread, after everything put before the call is indexed.
     ///
     /// ```
-    /// # use delaywheel::{Config, Message, Store};
+    /// # use delaywheel::{Clock, Config, Message, Store, SystemClock};
     /// # let dir = tempfile::tempdir()?;
     /// let store = Store::open(Config::new(dir.path()))?;
-    /// let due = 4_000_000_000_000; // 2096
-    /// store.put(Message::new("orders", "pay?").deliver_at_ms(due))?;
-    /// assert_eq!(store.pending_counts(&[due, due + 1_000])?, [0, 1, 0]);
+    /// let minute = (SystemClock.now_ms() / 1_000 + 60) * 1_000; // a whole second, a minute ahead
+    /// store.put(Message::new("orders", "pay?").deliver_at_ms(minute + 250))?;
+    /// assert_eq!(store.pending_counts(&[minute, minute + 1_000])?, [0, 1, 0]);
     /// # store.close()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
