@@ -42,14 +42,20 @@ pub struct PerfArgs {
     #[arg(long, default_value_t = 128)]
     body_bytes: usize,
     /// Delays drawn uniformly from A..B milliseconds (default 0..10000).
-    #[arg(long, value_parser = parse_range, conflicts_with_all = ["levels", "same_second"])]
+    #[arg(long, value_parser = parse_range, conflicts_with_all = ["levels", "same_second", "same_millisecond"])]
     delay_ms: Option<(u64, u64)>,
     /// Legacy levels drawn uniformly from A..B (or A..=B).
-    #[arg(long, value_parser = parse_range, conflicts_with = "same_second")]
+    #[arg(long, value_parser = parse_range, conflicts_with_all = ["same_second", "same_millisecond"])]
     levels: Option<(u64, u64)>,
     /// Every message due within one and the same second, after the last put.
-    #[arg(long)]
+    #[arg(long, conflicts_with = "same_millisecond")]
     same_second: bool,
+    /// Every message due at one and the same millisecond, after the last put.
+    #[arg(long)]
+    same_millisecond: bool,
+    /// Spread the topic over N queues, each read by its own consumer thread.
+    #[arg(long, default_value_t = 1)]
+    consumers: u32,
     #[arg(long, default_value_t = 1)]
     producers: usize,
     /// Puts per second over all producers (0: as fast as they can).
@@ -129,15 +135,27 @@ enum Workload {
     Levels(u64, u64),
     /// All due in this epoch second.
     SameSecond(u64),
+    /// All due at this epoch millisecond.
+    SameMillisecond(u64),
 }
 
 impl Workload {
-    fn message(&self, body: bytes::Bytes, rng: &mut fastrand::Rng, now_ms: u64) -> Message {
-        let message = Message::new(TOPIC, body).queue_id(0);
+    fn message(&self, body: bytes::Bytes, queue: u32, rng: &mut fastrand::Rng, now_ms: u64) -> Message {
+        let message = Message::new(TOPIC, body).queue_id(queue);
         match *self {
             Workload::DelayMs(a, b) => message.deliver_at_ms(now_ms + rng.u64(a..b)),
             Workload::Levels(a, b) => message.delay_level(rng.u64(a..b) as u16),
             Workload::SameSecond(second) => message.deliver_at_ms(second * 1000 + rng.u64(0..1000)),
+            Workload::SameMillisecond(at) => message.deliver_at_ms(at),
+        }
+    }
+
+    /// The instant a burst begins at (epoch ms), for the two burst workloads.
+    fn burst_ms(&self) -> Option<u64> {
+        match *self {
+            Workload::SameSecond(second) => Some(second * 1000),
+            Workload::SameMillisecond(at) => Some(at),
+            _ => None,
         }
     }
 }
@@ -150,9 +168,9 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     if args.batch == Some(0) || args.inflight == Some(0) {
         return Err(Failure::Usage("--batch and --inflight must be at least 1".into()));
     }
-    if args.body_bytes < 8 || args.producers == 0 || args.messages == 0 {
+    if args.body_bytes < 8 || args.producers == 0 || args.messages == 0 || args.consumers == 0 {
         return Err(Failure::Usage(
-            "--body-bytes must be at least 8, --producers and --messages at least 1".into(),
+            "--body-bytes must be at least 8, --producers, --consumers and --messages at least 1".into(),
         ));
     }
     let keep = args.keep || args.dir.is_some();
@@ -165,25 +183,33 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         SchedulerArg::Wheel => Scheduler::Wheel,
         SchedulerArg::Buckets => Scheduler::Buckets,
     };
-    let config = Config::new(&dir).with_queues_per_topic(1).with_flush_mode(flush).with_scheduler(scheduler);
+    let config = Config::new(&dir)
+        .with_queues_per_topic(args.consumers)
+        .with_flush_mode(flush)
+        .with_scheduler(scheduler);
     let store = Arc::new(Store::open(config)?);
     let workload = match workload {
         Workload::SameSecond(_) => {
             // Begins after the last put: now + 2 s + N / 200,000 s.
             Workload::SameSecond((SystemClock.now_ms() + 2_000 + args.messages / 200) / 1000 + 1)
         }
+        Workload::SameMillisecond(_) => {
+            Workload::SameMillisecond(SystemClock.now_ms() + 2_000 + args.messages / 200)
+        }
         other => other,
     };
     let ledger = Arc::new(Ledger::new(args.messages));
     let stop = Arc::new(AtomicBool::new(false));
     let last_seen_ms = Arc::new(AtomicU64::new(0));
-    let consumer = {
-        let (store, ledger, stop) = (Arc::clone(&store), Arc::clone(&ledger), Arc::clone(&stop));
-        let last_seen = Arc::clone(&last_seen_ms);
-        std::thread::Builder::new()
-            .name("perf-consumer".into())
-            .spawn(move || consume(&store, &ledger, &stop, &last_seen))?
-    };
+    let consumers = (0..args.consumers)
+        .map(|queue| {
+            let (store, ledger, stop) = (Arc::clone(&store), Arc::clone(&ledger), Arc::clone(&stop));
+            let last_seen = Arc::clone(&last_seen_ms);
+            std::thread::Builder::new()
+                .name(format!("perf-consumer-{queue}"))
+                .spawn(move || consume(&store, queue, &ledger, &stop, &last_seen))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
 
     let started = Instant::now();
     let (latest_due, put_latency) = put_all(&store, &ledger, workload, &args)?;
@@ -195,7 +221,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         wait_for_deliveries(&ledger, acked, latest_due, args.json);
     }
     stop.store(true, Ordering::Release);
-    let (lateness, first_last) = consumer.join().map_err(|_| "the consumer thread panicked")??;
+    let (lateness, first_last) = join_consumers(consumers)?;
     let run_end_ms = SystemClock.now_ms();
 
     let delivered = ledger.delivered.load(Ordering::Acquire);
@@ -229,17 +255,18 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "rss_peak_bytes": rss_peak_bytes(),
         "disk_bytes": disk,
         "pending": stats.pending,
-        "same_second_last_ms": match workload {
-            // The last delivery seen, in ms after the second all timers were due in began.
-            Workload::SameSecond(second) => first_last.map(|_| last_seen_ms.load(Ordering::Acquire).saturating_sub(second * 1000)),
-            _ => None,
-        },
+        "consumers": args.consumers,
+        // The last delivery seen, in ms after the burst's instant (the
+        // second's beginning, or the millisecond all timers were due at).
+        "burst_last_seen_ms": workload.burst_ms().and_then(|at| first_last.map(|_| last_seen_ms.load(Ordering::Acquire).saturating_sub(at))),
         // The latest delivery the wheel made (its delivery record's time), in
-        // ms after that second began: the consumer sees it once indexed.
-        "same_second_last_delivered_ms": match workload {
-            Workload::SameSecond(second) => first_last.map(|_| ledger.last_delivered_ms.load(Ordering::Acquire).saturating_sub(second * 1000)),
-            _ => None,
-        },
+        // ms after that instant: the consumer sees it once indexed.
+        "burst_last_delivered_ms": workload.burst_ms().and_then(|at| first_last.map(|_| ledger.last_delivered_ms.load(Ordering::Acquire).saturating_sub(at))),
+        // Deliveries per second from the burst's instant to the last sighting.
+        "burst_per_sec": workload.burst_ms().and_then(|at| {
+            let span_ms = last_seen_ms.load(Ordering::Acquire).saturating_sub(at).max(1);
+            first_last.map(|_| delivered as f64 * 1000.0 / span_ms as f64)
+        }),
         // Counted by the scheduler at the moment it delivered (before the
         // dispatcher and the consumer): where the delay comes from.
         "early_at_scheduler": stats.early,
@@ -270,6 +297,9 @@ fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
     if args.same_second {
         return Ok(Workload::SameSecond(0));
     }
+    if args.same_millisecond {
+        return Ok(Workload::SameMillisecond(0));
+    }
     if let Some((a, b)) = args.levels {
         if a == 0 || b > 19 {
             return Err(Failure::Usage(format!("--levels {a}..{b}: levels run from 1 to 18")));
@@ -283,14 +313,32 @@ fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
 /// The consumer's lateness histogram and its first and last delivery instants.
 type Consumed = (Histogram<u64>, Option<(Instant, Instant)>);
 
-/// Consumes until told to stop.
+/// Joins the consumer threads: their lateness merged, the first first and the last last delivery.
+fn join_consumers(
+    consumers: Vec<std::thread::JoinHandle<Result<Consumed, String>>>,
+) -> Result<Consumed, Failure> {
+    let mut lateness = lateness_histogram();
+    let mut first_last: Option<(Instant, Instant)> = None;
+    for consumer in consumers {
+        let (seen, span) = consumer.join().map_err(|_| "a consumer thread panicked")??;
+        lateness.add(seen).map_err(|e| format!("merging lateness: {e}"))?;
+        first_last = match (first_last, span) {
+            (Some((f, l)), Some((f2, l2))) => Some((f.min(f2), l.max(l2))),
+            (one, other) => one.or(other),
+        };
+    }
+    Ok((lateness, first_last))
+}
+
+/// Consumes `queue` until told to stop.
 fn consume(
     store: &Store,
+    queue: u32,
     ledger: &Ledger,
     stop: &AtomicBool,
     last_seen_ms: &AtomicU64,
 ) -> Result<Consumed, String> {
-    let mut consumer = store.consumer(TOPIC, 0).map_err(|e| e.to_string())?;
+    let mut consumer = store.consumer(TOPIC, queue).map_err(|e| e.to_string())?;
     let mut lateness = lateness_histogram();
     let mut first_last: Option<(Instant, Instant)> = None;
     while !stop.load(Ordering::Acquire) {
@@ -301,7 +349,7 @@ fn consume(
         let now_ms = SystemClock.now_ms();
         let now = Instant::now();
         first_last = Some((first_last.map_or(now, |(first, _)| first), now));
-        last_seen_ms.store(now_ms, Ordering::Release);
+        last_seen_ms.fetch_max(now_ms, Ordering::AcqRel);
         for m in &batch {
             let body = m.body();
             let id = u64::from_le_bytes(body[..8].try_into().map_err(|_| "short body")?);

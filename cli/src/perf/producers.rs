@@ -58,6 +58,8 @@ struct Producer {
     cancel_ratio: f64,
     /// Whether each message gets a key (`--keys`).
     keys: bool,
+    /// The topic's queues: message `id` goes to queue `id % queues`.
+    queues: u32,
     pace: Pace,
     latest_due: u64,
     /// Whether put latency is recorded: not for one async put at a time,
@@ -72,7 +74,8 @@ impl Producer {
         let mut body = BytesMut::with_capacity(self.body_bytes);
         body.put_u64_le(id);
         body.put_bytes(b'x', self.body_bytes - 8);
-        let message = self.workload.message(body.freeze(), &mut self.rng, SystemClock.now_ms());
+        let queue = (id % u64::from(self.queues)) as u32;
+        let message = self.workload.message(body.freeze(), queue, &mut self.rng, SystemClock.now_ms());
         if self.keys { message.key(format!("order-{id}")) } else { message }
     }
 
@@ -173,6 +176,7 @@ pub fn put_all(
                 body_bytes: args.body_bytes,
                 cancel_ratio: args.cancel_ratio,
                 keys: args.keys,
+                queues: args.consumers,
                 pace: Pace::new(args.rate, args.producers as u64),
                 latest_due: 0,
                 timed: args.flush == FlushArg::Sync || !matches!(path, PutPath::One),

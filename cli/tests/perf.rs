@@ -1,0 +1,33 @@
+//! `delaywheel perf` bursts: every timer due at one millisecond, read by
+//! several consumers, each on its own queue.
+
+use std::process::Command;
+
+#[test]
+fn a_same_millisecond_burst_over_three_consumers_is_delivered_once_and_never_early() {
+    let output = Command::new(env!("CARGO_BIN_EXE_delaywheel"))
+        .args(["perf", "--messages", "20000", "--same-millisecond", "--consumers", "3", "--json"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    for (key, want) in [("delivered", 20_000), ("lost", 0), ("duplicated", 0), ("early", 0), ("consumers", 3)]
+    {
+        assert_eq!(report[key], want, "{key}: {report}");
+    }
+    let seen = report["burst_last_seen_ms"].as_u64().expect("the burst's last sighting");
+    let wheel = report["burst_last_delivered_ms"].as_u64().expect("the wheel's last delivery");
+    assert!(wheel <= seen, "seen after the wheel delivered: {report}");
+    assert!(report["burst_per_sec"].as_f64().unwrap() > 0.0);
+}
+
+#[test]
+fn consumers_must_be_at_least_one() {
+    let output = Command::new(env!("CARGO_BIN_EXE_delaywheel"))
+        .args(["perf", "--messages", "10", "--consumers", "0"])
+        .output()
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2), "a usage error");
+    assert!(String::from_utf8_lossy(&output.stderr).contains("--consumers"));
+}
