@@ -20,6 +20,9 @@ fn a_same_millisecond_burst_over_three_consumers_is_delivered_once_and_never_ear
     let wheel = report["burst_last_delivered_ms"].as_u64().expect("the wheel's last delivery");
     assert!(wheel <= seen, "seen after the wheel delivered: {report}");
     assert!(report["burst_per_sec"].as_f64().unwrap() > 0.0);
+    // The instant comes after the last put: every delivery counts as after the puts too.
+    assert!(report["lateness_ms"]["max"].as_u64().unwrap() > 0, "a burst of 20,000 takes time: {report}");
+    assert_eq!(report["lateness_after_puts_ms"], report["lateness_ms"], "{report}");
 }
 
 #[test]

@@ -19,6 +19,8 @@ pub struct Ledger {
     pub early: AtomicU64,
     /// The latest delivery instant the wheel recorded (a delivery record's time).
     pub last_delivered_ms: AtomicU64,
+    /// When the last put returned (epoch ms; `u64::MAX` until then).
+    pub puts_done_ms: AtomicU64,
 }
 
 impl Ledger {
@@ -33,6 +35,7 @@ impl Ledger {
             duplicated: AtomicU64::new(0),
             early: AtomicU64::new(0),
             last_delivered_ms: AtomicU64::new(0),
+            puts_done_ms: AtomicU64::new(u64::MAX),
         }
     }
 

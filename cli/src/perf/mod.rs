@@ -214,6 +214,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let started = Instant::now();
     let (latest_due, put_latency) = put_all(&store, &ledger, workload, &args)?;
     let enqueue_secs = started.elapsed().as_secs_f64();
+    ledger.puts_done_ms.store(SystemClock.now_ms(), Ordering::Release);
     let acked = args.messages;
     if args.no_wait {
         wait_for_indexing(&store, acked);
@@ -221,7 +222,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         wait_for_deliveries(&ledger, acked, latest_due, args.json);
     }
     stop.store(true, Ordering::Release);
-    let (lateness, first_last) = join_consumers(consumers)?;
+    let Consumed { lateness, after_puts, first_last } = join_consumers(consumers)?;
     let run_end_ms = SystemClock.now_ms();
 
     let delivered = ledger.delivered.load(Ordering::Acquire);
@@ -251,6 +252,9 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "early": ledger.early.load(Ordering::Acquire),
         "deliver_per_sec": if deliver_secs > 0.0 { delivered as f64 / deliver_secs } else { 0.0 },
         "lateness_ms": lateness_json(&lateness),
+        // Of the timers due after the last put returned: the lateness of
+        // delivery alone, without the puts competing for the cores.
+        "lateness_after_puts_ms": lateness_json(&after_puts),
         "heap_peak_bytes": heap_peak_bytes(),
         "rss_peak_bytes": rss_peak_bytes(),
         "disk_bytes": disk,
@@ -310,24 +314,30 @@ fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
     Ok(Workload::DelayMs(a, b))
 }
 
-/// The consumer's lateness histogram and its first and last delivery instants.
-type Consumed = (Histogram<u64>, Option<(Instant, Instant)>);
+/// What consumers saw: lateness, of all and of the timers due after the
+/// last put returned, and the first and last delivery instants.
+struct Consumed {
+    lateness: Histogram<u64>,
+    after_puts: Histogram<u64>,
+    first_last: Option<(Instant, Instant)>,
+}
 
 /// Joins the consumer threads: their lateness merged, the first first and the last last delivery.
 fn join_consumers(
     consumers: Vec<std::thread::JoinHandle<Result<Consumed, String>>>,
 ) -> Result<Consumed, Failure> {
-    let mut lateness = lateness_histogram();
-    let mut first_last: Option<(Instant, Instant)> = None;
+    let mut all =
+        Consumed { lateness: lateness_histogram(), after_puts: lateness_histogram(), first_last: None };
     for consumer in consumers {
-        let (seen, span) = consumer.join().map_err(|_| "a consumer thread panicked")??;
-        lateness.add(seen).map_err(|e| format!("merging lateness: {e}"))?;
-        first_last = match (first_last, span) {
+        let seen = consumer.join().map_err(|_| "a consumer thread panicked")??;
+        all.lateness.add(seen.lateness).map_err(|e| format!("merging lateness: {e}"))?;
+        all.after_puts.add(seen.after_puts).map_err(|e| format!("merging lateness: {e}"))?;
+        all.first_last = match (all.first_last, seen.first_last) {
             (Some((f, l)), Some((f2, l2))) => Some((f.min(f2), l.max(l2))),
             (one, other) => one.or(other),
         };
     }
-    Ok((lateness, first_last))
+    Ok(all)
 }
 
 /// Consumes `queue` until told to stop.
@@ -340,6 +350,7 @@ fn consume(
 ) -> Result<Consumed, String> {
     let mut consumer = store.consumer(TOPIC, queue).map_err(|e| e.to_string())?;
     let mut lateness = lateness_histogram();
+    let mut after_puts = lateness_histogram();
     let mut first_last: Option<(Instant, Instant)> = None;
     while !stop.load(Ordering::Acquire) {
         let batch = consumer.poll(POLL_BATCH, Duration::from_millis(50)).map_err(|e| e.to_string())?;
@@ -358,12 +369,15 @@ fn consume(
                 ledger.early.fetch_add(1, Ordering::AcqRel);
             }
             lateness.saturating_record(now_ms.saturating_sub(due));
+            if due >= ledger.puts_done_ms.load(Ordering::Acquire) {
+                after_puts.saturating_record(now_ms.saturating_sub(due));
+            }
             ledger.last_delivered_ms.fetch_max(m.delivered_at_ms(), Ordering::AcqRel);
             ledger.deliver(id)?;
         }
         consumer.commit();
     }
-    Ok((lateness, first_last))
+    Ok(Consumed { lateness, after_puts, first_last })
 }
 
 /// Waits until every acknowledged message is delivered, or the latest deliver
