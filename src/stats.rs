@@ -200,9 +200,7 @@ impl TimerStats {
             rebuilds: 0,
         }
     }
-}
 
-impl TimerStats {
     /// Records one delivery's lateness, since open and for this minute.
     pub fn record_lateness(&mut self, now_ms: u64, lateness_ms: u64) {
         self.lateness_ms.saturating_record(lateness_ms);
