@@ -15,20 +15,17 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
-use crate::format::record::{
-    CANCEL_LEN, DELIVERY_LEN, MessageView, RESCHEDULE_LEN, RecordKind, RescheduleView, encode_cancel,
-    encode_delivery,
-};
+use crate::format::record::{DELIVERY_LEN, MessageView, RecordKind, RescheduleView, encode_delivery};
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::threads::StopFlag;
 use crate::timer::Timer;
-use crate::timer::cancels::{CancelState, CancelTarget};
-use crate::timer::ledger::LedgerEntry;
 use crate::timer::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::{FilesToSync, Wheel};
 use crate::timer::window::PendingEntry;
+
+mod control;
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -408,147 +405,6 @@ impl Ticker {
                 Ok(())
             }
         }
-    }
-
-    /// Cancels or reschedules the timer a handle names: the message's own,
-    /// or its latest reschedule's. Waits (deferred) until the dispatcher has
-    /// sent that timer. The ticking thread is the only place that delivers,
-    /// cancels or reschedules, so the answer and the record agree.
-    fn control(&mut self, handle: Timer, control: Control) -> Result<()> {
-        let timer = match self.wheel.current_timer(handle) {
-            Ok(timer) => timer,
-            Err(e) => {
-                tracing::error!(error = %e, "could not tell which timer a handle names now");
-                control.fail(e);
-                return Ok(());
-            }
-        };
-        if timer.message_offset >= self.indexed {
-            self.deferred.push((handle, control));
-            return Ok(());
-        }
-        match control {
-            Control::Cancel(reply) => self.cancel(timer, reply),
-            Control::Reschedule(deliver_at_ms, reply) => {
-                self.reschedule(handle.message_offset, timer, deliver_at_ms, reply)
-            }
-        }
-    }
-
-    /// Decides a timer's fate.
-    fn cancel(&mut self, timer: Timer, reply: Sender<Result<CancelOutcome>>) -> Result<()> {
-        let _span = tracing::debug_span!("cancel", offset = timer.message_offset).entered();
-        self.answer("cancel", timer, reply, |ticker, target| match target {
-            CancelTarget::AlreadyDelivered => Ok(CancelOutcome::AlreadyDelivered),
-            CancelTarget::AlreadyCancelled => Ok(CancelOutcome::Cancelled),
-            target => ticker.record_and_apply_cancel(timer, target),
-        })
-    }
-
-    /// Finds where `timer` is, has `decide` act on it, and sends the answer.
-    /// A failed lookup (reading the cancel ledger) is this caller's answer
-    /// and changes nothing, so the wheel goes on; a record that could not be
-    /// written stops the wheel (`run` poisons the log).
-    fn answer<T>(
-        &mut self,
-        what: &'static str,
-        timer: Timer,
-        reply: Sender<Result<T>>,
-        decide: impl FnOnce(&mut Self, CancelTarget) -> Result<T>,
-    ) -> Result<()> {
-        let target = match self.wheel.locate_for_cancel(&timer) {
-            Ok(target) => target,
-            Err(e) => {
-                tracing::error!(error = %e, "could not tell whether a timer was cancelled");
-                let _ = reply.send(Err(e));
-                return Ok(());
-            }
-        };
-        let outcome = decide(self, target);
-        let failed = outcome.is_err();
-        let _ = reply.send(outcome);
-        if failed {
-            return Err(Error::invalid(what, format!("the wheel could not record a {what}")));
-        }
-        Ok(())
-    }
-
-    /// Writes the cancel record, then changes the wheel: a cancel that could
-    /// not be recorded changes nothing.
-    fn record_and_apply_cancel(&mut self, timer: Timer, target: CancelTarget) -> Result<CancelOutcome> {
-        let now_ms = self.clock.now_ms();
-        let (cancel_offset, _) = self.log.append_reserved(CANCEL_LEN, |buf, offset| {
-            encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);
-        })?;
-        let state = self.wheel.apply_cancel(timer, target)?;
-        if state == CancelState::Cancelled {
-            // The timer is cancelled either way; without its ledger entry only
-            // a repeated cancel after its time would answer wrong.
-            if let Err(e) = self.wheel.record_cancel(timer, cancel_offset) {
-                tracing::error!(error = %e, offset = timer.message_offset, "could not enter a cancel in the ledger");
-            }
-            self.count_cancel(timer, cancel_offset);
-            self.wake_indexers();
-        }
-        Ok(match state {
-            CancelState::Cancelled => CancelOutcome::Cancelled,
-            CancelState::AlreadyDelivered => CancelOutcome::AlreadyDelivered,
-        })
-    }
-
-    /// A cancel settles its timer, and its record stays of use until the
-    /// timer's time has passed: retention relocates such a cancel (a timer
-    /// relocated with its cancelled message must not fire from a rebuilt wheel).
-    fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
-        self.counts.settled(timer.message_offset);
-        self.counts.cancel_recorded(cancel_offset, timer.deliver_at_ms);
-    }
-
-    /// Moves `timer` (of the message at `message_offset`) to `deliver_at_ms`.
-    fn reschedule(
-        &mut self,
-        message_offset: u64,
-        timer: Timer,
-        deliver_at_ms: u64,
-        reply: Sender<Result<RescheduleOutcome>>,
-    ) -> Result<()> {
-        let _span =
-            tracing::debug_span!("reschedule", offset = timer.message_offset, deliver_at_ms).entered();
-        self.answer("reschedule", timer, reply, |ticker, target| match target {
-            CancelTarget::AlreadyDelivered => Ok(RescheduleOutcome::AlreadyDelivered),
-            CancelTarget::AlreadyCancelled => Ok(RescheduleOutcome::Cancelled),
-            target => ticker.record_and_apply_reschedule(message_offset, timer, deliver_at_ms, target),
-        })
-    }
-
-    /// Writes the reschedule record, then takes the old timer out of the
-    /// wheel (as a cancel does); the new one is the record's, indexed when
-    /// the dispatcher reaches it. A reschedule that could not be recorded
-    /// changes nothing.
-    fn record_and_apply_reschedule(
-        &mut self,
-        message_offset: u64,
-        timer: Timer,
-        deliver_at_ms: u64,
-        target: CancelTarget,
-    ) -> Result<RescheduleOutcome> {
-        let view = RescheduleView {
-            rescheduled_at_ms: self.clock.now_ms(),
-            message_offset,
-            from_timer: timer.message_offset,
-            from_deliver_at_ms: timer.deliver_at_ms,
-            deliver_at_ms,
-        };
-        let (record, _) = self.log.append_reserved(RESCHEDULE_LEN, |buf, offset| view.encode(buf, offset))?;
-        let state = self.wheel.apply_cancel(timer, target)?;
-        debug_assert_eq!(state, CancelState::Cancelled, "located as pending");
-        let entry = LedgerEntry::reschedule(message_offset, deliver_at_ms, record);
-        // Without its ledger entry, the handle would name the old timer again:
-        // the ledger is then unreliable, and the wheel is rebuilt.
-        self.wheel.record_in_ledger(entry)?;
-        self.counts.settled(timer.message_offset);
-        self.wake_indexers();
-        Ok(RescheduleOutcome::Rescheduled)
     }
 
     /// How long to sleep: until the next timer is due or the next second

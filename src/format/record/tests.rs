@@ -1,0 +1,190 @@
+use super::*;
+use crate::format::hex;
+use crate::message::Message;
+use proptest::prelude::*;
+
+fn encode(msg: &Message, offset: u64, queue: u32, store: u64, timing: Timing) -> Vec<u8> {
+    let fields = msg.fields(queue, store, timing);
+    let mut buf = vec![0u8; fields.record_len()];
+    encode_message(&mut buf, offset, &fields);
+    buf
+}
+
+#[test]
+fn message_golden_bytes_match_wheel_format_md() {
+    let msg = Message::new("T", "hi").key("k").property("p", "v");
+    let bytes = encode(&msg, 32, 1, 1_700_000_000_000, Timing::default());
+    // The same hex stands in wheel-format.md, "Message record".
+    assert_eq!(
+        hex(&bytes),
+        concat!(
+            "a39bd822",
+            "3a000000",
+            "01",
+            "01",
+            "0000",
+            "0068e5cf8b010000",
+            "0000000000000000",
+            "01000000",
+            "0000",
+            "01",
+            "00",
+            "0100",
+            "0000",
+            "06000000",
+            "02000000",
+            "54",
+            "6b",
+            "0100700100 76",
+            "6869"
+        )
+        .replace(' ', "")
+    );
+}
+
+#[test]
+fn delivery_golden_bytes_match_wheel_format_md() {
+    let mut buf = [0u8; DELIVERY_LEN];
+    encode_delivery(&mut buf, 4096, 1_700_000_001_000, 32);
+    assert_eq!(check_frame(&buf, 4096), Ok(Frame { kind: RecordKind::Delivery, len: DELIVERY_LEN }));
+    assert_eq!(
+        DeliveryView::parse(&buf),
+        Ok(DeliveryView { delivered_at_ms: 1_700_000_001_000, message_offset: 32 })
+    );
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!("1c000000", "02", "01", "0000", "e86be5cf8b010000", "2000000000000000")
+    );
+}
+
+#[test]
+fn cancel_golden_bytes_match_wheel_format_md() {
+    let mut buf = [0u8; CANCEL_LEN];
+    encode_cancel(&mut buf, 8192, 1_700_000_000_500, 32, 1_700_000_001_000);
+    assert_eq!(check_frame(&buf, 8192), Ok(Frame { kind: RecordKind::Cancel, len: CANCEL_LEN }));
+    let view = CancelView::parse(&buf).unwrap();
+    assert_eq!((view.message_offset, view.deliver_at_ms), (32, 1_700_000_001_000));
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!("24000000", "03", "01", "0000", "f469e5cf8b010000", "2000000000000000", "e86be5cf8b010000")
+    );
+}
+
+#[test]
+fn reschedule_golden_bytes_match_wheel_format_md() {
+    let view = RescheduleView {
+        rescheduled_at_ms: 1_700_000_000_500,
+        message_offset: 32,
+        from_timer: 32,
+        from_deliver_at_ms: 1_700_000_001_000,
+        deliver_at_ms: 1_700_000_601_000,
+    };
+    let mut buf = [0u8; RESCHEDULE_LEN];
+    view.encode(&mut buf, 8192);
+    assert_eq!(check_frame(&buf, 8192), Ok(Frame { kind: RecordKind::Reschedule, len: RESCHEDULE_LEN }));
+    assert_eq!(RescheduleView::parse(&buf), Ok(view));
+    assert_eq!(record_time_ms(RecordKind::Reschedule, &buf), Some(1_700_000_000_500));
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!(
+            "34000000",
+            "06",
+            "01",
+            "0000",
+            "f469e5cf8b010000",
+            "2000000000000000",
+            "2000000000000000",
+            "e86be5cf8b010000",
+            "a893eecf8b010000"
+        )
+    );
+}
+
+#[test]
+fn relocation_golden_bytes_match_wheel_format_md() {
+    let view = RelocationView {
+        relocated_at_ms: 1_700_000_002_000,
+        segment_base: 0,
+        timers: 2,
+        cancels: 1,
+        bytes: 300,
+    };
+    let mut buf = [0u8; RELOCATION_LEN];
+    view.encode(&mut buf, 1 << 20);
+    assert_eq!(check_frame(&buf, 1 << 20), Ok(Frame { kind: RecordKind::Relocation, len: RELOCATION_LEN }));
+    assert_eq!(RelocationView::parse(&buf), Ok(view));
+    assert_eq!(record_time_ms(RecordKind::Relocation, &buf), Some(1_700_000_002_000));
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!(
+            "34000000",
+            "04",
+            "01",
+            "0000",
+            "d06fe5cf8b010000",
+            "0000000000000000",
+            "0200000000000000",
+            "0100000000000000",
+            "2c01000000000000"
+        )
+    );
+}
+
+#[test]
+fn padding_frames_check() {
+    let mut seg = [0u8; 100];
+    encode_padding(&mut seg[40..], 1040);
+    assert_eq!(check_frame(&seg[40..], 1040), Ok(Frame { kind: RecordKind::Padding, len: 60 }));
+    assert!(matches!(check_frame(&seg[40..], 1041), Err(FrameError::Invalid(_))));
+}
+
+#[test]
+fn zeros_are_the_end_not_corruption() {
+    assert_eq!(check_frame(&[0u8; 64], 0), Err(FrameError::Empty));
+}
+
+#[test]
+fn every_flipped_bit_is_caught() {
+    let msg = Message::new("Topic", "body").tags("a||b");
+    let bytes = encode(&msg, 4096, 0, 7, Timing { deliver_at_ms: 9, delay_level: 3 });
+    for bit in 0..bytes.len() * 8 {
+        let mut copy = bytes.clone();
+        copy[bit / 8] ^= 1 << (bit % 8);
+        assert!(check_frame(&copy, 4096).is_err(), "flipped bit {bit} passed");
+    }
+}
+
+fn arb_message() -> impl Strategy<Value = Message> {
+    (
+        "[A-Za-z0-9_]{1,20}",
+        proptest::option::of("[a-z]{0,12}"),
+        proptest::option::of("[a-z|]{0,12}"),
+        proptest::collection::vec(("[a-z]{0,6}", "\\PC{0,6}"), 0..4),
+        proptest::collection::vec(any::<u8>(), 0..300),
+    )
+        .prop_map(|(topic, key, tags, props, body)| {
+            let mut m = Message::new(topic, body);
+            m.key = key;
+            m.tags = tags;
+            m.properties = props;
+            m
+        })
+}
+
+proptest! {
+    #[test]
+    fn messages_round_trip(msg in arb_message(), offset in 0u64..1 << 40, queue in 0u32..1024,
+                           store in any::<u64>(), deliver in any::<u64>(), level in any::<u16>()) {
+        let timing = Timing { deliver_at_ms: deliver, delay_level: level };
+        let bytes = encode(&msg, offset, queue, store, timing);
+        let frame = check_frame(&bytes, offset).unwrap();
+        prop_assert_eq!(frame, Frame { kind: RecordKind::Message, len: bytes.len() });
+        let view = MessageView::parse(&bytes).unwrap();
+        prop_assert_eq!(view.topic, msg.topic.as_str());
+        prop_assert_eq!(view.key, msg.key.as_deref().unwrap_or(""));
+        prop_assert_eq!(view.tags, msg.tags.as_deref().unwrap_or(""));
+        prop_assert_eq!(view.properties().unwrap(), msg.properties.clone());
+        prop_assert_eq!(&bytes[view.body.clone()], &msg.body[..]);
+        prop_assert_eq!((view.queue_id, view.store_time_ms, view.timing), (queue, store, timing));
+    }
+}
