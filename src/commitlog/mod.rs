@@ -216,7 +216,27 @@ impl CommitLog {
     pub fn append_batch(
         &self,
         lens: &[usize],
+        encode: impl FnMut(usize, &mut [u8], u64),
+    ) -> Result<(Vec<u64>, bool)> {
+        self.append_batch_inner(lens, encode, false)
+    }
+
+    /// Like [`append_batch`](Self::append_batch), but may start a segment
+    /// inside the disk reserve, as [`append_reserved`](Self::append_reserved):
+    /// for the ticking thread's deliveries of a tick, written under one lock.
+    pub fn append_batch_reserved(
+        &self,
+        lens: &[usize],
+        encode: impl FnMut(usize, &mut [u8], u64),
+    ) -> Result<(Vec<u64>, bool)> {
+        self.append_batch_inner(lens, encode, true)
+    }
+
+    fn append_batch_inner(
+        &self,
+        lens: &[usize],
         mut encode: impl FnMut(usize, &mut [u8], u64),
+        reserved: bool,
     ) -> Result<(Vec<u64>, bool)> {
         let total: u64 = lens.iter().map(|&len| len as u64).sum();
         let room = self.segment_size - FILE_HEADER_LEN as u64;
@@ -232,7 +252,7 @@ impl CommitLog {
             return Err(Error::Closed);
         }
         if tail.end + total > tail.base + self.segment_size {
-            self.roll(&mut tail, false)?;
+            self.roll(&mut tail, reserved)?;
         }
         let (base, mut at) = (tail.base, tail.end);
         let mut offsets = Vec::with_capacity(lens.len());
