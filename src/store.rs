@@ -609,7 +609,7 @@ impl Store {
         &self.recovery
     }
 
-    /// Bytes on disk of every file the store writes (see [`Stats::disk`]).
+    /// Bytes on disk of every file the store writes (see [`Stats::disk`](crate::Stats::disk)).
     pub fn disk_bytes(&self) -> u64 {
         self.stats().disk_bytes
     }
