@@ -89,16 +89,26 @@ impl ConsumeQueue {
     /// Appends an entry (dispatcher only). Readers see it at once; call
     /// [`notify`](Self::notify) after a batch to wake waiting consumers.
     pub fn append(&self, entry: &Entry) -> Result<()> {
-        let index = self.len();
-        let (file_no, at) = self.position(index);
+        self.append_all(std::iter::once(*entry))
+    }
+
+    /// Appends entries in order under one lock of the writer (a run of
+    /// timers fired together into this queue). A failure (no room for the
+    /// next file) leaves the entries before it appended: see
+    /// [`last`](Self::last).
+    pub fn append_all(&self, entries: impl IntoIterator<Item = Entry>) -> Result<()> {
         let mut slot = self.writer.lock().unwrap_or_else(|e| e.into_inner());
-        if slot.as_ref().is_none_or(|(no, _)| *no != file_no) {
-            *slot = Some((file_no, self.next_file(file_no)?));
+        for entry in entries {
+            let index = self.len();
+            let (file_no, at) = self.position(index);
+            if slot.as_ref().is_none_or(|(no, _)| *no != file_no) {
+                *slot = Some((file_no, self.next_file(file_no)?));
+            }
+            let (_, writer) = slot.as_mut().expect("just ensured");
+            writer.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(index));
+            writer.publish(at + ENTRY_LEN);
+            self.len.store(index + 1, Ordering::Release);
         }
-        let (_, writer) = slot.as_mut().expect("just ensured");
-        writer.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(index));
-        writer.publish(at + ENTRY_LEN);
-        self.len.store(index + 1, Ordering::Release);
         Ok(())
     }
 
@@ -180,6 +190,11 @@ impl ConsumeQueue {
         crate::fs::create_dir(&self.dir)?;
         let header = FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
         Mapped::create(&self.file_path(file_no), self.file_size(), &header)
+    }
+
+    /// The last entry, if the queue has one that reads.
+    pub fn last(&self) -> Option<Entry> {
+        self.len().checked_sub(1).and_then(|index| self.read(index).ok())
     }
 
     /// Reads entry `index`, which must be below [`len`](Self::len).

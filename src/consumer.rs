@@ -13,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY};
-use crate::format::record::{DeliveryView, MessageView, RecordKind, RescheduleView};
+use crate::format::queue_entry::Entry;
+use crate::format::record::{DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView};
 use crate::fs::write_atomically;
 use crate::message::ConsumedMessage;
 use crate::stats::RetentionCounters;
@@ -41,6 +41,9 @@ pub struct Consumer {
     wake: Receiver<()>,
     /// Where skipped entries are counted.
     retention: Arc<RetentionCounters>,
+    /// The deliveries record whose checksum was checked last: its other
+    /// entries' timers are read from it without checking it again.
+    checked_deliveries: u64,
 }
 
 impl Consumer {
@@ -56,7 +59,18 @@ impl Consumer {
         let next = offsets.get(group, queue.topic(), queue.queue_id()).unwrap_or(0);
         let topic = Arc::from(queue.topic());
         let reader = LogReader::new(Arc::clone(&log));
-        Self { topic, log, reader, queue, offsets, group: group.to_string(), next, wake, retention }
+        Self {
+            topic,
+            log,
+            reader,
+            queue,
+            offsets,
+            group: group.to_string(),
+            next,
+            wake,
+            retention,
+            checked_deliveries: 0,
+        }
     }
 
     /// Up to `max` messages from the current position, in queue order,
@@ -170,17 +184,66 @@ impl Consumer {
     /// them (see [`LogReader::touch`]): they lie anywhere in the log.
     fn touch_messages(&mut self, entries: &[Result<Entry>]) {
         let mut touched = 0u8;
-        for entry in entries.iter().flatten().filter(|e| e.flags & FLAG_TIMER_DELIVERY != 0) {
+        for entry in entries.iter().flatten().filter(|e| e.timer_delivery()) {
             let named = self
                 .reader
-                .visit_trusted(entry.log_offset, |_, _, bytes| DeliveryView::parse(bytes).ok())
+                .visit_trusted(entry.log_offset, |_, kind, bytes| match (kind, entry.batch_index()) {
+                    (RecordKind::Delivery, None) => DeliveryView::parse(bytes).ok().map(|d| d.message_offset),
+                    (RecordKind::Deliveries, Some(i)) => {
+                        DeliveriesView::parse(bytes).ok().and_then(|d| d.timer(i)).map(|(timer, _)| timer)
+                    }
+                    _ => None,
+                })
                 .ok()
-                .and_then(|(delivery, _)| delivery);
-            if let Some(delivery) = named {
-                touched ^= self.reader.touch(delivery.message_offset);
+                .and_then(|(timer, _)| timer);
+            if let Some(timer) = named {
+                touched ^= self.reader.touch(timer);
             }
         }
         std::hint::black_box(touched);
+    }
+
+    /// The record of the timer whose delivery entry `entry` (at queue
+    /// position `index`) is: named by the delivery record it points at, or by
+    /// the deliveries record, at the index the entry gives. A deliveries
+    /// record's checksum is checked once for the run of entries that point at it.
+    fn timer_of(&mut self, index: u64, entry: &Entry) -> Result<u64> {
+        let log = &self.log;
+        let bad = |why: String| {
+            let why = format!("consume-queue entry {index} {why}");
+            log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
+        };
+        let (expected, name) = match entry.batch_index() {
+            None => (RecordKind::Delivery, "a delivery record"),
+            Some(_) => (RecordKind::Deliveries, "a deliveries record"),
+        };
+        let named = |at: u64, kind: RecordKind, bytes: &[u8]| -> Result<u64> {
+            if kind != expected {
+                return Err(bad(format!("does not point at {name}")));
+            }
+            if bytes.len() != entry.record_len as usize {
+                return Err(bad("does not match the length of its record".into()));
+            }
+            let Some(i) = entry.batch_index() else {
+                return DeliveryView::parse(bytes)
+                    .map(|d| d.message_offset)
+                    .map_err(|k| log.corruption_at(at, k));
+            };
+            let view = DeliveriesView::parse(bytes).map_err(|k| log.corruption_at(at, k))?;
+            view.timer(i)
+                .map(|(timer, _)| timer)
+                .ok_or_else(|| bad(format!("names timer {i} of a deliveries record of {}", view.len())))
+        };
+        let trusted = entry.batch_index().is_some() && self.checked_deliveries == entry.log_offset;
+        let (timer, _) = match trusted {
+            true => self.reader.visit_trusted(entry.log_offset, named)?,
+            false => self.reader.visit_checked(entry.log_offset, named)?,
+        };
+        let timer = timer?;
+        if entry.batch_index().is_some() {
+            self.checked_deliveries = entry.log_offset;
+        }
+        Ok(timer)
     }
 
     fn read(&mut self, index: u64, entry: Entry) -> Result<ConsumedMessage> {
@@ -188,29 +251,13 @@ impl Consumer {
             let why = format!("consume-queue entry {index} {why}");
             log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
         };
-        let fits = |kind: RecordKind, len: usize| -> Result<()> {
-            let expected = if entry.flags & FLAG_TIMER_DELIVERY != 0 {
-                RecordKind::Delivery
-            } else {
-                RecordKind::Message
-            };
-            if kind != expected {
-                return Err(bad(&self.log, "does not point at a message or a delivery record"));
-            }
-            if len != entry.record_len as usize {
-                return Err(bad(&self.log, "does not match the length of its record"));
-            }
-            Ok(())
-        };
-        let (record, rescheduled_to) = if entry.flags & FLAG_TIMER_DELIVERY != 0 {
-            // A timer's entry points at its delivery record, which names the
-            // record of the timer: the message, or a reschedule record that
-            // names the message. The delivery is only looked at, not shared.
-            let (named, _) = self.reader.visit_checked(entry.log_offset, |at, kind, bytes| {
-                fits(kind, bytes.len())?;
-                DeliveryView::parse(bytes).map_err(|kind| self.log.corruption_at(at, kind))
-            })?;
-            let mut record = self.reader.read(named?.message_offset)?;
+        let (record, rescheduled_to) = if entry.timer_delivery() {
+            // A timer's entry points at its delivery (or deliveries) record,
+            // which names the record of the timer: the message, or a
+            // reschedule record that names the message. The delivery is
+            // only looked at, not shared.
+            let timer = self.timer_of(index, &entry)?;
+            let mut record = self.reader.read(timer)?;
             let mut rescheduled_to = None;
             if record.kind == RecordKind::Reschedule {
                 let r = RescheduleView::parse(&record.bytes)
@@ -224,7 +271,12 @@ impl Consumer {
             (record, rescheduled_to)
         } else {
             let record = self.reader.read(entry.log_offset)?;
-            fits(record.kind, record.bytes.len())?;
+            if record.kind != RecordKind::Message {
+                return Err(bad(&self.log, "does not point at a message or a delivery record"));
+            }
+            if record.bytes.len() != entry.record_len as usize {
+                return Err(bad(&self.log, "does not match the length of its record"));
+            }
             (record, None)
         };
         let view =

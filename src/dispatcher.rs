@@ -6,7 +6,9 @@
 //! * a timed message → the scheduler (a timer sent to the wheel's thread, or
 //!   an entry in a level queue of the buckets);
 //! * a delivery → an entry in the real topic's consume queue pointing at the
-//!   original message record (the body is never copied);
+//!   delivery record, which names the original message record (the body is
+//!   never copied); a deliveries record → one such entry per timer it
+//!   names, in the queue it names, without reading the messages;
 //! * the buckets' copy of a delivered message → an entry in its real topic.
 
 use std::cell::{Cell, RefCell};
@@ -19,9 +21,9 @@ use crossbeam_channel::Receiver;
 use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, tag_hash};
+use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, batch_flags, tag_hash};
 use crate::format::record::{
-    CancelView, DELIVERY_LEN, DeliveryView, MessageView, RecordKind, RescheduleView,
+    CancelView, DELIVERY_LEN, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView,
 };
 use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
@@ -262,6 +264,11 @@ impl Dispatcher {
                     Err(e) => Err(e),
                 }
             }
+            RecordKind::Deliveries => match self.deliveries(offset, bytes) {
+                Ok(view) => self.index_deliveries(offset, bytes.len(), &view).map(Some),
+                Err(e @ Error::Corruption { .. }) => self.quarantine(offset, e),
+                Err(e) => Err(e),
+            },
             RecordKind::Reschedule => match RescheduleView::parse(bytes) {
                 // The ticker replaced the old timer when it wrote the record;
                 // the new one is indexed here, in log order, like a message's.
@@ -324,6 +331,91 @@ impl Dispatcher {
                 Err(message) => named = message,
             }
         }
+    }
+
+    /// Indexes the deliveries record at `offset` (`len` bytes): one entry per
+    /// timer, each pointing at the record and naming its timer by index;
+    /// consumers follow it to the timer's record and on to the message.
+    ///
+    /// No message is read: retention keeps every message whose delivery is
+    /// not indexed yet. Only a record written before this open may name a
+    /// message retention has deleted since (a rebuild of the indexes from the
+    /// oldest segment): those timers are left out, as a delivery record's are.
+    ///
+    /// A retry after a failure part way (a full disk) appends only the
+    /// entries not appended yet: the queue's last entry says how far it got.
+    fn index_deliveries(
+        &self,
+        offset: u64,
+        len: usize,
+        view: &DeliveriesView<'_>,
+    ) -> Result<Arc<ConsumeQueue>> {
+        let queue = self.queues.get_or_create(view.topic, view.queue_id);
+        let appended = queue.last().filter(|e| e.log_offset == offset).and_then(|e| e.batch_index());
+        let replayed = offset < self.replay_end;
+        let mut kept = 0;
+        let entries = view.timers().enumerate().filter_map(|(i, (timer, tag_hash))| {
+            if replayed && !self.replayed_timer_readable(offset, timer) {
+                return None;
+            }
+            kept += 1;
+            let time_ms = view.delivered_at_ms;
+            let entry = Entry {
+                log_offset: offset,
+                record_len: len as u32,
+                tag_hash,
+                time_ms,
+                flags: batch_flags(i),
+            };
+            appended.is_none_or(|last| i > last).then_some(entry)
+        });
+        queue.append_all(entries)?;
+        self.note_count(view.topic, -kept);
+        Ok(queue)
+    }
+
+    /// Whether the message of a timer in the deliveries record at `offset`,
+    /// written before this open, is there to be read, checksum checked (the
+    /// checks a delivery record's message gets when it is indexed): one
+    /// retention deleted is counted and left out, a damaged one quarantined.
+    fn replayed_timer_readable(&self, offset: u64, timer: u64) -> bool {
+        let mut originals = self.originals.borrow_mut();
+        let mut named = timer;
+        for _ in 0..2 {
+            let step = originals.visit_checking(named, true, |at, kind, record| match kind {
+                RecordKind::Message => self.message(at, record).map(|_| None),
+                RecordKind::Reschedule if named == timer => RescheduleView::parse(record)
+                    .map(|r| Some(r.message_offset))
+                    .map_err(|kind| self.log.corruption_at(at, kind)),
+                _ => {
+                    let why = format!("deliveries record at {offset} names a {kind:?} record");
+                    Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)))
+                }
+            });
+            match step.and_then(|(step, _)| step) {
+                Ok(None) => return true,
+                Ok(Some(message)) => named = message,
+                Err(Error::Reclaimed { .. }) => {
+                    self.reclaimed_deliveries.set(self.reclaimed_deliveries.get() + 1);
+                    return false;
+                }
+                Err(e) => {
+                    let _ = self.quarantine(offset, e);
+                    return false;
+                }
+            }
+        }
+        false
+    }
+
+    /// Parses a deliveries record and checks the queue it names, like a message's.
+    fn deliveries<'a>(&self, offset: u64, bytes: &'a [u8]) -> Result<DeliveriesView<'a>> {
+        let view = DeliveriesView::parse(bytes).map_err(|kind| self.log.corruption_at(offset, kind))?;
+        if validate_topic(view.topic).is_err() || view.queue_id >= self.queues_per_topic {
+            let why = format!("deliveries record names topic {:?} queue {}", view.topic, view.queue_id);
+            return Err(self.log.corruption_at(offset, CorruptionKind::BadFrame(why)));
+        }
+        Ok(view)
     }
 
     /// Notes what the record being indexed does to `topic`'s count (`sign`:

@@ -31,13 +31,13 @@ pub enum Error {
     },
 
     /// A file was written by a format version this build does not know.
-    #[error("{} has format version {found}, this build reads version {supported}", file.display())]
+    #[error("{} has format version {found}, this build reads versions up to {supported}", file.display())]
     UnsupportedVersion {
         /// The file.
         file: PathBuf,
         /// The version its header states.
         found: u32,
-        /// The version this build reads and writes.
+        /// The newest version this build reads (and the one it writes).
         supported: u32,
     },
 

@@ -8,10 +8,11 @@
 //! bytes that fail their checks give a [`CorruptionKind`](crate::CorruptionKind).
 
 pub use crate::format::{
-    CANCEL_LEDGER_MAGIC, COMMITLOG_MAGIC, CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN, FORMAT_VERSION, FileHeader,
-    HeaderProblem, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC, SEGMENT_PENDING_MAGIC, TAILS_MAGIC,
-    TIMER_LOG_MAGIC, WHEEL_MAGIC, chain, checkpoint, layout, numbered_file_name, parse_numbered_file_name,
-    queue_entry, record, recorded_per_file, relocation, segment_counts, slot, tail, timer_entry,
+    CANCEL_LEDGER_MAGIC, COMMITLOG_MAGIC, COMMITLOG_VERSION, CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN,
+    FORMAT_VERSION, FileHeader, HeaderProblem, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC,
+    SEGMENT_PENDING_MAGIC, TAILS_MAGIC, TIMER_LOG_MAGIC, WHEEL_MAGIC, chain, checkpoint, layout,
+    numbered_file_name, parse_numbered_file_name, queue_entry, record, recorded_per_file, relocation,
+    segment_counts, slot, tail, timer_entry, versions,
 };
 pub use crate::message::validate_topic;
 pub use crate::timer::geometry;

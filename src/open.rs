@@ -316,6 +316,7 @@ impl Parts {
             timer_log_file_entries: self.config.timer_log_file_entries,
             stall: Arc::clone(&self.stall),
             received: indexed,
+            routes: Default::default(),
         }
     }
 

@@ -20,7 +20,9 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::commitlog::{CommitLog, LogReader};
 use crate::error::{Error, Result};
-use crate::format::record::{CancelView, DeliveryView, MessageView, RecordKind, RescheduleView};
+use crate::format::record::{
+    CancelView, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView,
+};
 use crate::format::topic_counts::{decode, encode};
 use crate::scheduler::SchedulerFront;
 use crate::timer::Timer;
@@ -49,6 +51,8 @@ enum Effect {
     Timed(String),
     /// Settles the timer of the message at this offset.
     Settles(u64),
+    /// Settles the timers of these records (a deliveries record).
+    SettlesAll(Vec<u64>),
     None,
 }
 
@@ -238,6 +242,8 @@ fn effect(kind: RecordKind, bytes: &[u8]) -> Effect {
         RecordKind::Delivery => {
             DeliveryView::parse(bytes).map_or(Effect::None, |d| Effect::Settles(d.message_offset))
         }
+        RecordKind::Deliveries => DeliveriesView::parse(bytes)
+            .map_or(Effect::None, |d| Effect::SettlesAll(d.timers().map(|(timer, _)| timer).collect())),
         RecordKind::Cancel => {
             CancelView::parse(bytes).map_or(Effect::None, |c| Effect::Settles(c.message_offset))
         }
@@ -282,23 +288,36 @@ fn bring_to(
     // Reads the messages the settling records name.
     let mut named = LogReader::new(Arc::clone(log));
     let mut at = from;
-    while at < end {
-        let (effect, next) = log.visit_trusted(at, |_, kind, bytes| effect(kind, bytes))?;
-        let topic = match effect {
-            Effect::Timed(topic) => Some((topic, forward)),
-            Effect::Settles(timer) => message_of(&mut named, timer).map(|(_, topic)| (topic, !forward)),
-            Effect::None => None,
-        };
-        match topic {
-            Some((topic, true)) => *by_topic.entry(topic).or_default() += 1,
-            Some((topic, false)) if by_topic.contains_key(&topic) => settle(&mut by_topic, &topic),
-            Some((topic, false)) => {
+    let mut apply = |topic: String, up: bool| -> Result<()> {
+        match up {
+            true => *by_topic.entry(topic).or_default() += 1,
+            false if by_topic.contains_key(&topic) => settle(&mut by_topic, &topic),
+            false => {
                 return Err(Error::invalid(
                     "topic counts",
                     format!("topic {topic:?} would count below zero"),
                 ));
             }
-            None => {}
+        }
+        Ok(())
+    };
+    while at < end {
+        let (effect, next) = log.visit_trusted(at, |_, kind, bytes| effect(kind, bytes))?;
+        match effect {
+            Effect::Timed(topic) => apply(topic, forward)?,
+            Effect::Settles(timer) => {
+                if let Some((_, topic)) = message_of(&mut named, timer) {
+                    apply(topic, !forward)?;
+                }
+            }
+            Effect::SettlesAll(timers) => {
+                for timer in timers {
+                    if let Some((_, topic)) = message_of(&mut named, timer) {
+                        apply(topic, !forward)?;
+                    }
+                }
+            }
+            Effect::None => {}
         }
         at = next;
     }
@@ -348,18 +367,20 @@ fn recount(
     let (mut at, end) = (log.start(), log.write_end());
     while at < end {
         let (effect, next) = log.visit_trusted(at, |_, kind, bytes| effect(kind, bytes))?;
-        match effect {
-            Effect::Timed(topic) if at < replay_from => *by_topic.entry(topic).or_default() += 1,
-            Effect::Settles(timer) => {
-                if let Some((message, topic)) = message_of(&mut named, timer) {
-                    if message < log.start() {
-                        settled_in_log.insert(message);
-                    }
-                    if at < replay_from {
-                        *by_topic.entry(topic).or_default() -= 1;
-                    }
+        let mut settles = |timer: u64| {
+            if let Some((message, topic)) = message_of(&mut named, timer) {
+                if message < log.start() {
+                    settled_in_log.insert(message);
+                }
+                if at < replay_from {
+                    *by_topic.entry(topic).or_default() -= 1;
                 }
             }
+        };
+        match effect {
+            Effect::Timed(topic) if at < replay_from => *by_topic.entry(topic).or_default() += 1,
+            Effect::Settles(timer) => settles(timer),
+            Effect::SettlesAll(timers) => timers.into_iter().for_each(settles),
             _ => {}
         }
         at = next;

@@ -24,12 +24,15 @@ const CHILD_ENV: &str = "DELAYWHEEL_CRASH_RETENTION_CHILD";
 const T0: u64 = 1_700_000_000_000;
 const YEAR: u64 = 365 * 86_400_000;
 /// The child's clock moves this much per put: a segment is a few seconds old
-/// after a few hundred puts, and the retention time is one minute.
+/// after a few hundred puts, and the retention time is half a minute, so
+/// segments are deleted from about 1,500 puts on (a fraction of a second in a
+/// debug build; with a minute, half the kills came before the first deletion
+/// on a busy machine and the run failed its own bar below).
 const STEP_MS: u64 = 20;
 
 fn config(dir: &Path, clock: &ManualClock) -> Config {
     let retention = Retention {
-        keep_for: Some(Duration::from_secs(60)),
+        keep_for: Some(Duration::from_secs(30)),
         max_log_bytes: None,
         check_interval: Duration::from_millis(5),
     };

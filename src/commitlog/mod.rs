@@ -83,6 +83,10 @@ pub(crate) struct CommitLog {
     relocated: RelocationArea,
     /// Retention's cap on segments plus relocated copies, in bytes (0: none).
     size_cap: AtomicU64,
+    /// Whether the tail segment is of a version that holds deliveries
+    /// records (kind 7): every segment this build creates is, so it turns
+    /// true at the first roll of a store written by an older build.
+    holds_deliveries: AtomicBool,
 }
 
 /// The segment being appended to.
@@ -116,6 +120,7 @@ impl CommitLog {
             recovered.segments_start(),
         )?;
         let durable = plan.durable.clamp(recovered.segments_start(), recovered.end);
+        let holds_deliveries = segment::version(&recovered.tail) >= 2;
         let log = Self {
             dir: dir.to_path_buf(),
             segment_size,
@@ -135,6 +140,7 @@ impl CommitLog {
             disk_reserve,
             relocated,
             size_cap: AtomicU64::new(0),
+            holds_deliveries: AtomicBool::new(holds_deliveries),
         };
         log.refuse_unindexed_copies()?;
         Ok((log, recovered.report))
@@ -312,7 +318,17 @@ impl CommitLog {
         }
         tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
         *tail = Tail { writer: next, base: next_base, end: next_base + FILE_HEADER_LEN as u64 };
+        self.holds_deliveries.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether a deliveries record (kind 7) may be appended: the tail segment
+    /// is of version 2, which a build that cannot read the kind refuses to
+    /// open. A store written by version 1 gets delivery records (kind 2)
+    /// until its next segment begins. (Segments only roll forward, so a
+    /// `true` stays true for the records appended after it.)
+    pub fn holds_deliveries(&self) -> bool {
+        self.holds_deliveries.load(Ordering::Acquire)
     }
 
     /// Caps segments plus relocated copies at `bytes` for appends that may be

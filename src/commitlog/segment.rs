@@ -17,6 +17,11 @@ pub(crate) fn create(dir: &Path, base: u64, segment_size: u64) -> Result<MapWrit
     Mapped::create(&segment_path(dir, base), segment_size, &header)
 }
 
+/// The format version of a segment whose header was checked (see `open`).
+pub(crate) fn version(writer: &MapWriter) -> u32 {
+    crate::format::get_u32(writer.view(0, FILE_HEADER_LEN), 8)
+}
+
 /// Opens an existing segment and checks its size and header against `base` and `segment_size`.
 pub(crate) fn open(dir: &Path, base: u64, segment_size: u64) -> Result<MapWriter> {
     let path = segment_path(dir, base);

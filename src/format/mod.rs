@@ -54,8 +54,17 @@ pub const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
 pub const KEY_INDEX_MAGIC: [u8; 8] = *b"DWKEYS\0\0";
 /// Magic of `index/topic_pending`, the pending timers per topic.
 pub const TOPIC_PENDING_MAGIC: [u8; 8] = *b"DWTOPC\0\0";
-/// The only format version this build reads and writes.
+/// The format version of every file but commit-log segments: the only one
+/// this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
+/// The format version of the commit-log segments this build writes: version
+/// 2 segments may hold deliveries records (kind 7). It reads version 1 too.
+pub const COMMITLOG_VERSION: u32 = 2;
+
+/// The format versions this build reads for files of kind `magic`; it writes the last.
+pub fn versions(magic: [u8; 8]) -> std::ops::RangeInclusive<u32> {
+    if magic == COMMITLOG_MAGIC { 1..=COMMITLOG_VERSION } else { FORMAT_VERSION..=FORMAT_VERSION }
+}
 
 /// The header that makes a data file self-identifying: magic, format version,
 /// two kind-specific numbers and a CRC32C over the first 28 bytes.
@@ -98,9 +107,9 @@ impl HeaderProblem {
 }
 
 impl FileHeader {
-    /// A header of this build's [`FORMAT_VERSION`].
+    /// A header of the version this build writes for `magic` (see [`versions`]).
     pub fn new(magic: [u8; 8], a: u64, b: u64) -> Self {
-        Self { magic, version: FORMAT_VERSION, a, b }
+        Self { magic, version: *versions(magic).end(), a, b }
     }
 
     /// The header's 32 bytes, CRC included.
@@ -126,26 +135,27 @@ impl FileHeader {
             return Err(HeaderProblem::BadChecksum);
         }
         let version = get_u32(bytes, VERSION_OFFSET);
-        if version != FORMAT_VERSION {
+        if !versions(magic).contains(&version) {
             return Err(HeaderProblem::UnsupportedVersion(version));
         }
         Ok(Self { magic, version, a: get_u64(bytes, FIELD_A_OFFSET), b: get_u64(bytes, FIELD_B_OFFSET) })
     }
 }
 
-/// Checks a file header read from `path` against what its name and the configuration say.
-pub fn check_file_header(path: &Path, bytes: &[u8], magic: [u8; 8], a: u64, b: u64) -> Result<()> {
+/// Checks a file header read from `path` against what its name and the
+/// configuration say; returns its format version.
+pub fn check_file_header(path: &Path, bytes: &[u8], magic: [u8; 8], a: u64, b: u64) -> Result<u32> {
     let header = FileHeader::decode(bytes, magic).map_err(|problem| match problem.kind() {
         Ok(kind) => Error::corruption(path, 0, kind),
         Err(found) => {
-            Error::UnsupportedVersion { file: path.to_path_buf(), found, supported: FORMAT_VERSION }
+            Error::UnsupportedVersion { file: path.to_path_buf(), found, supported: *versions(magic).end() }
         }
     })?;
     if header.a != a || header.b != b {
         let why = format!("header says ({}, {}), expected ({a}, {b})", header.a, header.b);
         return Err(Error::corruption(path, 0, CorruptionKind::BadReference(why)));
     }
-    Ok(())
+    Ok(header.version)
 }
 
 /// File names of segments and consume-queue files: a 20-digit, zero-padded number.
@@ -274,7 +284,25 @@ mod tests {
     fn header_golden_bytes_match_wheel_format_md() {
         let h = FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0);
         // The same hex stands in wheel-format.md, "File header".
-        assert_eq!(hex(&h.encode()), "4457434c4f4700000100000000000040000000000000000000000000db89770d");
+        assert_eq!(hex(&h.encode()), "4457434c4f47000002000000000000400000000000000000000000001c91b354");
+    }
+
+    #[test]
+    fn commit_log_segments_of_version_1_still_read_and_version_3_is_refused() {
+        let old = FileHeader { version: 1, ..FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0) };
+        assert_eq!(FileHeader::decode(&old.encode(), COMMITLOG_MAGIC), Ok(old));
+        let path = Path::new("commitlog/00000000000000000000");
+        let read = check_file_header(path, &old.encode(), COMMITLOG_MAGIC, 1 << 30, 0).unwrap();
+        assert_eq!(read, 1);
+        let future = FileHeader { version: 3, ..old }.encode();
+        let err = check_file_header(path, &future, COMMITLOG_MAGIC, 1 << 30, 0).unwrap_err();
+        assert!(matches!(err, Error::UnsupportedVersion { found: 3, supported: 2, .. }), "{err}");
+        // Every other file keeps version 1 only.
+        let queue = FileHeader { version: 2, ..FileHeader::new(CONSUME_QUEUE_MAGIC, 300_000, 0) };
+        assert_eq!(
+            FileHeader::decode(&queue.encode(), CONSUME_QUEUE_MAGIC),
+            Err(HeaderProblem::UnsupportedVersion(2))
+        );
     }
 
     #[test]

@@ -6,6 +6,17 @@ use crate::format::{crc_at, get_u32, get_u64, put_u32, put_u64};
 
 /// Entry flag: the message was made visible by its timer (a delivery record).
 pub const FLAG_TIMER_DELIVERY: u32 = 1;
+/// Entry flag (with [`FLAG_TIMER_DELIVERY`]): the entry points at a
+/// deliveries record, which names its timer's record at the index in the
+/// flags' top 16 bits ([`batch_flags`], [`Entry::batch_index`]).
+pub const FLAG_IN_BATCH: u32 = 2;
+const BATCH_INDEX_SHIFT: u32 = 16;
+
+/// The flags of the entry for timer `index` of a deliveries record.
+pub fn batch_flags(index: usize) -> u32 {
+    debug_assert!(index <= u16::MAX as usize, "a deliveries record names at most 65,535 timers");
+    FLAG_TIMER_DELIVERY | FLAG_IN_BATCH | ((index as u32) << BATCH_INDEX_SHIFT)
+}
 
 /// Bytes per consume-queue entry.
 pub const ENTRY_LEN: usize = 32;
@@ -29,7 +40,9 @@ pub struct Entry {
     pub tag_hash: u32,
     /// When the message became visible: its store time, or its delivery time for a timer.
     pub time_ms: u64,
-    /// Bit 0: made visible by a timer's delivery record. Other bits 0.
+    /// Bit 0: made visible by a timer's delivery record. Bit 1: that record
+    /// is a deliveries record, and bits 16..32 say which of its timers.
+    /// Other bits 0.
     pub flags: u32,
 }
 
@@ -87,6 +100,11 @@ impl Entry {
     pub fn timer_delivery(&self) -> bool {
         self.flags & FLAG_TIMER_DELIVERY != 0
     }
+
+    /// Which timer of the deliveries record it points at, if it points at one.
+    pub fn batch_index(&self) -> Option<usize> {
+        (self.flags & FLAG_IN_BATCH != 0).then_some((self.flags >> BATCH_INDEX_SHIFT) as usize)
+    }
 }
 
 /// Decodes the entry at queue position `index`: `Ok(None)` if it is all zero
@@ -125,6 +143,25 @@ mod tests {
             hex(&e.encode(0)),
             concat!("2000000000000000", "3a000000", "00000000", "0068e5cf8b010000", "00000000", "425e50b6")
         );
+    }
+
+    #[test]
+    fn a_batched_entry_says_which_timer_of_its_record() {
+        for index in [0, 1, 255, 65_535] {
+            let e = Entry { flags: batch_flags(index), ..entry(64) };
+            assert!(e.timer_delivery());
+            assert_eq!(e.batch_index(), Some(index));
+        }
+        assert_eq!(Entry { flags: FLAG_TIMER_DELIVERY, ..entry(64) }.batch_index(), None);
+        // Entry 3 of a deliveries record at offset 4096 of 3,105 bytes (wheel-format.md).
+        let e = Entry {
+            log_offset: 4096,
+            record_len: 3105,
+            tag_hash: 0,
+            time_ms: 1_700_000_001_000,
+            flags: batch_flags(3),
+        };
+        assert_eq!(&hex(&e.encode(0))[48..56], "03000300");
     }
 
     #[test]

@@ -11,6 +11,8 @@
 //!   may delete; `gauges.rs`: pending counts from the slot counts;
 //!   `census.rs`: the exact count, by reading every live chain;
 //!   `window.rs`: the pending timers due in a window of time;
+//! * `routes.rs`: where each loaded timer goes (topic, queue, tags), so a run
+//!   that fires together is one deliveries record per queue;
 //! * `log.rs`: the timer logs the slots chain through; `tails.rs`: where each
 //!   slot's chain begins; `loaded.rs`: the seconds in memory;
 //! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
@@ -30,6 +32,7 @@ mod loaded;
 pub(crate) mod log;
 mod reclaim;
 pub(crate) mod restart;
+mod routes;
 pub(crate) mod tails;
 pub(crate) mod tick;
 pub(crate) mod wheel;

@@ -20,7 +20,9 @@ use std::path::Path;
 use crate::commitlog::CommitLog;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
-use crate::format::record::{CancelView, DeliveryView, MessageView, RecordKind, RescheduleView, check_crc};
+use crate::format::record::{
+    CancelView, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, check_crc,
+};
 use crate::timer::Timer;
 use crate::timer::geometry::{LEVELS, slot_index, timer_log_of};
 use crate::timer::ledger::LedgerEntry;
@@ -446,7 +448,12 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
 /// offset), or a cancel or a reschedule (of a timer, by its ledger entry).
 enum Settles {
     Delivery(u64),
-    Cancel { timer: Timer, entry: LedgerEntry },
+    /// The timers of a deliveries record, by their records' offsets.
+    Deliveries(Vec<u64>),
+    Cancel {
+        timer: Timer,
+        entry: LedgerEntry,
+    },
 }
 
 /// The timers that fired or were cancelled, from the delivery and cancel
@@ -465,6 +472,10 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
                 RecordKind::Delivery => check_crc(bytes, offset)
                     .and_then(|()| DeliveryView::parse(bytes))
                     .map(|d| Some(Settles::Delivery(d.message_offset)))
+                    .map_err(corrupt),
+                RecordKind::Deliveries => check_crc(bytes, offset)
+                    .and_then(|()| DeliveriesView::parse(bytes))
+                    .map(|d| Some(Settles::Deliveries(d.timers().map(|(timer, _)| timer).collect())))
                     .map_err(corrupt),
                 RecordKind::Cancel => check_crc(bytes, offset)
                     .and_then(|()| CancelView::parse(bytes))
@@ -490,6 +501,7 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
             Some(Settles::Delivery(message_offset)) => {
                 settled.delivered.insert(message_offset);
             }
+            Some(Settles::Deliveries(timers)) => settled.delivered.extend(timers),
             Some(Settles::Cancel { timer, entry }) => {
                 settled.cancelled.insert(timer.message_offset);
                 settled.ledger_records.push(entry);

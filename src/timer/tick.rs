@@ -15,13 +15,15 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
-use crate::format::record::{DELIVERY_LEN, MessageView, RecordKind, RescheduleView, encode_delivery};
+use crate::format::queue_entry::tag_hash;
+use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deliveries, encode_delivery};
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::threads::StopFlag;
 use crate::timer::Timer;
 use crate::timer::restart::{RestartPlan, restart_wheel};
+use crate::timer::routes::{Planned, Routes};
 use crate::timer::wheel::{FilesToSync, Wheel};
 use crate::timer::window::PendingEntry;
 
@@ -37,10 +39,11 @@ const STATS_INTERVAL: Duration = Duration::from_secs(1);
 const MAX_REBUILDS: u32 = 3;
 /// How often the timer log is checked for files no chain reads any more.
 const RECLAIM_INTERVAL: Duration = Duration::from_secs(10);
-/// Delivery records appended under one lock of the log's tail: few enough
-/// (7 KiB) that a segment's padding wastes little and the dispatcher can
-/// start early, many enough that the lock and the publish cost nothing per
-/// timer.
+/// Timers whose records are appended under one lock of the log's tail: few
+/// enough (3 KiB as one deliveries record, 7 KiB as delivery records) that
+/// a segment's padding wastes little and the dispatcher can start early,
+/// many enough that the lock, the publish and a record's frame cost nothing
+/// per timer.
 const DELIVERY_CHUNK: usize = 256;
 /// Commands handled between two looks at the clock.
 const COMMAND_BATCH: usize = 4096;
@@ -181,6 +184,8 @@ pub(crate) struct Ticker {
     /// Just past the newest timer's message received from the dispatcher: a
     /// rebuild indexes the log up to here.
     pub received: u64,
+    /// Where each checked loaded timer goes: its topic, queue and tags.
+    pub routes: Routes,
 }
 
 impl Ticker {
@@ -264,6 +269,7 @@ impl Ticker {
         })?;
         let pins = self.wheel.pins();
         self.wheel = restarted.wheel;
+        self.routes = Routes::default();
         // Retention reads these: the new ledger keeps them (read from it again).
         self.wheel.load_pins(Some(pins))?;
         self.wheel.lower_durable_tick(tick_second);
@@ -439,27 +445,36 @@ impl Ticker {
         }
     }
 
-    /// Delivers every timer due at `now_ms`: one delivery record each,
-    /// appended [`DELIVERY_CHUNK`] at a time under one lock (the dispatcher
-    /// starts on a chunk while the next is written). Each
-    /// second's timers are checked against their records as it is loaded
-    /// (see [`retain_checked`]), before they are due, so a hot second's
-    /// delivery does not wait on a million random reads.
+    /// Delivers every timer due at `now_ms`, [`DELIVERY_CHUNK`] at a time
+    /// under one lock (the dispatcher starts on a chunk while the next is
+    /// written): one deliveries record per queue for the timers whose route
+    /// is known (see `routes.rs`), a delivery record for each other one.
+    /// Each second's timers are checked against their records as it is
+    /// loaded (see [`retain_checked`]), before they are due, so a hot
+    /// second's delivery does not wait on a million random reads.
     fn deliver_due(&mut self, now_ms: u64) -> Result<()> {
         let due = {
             let _span = tracing::trace_span!("tick", now_ms).entered();
             let mark = self.log.write_end();
-            let (reader, quarantined, counts) = (&mut self.reader, &self.quarantined, &mut self.counts);
-            let mut check = |timers: &mut Vec<Timer>| retain_checked(timers, reader, quarantined, counts);
+            let (reader, quarantined, counts, routes) =
+                (&mut self.reader, &self.quarantined, &mut self.counts, &mut self.routes);
+            let mut check = |second: u64, timers: &mut Vec<Timer>| {
+                retain_checked(second, timers, reader, quarantined, counts, routes)
+            };
             self.wheel.tick_checked(now_ms, mark, &mut check)?
         };
         if !due.is_empty() {
             let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
             let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+            let batches = self.log.holds_deliveries();
             for chunk in due.chunks(DELIVERY_CHUNK) {
-                let lens = &[DELIVERY_LEN; DELIVERY_CHUNK][..chunk.len()];
-                self.log.append_batch_reserved(lens, |i, buf, offset| {
-                    encode_delivery(buf, offset, now_ms, chunk[i].message_offset);
+                let planned = self.routes.plan(chunk, batches);
+                let lens: Vec<usize> = planned.iter().map(Planned::len).collect();
+                self.log.append_batch_reserved(&lens, |i, buf, offset| match &planned[i] {
+                    Planned::Run { topic, queue_id, timers } => {
+                        encode_deliveries(buf, offset, now_ms, topic, *queue_id, timers)
+                    }
+                    Planned::One(timer) => encode_delivery(buf, offset, now_ms, *timer),
                 })?;
                 for timer in chunk {
                     debug_assert!(timer.deliver_at_ms <= now_ms, "a timer fired before its time");
@@ -470,6 +485,7 @@ impl Ticker {
                 self.wake_indexers();
             }
         }
+        self.routes.forget_before(self.wheel.tick_second());
         Ok(())
     }
 
@@ -549,15 +565,27 @@ impl Ticker {
 }
 
 /// Whether the record of `timer` is a timed message due then, or a
-/// reschedule record to then of a timed message, checksums checked.
-fn check_timer_record(reader: &mut LogReader, timer: Timer) -> Result<bool> {
+/// reschedule record to then of a timed message, checksums checked. If it
+/// is, `learn` is told the message's topic, queue id and tag hash.
+fn check_timer_record(
+    reader: &mut LogReader,
+    timer: Timer,
+    mut learn: impl FnMut(&str, u32, u32),
+) -> Result<bool> {
+    let mut timed_message = |view: &MessageView<'_>, due: Option<u64>| {
+        let timed = view.timer_deliver_at_ms().is_some_and(|at| due.is_none_or(|due| due == at));
+        if timed {
+            learn(view.topic, view.queue_id, tag_hash(view.tags));
+        }
+        timed
+    };
     let (named, _) = reader.visit_checked(timer.message_offset, |at, kind, bytes| {
         if at != timer.message_offset {
             return None;
         }
         match kind {
             RecordKind::Message => MessageView::parse(bytes)
-                .is_ok_and(|v| v.timer_deliver_at_ms() == Some(timer.deliver_at_ms))
+                .is_ok_and(|v| timed_message(&v, Some(timer.deliver_at_ms)))
                 .then_some(None),
             RecordKind::Reschedule => RescheduleView::parse(bytes)
                 .ok()
@@ -573,7 +601,7 @@ fn check_timer_record(reader: &mut LogReader, timer: Timer) -> Result<bool> {
             let (timed, _) = reader.visit_checked(message, |at, kind, bytes| {
                 at == message
                     && kind == RecordKind::Message
-                    && MessageView::parse(bytes).is_ok_and(|v| v.timer_deliver_at_ms().is_some())
+                    && MessageView::parse(bytes).is_ok_and(|v| timed_message(&v, None))
             })?;
             Ok(timed)
         }
@@ -586,16 +614,21 @@ fn check_timer_record(reader: &mut LogReader, timer: Timer) -> Result<bool> {
 /// with its file and offset and counted (`Stats::quarantined`); it is not
 /// delivered, now or after a restart (where it is checked again).
 fn retain_checked(
+    second: u64,
     timers: &mut Vec<Timer>,
     reader: &mut LogReader,
     quarantined: &AtomicU64,
     counts: &mut SegmentCounts,
+    routes: &mut Routes,
 ) {
     // The messages lie anywhere in the log: load them all before reading any.
     let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
     std::hint::black_box(touched);
     timers.retain(|timer| {
-        let why = match check_timer_record(reader, *timer) {
+        let learn = |topic: &str, queue_id, tag_hash| {
+            routes.learn(second, timer.message_offset, topic, queue_id, tag_hash)
+        };
+        let why = match check_timer_record(reader, *timer, learn) {
             Ok(true) => return true,
             Ok(false) => format!("is not a timed message (or its reschedule) due at {}", timer.deliver_at_ms),
             Err(e) => e.to_string(),

@@ -50,8 +50,9 @@ const PREFETCH_CAPACITY: usize = 65_536;
 /// Timers handed out by one `tick` at most, so the caller can interleave other work.
 const MAX_PER_TICK: usize = 65_536;
 
-/// What [`Wheel::tick_checked`] runs over a second's timers as it is loaded.
-pub(crate) type Check<'a> = &'a mut dyn FnMut(&mut Vec<Timer>);
+/// What [`Wheel::tick_checked`] runs over a second's timers as it is loaded
+/// (the second, and a stretch of its timers).
+pub(crate) type Check<'a> = &'a mut dyn FnMut(u64, &mut Vec<Timer>);
 
 /// A level-0 slot being read into memory, a bounded number of entries per tick.
 pub(super) struct Prefetch {
@@ -379,7 +380,7 @@ impl Wheel {
     /// [`tick_checked`](Self::tick_checked) with nothing to check (the unit tests).
     #[cfg(test)]
     pub fn tick(&mut self, now_ms: u64, mark: u64) -> Result<Vec<Timer>> {
-        self.tick_checked(now_ms, mark, &mut |_| {})
+        self.tick_checked(now_ms, mark, &mut |_, _| {})
     }
 
     /// The pure step: loads slots up to one second past `now_ms` (the prefetch,
@@ -412,7 +413,7 @@ impl Wheel {
     /// from the counts as loading drops them.
     pub fn load_without_delivering(&mut self, now_ms: u64, mark: u64) -> Result<()> {
         self.last_mark = mark;
-        self.advance(now_ms / 1000, mark, &mut |_| {})?;
+        self.advance(now_ms / 1000, mark, &mut |_, _| {})?;
         self.restart.note_loaded_through(self.loaded_through);
         Ok(())
     }
@@ -478,7 +479,7 @@ impl Wheel {
         // Checked as read, so the cost is spread over the second before.
         let mut read = prefetch.timers.split_off(prefetch.checked);
         let before = read.len();
-        check(&mut read);
+        check(prefetch.second, &mut read);
         let removed = (before - read.len()) as u32;
         debug_assert!(prefetch.held >= removed, "a prefetch holds fewer entries than it read");
         prefetch.held -= removed;

@@ -58,6 +58,60 @@ fn delivery_golden_bytes_match_wheel_format_md() {
 }
 
 #[test]
+fn deliveries_golden_bytes_match_wheel_format_md() {
+    let timers = [(32, 0), (90, crate::format::queue_entry::tag_hash("a"))];
+    let len = deliveries_len(1, timers.len());
+    let mut buf = vec![0u8; len];
+    encode_deliveries(&mut buf, 4096, 1_700_000_001_000, "T", 1, &timers);
+    assert_eq!(check_frame(&buf, 4096), Ok(Frame { kind: RecordKind::Deliveries, len }));
+    let view = DeliveriesView::parse(&buf).unwrap();
+    assert_eq!((view.delivered_at_ms, view.queue_id, view.topic, view.len()), (1_700_000_001_000, 1, "T", 2));
+    assert_eq!(view.timers().collect::<Vec<_>>(), timers);
+    assert_eq!((view.timer(1), view.timer(2)), (Some(timers[1]), None));
+    assert!(matches!(
+        Record::decode(&buf, 4096, Frame { kind: RecordKind::Deliveries, len }),
+        Ok(Record::Deliveries(_))
+    ));
+    // The same hex stands in wheel-format.md, "Deliveries record".
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!(
+            "35000000",
+            "07",
+            "01",
+            "0000",
+            "e86be5cf8b010000",
+            "01000000",
+            "0200",
+            "01",
+            "00",
+            "54",
+            "2000000000000000",
+            "00000000",
+            "5a00000000000000",
+            "3043d0c1"
+        )
+    );
+}
+
+#[test]
+fn deliveries_that_do_not_add_up_are_refused() {
+    let mut buf = vec![0u8; deliveries_len(1, 2)];
+    encode_deliveries(&mut buf, 0, 5, "T", 0, &[(32, 0), (64, 0)]);
+    assert!(DeliveriesView::parse(&buf[..buf.len() - 12]).is_err(), "a timer short");
+    let mut no_timers = buf.clone();
+    no_timers[24..26].copy_from_slice(&0u16.to_le_bytes());
+    assert!(DeliveriesView::parse(&no_timers).is_err(), "no timers");
+    let mut no_topic = buf.clone();
+    no_topic[26] = 0;
+    assert!(DeliveriesView::parse(&no_topic).is_err(), "no topic");
+    let mut not_utf8 = buf.clone();
+    not_utf8[28] = 0xFF;
+    assert!(DeliveriesView::parse(&not_utf8).is_err(), "a topic that is not UTF-8");
+    assert!(DeliveriesView::parse(&buf[..20]).is_err(), "shorter than its fixed part");
+}
+
+#[test]
 fn cancel_golden_bytes_match_wheel_format_md() {
     let mut buf = [0u8; CANCEL_LEN];
     encode_cancel(&mut buf, 8192, 1_700_000_000_500, 32, 1_700_000_001_000);

@@ -70,7 +70,10 @@ impl LogEnd {
 pub struct RecordCounts {
     pub messages: u64,
     pub timed: u64,
+    /// Timers delivered, by delivery and deliveries records.
     pub deliveries: u64,
+    /// Delivery and deliveries records.
+    pub delivery_records: u64,
     pub cancels: u64,
     pub relocations: u64,
     pub reschedules: u64,
@@ -152,8 +155,11 @@ impl CommitLog {
 pub struct LogFacts {
     /// Every message record by offset.
     pub messages: std::collections::HashMap<u64, MessageFacts>,
-    /// Delivery records in log order: (record offset, delivered at, message offset).
+    /// Deliveries in log order, one per timer: (record offset, delivered at,
+    /// timer record offset). The timers of a deliveries record share its offset.
     pub deliveries: Vec<(u64, u64, u64)>,
+    /// Deliveries records (kind 7) by offset.
+    pub runs: std::collections::HashMap<u64, DeliveryRun>,
     /// Cancel records in log order: (record offset, message offset, deliver at).
     pub cancels: Vec<(u64, u64, u64)>,
     /// Relocation records in log order: (record offset, record).
@@ -172,6 +178,17 @@ pub struct LogFacts {
     pub oldest_time_ms: Option<u64>,
     /// The keys of timed messages by offset, if asked for ([`LogFacts::gather_with_keys`]).
     pub keys: Option<std::collections::HashMap<u64, String>>,
+}
+
+/// A deliveries record: the queue it names and its timers.
+#[derive(Debug, Clone)]
+pub struct DeliveryRun {
+    pub len: u32,
+    pub delivered_at_ms: u64,
+    pub topic: String,
+    pub queue_id: u32,
+    /// (timer record offset, tag hash), in the record's order.
+    pub timers: Vec<(u64, u32)>,
 }
 
 /// What the indexes need to know about one message record.
@@ -202,6 +219,7 @@ impl LogFacts {
         let mut facts = Self {
             messages: Default::default(),
             deliveries: Vec::new(),
+            runs: Default::default(),
             cancels: Vec::new(),
             relocations: Vec::new(),
             reschedules: Default::default(),
@@ -278,8 +296,23 @@ impl LogFacts {
             }
             Record::Delivery(d) => {
                 self.counts.deliveries += 1;
+                self.counts.delivery_records += 1;
                 self.newest_time_ms = self.newest_time_ms.max(d.delivered_at_ms);
                 self.deliveries.push((offset, d.delivered_at_ms, d.message_offset));
+            }
+            Record::Deliveries(d) => {
+                self.counts.deliveries += d.len() as u64;
+                self.counts.delivery_records += 1;
+                self.newest_time_ms = self.newest_time_ms.max(d.delivered_at_ms);
+                self.deliveries.extend(d.timers().map(|(timer, _)| (offset, d.delivered_at_ms, timer)));
+                let run = DeliveryRun {
+                    len: len as u32,
+                    delivered_at_ms: d.delivered_at_ms,
+                    topic: d.topic.to_string(),
+                    queue_id: d.queue_id,
+                    timers: d.timers().collect(),
+                };
+                self.runs.insert(offset, run);
             }
             Record::Cancel(c) => {
                 self.counts.cancels += 1;

@@ -23,7 +23,7 @@ pub enum DumpError {
     #[error("corrupt data in {} at offset {offset}: {kind}", file.display())]
     Corruption { file: PathBuf, offset: u64, kind: CorruptionKind },
 
-    #[error("{} has format version {found}, this tool reads version {supported}", file.display())]
+    #[error("{} has format version {found}, this tool reads versions up to {supported}", file.display())]
     UnsupportedVersion { file: PathBuf, found: u32, supported: u32 },
 
     /// The store's timers are held by the bucket scheduler, whose deliveries

@@ -471,6 +471,7 @@ pub fn record_name(record: &Record<'_>) -> &'static str {
     match record {
         Record::Message(_) => "message",
         Record::Delivery(_) => "delivery",
+        Record::Deliveries(_) => "deliveries",
         Record::Cancel(_) => "cancel",
         Record::Relocation(_) => "relocation",
         Record::Reschedule(_) => "reschedule",

@@ -250,7 +250,7 @@ impl DataFile {
             Err(found) => DumpError::UnsupportedVersion {
                 file: self.path.clone(),
                 found,
-                supported: internals::FORMAT_VERSION,
+                supported: *internals::versions(kind.magic()).end(),
             },
         })
     }

@@ -85,7 +85,11 @@ pub struct Checked {
     pub records: u64,
     pub messages: u64,
     pub timed_messages: u64,
+    /// Timers delivered (by delivery and deliveries records).
     pub deliveries: u64,
+    /// Deliveries records among the records: each delivers a run of timers.
+    #[serde(skip_serializing_if = "is_zero")]
+    pub delivery_runs: u64,
     pub cancels: u64,
     /// Stretches of damaged bytes lenient recovery left in place and every reader skips.
     #[serde(skip_serializing_if = "is_zero")]
@@ -314,7 +318,8 @@ fn check_log_end(log: &CommitLog, facts: &LogFacts, durable: u64, checked: &mut 
     let c = facts.counts;
     (checked.messages, checked.timed_messages, checked.deliveries, checked.cancels) =
         (c.messages, c.timed, c.deliveries, c.cancels);
-    checked.records = c.messages + c.deliveries + c.cancels;
+    checked.delivery_runs = facts.runs.len() as u64;
+    checked.records = c.messages + c.delivery_records + c.cancels;
     checked.skipped_records = c.skipped;
     for &(at, len) in &facts.skipped {
         let (file, position) = log.locate(at);
@@ -716,15 +721,21 @@ fn check_queues(
     clean: bool,
     checked: &mut Checked,
 ) -> Result<()> {
-    let deliveries: HashMap<u64, (u64, u64)> =
-        facts.deliveries.iter().map(|&(at, when, m)| (at, (when, m))).collect();
-    // Records that must be in a queue: ordinary messages and deliveries.
-    let mut referenced: HashSet<u64> = HashSet::new();
+    // Delivery records (kind 2) by offset; deliveries records are `facts.runs`.
+    let deliveries: HashMap<u64, (u64, u64)> = facts
+        .deliveries
+        .iter()
+        .filter(|(at, _, _)| !facts.runs.contains_key(at))
+        .map(|&(at, when, m)| (at, (when, m)))
+        .collect();
+    // Records that must be in a queue: ordinary messages and deliveries,
+    // by (offset, index of the timer in a deliveries record).
+    let mut referenced: HashSet<(u64, usize)> = HashSet::new();
     for q in &files.queues {
         let queue = ConsumeQueue::open(q)?;
         checked.consume_queues += 1;
         checked.file_headers += queue.file_count() as u64;
-        let mut last = 0;
+        let mut last = (0, 0);
         queue.scan(|index, path, position, e| {
             checked.queue_entries += 1;
             let bad = |why: String| DumpError::bad_reference(path, position, format!("entry {index}: {why}"));
@@ -732,10 +743,14 @@ fn check_queues(
                 checked.past_log_end += 1;
                 return Ok(());
             }
-            if e.log_offset <= last {
-                return Err(bad(format!("log offset {} is not after the previous entry's {last}", e.log_offset)));
+            // Strictly after the previous one: the timers of a deliveries
+            // record share its offset, in the record's order.
+            let at = (e.log_offset, e.batch_index().unwrap_or(0));
+            if at <= last {
+                let why = format!("log offset {} (timer {}) is not after the previous entry's {} ({})", at.0, at.1, last.0, last.1);
+                return Err(bad(why));
             }
-            last = e.log_offset;
+            last = at;
             if e.log_offset < relocated.log_start {
                 // Its record was deleted by retention; the queue file goes once all of its entries do.
                 checked.queue_entries_deleted += 1;
@@ -746,7 +761,20 @@ fn check_queues(
             }
             // The message the entry makes visible (`None`: a timer's message
             // retention deleted), with the time it became visible.
-            let (message, visible_ms, len) = if e.timer_delivery() {
+            let (message, visible_ms, len) = if let Some(i) = e.batch_index() {
+                let run = facts.runs.get(&e.log_offset).ok_or_else(|| bad(format!("log offset {} is not a deliveries record", e.log_offset)))?;
+                let &(timer, tag_hash) = run.timers.get(i).ok_or_else(|| bad(format!("names timer {i} of a deliveries record of {}", run.timers.len())))?;
+                if run.topic != q.topic || run.queue_id != q.queue_id || tag_hash != e.tag_hash {
+                    let why = format!("the deliveries record names {} queue {} tag hash {tag_hash:#x} for it", run.topic, run.queue_id);
+                    return Err(bad(why));
+                }
+                let message = match named(facts, relocated, timer) {
+                    Named::Timer(m, _) => Some(m),
+                    Named::Deleted => None,
+                    Named::Not => return Err(bad(format!("timer {i} of its deliveries record names no timed message"))),
+                };
+                (message, run.delivered_at_ms, run.len)
+            } else if e.timer_delivery() {
                 let (when, m) = deliveries.get(&e.log_offset).copied().ok_or_else(|| bad(format!("log offset {} is not a delivery record", e.log_offset)))?;
                 let message = match named(facts, relocated, m) {
                     Named::Timer(m, _) => Some(m),
@@ -763,25 +791,30 @@ fn check_queues(
                 return Err(bad(format!("the record belongs to {} queue {}", facts.topic(m), m.queue_id)));
             }
             let tag_hash = message.map_or(e.tag_hash, |m| m.tag_hash);
-            if e.record_len != len || e.time_ms != visible_ms || e.tag_hash != tag_hash || e.flags & !1 != 0 {
+            let flags = match e.batch_index() {
+                Some(i) => queue_entry::batch_flags(i),
+                None => u32::from(e.timer_delivery()),
+            };
+            if e.record_len != len || e.time_ms != visible_ms || e.tag_hash != tag_hash || e.flags != flags {
                 let why = format!(
-                    "length {}, time {}, tag hash {:#x}, flags {} where the record says {len}, {visible_ms}, {tag_hash:#x}, {}",
-                    e.record_len, e.time_ms, e.tag_hash, e.flags, u32::from(e.timer_delivery())
+                    "length {}, time {}, tag hash {:#x}, flags {:#x} where the record says {len}, {visible_ms}, {tag_hash:#x}, {flags:#x}",
+                    e.record_len, e.time_ms, e.tag_hash, e.flags
                 );
                 return Err(bad(why));
             }
-            if !referenced.insert(e.log_offset) {
-                return Err(bad(format!("a second entry for the record at log offset {}", e.log_offset)));
+            if !referenced.insert(at) {
+                return Err(bad(format!("a second entry for the record at log offset {} (timer {})", at.0, at.1)));
             }
             Ok(())
         })?;
     }
     let Some(dispatched) = dispatched else { return Ok(()) };
-    let mut needed: Vec<u64> =
-        facts.messages.iter().filter(|(_, m)| m.deliver_at_ms == 0).map(|(&at, _)| at).collect();
-    needed.extend(facts.deliveries.iter().map(|&(at, _, _)| at));
+    let mut needed: Vec<(u64, usize)> =
+        facts.messages.iter().filter(|(_, m)| m.deliver_at_ms == 0).map(|(&at, _)| (at, 0)).collect();
+    needed.extend(deliveries.keys().map(|&at| (at, 0)));
+    needed.extend(facts.runs.iter().flat_map(|(&at, run)| (0..run.timers.len()).map(move |i| (at, i))));
     needed.sort_unstable();
-    if let Some(&missing) = needed.iter().find(|&&at| at < dispatched && !referenced.contains(&at)) {
+    if let Some(&(missing, _)) = needed.iter().find(|&&at| at.0 < dispatched && !referenced.contains(&at)) {
         let (file, position) = log.locate(missing);
         let why =
             format!("below the checkpoint's dispatched {dispatched} but no consume-queue entry points at it");

@@ -4,7 +4,9 @@
 mod common;
 
 use common::*;
-use delaywheel::internals::record::Record;
+use delaywheel::internals::record::{
+    DELIVERY_LEN, Record, deliveries_len, encode_deliveries, encode_delivery,
+};
 use serde_json::json;
 
 fn audit_json(dir: &std::path::Path) -> (i32, serde_json::Value) {
@@ -32,20 +34,48 @@ fn delivered_cancelled_and_pending_are_told_apart() {
     assert_eq!((code, doc), (0, expected));
 }
 
-/// The delivery record of the message at `message`, in the healthy fixture.
-fn delivery_of(dir: &std::path::Path, message: u64) -> Vec<u8> {
+/// A record like the one that delivered the timer at `delivered` (a
+/// delivery record, or a deliveries record of that timer alone) but naming
+/// the timer at `names` (`append_copy` seals its CRC again).
+fn delivery_naming(dir: &std::path::Path, delivered: u64, names: u64) -> Vec<u8> {
     let (records, _) = records(dir);
-    let found = records
-        .into_iter()
-        .find(|(at, b)| matches!(decoded(*at, b), Record::Delivery(d) if d.message_offset == message));
-    found.expect("a delivery record").1
+    for (at, bytes) in &records {
+        match decoded(*at, bytes) {
+            Record::Delivery(d) if d.message_offset == delivered => {
+                let mut copy = vec![0; DELIVERY_LEN];
+                encode_delivery(&mut copy, 0, d.delivered_at_ms, names);
+                return copy;
+            }
+            Record::Deliveries(d) => {
+                let Some((_, tag_hash)) = d.timers().find(|&(timer, _)| timer == delivered) else { continue };
+                let mut copy = vec![0; deliveries_len(d.topic.len(), 1)];
+                encode_deliveries(&mut copy, 0, d.delivered_at_ms, d.topic, d.queue_id, &[(names, tag_hash)]);
+                return copy;
+            }
+            _ => {}
+        }
+    }
+    panic!("no record delivered {delivered}")
+}
+
+#[test]
+fn a_copied_in_duplicate_of_a_run_fails() {
+    let dir = all_delivered(300);
+    let (records, _) = records(dir.path());
+    let run = records.iter().find(|(at, b)| matches!(decoded(*at, b), Record::Deliveries(_)));
+    let (at, bytes) = run.expect("a deliveries record");
+    let Record::Deliveries(d) = decoded(*at, bytes) else { unreachable!() };
+    let named = d.len();
+    append_copy(dir.path(), bytes.clone(), |_| {});
+    let (code, doc) = audit_json(dir.path());
+    assert_eq!((code, &doc["duplicated"], &doc["delivered"]), (1, &json!(named), &json!(300)), "{doc}");
 }
 
 #[test]
 fn a_copied_in_duplicate_delivery_fails() {
     let h = healthy();
     let copy = copy_of(h.path());
-    append_copy(copy.path(), delivery_of(copy.path(), h.a), |_| {});
+    append_copy(copy.path(), delivery_naming(copy.path(), h.a, h.a), |_| {});
     let (code, doc) = audit_json(copy.path());
     assert_eq!(
         (code, &doc["duplicated"], &doc["delivered"], &doc["early"]),
@@ -60,9 +90,7 @@ fn an_early_delivery_fails() {
     let h = healthy();
     let copy = copy_of(h.path());
     // d is due at T0 + 2 h: a delivery record for it at T0 + 11 s is early.
-    append_copy(copy.path(), delivery_of(copy.path(), h.a), |bytes| {
-        bytes[20..28].copy_from_slice(&h.d.to_le_bytes()); // the message offset field
-    });
+    append_copy(copy.path(), delivery_naming(copy.path(), h.a, h.d), |_| {});
     let (code, doc) = audit_json(copy.path());
     assert_eq!(
         (code, &doc["early"], &doc["delivered"], &doc["pending"]),
@@ -159,9 +187,8 @@ fn rescheduled_timers_are_judged_by_their_new_time() {
 
     // A delivery of "moved-away"'s own timer, the one its reschedule replaced.
     let copy = copy_of(dir.path());
-    append_copy(copy.path(), delivery_of(copy.path(), twice_timer(copy.path())), |bytes| {
-        bytes[20..28].copy_from_slice(&moved_away.offset().to_le_bytes());
-    });
+    let delivered = twice_timer(copy.path());
+    append_copy(copy.path(), delivery_naming(copy.path(), delivered, moved_away.offset()), |_| {});
     let (code, doc) = audit_json(copy.path());
     assert_eq!((code, &doc["fired_after_reschedule"]), (1, &json!(1)), "{doc}");
 }

@@ -6,7 +6,8 @@
 //! What the snapshots show, checked by hand against the fixture: messages at
 //! log offsets 32 (a, due T0+5 s), 94 (b, level 2 = 5 s), 149 (c, cancelled),
 //! 240 (d, level 18 = 2 h), 295 (e, T0+2 days, level 1) and 350 (ordinary);
-//! a and b delivered at T0+11 s; the close's checkpoint at tick second
+//! a and b delivered at T0+11 s, a delivery record each (as one deliveries
+//! record they would take 58 bytes against 56); the close's checkpoint at tick second
 //! T0+13 s; the near timer log holds a, b, c, c's cancel entry and d (level
 //! 0), the far timer log e (level 1); `timer/tails` records where each of
 //! the four slots' chains begins; the cancel ledger (`timer/cancelled/`)
@@ -53,7 +54,7 @@ files
   path                                            bytes  version
   LOCK                                                0        -
   checkpoint                                      1,024        -
-  commitlog/00000000000000000000                 65,536        1
+  commitlog/00000000000000000000                 65,536        2
   commitlog/relocated/index                          32        1
   consumequeue/Orders/0/00000000000000000000      2,080        1
   timer/wheel                                 2,426,912        1
@@ -104,7 +105,7 @@ consume queues
   Orders      0        3      1
 "#;
 
-const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":1},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/cancelled/00000000000000000000","bytes":1835040,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":6085792},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
+const SUMMARY_JSON: &str = r#"{"schema_version":1,"dir":"<DIR>","files":[{"path":"LOCK","bytes":0,"version":null},{"path":"checkpoint","bytes":1024,"version":null},{"path":"commitlog/00000000000000000000","bytes":65536,"version":2},{"path":"commitlog/relocated/index","bytes":32,"version":1},{"path":"consumequeue/Orders/0/00000000000000000000","bytes":2080,"version":1},{"path":"timer/wheel","bytes":2426912,"version":1},{"path":"timer/tails","bytes":1820192,"version":1},{"path":"timer/timerlog/00000000000000000000","bytes":1824,"version":1},{"path":"timer/timerlog-far/00000000000000000000","bytes":1824,"version":1},{"path":"timer/cancelled/00000000000000000000","bytes":1835040,"version":1},{"path":"timer/segment_pending","bytes":84,"version":1}],"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2},"resumes_at_checkpoint":true,"timer_logs":[{"dir":"timer/timerlog","levels":[0],"files":1,"first_entry":1,"end":6,"entries":5},{"dir":"timer/timerlog-far","levels":[1,2],"files":1,"first_entry":1,"end":2,"entries":1}],"pending_per_level":[1,1,0],"pending_total":2,"reference_ms":1700000011000,"pending_by_horizon":[["5s",0],["1m",0],["5m",0],["1h",0],["1d",1],["beyond",1]],"next_due":{"at_ms":1700007200000,"level":0,"exact":true},"consume_queues":[{"topic":"Orders","queue_id":0,"entries":3,"files":1}],"retention":{"oldest_segment":0,"oldest_retained_offset":32,"segments_deleted":false,"disk_bytes":{"commit_log":65536,"relocated":32,"consume_queues":2080,"timer_index":6085792},"relocation_records":null,"relocation_index_entries":0,"relocation_window_files":0}}
 "#;
 
 const SLOTS_TEXT: &str = r#"level   slot      window  start (epoch s)  start (UTC)           seconds  count  cancels  state
@@ -199,7 +200,8 @@ const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   commit-log records                         9
     messages                                 6
     of which timed                           5
-    deliveries                               2
+    deliveries (timers)                      2
+      runs (deliveries records)              0
     cancels                                  1
   timer-log entries                          6
     near (timerlog/)                         5

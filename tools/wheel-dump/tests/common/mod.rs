@@ -92,6 +92,8 @@ pub fn all_delivered(n: u64) -> tempfile::TempDir {
         let delay = i * 7_919 % 10_000;
         store.put(Message::new(TOPIC, format!("m{i}")).deliver_at_ms(T0 + delay)).unwrap();
     }
+    // Timers that reach the wheel before their second fire together.
+    wait_until(|| store.stats().dispatch_lag_bytes == 0);
     clock.set_ms(T0 + 11_000);
     let mut consumer = store.consumer(TOPIC, 0).unwrap();
     let (mut got, started) = (0, Instant::now());
