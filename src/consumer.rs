@@ -106,9 +106,9 @@ impl Consumer {
                 for from in (self.next..upto).step_by(TOUCH_CHUNK) {
                     let to = upto.min(from + TOUCH_CHUNK as u64);
                     let entries = self.queue.read_batch(from, to);
-                    self.touch_messages(&entries);
-                    for (index, entry) in (from..to).zip(entries) {
-                        match entry.and_then(|entry| self.read(index, entry)) {
+                    let timers = self.timers_of(from, &entries);
+                    for ((index, entry), timer) in (from..to).zip(entries).zip(timers) {
+                        match entry.and_then(|entry| self.read(index, entry, timer)) {
                             Ok(message) => messages.push(message),
                             Err(Error::Reclaimed { offset }) => self.skip_reclaimed(index, offset),
                             // Retention deleted its queue file since we looked.
@@ -180,27 +180,22 @@ impl Consumer {
         );
     }
 
-    /// Touches the messages the batch's deliveries name before reading any of
-    /// them (see [`LogReader::touch`]): they lie anywhere in the log.
-    fn touch_messages(&mut self, entries: &[Result<Entry>]) {
-        let mut touched = 0u8;
-        for entry in entries.iter().flatten().filter(|e| e.timer_delivery()) {
-            let named = self
-                .reader
-                .visit_trusted(entry.log_offset, |_, kind, bytes| match (kind, entry.batch_index()) {
-                    (RecordKind::Delivery, None) => DeliveryView::parse(bytes).ok().map(|d| d.message_offset),
-                    (RecordKind::Deliveries, Some(i)) => {
-                        DeliveriesView::parse(bytes).ok().and_then(|d| d.timer(i)).map(|(timer, _)| timer)
-                    }
-                    _ => None,
-                })
-                .ok()
-                .and_then(|(timer, _)| timer);
-            if let Some(timer) = named {
-                touched ^= self.reader.touch(timer);
-            }
-        }
+    /// The timer each delivery entry among `entries` (the first at queue
+    /// position `from`) names ([`Self::timer_of`]; `None` for other
+    /// entries), all found before any message is read, and their records
+    /// touched (see [`LogReader::touch`]): they lie anywhere in the log.
+    fn timers_of(&mut self, from: u64, entries: &[Result<Entry>]) -> Vec<Option<Result<u64>>> {
+        let timers: Vec<_> = (from..)
+            .zip(entries)
+            .map(|(index, entry)| match entry {
+                Ok(entry) if entry.timer_delivery() => Some(self.timer_of(index, entry)),
+                _ => None,
+            })
+            .collect();
+        let touched =
+            timers.iter().flatten().flatten().fold(0u8, |acc, &timer| acc ^ self.reader.touch(timer));
         std::hint::black_box(touched);
+        timers
     }
 
     /// The record of the timer whose delivery entry `entry` (at queue
@@ -246,7 +241,9 @@ impl Consumer {
         Ok(timer)
     }
 
-    fn read(&mut self, index: u64, entry: Entry) -> Result<ConsumedMessage> {
+    /// The message of the entry at queue position `index`; for a timer's
+    /// delivery, `timer` is what [`Self::timers_of`] found it names.
+    fn read(&mut self, index: u64, entry: Entry, timer: Option<Result<u64>>) -> Result<ConsumedMessage> {
         let bad = |log: &CommitLog, why: &str| {
             let why = format!("consume-queue entry {index} {why}");
             log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
@@ -256,7 +253,10 @@ impl Consumer {
             // which names the record of the timer: the message, or a
             // reschedule record that names the message. The delivery is
             // only looked at, not shared.
-            let timer = self.timer_of(index, &entry)?;
+            let timer = match timer {
+                Some(timer) => timer?,
+                None => self.timer_of(index, &entry)?,
+            };
             let mut record = self.reader.read(timer)?;
             let mut rescheduled_to = None;
             if record.kind == RecordKind::Reschedule {

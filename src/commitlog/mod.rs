@@ -381,12 +381,18 @@ impl CommitLog {
     /// Reads and checks the record at `offset`, which must be below `write_end`.
     /// Padding is followed transparently: the next record is returned.
     pub fn read(&self, offset: u64) -> Result<Record> {
-        self.read_in(offset, |base| self.segment(base))
+        self.read_in(offset, |base| self.segment(base), |seg, local, len| seg.bytes(local, len))
     }
 
     /// [`read`](Self::read), finding segments with `segment_at` (the shared
-    /// table, or a [`LogReader`]'s copy of it).
-    fn read_in(&self, offset: u64, mut segment_at: impl FnMut(u64) -> Option<Arc<Mapped>>) -> Result<Record> {
+    /// table, or a [`LogReader`]'s copy of it) and sharing a record's
+    /// published bytes with `share` (which answers `None` for bytes not published).
+    fn read_in(
+        &self,
+        offset: u64,
+        mut segment_at: impl FnMut(u64) -> Option<Arc<Mapped>>,
+        mut share: impl FnMut(&Arc<Mapped>, usize, usize) -> Option<Bytes>,
+    ) -> Result<Record> {
         let mut at = self.normalize(offset);
         loop {
             let seg = segment_at(self.base_of(at));
@@ -399,7 +405,7 @@ impl CommitLog {
                 continue;
             }
             let seg = seg.expect("a located record lies in a loaded segment");
-            let bytes = seg.bytes(local, frame.len).expect("a checked frame lies in published bytes");
+            let bytes = share(&seg, local, frame.len).expect("a checked frame lies in published bytes");
             return Ok(Record { offset: at, kind: frame.kind, bytes });
         }
     }

@@ -15,9 +15,17 @@
 //! only while it works: its owner calls [`LogReader::release`] before it
 //! returns or waits (the dispatcher after each pass, a consumer after each
 //! poll).
+//!
+//! A reader also shares out the records it reads as slices of one [`Bytes`]
+//! over the published part of the segment it last read from: one reference
+//! count per record, where a `Bytes` of its own would be an allocation (a
+//! consumer reading a burst of a million deliveries paid a fifth of its time
+//! allocating and freeing them).
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
+
+use bytes::Bytes;
 
 use super::{CommitLog, Record, RecordKind, SegmentList, Verify};
 use crate::error::Result;
@@ -32,23 +40,32 @@ pub(crate) struct LogReader {
     log: Arc<CommitLog>,
     /// The table and the version it was taken at (`None`: none held).
     table: Option<(u64, Arc<SegmentList>)>,
+    /// The published bytes of the segment last read from, when they were
+    /// taken, and that segment's map.
+    published: Option<(Arc<Mapped>, Bytes)>,
 }
 
 impl LogReader {
     pub fn new(log: Arc<CommitLog>) -> Self {
-        Self { log, table: None }
+        Self { log, table: None, published: None }
     }
 
     /// Lets go of the table, so the segments retention deletes meanwhile are
     /// not kept on disk by this reader.
     pub fn release(&mut self) {
         self.table = None;
+        self.published = None;
     }
 
     /// Like [`CommitLog::read`].
     pub fn read(&mut self, offset: u64) -> Result<Record> {
         let segments = current(&self.log, &mut self.table);
-        self.log.read_in(offset, |base| find(segments, base).cloned())
+        let published = &mut self.published;
+        self.log.read_in(
+            offset,
+            |base| find(segments, base).cloned(),
+            |seg, local, len| share(published, seg, local, len),
+        )
     }
 
     /// Like [`CommitLog::visit_trusted`].
@@ -106,6 +123,29 @@ impl LogReader {
         let Some(bytes) = seg.read(local, visible) else { return 0 };
         bytes.iter().step_by(CACHE_LINE).fold(0, |acc, b| acc ^ b)
     }
+}
+
+/// The published bytes `[local, local + len)` of `seg`, as a slice of
+/// `published` if that holds them, else of the segment's published bytes as
+/// they are now, which `published` then keeps.
+fn share(
+    published: &mut Option<(Arc<Mapped>, Bytes)>,
+    seg: &Arc<Mapped>,
+    local: usize,
+    len: usize,
+) -> Option<Bytes> {
+    let end = local.checked_add(len)?;
+    let held = published.as_ref().filter(|(map, bytes)| Arc::ptr_eq(map, seg) && end <= bytes.len());
+    if let Some((_, bytes)) = held {
+        return Some(bytes.slice(local..end));
+    }
+    let whole = seg.bytes(0, seg.published())?;
+    if end > whole.len() {
+        return None;
+    }
+    let bytes = whole.slice(local..end);
+    *published = Some((Arc::clone(seg), whole));
+    Some(bytes)
 }
 
 /// The log's current table: the one `held` if it is still current, otherwise

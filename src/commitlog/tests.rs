@@ -227,3 +227,26 @@ fn a_released_reader_keeps_no_deleted_segment_mapped() {
     reader.release();
     assert!(segment0.upgrade().is_none(), "released: the deleted file's space can be freed");
 }
+
+#[test]
+fn a_reader_shares_records_published_after_it_last_looked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let log = Arc::new(log);
+    let mut reader = LogReader::new(Arc::clone(&log));
+    let mut held = Vec::new();
+    // Each read comes after an append the reader's shared bytes do not
+    // cover yet, then one it does; across a segment roll too.
+    for i in 0..300u32 {
+        let offset = append_bytes(&log, &i.to_le_bytes().repeat(50));
+        let record = reader.read(offset).unwrap();
+        assert_eq!(record.bytes, log.read(offset).unwrap().bytes);
+        held.push((offset, record.bytes));
+        let (first, _) = &held[held.len() / 2];
+        assert_eq!(reader.read(*first).unwrap().bytes, log.read(*first).unwrap().bytes);
+    }
+    reader.release();
+    for (offset, bytes) in &held {
+        assert_eq!(*bytes, log.read(*offset).unwrap().bytes, "a record read stays as it was");
+    }
+}

@@ -625,9 +625,7 @@ fn retain_checked(
     let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
     std::hint::black_box(touched);
     timers.retain(|timer| {
-        let learn = |topic: &str, queue_id, tag_hash| {
-            routes.learn(second, timer.message_offset, topic, queue_id, tag_hash)
-        };
+        let learn = |topic: &str, queue_id, tag_hash| routes.learn(second, *timer, topic, queue_id, tag_hash);
         let why = match check_timer_record(reader, *timer, learn) {
             Ok(true) => return true,
             Ok(false) => format!("is not a timed message (or its reschedule) due at {}", timer.deliver_at_ms),
