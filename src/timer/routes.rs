@@ -15,6 +15,9 @@
 //! (a hash table of a million routes costs a cache miss or two per fired
 //! timer). A millisecond's routes are learnt in the order of the slot's
 //! chain, nearly their firing order, so putting them in order is nearly free.
+//! A second with few timers keeps them in one array, sorted when the first
+//! fires: a table by millisecond would cost it more than it saves (a clock
+//! jumping an hour loads thousands of such seconds).
 
 use std::collections::{HashMap, VecDeque};
 
@@ -73,6 +76,9 @@ impl MillisecondRoutes {
 /// their own second was loaded), 1 + ms its timers due at millisecond ms.
 const MILLISECOND_INDEXES: usize = 1001;
 
+/// Routes a second keeps in one array before it spreads them by millisecond.
+const SPREAD_AT: usize = 1024;
+
 /// The routes of one loaded second.
 #[derive(Default)]
 struct SecondRoutes {
@@ -83,7 +89,9 @@ struct SecondRoutes {
     by_name: HashMap<Box<str>, Vec<(u32, u32)>>,
     /// The index last learnt: a burst is mostly one queue.
     last: Option<u32>,
-    /// By [`MILLISECOND_INDEXES`]; empty until a route is learnt.
+    /// Every route, while fewer than [`SPREAD_AT`] were learnt.
+    few: MillisecondRoutes,
+    /// By [`MILLISECOND_INDEXES`], once [`SPREAD_AT`] were learnt; empty before.
     by_millisecond: Vec<MillisecondRoutes>,
 }
 
@@ -122,13 +130,32 @@ impl SecondRoutes {
     fn learn(&mut self, timer: Timer, topic: &str, queue_id: u32, tag_hash: u32) {
         let Some(index) = self.millisecond_index(&timer) else { return };
         let queue = self.queue_index(topic, queue_id);
-        if self.by_millisecond.is_empty() {
-            self.by_millisecond.resize_with(MILLISECOND_INDEXES, MillisecondRoutes::default);
+        let route = Route { queue, tag_hash };
+        if self.by_millisecond.is_empty() && self.few.routes.len() < SPREAD_AT {
+            return self.few.learn(timer, route);
         }
-        self.by_millisecond[index].learn(timer, Route { queue, tag_hash });
+        if self.by_millisecond.is_empty() {
+            self.spread();
+        }
+        self.by_millisecond[index].learn(timer, route);
+    }
+
+    /// Moves the routes learnt so far, not yet passed, into the table by millisecond.
+    fn spread(&mut self) {
+        self.by_millisecond.resize_with(MILLISECOND_INDEXES, MillisecondRoutes::default);
+        let few = std::mem::take(&mut self.few);
+        for (timer, route) in few.routes.into_iter().skip(few.finger) {
+            // Every one has an index: `learn` keeps no other.
+            if let Some(index) = self.millisecond_index(&timer) {
+                self.by_millisecond[index].learn(timer, route);
+            }
+        }
     }
 
     fn take(&mut self, timer: &Timer) -> Option<Route> {
+        if self.by_millisecond.is_empty() {
+            return self.few.take(timer);
+        }
         let index = self.millisecond_index(timer)?;
         self.by_millisecond.get_mut(index)?.take(timer)
     }
@@ -190,7 +217,7 @@ impl Routes {
     /// How many timers have a route not yet taken.
     #[cfg(test)]
     fn len(&self) -> usize {
-        let ms = self.seconds.iter().flat_map(|s| &s.by_millisecond);
+        let ms = self.seconds.iter().flat_map(|s| std::iter::once(&s.few).chain(&s.by_millisecond));
         ms.map(|m| m.routes.len() - m.finger).sum()
     }
 
@@ -350,6 +377,34 @@ mod tests {
             "out of firing order: no route"
         );
         assert_eq!(routes.len(), 1);
+    }
+
+    #[test]
+    fn a_second_with_many_routes_spreads_them_by_millisecond_and_keeps_every_one() {
+        let mut routes = Routes::default();
+        let n = SPREAD_AT as u64 * 3;
+        // Learnt newest first, as a chain is read; the first one fires before the rest are learnt.
+        let timers: Vec<Timer> = (0..n).map(|i| t(10_000 + (i * 7) % 1000, 100 + i)).collect();
+        let mut sorted = timers.clone();
+        sorted.sort_unstable();
+        routes.learn(10, sorted[0], "A", 0, 0);
+        assert!(
+            matches!(&routes.plan(&sorted[..1], true)[..], [Planned::One(_)]),
+            "alone: a delivery record"
+        );
+        for timer in timers.iter().rev().filter(|t| **t != sorted[0]) {
+            routes.learn(10, *timer, "A", 0, 1);
+        }
+        assert!(!routes.seconds[0].by_millisecond.is_empty(), "spread");
+        assert_eq!(routes.len(), n as usize - 1);
+        for chunk in sorted[1..].chunks(DELIVERIES_MAX.min(256)) {
+            let planned = routes.plan(chunk, true);
+            assert!(
+                matches!(&planned[..], [Planned::Run { timers, .. }] if timers.len() == chunk.len()),
+                "{planned:?}"
+            );
+        }
+        assert_eq!(routes.len(), 0);
     }
 
     #[test]
