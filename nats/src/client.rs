@@ -1,0 +1,163 @@
+//! What a producer uses: schedule a timer, cancel or reschedule it by handle,
+//! from any process connected to the cluster.
+
+use std::time::Duration;
+
+use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_nats::jetstream::{self};
+use async_nats::{HeaderMap, RequestErrorKind};
+use bytes::Bytes;
+
+use crate::partition::{cancel_in_stream, remove_source};
+use crate::wire::{self, CancelAnswer, TimerHandle};
+use crate::{Result, TierError};
+
+/// How long a cancel waits for the partition's owner.
+const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// What [`TierClient::reschedule`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RescheduleAnswer {
+    /// The timer fires at the new time, under this new handle, and never at
+    /// the old one.
+    Rescheduled(TimerHandle),
+    /// Too late: it has fired.
+    AlreadyFired,
+    /// No such pending timer.
+    NotFound,
+}
+
+/// A producer's view of the tier.
+#[derive(Clone)]
+pub struct TierClient {
+    client: async_nats::Client,
+    js: jetstream::Context,
+    stream: Stream,
+    stream_name: String,
+    prefix: String,
+    partitions: u32,
+}
+
+impl TierClient {
+    /// A client of the tier whose delay stream is `stream`, on
+    /// `<prefix>.<partition>.>` split into `partitions` (the nodes' settings).
+    pub async fn new(
+        client: async_nats::Client,
+        stream: &str,
+        prefix: &str,
+        partitions: u32,
+    ) -> Result<Self> {
+        if partitions == 0 {
+            return Err(TierError::Config("partitions 0: must be at least 1".into()));
+        }
+        let js = jetstream::new(client.clone());
+        let handle =
+            js.get_stream(stream).await.map_err(|e| TierError::nats(format!("find stream {stream}"), e))?;
+        Ok(TierClient {
+            client,
+            js,
+            stream: handle,
+            stream_name: stream.into(),
+            prefix: prefix.into(),
+            partitions,
+        })
+    }
+
+    /// Schedules `payload` to be published to `target` at `deliver_at_ms`
+    /// (epoch ms; a time past fires at once). One `key`'s timers share a
+    /// partition. Returns once the stream has it (replicated).
+    pub async fn schedule(
+        &self,
+        key: &str,
+        target: &str,
+        deliver_at_ms: u64,
+        payload: Bytes,
+    ) -> Result<TimerHandle> {
+        self.schedule_with_headers(key, target, deliver_at_ms, HeaderMap::new(), payload).await
+    }
+
+    /// [`schedule`](Self::schedule) with headers of the caller's, which the
+    /// fired message carries.
+    pub async fn schedule_with_headers(
+        &self,
+        key: &str,
+        target: &str,
+        deliver_at_ms: u64,
+        mut headers: HeaderMap,
+        payload: Bytes,
+    ) -> Result<TimerHandle> {
+        let partition = wire::partition_of(key.as_bytes(), self.partitions);
+        headers.insert(wire::TARGET, target);
+        headers.insert(wire::DELIVER_AT, deliver_at_ms.to_string().as_str());
+        let subject = wire::timer_subject(&self.prefix, partition, "timer");
+        let sequence = self.publish(subject, headers, payload).await?;
+        Ok(TimerHandle { partition, sequence })
+    }
+
+    async fn publish(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<u64> {
+        let ack = self
+            .js
+            .publish_with_headers(subject.clone(), headers, payload)
+            .await
+            .map_err(|e| TierError::nats(format!("publish to {subject}"), e))?
+            .await
+            .map_err(|e| TierError::nats(format!("publish to {subject}"), e))?;
+        Ok(ack.sequence)
+    }
+
+    /// Cancels a timer. Its partition's owner decides (so a timer being
+    /// fired is never also reported cancelled); with no owner running, no
+    /// one can fire it, and the client deletes it from the stream itself.
+    pub async fn cancel(&self, handle: TimerHandle) -> Result<CancelAnswer> {
+        if handle.partition >= self.partitions {
+            return Ok(CancelAnswer::NotFound);
+        }
+        let subject = wire::cancel_subject(&self.stream_name, handle.partition);
+        let request = async_nats::Request::new()
+            .payload(handle.sequence.to_string().into())
+            .timeout(Some(OWNER_TIMEOUT));
+        match self.client.send_request(subject.clone(), request).await {
+            Ok(reply) => CancelAnswer::parse(&reply.payload),
+            Err(err) if err.kind() == RequestErrorKind::NoResponders => {
+                cancel_in_stream(&self.stream, &self.prefix, handle.partition, handle.sequence).await
+            }
+            Err(err) => Err(TierError::nats(format!("ask the owner on {subject}"), err)),
+        }
+    }
+
+    /// Moves a timer to `deliver_at_ms`: publishes a copy due then, and
+    /// cancels the original; if the original fired first, the copy is
+    /// removed and the answer says so.
+    pub async fn reschedule(&self, handle: TimerHandle, deliver_at_ms: u64) -> Result<RescheduleAnswer> {
+        let source = match self.stream.direct_get(handle.sequence).await {
+            Ok(source) => source,
+            Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+                return Ok(RescheduleAnswer::NotFound);
+            }
+            Err(err) => return Err(TierError::nats(format!("read timer {handle}"), err)),
+        };
+        if wire::partition_of_subject(&self.prefix, &source.subject) != Some(handle.partition) {
+            return Ok(RescheduleAnswer::NotFound);
+        }
+        let mut headers = source.headers.clone();
+        headers.insert(wire::DELIVER_AT, deliver_at_ms.to_string().as_str());
+        let copy = TimerHandle {
+            partition: handle.partition,
+            sequence: self.publish(source.subject.to_string(), headers, source.payload).await?,
+        };
+        let answer = self.cancel(handle).await;
+        let undo = || async {
+            remove_source(&self.stream, copy.sequence).await?;
+            Ok::<_, TierError>(())
+        };
+        match answer {
+            Ok(CancelAnswer::Cancelled) => Ok(RescheduleAnswer::Rescheduled(copy)),
+            Ok(CancelAnswer::AlreadyFired) => undo().await.map(|()| RescheduleAnswer::AlreadyFired),
+            Ok(CancelAnswer::NotFound) => undo().await.map(|()| RescheduleAnswer::NotFound),
+            Err(err) => {
+                undo().await?;
+                Err(err)
+            }
+        }
+    }
+}

@@ -1,0 +1,34 @@
+//! delaywheel as the delay tier of a NATS JetStream cluster.
+//!
+//! Producers publish timers to a replicated JetStream stream (`DELAY`, on
+//! `delay.<partition>.>`), with the deliver time and the target subject in
+//! headers ([`wire`]). Each tier node leases some partitions through a KV
+//! bucket ([`lease`](crate::node)), reads each one it owns into a local
+//! delaywheel store, and when a timer fires publishes it to its target
+//! (deduplicated by stream sequence) and then deletes it from the stream. So
+//! the stream always holds exactly the pending timers; it is the replicated
+//! truth, and each node's store is an index rebuilt from it whenever the
+//! node takes a partition, as the commit log's indexes are rebuilt from it.
+//!
+//! The guarantee: a timer is published at or after its time, never early.
+//! It is published again only if an owner published it and then lost the
+//! partition (died, or stalled past its lease) before deleting it; the copy
+//! carries the same `Nats-Msg-Id`, so the target stream drops it if it comes
+//! within its duplicate window (2 minutes by default). A copy later than the
+//! window — an owner stalled for longer — is delivered twice.
+
+#![warn(missing_docs)]
+
+mod client;
+mod config;
+mod error;
+mod lease;
+mod node;
+mod partition;
+pub mod wire;
+
+pub use client::{RescheduleAnswer, TierClient};
+pub use config::TierConfig;
+pub use error::{Result, TierError};
+pub use node::run;
+pub use wire::{CancelAnswer, TimerHandle};

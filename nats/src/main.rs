@@ -1,0 +1,81 @@
+//! `delaywheel-nats`: runs one node of the NATS JetStream delay tier.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::Parser;
+use delaywheel_nats::TierConfig;
+
+/// One node of the delay tier: leases partitions of the delay stream and
+/// fires their timers to their target subjects.
+#[derive(Parser)]
+#[command(name = "delaywheel-nats", version)]
+struct Args {
+    /// NATS server URLs, comma-separated (any of the cluster's).
+    #[arg(long, default_value = "nats://127.0.0.1:4222", value_delimiter = ',')]
+    nats: Vec<String>,
+    /// Where this node keeps the local stores of the partitions it owns.
+    #[arg(long)]
+    dir: PathBuf,
+    /// This node's name, unique in the tier ([-_A-Za-z0-9]).
+    #[arg(long)]
+    node_id: String,
+    /// The delay stream (created if absent).
+    #[arg(long, default_value = "DELAY")]
+    stream: String,
+    /// The delay stream's subjects are PREFIX.<partition>.>.
+    #[arg(long, default_value = "delay")]
+    prefix: String,
+    /// Partitions of the delay stream (every node must agree).
+    #[arg(long, default_value_t = 8)]
+    partitions: u32,
+    /// Replicas of the delay stream and the lease bucket.
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
+    /// A lease not renewed for this long passes to another node.
+    #[arg(long, default_value_t = 3000)]
+    lease_ms: u64,
+    /// The KV bucket of the leases.
+    #[arg(long, default_value = "delaytier_leases")]
+    lease_bucket: String,
+}
+
+#[tokio::main]
+async fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let args = Args::parse();
+    let mut config = TierConfig::new(args.nats, args.dir, args.node_id);
+    config.stream = args.stream;
+    config.prefix = args.prefix;
+    config.partitions = args.partitions;
+    config.replicas = args.replicas;
+    config.lease = Duration::from_millis(args.lease_ms);
+    config.lease_bucket = args.lease_bucket;
+    if let Err(err) = config.validate() {
+        eprintln!("delaywheel-nats: {err}");
+        return ExitCode::from(2);
+    }
+    match delaywheel_nats::run(config, shutdown()).await {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(err) => {
+            eprintln!("delaywheel-nats: {err}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// SIGINT or SIGTERM.
+async fn shutdown() {
+    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
+        .expect("a SIGTERM handler can be installed");
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => {}
+        _ = term.recv() => {}
+    }
+}

@@ -1,0 +1,148 @@
+//! A tier node: keeps its fair share of partition leases and runs an
+//! [`OwnedPartition`](crate::partition) for each.
+
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+use crate::lease::{Leases, fair_share, preference};
+use crate::partition::{OwnedPartition, Shared};
+use crate::{Result, TierConfig, TierError};
+
+/// The time limit of one request of a partition's (read, publish, acknowledge).
+const OP_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// Runs a tier node until `shutdown` completes, then gives its partitions
+/// back so the other nodes take them at once.
+pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
+    config.validate()?;
+    std::fs::create_dir_all(&config.dir)
+        .map_err(|source| TierError::Io { path: config.dir.clone(), source })?;
+    let client = async_nats::ConnectOptions::new()
+        .name(format!("delaywheel-nats {}", config.node_id))
+        .request_timeout(Some(OP_TIMEOUT))
+        .connect(config.servers.clone())
+        .await
+        .map_err(|e| TierError::nats(format!("connect to {}", config.servers.join(",")), e))?;
+    // Calls fail fast and are retried, rather than wait out a leader election.
+    let js = jetstream::context::ContextBuilder::new()
+        .timeout(OP_TIMEOUT)
+        .ack_timeout(OP_TIMEOUT)
+        .build(client.clone());
+    let stream = ensure_stream(&js, &config).await?;
+    let leases = Leases::open(&js, &config).await?;
+    let renew_every = config.renew_every();
+    let shared = Arc::new(Shared { client, js, stream, config });
+    let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
+    tracing::info!(node = %node.shared.config.node_id, "tier node started");
+    let mut tick = tokio::time::interval(renew_every);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tokio::pin!(shutdown);
+    loop {
+        tokio::select! {
+            () = &mut shutdown => break,
+            _ = tick.tick() => node.balance().await,
+        }
+    }
+    node.leave().await;
+    Ok(())
+}
+
+/// Creates the delay stream if this is the tier's first node: a work queue
+/// (a message goes when its delivery is acknowledged, that is when its timer
+/// fired or was cancelled) whose messages never expire, since a timer may be
+/// years ahead.
+async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<stream::Stream> {
+    js.get_or_create_stream(stream::Config {
+        name: config.stream.clone(),
+        subjects: vec![format!("{}.>", config.prefix)],
+        num_replicas: config.replicas,
+        storage: stream::StorageType::File,
+        retention: stream::RetentionPolicy::WorkQueue,
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))
+}
+
+struct Node {
+    shared: Arc<Shared>,
+    leases: Leases,
+    owned: BTreeMap<u32, OwnedPartition>,
+    /// The live nodes counted last (kept when a count fails).
+    live: usize,
+}
+
+impl Node {
+    /// One round: renew, count the live nodes, then take free partitions up
+    /// to the fair share or give back those above it.
+    async fn balance(&mut self) {
+        for partition in self.leases.renew().await {
+            if let Some(owned) = self.owned.remove(&partition) {
+                owned.stop().await;
+            }
+        }
+        match self.leases.heartbeat().await {
+            Ok(live) => self.live = live,
+            Err(err) => tracing::warn!(%err, "heartbeat failed; the share stays as counted last"),
+        }
+        let share = fair_share(self.shared.config.partitions, self.live);
+        while self.owned.len() > share {
+            let (&partition, _) = self.owned.last_key_value().expect("more than the share is at least one");
+            self.give_back(partition).await;
+        }
+        if self.owned.len() < share {
+            self.take_free(share).await;
+        }
+        metrics::gauge!("delaytier_partitions_owned").set(self.owned.len() as f64);
+    }
+
+    async fn take_free(&mut self, share: usize) {
+        let config = &self.shared.config;
+        for partition in preference(&config.node_id, config.partitions).collect::<Vec<_>>() {
+            if self.owned.len() >= share {
+                break;
+            }
+            if self.owned.contains_key(&partition) {
+                continue;
+            }
+            match self.leases.try_acquire(partition).await {
+                Ok(true) => match OwnedPartition::start(self.shared.clone(), partition).await {
+                    Ok(owned) => {
+                        self.owned.insert(partition, owned);
+                    }
+                    Err(err) => {
+                        tracing::error!(partition, %err, "cannot run the partition; giving it back");
+                        let _ = self.leases.release(partition).await;
+                    }
+                },
+                Ok(false) => {}
+                Err(err) => return tracing::warn!(partition, %err, "cannot take a lease"),
+            }
+        }
+    }
+
+    async fn give_back(&mut self, partition: u32) {
+        if let Some(owned) = self.owned.remove(&partition) {
+            owned.stop().await;
+        }
+        if let Err(err) = self.leases.release(partition).await {
+            tracing::warn!(partition, %err, "cannot release a lease; it expires instead");
+        }
+    }
+
+    async fn leave(mut self) {
+        let held: Vec<u32> = self.leases.held().collect();
+        for partition in held {
+            self.give_back(partition).await;
+        }
+        if let Err(err) = self.leases.leave().await {
+            tracing::warn!(%err, "cannot remove the heartbeat; it expires instead");
+        }
+        tracing::info!(node = %self.shared.config.node_id, "tier node stopped");
+    }
+}

