@@ -24,16 +24,19 @@
 //! sequence through the JetStream API ran at about 200 a second here, see
 //! the README.)
 
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_nats::jetstream::{self, Message as JsMessage};
-use delaywheel::{CancelOutcome, Handle, Message, Store};
+use bytes::Bytes;
+use delaywheel::{
+    CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store,
+};
 use futures::StreamExt;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -47,6 +50,14 @@ const FIRE_TOPIC: &str = "fire";
 const INGEST_BATCH: usize = 1024;
 /// Fired timers published at once.
 const FIRE_CONCURRENCY: usize = 128;
+/// How often the sweep looks for fired timers still in the stream.
+const SWEEP_EVERY: Duration = Duration::from_secs(5);
+/// A fired timer's acknowledgement has surely been applied after this.
+const ACK_SETTLES: Duration = Duration::from_secs(5);
+/// Fired timers remembered for the sweep, at most.
+const MAX_REMEMBERED: usize = 1 << 20;
+/// How long a cancel of a timer not read yet waits for this node to read it.
+const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
 /// How long the stream waits for a timer's acknowledgement before handing it
 /// out again: longer than any timer waits, so never.
 const HOLD_UNTIL_FIRED: Duration = Duration::from_secs(100 * 365 * 86_400);
@@ -68,8 +79,21 @@ struct PendingTimer {
     ack: async_nats::Subject,
 }
 
-/// The timers indexed and not yet removed from the stream, by sequence.
-type Pending = Arc<Mutex<HashMap<u64, PendingTimer>>>;
+/// What the partition's tasks share about the timers read so far.
+#[derive(Default)]
+struct Index {
+    /// The timers indexed and not yet removed from the stream, by sequence.
+    timers: HashMap<u64, PendingTimer>,
+    /// The highest sequence the partition's consumer has handed out (the
+    /// stream hands a partition's timers out in sequence order).
+    read_up_to: u64,
+    /// Timers read and left unacknowledged in the stream (malformed).
+    malformed: usize,
+    /// Timers fired lately, with when: the sweep checks they left the stream.
+    fired: VecDeque<(Instant, u64)>,
+}
+
+type Pending = Arc<Mutex<Index>>;
 
 /// A partition this node owns.
 pub(crate) struct OwnedPartition {
@@ -98,6 +122,7 @@ impl OwnedPartition {
         let tasks = vec![
             tokio::spawn(part.clone().answer_cancels(cancels).instrument(span.clone())),
             tokio::spawn(part.clone().fire().instrument(span.clone())),
+            tokio::spawn(part.clone().sweep().instrument(span.clone())),
             tokio::spawn(part.ingest().instrument(span)),
         ];
         tracing::info!(partition, "partition taken");
@@ -159,7 +184,14 @@ struct Indexed {
     sequence: u64,
     deliver_at_ms: u64,
     ack: async_nats::Subject,
+    /// What the local store keeps: the message itself, or (when its headers
+    /// or payload are too large for a local record) only its sequence.
+    local: Message,
 }
+
+/// Tags of a local timer that holds only the sequence: firing it reads the
+/// message from the stream.
+const BY_REFERENCE: &str = "ref";
 
 impl Part {
     /// Reads the partition from its first pending timer on, and puts each as
@@ -199,38 +231,49 @@ impl Part {
             .map_err(|e| TierError::nats("create the partition's consumer", e))?;
         let messages = consumer.messages().await.map_err(|e| TierError::nats("read the partition", e))?;
         let mut chunks = messages.ready_chunks(INGEST_BATCH);
+        let max_body = self.store.max_body_bytes();
         while let Some(chunk) = chunks.next().await {
             let mut timers = Vec::with_capacity(chunk.len());
+            let mut read_up_to = 0;
             for message in chunk {
                 let message = message.map_err(|e| TierError::nats("read the partition", e))?;
-                match index(&message) {
-                    Ok(timer) => timers.push(timer),
-                    Err(err) => {
+                match index(message, max_body) {
+                    Ok(timer) => {
+                        read_up_to = timer.sequence;
+                        timers.push(timer);
+                    }
+                    Err((sequence, err)) => {
+                        read_up_to = read_up_to.max(sequence);
+                        self.pending.lock().expect("index lock").malformed += 1;
                         metrics::counter!("delaytier_malformed_total").increment(1);
                         tracing::warn!(%err, "timer left in the stream, not indexed");
                     }
                 }
             }
-            self.put(timers).await?;
+            self.put(timers, read_up_to).await?;
         }
         Ok(())
     }
 
-    /// Puts timers into the local store, holding the pending map so a timer
-    /// that fires at once is known before it is looked up.
-    async fn put(&self, timers: Vec<Indexed>) -> Result<()> {
+    /// Puts timers into the local store, holding the index so a timer that
+    /// fires at once is known before it is looked up.
+    async fn put(&self, timers: Vec<Indexed>, read_up_to: u64) -> Result<()> {
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let count = timers.len() as u64;
         tokio::task::spawn_blocking(move || {
-            let mut pending = pending.lock().expect("pending map lock");
-            let messages = timers.iter().map(|t| {
-                Message::new(FIRE_TOPIC, t.sequence.to_be_bytes().to_vec()).deliver_at_ms(t.deliver_at_ms)
-            });
+            let mut index = pending.lock().expect("index lock");
+            let (messages, timers): (Vec<Message>, Vec<_>) =
+                timers.into_iter().map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack))).unzip();
             let receipts = store.put_batch(messages)?;
-            for (timer, receipt) in timers.into_iter().zip(receipts) {
-                let handle = receipt.handle().expect("a timed put has a handle");
-                pending.insert(timer.sequence, PendingTimer { handle, ack: timer.ack });
+            for ((sequence, deliver_at_ms, ack), receipt) in timers.into_iter().zip(receipts) {
+                let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
+                    sequence,
+                    problem: "the local store took it as an untimed message".into(),
+                })?;
+                debug_assert_eq!(handle.deliver_at_ms, deliver_at_ms.max(1), "0 is kept as 1");
+                index.timers.insert(sequence, PendingTimer { handle, ack });
             }
+            index.read_up_to = index.read_up_to.max(read_up_to);
             Ok::<_, TierError>(())
         })
         .await
@@ -242,8 +285,10 @@ impl Part {
     async fn forget_all(&self) {
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let _ = tokio::task::spawn_blocking(move || {
-            let handles: Vec<Handle> =
-                pending.lock().expect("pending map lock").drain().map(|(_, t)| t.handle).collect();
+            let mut index = pending.lock().expect("index lock");
+            index.read_up_to = 0;
+            index.malformed = 0;
+            let handles: Vec<Handle> = index.timers.drain().map(|(_, t)| t.handle).collect();
             store.cancel_batch(&handles)
         })
         .await;
@@ -270,20 +315,21 @@ impl Part {
                     return;
                 }
             };
-            let sequences =
-                batch.iter().filter_map(|m| Some(u64::from_be_bytes(m.body().as_ref().try_into().ok()?)));
-            futures::stream::iter(sequences)
-                .for_each_concurrent(FIRE_CONCURRENCY, |s| self.fire_until_done(s))
+            futures::stream::iter(&batch)
+                .for_each_concurrent(FIRE_CONCURRENCY, |m| self.fire_until_done(m))
                 .await;
             consumer.commit();
         }
     }
 
     /// Fires one timer, retrying while the partition is ours.
-    async fn fire_until_done(&self, sequence: u64) {
+    async fn fire_until_done(&self, timer: &ConsumedMessage) {
+        let Some(sequence) = timer.key().and_then(|k| k.parse::<u64>().ok()) else {
+            return tracing::error!(key = ?timer.key(), "a local timer without its sequence");
+        };
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.fire_one(sequence).await {
+            match self.fire_one(sequence, timer).await {
                 Ok(()) => return,
                 Err(err) => {
                     metrics::counter!("delaytier_fire_errors_total").increment(1);
@@ -295,27 +341,34 @@ impl Part {
         }
     }
 
-    async fn fire_one(&self, sequence: u64) -> Result<()> {
+    async fn fire_one(&self, sequence: u64, timer: &ConsumedMessage) -> Result<()> {
         let shared = &self.shared;
-        let pending = self.pending.lock().expect("pending map lock").get(&sequence).map(|t| t.ack.clone());
+        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).map(|t| t.ack.clone());
         let Some(source_ack) = pending else {
             return Ok(()); // cancelled while it fired
         };
-        let source = match shared.stream.direct_get(sequence).await {
-            Ok(source) => source,
-            Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
-                // Cancelled around its owner.
-                self.pending.lock().expect("pending map lock").remove(&sequence);
-                metrics::counter!("delaytier_skipped_total").increment(1);
-                return Ok(());
-            }
-            Err(err) => return Err(TierError::nats(format!("read timer {sequence}"), err)),
+        let stream = &shared.config.stream;
+        let (target, headers, payload) = if timer.tags() == Some(BY_REFERENCE) {
+            let source = match shared.stream.direct_get(sequence).await {
+                Ok(source) => source,
+                Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+                    self.pending.lock().expect("index lock").timers.remove(&sequence);
+                    metrics::counter!("delaytier_skipped_total").increment(1);
+                    return Ok(()); // deleted from the stream by hand
+                }
+                Err(err) => return Err(TierError::nats(format!("read timer {sequence}"), err)),
+            };
+            let (target, headers) =
+                fired_headers(stream, self.partition, sequence, header_pairs(&source.headers))?;
+            (target, headers, source.payload)
+        } else {
+            let pairs = timer.properties().iter().map(|(n, v)| (n.as_str(), v.as_str()));
+            let (target, headers) = fired_headers(stream, self.partition, sequence, pairs)?;
+            (target, headers, timer.body().clone())
         };
-        let (target, headers) =
-            fired_headers(&shared.config.stream, self.partition, sequence, &source.headers)?;
         let published = shared
             .js
-            .publish_with_headers(target.clone(), headers, source.payload)
+            .publish_with_headers(target.clone(), headers, payload)
             .await
             .map_err(|e| TierError::nats(format!("publish to {target}"), e))?
             .await
@@ -324,13 +377,83 @@ impl Part {
             metrics::counter!("delaytier_duplicates_dropped_total").increment(1);
         }
         acknowledge(&shared.client, sequence, source_ack).await?;
-        self.pending.lock().expect("pending map lock").remove(&sequence);
+        let mut index = self.pending.lock().expect("index lock");
+        index.timers.remove(&sequence);
+        if index.fired.len() == MAX_REMEMBERED {
+            index.fired.pop_front();
+        }
+        index.fired.push_back((Instant::now(), sequence));
+        drop(index);
         metrics::counter!("delaytier_fired_total").increment(1);
-        if let Some(at) = deliver_at(&source.headers) {
+        if let Some(at) = timer.deliver_at_ms() {
             let late_ms = now_ms().saturating_sub(at);
             metrics::histogram!("delaytier_lateness_seconds").record(late_ms as f64 / 1e3);
         }
         Ok(())
+    }
+
+    /// Deletes fired timers whose acknowledgement was lost.
+    ///
+    /// The server confirms an acknowledgement before its consumer's replicas
+    /// have it: when the consumer's leader dies then, the new leader still
+    /// counts the timer as handed out and unacknowledged, so the stream keeps
+    /// it, and the partition's next owner would fire it again (outside the
+    /// duplicate window, if that is later than two minutes). Seen here with
+    /// `kill -9` of a NATS server: 97 of 4,000 fired timers left behind.
+    /// Every few seconds the sweep compares the consumer's unacknowledged
+    /// count with what this node holds; if the consumer has more, it looks up
+    /// the timers fired lately and deletes those still in the stream.
+    async fn sweep(self) {
+        let name = format!("delaytier-p{}", self.partition);
+        loop {
+            tokio::time::sleep(SWEEP_EVERY).await;
+            let settled: Vec<u64> = {
+                let mut index = self.pending.lock().expect("index lock");
+                let cut = index.fired.partition_point(|(at, _)| at.elapsed() >= ACK_SETTLES);
+                index.fired.drain(..cut).map(|(_, s)| s).collect()
+            };
+            if settled.is_empty() {
+                continue;
+            }
+            let held = {
+                let index = self.pending.lock().expect("index lock");
+                index.timers.len() + index.malformed
+            };
+            match self.shared.stream.consumer_info(&name).await {
+                Ok(info) if info.num_ack_pending <= held => continue,
+                Ok(_) => {}
+                Err(err) => {
+                    tracing::warn!(%err, "sweep: cannot read the consumer; checking the fired timers");
+                }
+            }
+            let stream = &self.shared.stream;
+            // Some(sequence): it could not be checked now; look again next round.
+            let checks: Vec<(usize, Option<u64>)> = futures::stream::iter(settled)
+                .map(|sequence| async move {
+                    match stream.direct_get(sequence).await {
+                        Ok(_) => match remove_source(stream, sequence).await {
+                            Ok(deleted) => (deleted as usize, None),
+                            Err(_) => (0, Some(sequence)),
+                        },
+                        Err(err) if err.kind() == DirectGetErrorKind::NotFound => (0, None),
+                        Err(_) => (0, Some(sequence)),
+                    }
+                })
+                .buffer_unordered(64)
+                .collect()
+                .await;
+            let left: usize = checks.iter().map(|(n, _)| n).sum();
+            let again = checks.iter().filter_map(|(_, s)| *s);
+            let mut index = self.pending.lock().expect("index lock");
+            for sequence in again {
+                index.fired.push_front((Instant::now() - ACK_SETTLES, sequence));
+            }
+            drop(index);
+            if left > 0 {
+                metrics::counter!("delaytier_lost_acks_total").increment(left as u64);
+                tracing::warn!(left, "sweep: deleted fired timers whose acknowledgement was lost");
+            }
+        }
     }
 
     /// Answers cancels of this partition's timers while it is ours.
@@ -350,14 +473,42 @@ impl Part {
         }
     }
 
-    /// Cancels a timer: the local store decides whether it is too late.
+    /// Cancels a timer: the local store decides whether it is too late. A
+    /// timer this node has not read yet is waited for (briefly), so there is
+    /// one judge of every cancel while the partition is owned.
     async fn cancel(&self, sequence: u64) -> Result<CancelAnswer> {
-        let timer = self.pending.lock().expect("pending map lock").get(&sequence).cloned();
-        let Some(PendingTimer { handle, ack }) = timer else {
-            // Not indexed yet (or already removed): the stream decides.
-            let shared = &self.shared;
-            return cancel_in_stream(&shared.stream, &shared.config.prefix, self.partition, sequence).await;
-        };
+        let deadline = Instant::now() + CANCEL_WAITS_FOR_INGEST;
+        let mut checked_in_stream = false;
+        loop {
+            let (timer, read_past) = {
+                let index = self.pending.lock().expect("index lock");
+                (index.timers.get(&sequence).cloned(), index.read_up_to >= sequence)
+            };
+            if let Some(timer) = timer {
+                return self.cancel_indexed(sequence, timer).await;
+            }
+            if read_past {
+                // Fired and removed, or malformed and never indexed.
+                return Ok(CancelAnswer::NotFound);
+            }
+            if !checked_in_stream {
+                let shared = &self.shared;
+                if !is_pending_in_stream(&shared.stream, &shared.config.prefix, self.partition, sequence)
+                    .await?
+                {
+                    return Ok(CancelAnswer::NotFound);
+                }
+                checked_in_stream = true;
+            }
+            if Instant::now() > deadline {
+                return Err(TierError::Owner(format!("timer {sequence} is not read yet; cancel again")));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    async fn cancel_indexed(&self, sequence: u64, timer: PendingTimer) -> Result<CancelAnswer> {
+        let PendingTimer { handle, ack } = timer;
         let store = self.store.clone();
         let outcome = tokio::task::spawn_blocking(move || store.cancel(handle))
             .await
@@ -365,7 +516,7 @@ impl Part {
         match outcome {
             CancelOutcome::Cancelled => {
                 acknowledge(&self.shared.client, sequence, ack).await?;
-                self.pending.lock().expect("pending map lock").remove(&sequence);
+                self.pending.lock().expect("index lock").timers.remove(&sequence);
                 metrics::counter!("delaytier_cancelled_total").increment(1);
                 Ok(CancelAnswer::Cancelled)
             }
@@ -384,12 +535,7 @@ pub(crate) async fn cancel_in_stream(
     partition: u32,
     sequence: u64,
 ) -> Result<CancelAnswer> {
-    let source = match stream.direct_get(sequence).await {
-        Ok(source) => source,
-        Err(err) if err.kind() == DirectGetErrorKind::NotFound => return Ok(CancelAnswer::NotFound),
-        Err(err) => return Err(TierError::nats(format!("read timer {sequence}"), err)),
-    };
-    if wire::partition_of_subject(prefix, &source.subject) != Some(partition) {
+    if !is_pending_in_stream(stream, prefix, partition, sequence).await? {
         return Ok(CancelAnswer::NotFound);
     }
     if remove_source(stream, sequence).await? {
@@ -397,6 +543,15 @@ pub(crate) async fn cancel_in_stream(
         Ok(CancelAnswer::Cancelled)
     } else {
         Ok(CancelAnswer::NotFound)
+    }
+}
+
+/// Whether the stream holds this sequence as a timer of `partition`.
+async fn is_pending_in_stream(stream: &Stream, prefix: &str, partition: u32, sequence: u64) -> Result<bool> {
+    match stream.direct_get(sequence).await {
+        Ok(source) => Ok(wire::partition_of_subject(prefix, &source.subject) == Some(partition)),
+        Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(false),
+        Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
     }
 }
 
@@ -422,19 +577,38 @@ pub(crate) async fn remove_source(stream: &Stream, sequence: u64) -> Result<bool
     }
 }
 
-/// Checks a timer read from the stream.
-fn index(message: &JsMessage) -> Result<Indexed> {
-    let info = message.info().map_err(|e| TierError::nats("read a message's sequence", e))?;
-    let sequence = info.stream_sequence;
-    let bad = |problem: &str| TierError::BadTimer { sequence, problem: problem.to_string() };
+/// Checks a timer read from the stream and makes its local record; the
+/// error carries the sequence (0 if even that is unknown).
+fn index(message: JsMessage, max_body: usize) -> std::result::Result<Indexed, (u64, TierError)> {
+    let sequence = match message.info() {
+        Ok(info) => info.stream_sequence,
+        Err(e) => return Err((0, TierError::nats("read a message's sequence", e))),
+    };
+    let bad = |problem: &str| (sequence, TierError::BadTimer { sequence, problem: problem.to_string() });
     let headers = message.headers.as_ref().ok_or_else(|| bad("no headers"))?;
     if headers.get(wire::TARGET).is_none_or(|t| t.as_str().is_empty()) {
         return Err(bad(&format!("no {} header", wire::TARGET)));
     }
     let deliver_at_ms = deliver_at(headers)
         .ok_or_else(|| bad(&format!("no {} header in ms since the epoch", wire::DELIVER_AT)))?;
+    if deliver_at_ms > MAX_DELIVER_AT_MS {
+        return Err(bad(&format!("{} {deliver_at_ms} is past the end of year 9999", wire::DELIVER_AT)));
+    }
     let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
-    Ok(Indexed { sequence, deliver_at_ms, ack })
+    let header_bytes: usize = header_pairs(headers).map(|(n, v)| n.len() + v.len() + 8).sum();
+    let local = if header_bytes <= MAX_PROPERTIES_LEN && message.payload.len() <= max_body {
+        header_pairs(headers)
+            .fold(Message::new(FIRE_TOPIC, message.payload.clone()), |m, (n, v)| m.property(n, v))
+    } else {
+        Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
+    };
+    let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
+    Ok(Indexed { sequence, deliver_at_ms, ack, local })
+}
+
+/// Every (name, value) of a header map, a name repeated per value.
+fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
+    headers.iter().flat_map(|(name, values)| values.iter().map(move |v| (name.as_ref(), v.as_str())))
 }
 
 fn deliver_at(headers: &HeaderMap) -> Option<u64> {
@@ -443,26 +617,23 @@ fn deliver_at(headers: &HeaderMap) -> Option<u64> {
 
 /// The target and headers of a fired timer: the source's headers without the
 /// target, plus the deduplication id and the handle it had.
-fn fired_headers(
+fn fired_headers<'a>(
     stream: &str,
     partition: u32,
     sequence: u64,
-    source: &HeaderMap,
+    source: impl Iterator<Item = (&'a str, &'a str)>,
 ) -> Result<(String, HeaderMap)> {
-    let target =
-        source.get(wire::TARGET).map(|t| t.as_str().to_string()).filter(|t| !t.is_empty()).ok_or_else(
-            || TierError::BadTimer { sequence, problem: format!("no {} header", wire::TARGET) },
-        )?;
+    let mut target = None;
     let mut headers = HeaderMap::new();
-    for (name, values) in source.iter() {
-        let name_text: &str = name.as_ref();
-        if name_text.eq_ignore_ascii_case(wire::TARGET) || name_text.eq_ignore_ascii_case(wire::MSG_ID) {
-            continue;
-        }
-        for value in values {
-            headers.append(name.clone(), value.clone());
+    for (name, value) in source {
+        if name.eq_ignore_ascii_case(wire::TARGET) {
+            target = Some(value.to_string()).filter(|t| !t.is_empty());
+        } else if !name.eq_ignore_ascii_case(wire::MSG_ID) {
+            headers.append(name, value);
         }
     }
+    let target = target
+        .ok_or_else(|| TierError::BadTimer { sequence, problem: format!("no {} header", wire::TARGET) })?;
     headers.insert(wire::MSG_ID, wire::msg_id(stream, sequence).as_str());
     headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
     Ok((target, headers))
@@ -483,7 +654,7 @@ mod tests {
         source.insert(wire::DELIVER_AT, "1700000000000");
         source.insert("Order", "o-1");
         source.insert(wire::MSG_ID, "the producer's own id");
-        let (target, headers) = fired_headers("DELAY", 3, 42, &source).unwrap();
+        let (target, headers) = fired_headers("DELAY", 3, 42, header_pairs(&source)).unwrap();
         assert_eq!(target, "orders.timeout");
         assert_eq!(headers.get("Order").unwrap().as_str(), "o-1");
         assert_eq!(headers.get(wire::DELIVER_AT).unwrap().as_str(), "1700000000000");
@@ -497,7 +668,7 @@ mod tests {
     fn a_timer_without_a_target_is_refused_naming_its_sequence() {
         let mut source = HeaderMap::new();
         source.insert(wire::DELIVER_AT, "5");
-        let err = fired_headers("DELAY", 0, 9, &source).unwrap_err().to_string();
+        let err = fired_headers("DELAY", 0, 9, header_pairs(&source)).unwrap_err().to_string();
         assert!(err.contains("sequence 9") && err.contains(wire::TARGET), "{err}");
     }
 }

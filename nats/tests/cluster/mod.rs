@@ -271,6 +271,8 @@ pub struct Arrivals {
     pub lateness_ms: Vec<i64>,
     /// Payload to the time it was stored, ms since the epoch.
     pub stored_at_ms: HashMap<String, i64>,
+    /// Payload to the length of its `Big` header, where it has one.
+    pub big_header_len: HashMap<String, usize>,
 }
 
 /// Reads `OUT` from the start into shared [`Arrivals`] while the task runs.
@@ -311,6 +313,9 @@ fn record(arrivals: &mut Arrivals, message: &StreamMessage) {
     }
     arrivals.lateness_ms.push(stored_ms - due);
     arrivals.stored_at_ms.insert(payload.clone(), stored_ms);
+    if let Some(big) = message.headers.get("Big") {
+        arrivals.big_header_len.insert(payload.clone(), big.as_str().len());
+    }
     *arrivals.count.entry(payload).or_default() += 1;
 }
 
