@@ -3,10 +3,10 @@
 //! Producers publish timers to a replicated JetStream stream (`DELAY`, on
 //! `delay.<partition>.>`), with the deliver time and the target subject in
 //! headers ([`wire`]). Each tier node leases some partitions through a KV
-//! bucket ([`lease`](crate::node)), reads each one it owns into a local
+//! bucket (see [`run`]), reads each one it owns into a local
 //! delaywheel store, and when a timer fires publishes it to its target
-//! (deduplicated by stream sequence) and then deletes it from the stream. So
-//! the stream always holds exactly the pending timers; it is the replicated
+//! (deduplicated by stream sequence) and then acknowledges it, which removes
+//! it from the work-queue stream. So the stream holds the pending timers; it is the replicated
 //! truth, and each node's store is an index rebuilt from it whenever the
 //! node takes a partition, as the commit log's indexes are rebuilt from it.
 //!

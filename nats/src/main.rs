@@ -39,6 +39,9 @@ struct Args {
     /// The KV bucket of the leases.
     #[arg(long, default_value = "delaytier_leases")]
     lease_bucket: String,
+    /// Serve Prometheus metrics (delaytier_*) on this address, e.g. 127.0.0.1:9464.
+    #[arg(long)]
+    metrics: Option<std::net::SocketAddr>,
 }
 
 #[tokio::main]
@@ -60,6 +63,14 @@ async fn main() -> ExitCode {
     if let Err(err) = config.validate() {
         eprintln!("delaywheel-nats: {err}");
         return ExitCode::from(2);
+    }
+    if let Some(addr) = args.metrics {
+        let exporter =
+            metrics_exporter_prometheus::PrometheusBuilder::new().with_http_listener(addr).install();
+        if let Err(err) = exporter {
+            eprintln!("delaywheel-nats: --metrics {addr}: {err}");
+            return ExitCode::FAILURE;
+        }
     }
     match delaywheel_nats::run(config, shutdown()).await {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,5 +1,5 @@
 //! One partition while this node holds its lease: a local store rebuilt from
-//! the stream, and three tasks (ingest, fire, answer cancels) that stop with
+//! the stream, and four tasks (ingest, fire, sweep, answer cancels) that stop with
 //! the lease.
 //!
 //! The stream holds exactly the pending timers, so the local store is an
@@ -13,16 +13,16 @@
 //! acknowledgement wait is a century: a timer is held unacknowledged until it
 //! fires, however far ahead it is.
 //!
-//! Firing a timer: read its message from the stream by sequence (gone means
-//! cancelled around the owner: skip), publish it to its target with the
-//! deduplication id `<stream>-<sequence>` and wait for the publish
-//! acknowledgement, then acknowledge the source, which removes it from the
-//! stream. A node dying between the publish and that acknowledgement leaves
-//! the source, so the next owner publishes it again under the same id, and
-//! the target stream drops it if that is inside its duplicate window.
-//! (Acknowledging is what makes this fast: deleting each fired message by
-//! sequence through the JetStream API ran at about 200 a second here, see
-//! the README.)
+//! Firing a timer: publish the copy the local store kept (headers and
+//! payload; a timer whose headers are too large is kept by reference and
+//! read from the stream) to its target with the deduplication id
+//! `<stream>-<sequence>`, wait for the publish acknowledgement, then
+//! acknowledge the source, which removes it from the stream. A node dying
+//! between the publish and that acknowledgement leaves the source, so the
+//! next owner publishes it again under the same id, and the target stream
+//! drops it if that is inside its duplicate window. (Acknowledging is what
+//! makes this fast: deleting each fired message by sequence through the
+//! JetStream API ran at about 200 a second here, see the README.)
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;

@@ -62,7 +62,8 @@ fn p99(lateness: &[i64]) -> i64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ten_thousand_timers_over_two_nodes_fire_once_and_never_early() {
     let Some((cluster, client, tier)) = cluster().await else { return };
-    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    let metrics = cluster::free_addr();
+    let _a = TierNode::start_with(&cluster, "a", LEASE_MS, &["--metrics", &metrics]);
     let _b = TierNode::start(&cluster, "b", LEASE_MS);
     let (arrivals, _reader) = collect(&client).await;
     let start = now_ms() + 1_000;
@@ -92,6 +93,17 @@ async fn ten_thousand_timers_over_two_nodes_fire_once_and_never_early() {
         );
     }
     wait_for_pending(&client, 7).await; // the five days-ahead timers and the two malformed ones
+    // Node a's metrics count what it fired and what it left in the stream.
+    let page = cluster::http_get(&metrics, "/metrics");
+    let value = |name: &str| -> f64 {
+        let line =
+            page.lines().find(|l| l.starts_with(name)).unwrap_or_else(|| panic!("no {name} in:\n{page}"));
+        line.rsplit(' ').next().unwrap().parse().unwrap()
+    };
+    let fired = value("delaytier_fired_total");
+    assert!((1.0..=10_001.0).contains(&fired), "node a fired {fired}");
+    assert!(value("delaytier_partitions_owned") >= 1.0);
+    assert!(page.contains("delaytier_lateness_seconds"), "{page}");
     let owners = owners(&client).await;
     assert_eq!(owners.len(), 8, "{owners:?}");
     assert!(owners.values().any(|o| o == "a") && owners.values().any(|o| o == "b"), "{owners:?}");

@@ -173,10 +173,16 @@ pub struct TierNode {
 impl TierNode {
     /// Starts a node of the tier on the cluster, leases of `lease_ms`.
     pub fn start(cluster: &Cluster, node_id: &str, lease_ms: u64) -> TierNode {
+        Self::start_with(cluster, node_id, lease_ms, &[])
+    }
+
+    /// [`start`](Self::start) with more flags.
+    pub fn start_with(cluster: &Cluster, node_id: &str, lease_ms: u64, flags: &[&str]) -> TierNode {
         let dir = cluster.dir.path().join(format!("tier-{node_id}"));
         let log = std::fs::File::create(cluster.dir.path().join(format!("tier-{node_id}.log"))).unwrap();
         let child = Command::new(env!("CARGO_BIN_EXE_delaywheel-nats"))
             .args(["--nats", &cluster.urls(), "--node-id", node_id, "--lease-ms", &lease_ms.to_string()])
+            .args(flags)
             .arg("--dir")
             .arg(&dir)
             .env("RUST_LOG", "info,delaywheel=warn")
@@ -355,4 +361,21 @@ pub async fn owners(client: &async_nats::Client) -> HashMap<u32, String> {
 /// Milliseconds since the epoch.
 pub fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_millis() as u64
+}
+
+/// A free loopback address, for a listener of a child process.
+pub fn free_addr() -> String {
+    format!("127.0.0.1:{}", free_port())
+}
+
+/// `GET path` over plain HTTP/1.0; the body.
+pub fn http_get(addr: &str, path: &str) -> String {
+    use std::io::{Read, Write};
+    let mut stream = std::net::TcpStream::connect(addr).unwrap();
+    write!(stream, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    let (head, body) = response.split_once("\r\n\r\n").unwrap();
+    assert!(head.starts_with("HTTP/1.1 200") || head.starts_with("HTTP/1.0 200"), "{head}");
+    body.to_string()
 }
