@@ -8,7 +8,7 @@ use async_nats::jetstream::{self};
 use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 
-use crate::partition::{cancel_in_stream, remove_source};
+use crate::partition::{cancel_in_stream, publish_acked, remove_source};
 use crate::wire::{self, CancelAnswer, TimerHandle};
 use crate::{Result, TierError};
 
@@ -95,14 +95,7 @@ impl TierClient {
     }
 
     async fn publish(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<u64> {
-        let ack = self
-            .js
-            .publish_with_headers(subject.clone(), headers, payload)
-            .await
-            .map_err(|e| TierError::nats(format!("publish to {subject}"), e))?
-            .await
-            .map_err(|e| TierError::nats(format!("publish to {subject}"), e))?;
-        Ok(ack.sequence)
+        Ok(publish_acked(&self.js, subject, headers, payload).await?.sequence)
     }
 
     /// Cancels a timer. Its partition's owner decides (so a timer being

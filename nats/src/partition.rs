@@ -366,13 +366,7 @@ impl Part {
             let (target, headers) = fired_headers(stream, self.partition, sequence, pairs)?;
             (target, headers, timer.body().clone())
         };
-        let published = shared
-            .js
-            .publish_with_headers(target.clone(), headers, payload)
-            .await
-            .map_err(|e| TierError::nats(format!("publish to {target}"), e))?
-            .await
-            .map_err(|e| TierError::nats(format!("publish to {target}"), e))?;
+        let published = publish_acked(&shared.js, target, headers, payload).await?;
         if published.duplicate {
             metrics::counter!("delaytier_duplicates_dropped_total").increment(1);
         }
@@ -544,6 +538,19 @@ pub(crate) async fn cancel_in_stream(
     } else {
         Ok(CancelAnswer::NotFound)
     }
+}
+
+/// Publishes to a stream and waits for its acknowledgement.
+pub(crate) async fn publish_acked(
+    js: &jetstream::Context,
+    subject: String,
+    headers: HeaderMap,
+    payload: Bytes,
+) -> Result<jetstream::publish::PublishAck> {
+    let failed = |e: async_nats::Error| TierError::nats(format!("publish to {subject}"), e);
+    let pending =
+        js.publish_with_headers(subject.clone(), headers, payload).await.map_err(|e| failed(e.into()))?;
+    pending.await.map_err(|e| failed(e.into()))
 }
 
 /// Whether the stream holds this sequence as a timer of `partition`.
