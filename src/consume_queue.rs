@@ -203,19 +203,25 @@ impl ConsumeQueue {
         self.read_in(self.file(file_no).as_ref(), index)
     }
 
-    /// Reads entries `[from, upto)`, each as [`read`](Self::read) would,
-    /// looking each file up once.
-    pub fn read_batch(&self, from: u64, upto: u64) -> Vec<Result<Entry>> {
+    /// Reads entries `[from, upto)` into `out`, each as [`read`](Self::read)
+    /// would, looking each file up once. Stops at the first that does not
+    /// read, with its position and why; the ones before it are in `out`.
+    pub fn read_batch(
+        &self,
+        from: u64,
+        upto: u64,
+        out: &mut Vec<Entry>,
+    ) -> std::result::Result<(), (u64, Error)> {
         let mut file: Option<(u64, Option<Arc<Mapped>>)> = None;
-        (from..upto)
-            .map(|index| {
-                let (file_no, _) = self.position(index);
-                if file.as_ref().is_none_or(|(no, _)| *no != file_no) {
-                    file = Some((file_no, self.file(file_no)));
-                }
-                self.read_in(file.as_ref().and_then(|(_, f)| f.as_ref()), index)
-            })
-            .collect()
+        for index in from..upto {
+            let (file_no, _) = self.position(index);
+            if file.as_ref().is_none_or(|(no, _)| *no != file_no) {
+                file = Some((file_no, self.file(file_no)));
+            }
+            let entry = self.read_in(file.as_ref().and_then(|(_, f)| f.as_ref()), index);
+            out.push(entry.map_err(|e| (index, e))?);
+        }
+        Ok(())
     }
 
     /// Files on disk: the readable ones and the spare, if any.

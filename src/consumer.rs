@@ -2,11 +2,13 @@
 //! commit how far they got. Committed offsets survive restarts.
 
 use std::collections::BTreeMap;
+use std::num::{NonZeroU16, NonZeroU64};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use bytes::{Buf, Bytes};
 use crossbeam_channel::Receiver;
 use serde::{Deserialize, Serialize};
 
@@ -14,9 +16,11 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::Entry;
-use crate::format::record::{DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView};
+use crate::format::record::{
+    DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, deliveries_count, deliveries_timer,
+};
 use crate::fs::write_atomically;
-use crate::message::ConsumedMessage;
+use crate::message::{ConsumedMessage, Extras};
 use crate::stats::RetentionCounters;
 
 /// Entries whose messages are touched together before they are read: enough
@@ -44,6 +48,11 @@ pub struct Consumer {
     /// The deliveries record whose checksum was checked last: its other
     /// entries' timers are read from it without checking it again.
     checked_deliveries: u64,
+    /// The timers of the deliveries record at this offset, kept during a
+    /// poll (they hold its segment, as the reader does).
+    run: Option<(u64, Bytes)>,
+    /// The entries of the chunk being read (kept to reuse the allocation).
+    entries: Vec<Entry>,
 }
 
 impl Consumer {
@@ -70,6 +79,8 @@ impl Consumer {
             wake,
             retention,
             checked_deliveries: 0,
+            run: None,
+            entries: Vec::with_capacity(TOUCH_CHUNK),
         }
     }
 
@@ -90,9 +101,15 @@ impl Consumer {
             return Err(Error::Closed);
         }
         let polled = self.poll_inner(max, timeout);
-        // Between polls, hold no segment retention may want to delete.
-        self.reader.release();
+        self.release();
         polled
+    }
+
+    /// Lets go of every segment this consumer holds: between polls (and
+    /// while it waits), it holds none retention may want to delete.
+    fn release(&mut self) {
+        self.reader.release();
+        self.run = None;
     }
 
     fn poll_inner(&mut self, max: usize, timeout: Duration) -> Result<Vec<ConsumedMessage>> {
@@ -103,28 +120,28 @@ impl Consumer {
             if self.next < available {
                 let upto = available.min(self.next.saturating_add(max as u64));
                 let mut messages = Vec::with_capacity((upto - self.next) as usize);
-                for from in (self.next..upto).step_by(TOUCH_CHUNK) {
-                    let to = upto.min(from + TOUCH_CHUNK as u64);
-                    let entries = self.queue.read_batch(from, to);
-                    let timers = self.timers_of(from, &entries);
-                    for ((index, entry), timer) in (from..to).zip(entries).zip(timers) {
-                        match entry.and_then(|entry| self.read(index, entry, timer)) {
-                            Ok(message) => messages.push(message),
-                            Err(Error::Reclaimed { offset }) => self.skip_reclaimed(index, offset),
-                            // Retention deleted its queue file since we looked.
-                            Err(_) if index < self.queue.first_index() => {
-                                self.skip_reclaimed(index, 0);
-                            }
-                            Err(e) if messages.is_empty() => return Err(self.bad_entry(index, e)),
-                            // The good ones first; the next poll starts at the bad one.
-                            Err(_) => {
-                                self.next = index;
-                                return Ok(messages);
-                            }
+                while self.next < upto {
+                    let to = upto.min(self.next + TOUCH_CHUNK as u64);
+                    let Err((index, e)) = self.read_chunk(self.next, to, &mut messages) else {
+                        self.next = to;
+                        continue;
+                    };
+                    match e {
+                        Error::Reclaimed { offset } => self.skip_reclaimed(index, offset),
+                        // Retention deleted its queue file since we looked.
+                        _ if index < self.queue.first_index() => self.skip_reclaimed(index, 0),
+                        // The good ones first; the next poll starts at the bad one.
+                        e => {
+                            self.next = index;
+                            return if messages.is_empty() {
+                                Err(self.bad_entry(index, e))
+                            } else {
+                                Ok(messages)
+                            };
                         }
                     }
+                    self.next = index + 1;
                 }
-                self.next = upto;
                 if messages.is_empty() {
                     continue;
                 }
@@ -135,11 +152,35 @@ impl Consumer {
                 return Ok(Vec::new());
             }
             // A token means entries were appended after we looked; a timeout means none were.
-            self.reader.release();
+            self.release();
             if self.wake.recv_timeout(left).is_err() {
                 return Ok(Vec::new());
             }
         }
+    }
+
+    /// Appends the messages of queue positions `[from, to)` to `messages`,
+    /// up to the first position that does not read: that one's position and
+    /// error. The entries are read first, then the timers they deliver, then
+    /// the messages, so each step's random reads overlap.
+    fn read_chunk(
+        &mut self,
+        from: u64,
+        to: u64,
+        messages: &mut Vec<ConsumedMessage>,
+    ) -> std::result::Result<(), (u64, Error)> {
+        let mut entries = std::mem::take(&mut self.entries);
+        entries.clear();
+        let unread = self.queue.read_batch(from, to, &mut entries).err();
+        let (timers, untimed) = self.timers_of(from, &entries);
+        // The earlier failure comes first: a timer not found stops the entries there.
+        let failed = untimed.or(unread);
+        let read = (from..).zip(&entries).zip(timers).try_for_each(|((index, entry), timer)| {
+            messages.push(self.read(index, entry, timer).map_err(|e| (index, e))?);
+            Ok(())
+        });
+        self.entries = entries;
+        read.and(failed.map_or(Ok(()), Err))
     }
 
     fn bad_entry(&self, position: u64, source: Error) -> Error {
@@ -184,120 +225,147 @@ impl Consumer {
     /// position `from`) names ([`Self::timer_of`]; `None` for other
     /// entries), all found before any message is read, and their records
     /// touched (see [`LogReader::touch`]): they lie anywhere in the log.
-    fn timers_of(&mut self, from: u64, entries: &[Result<Entry>]) -> Vec<Option<Result<u64>>> {
-        let timers: Vec<_> = (from..)
-            .zip(entries)
-            .map(|(index, entry)| match entry {
-                Ok(entry) if entry.timer_delivery() => Some(self.timer_of(index, entry)),
-                _ => None,
-            })
-            .collect();
-        let touched =
-            timers.iter().flatten().flatten().fold(0u8, |acc, &timer| acc ^ self.reader.touch(timer));
+    /// Stops at the first entry whose timer is not found, with its position and why.
+    fn timers_of(&mut self, from: u64, entries: &[Entry]) -> (Vec<Option<u64>>, Option<(u64, Error)>) {
+        let mut timers = Vec::with_capacity(entries.len());
+        let mut failed = None;
+        for (index, entry) in (from..).zip(entries) {
+            if !entry.timer_delivery() {
+                timers.push(None);
+                continue;
+            }
+            match self.timer_of(index, entry) {
+                Ok(timer) => timers.push(Some(timer)),
+                Err(e) => {
+                    failed = Some((index, e));
+                    break;
+                }
+            }
+        }
+        let touched = timers.iter().flatten().fold(0u8, |acc, &timer| acc ^ self.reader.touch(timer));
         std::hint::black_box(touched);
-        timers
+        (timers, failed)
     }
 
     /// The record of the timer whose delivery entry `entry` (at queue
     /// position `index`) is: named by the delivery record it points at, or by
     /// the deliveries record, at the index the entry gives. A deliveries
-    /// record's checksum is checked once for the run of entries that point at it.
+    /// record's checksum is checked once for the run of entries that point at
+    /// it, and its timers are kept while this poll reads them.
     fn timer_of(&mut self, index: u64, entry: &Entry) -> Result<u64> {
-        let log = &self.log;
-        let bad = |why: String| {
-            let why = format!("consume-queue entry {index} {why}");
-            log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
+        let Some(i) = entry.batch_index() else { return self.delivered_timer(index, entry) };
+        let run = match self.run.take() {
+            Some((at, timers)) if at == entry.log_offset => timers,
+            _ => self.read_run(index, entry)?,
         };
-        let (expected, name) = match entry.batch_index() {
-            None => (RecordKind::Delivery, "a delivery record"),
-            Some(_) => (RecordKind::Deliveries, "a deliveries record"),
-        };
-        let named = |at: u64, kind: RecordKind, bytes: &[u8]| -> Result<u64> {
-            if kind != expected {
-                return Err(bad(format!("does not point at {name}")));
-            }
-            if bytes.len() != entry.record_len as usize {
-                return Err(bad("does not match the length of its record".into()));
-            }
-            let Some(i) = entry.batch_index() else {
-                return DeliveryView::parse(bytes)
-                    .map(|d| d.message_offset)
-                    .map_err(|k| log.corruption_at(at, k));
-            };
-            let view = DeliveriesView::parse(bytes).map_err(|k| log.corruption_at(at, k))?;
-            view.timer(i)
-                .map(|(timer, _)| timer)
-                .ok_or_else(|| bad(format!("names timer {i} of a deliveries record of {}", view.len())))
-        };
-        let trusted = entry.batch_index().is_some() && self.checked_deliveries == entry.log_offset;
-        let (timer, _) = match trusted {
-            true => self.reader.visit_trusted(entry.log_offset, named)?,
-            false => self.reader.visit_checked(entry.log_offset, named)?,
-        };
-        let timer = timer?;
-        if entry.batch_index().is_some() {
-            self.checked_deliveries = entry.log_offset;
-        }
-        Ok(timer)
+        let timer = deliveries_timer(&run, i).map(|(timer, _)| timer);
+        let count = deliveries_count(&run);
+        self.run = Some((entry.log_offset, run));
+        timer.ok_or_else(|| {
+            bad_reference(
+                &self.log,
+                index,
+                entry,
+                &format!("names timer {i} of a deliveries record of {count}"),
+            )
+        })
     }
 
-    /// The message of the entry at queue position `index`; for a timer's
-    /// delivery, `timer` is what [`Self::timers_of`] found it names.
-    fn read(&mut self, index: u64, entry: Entry, timer: Option<Result<u64>>) -> Result<ConsumedMessage> {
-        let bad = |log: &CommitLog, why: &str| {
-            let why = format!("consume-queue entry {index} {why}");
-            log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
+    /// The timers of the deliveries record `entry` (at queue position
+    /// `index`) points at, its checksum checked unless this consumer checked
+    /// it before (a run may span polls).
+    fn read_run(&mut self, index: u64, entry: &Entry) -> Result<Bytes> {
+        let checksum = self.checked_deliveries != entry.log_offset;
+        let record = self.reader.read_checking(entry.log_offset, checksum)?;
+        if record.offset != entry.log_offset || record.kind != RecordKind::Deliveries {
+            return Err(bad_reference(&self.log, index, entry, "does not point at a deliveries record"));
+        }
+        if record.bytes.len() != entry.record_len as usize {
+            return Err(bad_reference(&self.log, index, entry, "does not match the length of its record"));
+        }
+        let view =
+            DeliveriesView::parse(&record.bytes).map_err(|k| self.log.corruption_at(record.offset, k))?;
+        let timers = record.bytes.slice_ref(view.timer_bytes());
+        self.checked_deliveries = entry.log_offset;
+        Ok(timers)
+    }
+
+    /// The record of the timer whose delivery record entry `entry` (at
+    /// queue position `index`) points at.
+    fn delivered_timer(&mut self, index: u64, entry: &Entry) -> Result<u64> {
+        let log = &self.log;
+        let named = |at: u64, kind: RecordKind, bytes: &[u8]| -> Result<u64> {
+            if at != entry.log_offset || kind != RecordKind::Delivery {
+                return Err(bad_reference(log, index, entry, "does not point at a delivery record"));
+            }
+            if bytes.len() != entry.record_len as usize {
+                return Err(bad_reference(log, index, entry, "does not match the length of its record"));
+            }
+            DeliveryView::parse(bytes).map(|d| d.message_offset).map_err(|k| log.corruption_at(at, k))
         };
-        let (record, rescheduled_to) = if entry.timer_delivery() {
+        self.reader.visit_checked(entry.log_offset, named)?.0
+    }
+
+    /// The message of the entry at queue position `index`: for a timer's
+    /// delivery, `timer` is the record [`Self::timers_of`] found it names.
+    fn read(&mut self, index: u64, entry: &Entry, timer: Option<u64>) -> Result<ConsumedMessage> {
+        let bad = |log: &CommitLog, why: &str| bad_reference(log, index, entry, why);
+        let mut rescheduled_to = None;
+        let record = match timer {
             // A timer's entry points at its delivery (or deliveries) record,
             // which names the record of the timer: the message, or a
-            // reschedule record that names the message. The delivery is
-            // only looked at, not shared.
-            let timer = match timer {
-                Some(timer) => timer?,
-                None => self.timer_of(index, &entry)?,
-            };
-            let mut record = self.reader.read(timer)?;
-            let mut rescheduled_to = None;
-            if record.kind == RecordKind::Reschedule {
-                let r = RescheduleView::parse(&record.bytes)
-                    .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
-                rescheduled_to = Some(r.deliver_at_ms);
-                record = self.reader.read(r.message_offset)?;
+            // reschedule record that names the message.
+            Some(timer) => {
+                let mut record = self.reader.read(timer)?;
+                if record.kind == RecordKind::Reschedule {
+                    let r = RescheduleView::parse(&record.bytes)
+                        .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+                    rescheduled_to = NonZeroU64::new(r.deliver_at_ms);
+                    record = self.reader.read(r.message_offset)?;
+                }
+                if record.kind != RecordKind::Message {
+                    return Err(bad(&self.log, "names a delivery of something that is not a message"));
+                }
+                record
             }
-            if record.kind != RecordKind::Message {
-                return Err(bad(&self.log, "names a delivery of something that is not a message"));
+            None => {
+                let record = self.reader.read(entry.log_offset)?;
+                if record.kind != RecordKind::Message {
+                    return Err(bad(&self.log, "does not point at a message or a delivery record"));
+                }
+                if record.bytes.len() != entry.record_len as usize {
+                    return Err(bad(&self.log, "does not match the length of its record"));
+                }
+                record
             }
-            (record, rescheduled_to)
-        } else {
-            let record = self.reader.read(entry.log_offset)?;
-            if record.kind != RecordKind::Message {
-                return Err(bad(&self.log, "does not point at a message or a delivery record"));
-            }
-            if record.bytes.len() != entry.record_len as usize {
-                return Err(bad(&self.log, "does not match the length of its record"));
-            }
-            (record, None)
         };
-        let view =
-            MessageView::parse(&record.bytes).map_err(|kind| self.log.corruption_at(record.offset, kind))?;
-        let properties = view.properties().map_err(|kind| self.log.corruption_at(record.offset, kind))?;
-        let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+        let corrupt = |kind| self.log.corruption_at(record.offset, kind);
+        let view = MessageView::parse(&record.bytes).map_err(corrupt)?;
+        let extras = match (view.key, view.tags, view.has_properties()) {
+            ("", "", false) => None,
+            (key, tags, _) => {
+                let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
+                let properties = view.properties().map_err(corrupt)?;
+                Some(Box::new(Extras { key: non_empty(key), tags: non_empty(tags), properties }))
+            }
+        };
+        let (body_at, queue_id, store_time_ms, timing) =
+            (view.body.start, view.queue_id, view.store_time_ms, view.timing);
+        debug_assert_eq!(view.body.end, record.bytes.len(), "a message record ends with its body");
+        let mut body = record.bytes;
+        body.advance(body_at);
         Ok(ConsumedMessage {
-            topic: std::sync::Arc::clone(&self.topic),
-            queue_id: view.queue_id,
+            topic: Arc::clone(&self.topic),
+            body,
+            extras,
             queue_offset: index,
             log_offset: record.offset,
-            store_time_ms: view.store_time_ms,
+            store_time_ms,
             visible_at_ms: entry.time_ms,
             // A rescheduled message was due at its new time.
-            deliver_at_ms: rescheduled_to
-                .or((view.timing.deliver_at_ms != 0).then_some(view.timing.deliver_at_ms)),
-            delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
-            key: non_empty(view.key),
-            tags: non_empty(view.tags),
-            properties,
-            body: record.bytes.slice(view.body.clone()),
+            deliver_at_ms: rescheduled_to.or(NonZeroU64::new(timing.deliver_at_ms)),
+            queue_id,
+            delay_level: NonZeroU16::new(timing.delay_level),
         })
     }
 
@@ -331,6 +399,13 @@ impl Consumer {
     pub fn queue_id(&self) -> u32 {
         self.queue.queue_id()
     }
+}
+
+/// The error for consume-queue entry `entry`, at queue position `index`, that
+/// does not point where it should (`why`), naming the record it points at.
+fn bad_reference(log: &CommitLog, index: u64, entry: &Entry, why: &str) -> Error {
+    let why = format!("consume-queue entry {index} {why}");
+    log.corruption_at(entry.log_offset, CorruptionKind::BadReference(why))
 }
 
 /// Up to `max` messages from any of `consumers`, taken in their order (the

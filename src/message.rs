@@ -1,5 +1,6 @@
 //! What users put and what consumers get back.
 
+use std::num::{NonZeroU16, NonZeroU64};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -366,17 +367,25 @@ pub enum RescheduleOutcome {
 #[derive(Debug, Clone)]
 pub struct ConsumedMessage {
     pub(crate) topic: std::sync::Arc<str>,
-    pub(crate) queue_id: u32,
+    pub(crate) body: Bytes,
+    /// Its key, tags and properties, if it has any: a pointer for the many
+    /// messages without, which keeps the whole small to hand out by the million.
+    pub(crate) extras: Option<Box<Extras>>,
     pub(crate) queue_offset: u64,
     pub(crate) log_offset: u64,
     pub(crate) store_time_ms: u64,
     pub(crate) visible_at_ms: u64,
-    pub(crate) deliver_at_ms: Option<u64>,
-    pub(crate) delay_level: Option<u16>,
-    pub(crate) key: Option<String>,
-    pub(crate) tags: Option<String>,
-    pub(crate) properties: Vec<(String, String)>,
-    pub(crate) body: Bytes,
+    pub(crate) deliver_at_ms: Option<NonZeroU64>,
+    pub(crate) queue_id: u32,
+    pub(crate) delay_level: Option<NonZeroU16>,
+}
+
+/// What a message may carry besides its body (see [`ConsumedMessage`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct Extras {
+    pub key: Option<String>,
+    pub tags: Option<String>,
+    pub properties: Vec<(String, String)>,
 }
 
 impl ConsumedMessage {
@@ -407,23 +416,23 @@ impl ConsumedMessage {
     }
     /// When a timed message was due (`None` for an ordinary message).
     pub fn deliver_at_ms(&self) -> Option<u64> {
-        self.deliver_at_ms
+        self.deliver_at_ms.map(NonZeroU64::get)
     }
     /// The legacy delay level it was put with, if any.
     pub fn delay_level(&self) -> Option<u16> {
-        self.delay_level
+        self.delay_level.map(NonZeroU16::get)
     }
     /// Its business key, if it had one.
     pub fn key(&self) -> Option<&str> {
-        self.key.as_deref()
+        self.extras.as_ref().and_then(|e| e.key.as_deref())
     }
     /// Its tags, if it had any.
     pub fn tags(&self) -> Option<&str> {
-        self.tags.as_deref()
+        self.extras.as_ref().and_then(|e| e.tags.as_deref())
     }
     /// Its properties, in the order they were added.
     pub fn properties(&self) -> &[(String, String)] {
-        &self.properties
+        self.extras.as_ref().map_or(&[], |e| &e.properties)
     }
     /// The body: a zero-copy view of the commit log.
     pub fn body(&self) -> &Bytes {

@@ -531,3 +531,112 @@ fn a_checkpoint_whose_tick_second_is_ahead_of_its_time_is_not_trusted() {
     let store = store_at(dir.path(), &clock);
     delivers_everything_once(&store, &clock, &[]);
 }
+
+/// The offsets of the deliveries records (runs) in segment 0 of the store in `dir`.
+fn runs_in_first_segment(dir: &Path) -> Vec<u64> {
+    use delaywheel::internals::FILE_HEADER_LEN;
+    use delaywheel::internals::record::{RecordKind, check_frame};
+    let bytes = std::fs::read(segment(dir, 0)).unwrap();
+    let mut runs = Vec::new();
+    let mut at = FILE_HEADER_LEN;
+    while let Ok(frame) = check_frame(&bytes[at..], at as u64) {
+        if frame.kind == RecordKind::Padding {
+            break;
+        }
+        if frame.kind == RecordKind::Deliveries {
+            runs.push(at as u64);
+        }
+        at += frame.len;
+    }
+    runs
+}
+
+/// 40 timers in two runs of 20 (two seconds, each loaded before it fires),
+/// delivered into queue 0 and not consumed; the store is closed. Returns
+/// the timers' receipts and the offsets of the two runs.
+fn closed_store_with_two_runs(
+    dir: &Path,
+    config: impl Fn() -> Config,
+    clock: &ManualClock,
+) -> (Vec<delaywheel::Receipt>, Vec<u64>) {
+    let store = Store::open(config()).unwrap();
+    let receipts: Vec<_> = (0..40)
+        .map(|i| {
+            let due = T0 + if i < 20 { 5_000 } else { 7_000 };
+            store.put(Message::new("T", format!("m{i}")).queue_id(0).deliver_at_ms(due)).unwrap()
+        })
+        .collect();
+    wait_until_indexed(&store);
+    let consumer = store.consumer("T", 0).unwrap();
+    for (at, delivered) in [(T0 + 5_500, 20), (T0 + 7_500, 40)] {
+        clock.set_ms(at);
+        let started = std::time::Instant::now();
+        while consumer.queue_len() < delivered {
+            assert!(started.elapsed() < Duration::from_secs(10), "{} of {delivered}", consumer.queue_len());
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+    store.close().unwrap();
+    let runs = runs_in_first_segment(dir);
+    assert_eq!(runs.len(), 2, "one run a second");
+    (receipts, runs)
+}
+
+/// A damaged deliveries record is an error naming its file and offset for
+/// the entries of its run, when a consumer reads them; the run before it
+/// arrives whole, and a consumer that moves past the run goes on.
+#[test]
+fn a_damaged_run_of_deliveries_is_reported_when_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config = || small_config(dir.path()).with_clock(clock.clone()).with_queues_per_topic(1);
+    let (_, runs) = closed_store_with_two_runs(dir.path(), config, &clock);
+    // A byte of the second run's last timer.
+    let second = runs[1];
+    patch(&segment(dir.path(), 0), second + record_len(dir.path(), second) - 3, |b| b[0] ^= 0x10);
+
+    let store = Store::open(config()).unwrap();
+    let mut consumer = store.consumer("T", 0).unwrap();
+    // Small polls: the first run spans several, its record checked once and trusted after.
+    let mut got = Vec::new();
+    for _ in 0..3 {
+        got.extend(consumer.poll(7, Duration::from_secs(1)).unwrap());
+    }
+    assert_eq!(bodies(&got), numbered_m(0..20));
+    let err = consumer.poll(7, Duration::from_secs(1)).unwrap_err();
+    let Error::BadEntry { position: 20, source, .. } = &err else { panic!("{err}") };
+    assert!(
+        matches!(&**source, Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } }
+            if *file == segment(dir.path(), 0) && *offset == second),
+        "{err}"
+    );
+    assert_eq!(consumer.position(), 20, "the position stays at the bad entry");
+    consumer.seek(40);
+    store.put(Message::new("T", "after").queue_id(0)).unwrap();
+    assert_eq!(bodies(&drain(&mut consumer, 1)), ["after"]);
+}
+
+/// A damaged message inside a run is an error naming the message, at its
+/// own entry: the timers of the run before it come first, and the rest of
+/// the run after a `seek` past it.
+#[test]
+fn a_damaged_message_in_a_run_is_reported_at_its_own_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config = || small_config(dir.path()).with_clock(clock.clone()).with_queues_per_topic(1);
+    let (receipts, _) = closed_store_with_two_runs(dir.path(), config, &clock);
+    let victim = receipts[25].offset();
+    patch(&segment(dir.path(), 0), victim + 40, |b| b[0] ^= 0x01);
+
+    let store = Store::open(config()).unwrap();
+    let mut consumer = store.consumer("T", 0).unwrap();
+    assert_eq!(bodies(&consumer.poll(100, Duration::from_secs(1)).unwrap()), numbered_m(0..25));
+    let err = consumer.poll(100, Duration::from_secs(1)).unwrap_err();
+    let Error::BadEntry { position: 25, source, .. } = &err else { panic!("{err}") };
+    assert!(
+        matches!(&**source, Error::Corruption { file, offset, .. } if *file == segment(dir.path(), 0) && *offset == victim),
+        "{err}"
+    );
+    consumer.seek(26);
+    assert_eq!(bodies(&drain(&mut consumer, 14)), numbered_m(26..40));
+}

@@ -98,3 +98,57 @@ fn bad_timing_is_refused_and_nothing_is_stored() {
     let err = Store::open(small_config(dir.path()).with_delay_levels("1s 5x")).err().unwrap();
     assert!(err.to_string().contains("\"5x\" needs a unit"), "{err}");
 }
+
+/// Timers that fire together reach the consumer through one deliveries
+/// record per run; each still comes with everything it was put with: key,
+/// tags, properties, level, and for a rescheduled one its new time.
+#[test]
+fn timers_fired_together_keep_what_they_were_put_with() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store =
+        Store::open(small_config(dir.path()).with_clock(clock.clone()).with_queues_per_topic(1)).unwrap();
+    let due = T0 + 5_000;
+    let receipts: Vec<_> = (0..30)
+        .map(|i| {
+            let m = Message::new("T", format!("m{i}")).deliver_at_ms(due);
+            let m = match i % 3 {
+                0 => m,
+                1 => m.key(format!("k{i}")).tags("paid"),
+                _ => m.property("n", i.to_string()).property("empty", ""),
+            };
+            store.put(m).unwrap()
+        })
+        .collect();
+    let level = store.put(Message::new("T", "level").delay_level(2)).unwrap();
+    assert_eq!(level.deliver_at_ms(), Some(due), "level 2 is 5 s");
+    let moved = store.put(Message::new("T", "moved").deliver_at_ms(due + 1)).unwrap();
+    store.reschedule(moved.handle().unwrap(), due).unwrap();
+    let before = store.stats().log_bytes;
+    clock.set_ms(due + 500);
+
+    let mut consumer = store.consumer("T", 0).unwrap();
+    let mut got = Vec::new();
+    while got.len() < 32 {
+        let batch = consumer.poll(4, Duration::from_secs(5)).unwrap();
+        assert!(!batch.is_empty(), "{} of 32", got.len());
+        got.extend(batch);
+    }
+    let per_timer = (store.stats().log_bytes - before) / 32;
+    assert!(per_timer < 28, "{per_timer} bytes a timer: delivered one record each, not in runs");
+    for (m, receipt) in got.iter().zip(&receipts) {
+        let i: usize = std::str::from_utf8(m.body()).unwrap()[1..].parse().unwrap();
+        assert_eq!(m.log_offset(), receipt.offset());
+        assert_eq!((m.deliver_at_ms(), m.delay_level()), (Some(due), None));
+        let (key, tags, properties) = match i % 3 {
+            0 => (None, None, vec![]),
+            1 => (Some(format!("k{i}")), Some("paid"), vec![]),
+            _ => (None, None, vec![("n".to_string(), i.to_string()), ("empty".to_string(), String::new())]),
+        };
+        assert_eq!((m.key().map(str::to_string), m.tags(), m.properties()), (key, tags, &properties[..]));
+    }
+    let by_body = |body: &str| got.iter().find(|m| &m.body()[..] == body.as_bytes()).unwrap();
+    assert_eq!(by_body("level").delay_level(), Some(2));
+    assert_eq!(by_body("moved").deliver_at_ms(), Some(due), "due at its new time");
+    assert_eq!(by_body("moved").log_offset(), moved.offset());
+}

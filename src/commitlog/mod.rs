@@ -12,6 +12,7 @@ mod recovery;
 pub(crate) mod relocated;
 mod segment;
 
+use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -381,22 +382,26 @@ impl CommitLog {
     /// Reads and checks the record at `offset`, which must be below `write_end`.
     /// Padding is followed transparently: the next record is returned.
     pub fn read(&self, offset: u64) -> Result<Record> {
-        self.read_in(offset, |base| self.segment(base), |seg, local, len| seg.bytes(local, len))
+        let share = |seg: &Arc<Mapped>, local, len| seg.bytes(local, len);
+        self.read_in(offset, Verify::Checksum, |base| self.segment(base), share)
     }
 
-    /// [`read`](Self::read), finding segments with `segment_at` (the shared
-    /// table, or a [`LogReader`]'s copy of it) and sharing a record's
-    /// published bytes with `share` (which answers `None` for bytes not published).
-    fn read_in(
+    /// [`read`](Self::read), checking what `verify` says, finding segments
+    /// with `segment_at` (the shared table, or a [`LogReader`]'s copy of it)
+    /// and sharing a record's published bytes with `share` (which answers
+    /// `None` for bytes not published). A relocated copy is always checked.
+    fn read_in<S: Borrow<Arc<Mapped>>>(
         &self,
         offset: u64,
-        mut segment_at: impl FnMut(u64) -> Option<Arc<Mapped>>,
+        verify: Verify,
+        mut segment_at: impl FnMut(u64) -> Option<S>,
         mut share: impl FnMut(&Arc<Mapped>, usize, usize) -> Option<Bytes>,
     ) -> Result<Record> {
         let mut at = self.normalize(offset);
         loop {
             let seg = segment_at(self.base_of(at));
-            let (local, frame) = match self.locate(seg.as_ref(), at, Verify::Checksum) {
+            let seg = seg.as_ref().map(Borrow::borrow);
+            let (local, frame) = match self.locate(seg, at, verify) {
                 Ok(found) => found,
                 Err(e) => return self.read_relocated(at, e),
             };
@@ -405,7 +410,7 @@ impl CommitLog {
                 continue;
             }
             let seg = seg.expect("a located record lies in a loaded segment");
-            let bytes = share(&seg, local, frame.len).expect("a checked frame lies in published bytes");
+            let bytes = share(seg, local, frame.len).expect("a checked frame lies in published bytes");
             return Ok(Record { offset: at, kind: frame.kind, bytes });
         }
     }

@@ -59,11 +59,19 @@ impl LogReader {
 
     /// Like [`CommitLog::read`].
     pub fn read(&mut self, offset: u64) -> Result<Record> {
+        self.read_checking(offset, true)
+    }
+
+    /// [`read`](Self::read), checking the record's checksum only if
+    /// `checksum` (its frame always): for a record this reader's owner
+    /// checked before.
+    pub fn read_checking(&mut self, offset: u64, checksum: bool) -> Result<Record> {
         let segments = current(&self.log, &mut self.table);
         let published = &mut self.published;
         self.log.read_in(
             offset,
-            |base| find(segments, base).cloned(),
+            if checksum { Verify::Checksum } else { Verify::HeaderOnly },
+            |base| find(segments, base),
             |seg, local, len| share(published, seg, local, len),
         )
     }

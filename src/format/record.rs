@@ -340,14 +340,31 @@ impl<'a> DeliveriesView<'a> {
     /// Timer `i` (below [`len`](Self::len)): the offset of its record (a
     /// message, or a reschedule record) and its tag hash.
     pub fn timer(&self, i: usize) -> Option<(u64, u32)> {
-        let at = i.checked_mul(B_TIMER_LEN).filter(|&at| at < self.timers.len())?;
-        Some((get_u64(self.timers, at), get_u32(self.timers, at + 8)))
+        deliveries_timer(self.timers, i)
+    }
+
+    /// The bytes of its timers, for [`deliveries_timer`]: a reader of a run
+    /// keeps them instead of parsing the record again for each timer.
+    pub fn timer_bytes(&self) -> &'a [u8] {
+        self.timers
     }
 
     /// Every timer in order, as [`timer`](Self::timer) gives them.
     pub fn timers(&self) -> impl Iterator<Item = (u64, u32)> + '_ {
         self.timers.chunks_exact(B_TIMER_LEN).map(|t| (get_u64(t, 0), get_u32(t, 8)))
     }
+}
+
+/// Timer `i` of the timer bytes of a deliveries record
+/// ([`DeliveriesView::timer_bytes`]), if it names that many.
+pub fn deliveries_timer(timers: &[u8], i: usize) -> Option<(u64, u32)> {
+    let at = i.checked_mul(B_TIMER_LEN).filter(|&at| at + B_TIMER_LEN <= timers.len())?;
+    Some((get_u64(timers, at), get_u32(timers, at + 8)))
+}
+
+/// How many timers the timer bytes of a deliveries record name.
+pub fn deliveries_count(timers: &[u8]) -> usize {
+    timers.len() / B_TIMER_LEN
 }
 
 // Cancel body layout, after the frame header.
@@ -689,6 +706,11 @@ impl<'a> MessageView<'a> {
     /// bucket scheduler's copy of a delivered one (indexed at once).
     pub fn timer_deliver_at_ms(&self) -> Option<u64> {
         (self.timing.deliver_at_ms != 0 && !self.rescheduled).then_some(self.timing.deliver_at_ms)
+    }
+
+    /// Whether it carries any properties.
+    pub fn has_properties(&self) -> bool {
+        !self.props.is_empty()
     }
 
     /// The properties, decoded; malformed blocks are corruption.
