@@ -1,16 +1,13 @@
 //! Consumers: read a consume queue from an offset, wait without spinning, and
 //! commit how far they got. Committed offsets survive restarts.
 
-use std::collections::BTreeMap;
 use std::num::{NonZeroU16, NonZeroU64};
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use bytes::{Buf, Bytes};
 use crossbeam_channel::Receiver;
-use serde::{Deserialize, Serialize};
 
 use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::ConsumeQueue;
@@ -19,8 +16,8 @@ use crate::format::queue_entry::Entry;
 use crate::format::record::{
     DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, deliveries_count, deliveries_timer,
 };
-use crate::fs::write_atomically;
 use crate::message::{ConsumedMessage, Extras};
+use crate::offsets::OffsetStore;
 use crate::stats::RetentionCounters;
 
 /// Entries whose messages are touched together before they are read: enough
@@ -440,210 +437,5 @@ pub fn poll_any(consumers: &mut [Consumer], max: usize, timeout: Duration) -> Re
             }
             Err(_) => return Ok(Vec::new()),
         }
-    }
-}
-
-/// Committed consumer offsets, kept in `consumer_offsets.json` (written whole:
-/// temp file, fsync, rename, directory fsync).
-///
-/// Two writers share the file (the flusher, and [`Store::sync_offsets`](crate::Store::sync_offsets)):
-/// every change counts a generation, and a snapshot older than the one on
-/// disk is never written, so the file only moves forward.
-pub(crate) struct OffsetStore {
-    path: PathBuf,
-    offsets: Mutex<Offsets>,
-    dirty: AtomicBool,
-    /// The generation on disk; held while writing, so writes do not overlap.
-    written: Mutex<u64>,
-}
-
-#[derive(Default)]
-struct Offsets {
-    by_queue: BTreeMap<(String, String, u32), u64>,
-    /// Counts the changes.
-    generation: u64,
-}
-
-/// The offsets at one generation, serialised.
-#[derive(Debug, PartialEq, Eq)]
-pub(crate) struct OffsetSnapshot {
-    generation: u64,
-    bytes: Vec<u8>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct OffsetsFile {
-    version: u32,
-    offsets: Vec<CommittedOffset>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct CommittedOffset {
-    group: String,
-    topic: String,
-    queue_id: u32,
-    offset: u64,
-}
-
-impl OffsetStore {
-    pub fn open(path: &Path) -> Result<Self> {
-        let mut by_queue = BTreeMap::new();
-        match std::fs::read(path) {
-            Ok(bytes) => {
-                let file: OffsetsFile = serde_json::from_slice(&bytes).map_err(|e| {
-                    let why = format!("not a consumer-offsets file: {e}");
-                    Error::corruption(path, e.column() as u64, CorruptionKind::BadFrame(why))
-                })?;
-                if file.version != 1 {
-                    return Err(Error::UnsupportedVersion {
-                        file: path.to_path_buf(),
-                        found: file.version,
-                        supported: 1,
-                    });
-                }
-                for o in file.offsets {
-                    by_queue.insert((o.group, o.topic, o.queue_id), o.offset);
-                }
-            }
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
-            Err(e) => return Err(Error::io("read", path, e)),
-        }
-        Ok(Self {
-            path: path.to_path_buf(),
-            offsets: Mutex::new(Offsets { by_queue, generation: 0 }),
-            dirty: AtomicBool::new(false),
-            written: Mutex::new(0),
-        })
-    }
-
-    pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
-        let key = (group.to_string(), topic.to_string(), queue_id);
-        self.lock().by_queue.get(&key).copied()
-    }
-
-    pub fn set(&self, group: &str, topic: &str, queue_id: u32, offset: u64) {
-        let key = (group.to_string(), topic.to_string(), queue_id);
-        let mut offsets = self.lock();
-        offsets.by_queue.insert(key, offset);
-        offsets.generation += 1;
-        self.dirty.store(true, Ordering::Release);
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Offsets> {
-        self.offsets.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// The offsets as committed now, if anything changed since the last
-    /// snapshot. The flusher takes it *before* syncing the log, so the offsets
-    /// it writes never count entries whose records are not on disk.
-    pub fn snapshot(&self) -> Option<OffsetSnapshot> {
-        if !self.dirty.swap(false, Ordering::AcqRel) {
-            return None;
-        }
-        Some(self.snapshot_now())
-    }
-
-    fn snapshot_now(&self) -> OffsetSnapshot {
-        let (file, generation) = {
-            let offsets = self.lock();
-            let generation = offsets.generation;
-            let offsets = offsets
-                .by_queue
-                .iter()
-                .map(|((group, topic, queue_id), &offset)| CommittedOffset {
-                    group: group.clone(),
-                    topic: topic.clone(),
-                    queue_id: *queue_id,
-                    offset,
-                })
-                .collect();
-            (OffsetsFile { version: 1, offsets }, generation)
-        };
-        let bytes = serde_json::to_vec_pretty(&file).expect("offsets always serialise");
-        OffsetSnapshot { generation, bytes }
-    }
-
-    /// Writes a snapshot unless a newer one is on disk already; on failure
-    /// the offsets count as changed again.
-    pub fn write(&self, snapshot: &OffsetSnapshot) -> Result<()> {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        self.write_locked(&mut written, snapshot)
-    }
-
-    fn write_locked(&self, written: &mut u64, snapshot: &OffsetSnapshot) -> Result<()> {
-        if snapshot.generation <= *written {
-            return Ok(());
-        }
-        let result = write_atomically(&self.path, &snapshot.bytes);
-        match result {
-            Ok(()) => *written = (*written).max(snapshot.generation),
-            Err(_) => self.dirty.store(true, Ordering::Release),
-        }
-        result
-    }
-
-    /// Makes every offset committed before the call durable before it
-    /// returns. `sync_log` runs between the snapshot and the write, so the
-    /// file never counts entries whose records are not on disk.
-    pub fn sync(&self, sync_log: impl FnOnce() -> Result<()>) -> Result<()> {
-        let target = self.lock().generation;
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
-        if *written >= target {
-            return Ok(());
-        }
-        self.dirty.store(false, Ordering::Release);
-        let snapshot = self.snapshot_now();
-        if let Err(e) = sync_log() {
-            self.dirty.store(true, Ordering::Release);
-            return Err(e);
-        }
-        self.write_locked(&mut written, &snapshot)
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn offsets_round_trip_through_the_file() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("consumer_offsets.json");
-        let store = OffsetStore::open(&path).unwrap();
-        store.set("g", "T", 1, 42);
-        store.write(&store.snapshot().unwrap()).unwrap();
-        assert_eq!(store.snapshot(), None, "nothing changed since");
-        let again = OffsetStore::open(&path).unwrap();
-        assert_eq!(again.get("g", "T", 1), Some(42));
-        assert_eq!(again.get("g", "T", 0), None);
-    }
-
-    #[test]
-    fn an_older_snapshot_never_overwrites_a_newer_sync() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("consumer_offsets.json");
-        let store = OffsetStore::open(&path).unwrap();
-        store.set("g", "T", 0, 1);
-        // The flusher takes its snapshot, then syncs the log for a while ...
-        let flushers = store.snapshot().unwrap();
-        store.set("g", "T", 0, 2);
-        // ... while a server makes the newer offset durable ...
-        store.sync(|| Ok(())).unwrap();
-        // ... and then writes its older snapshot.
-        store.write(&flushers).unwrap();
-        assert_eq!(OffsetStore::open(&path).unwrap().get("g", "T", 0), Some(2));
-        // Nothing changed since the sync: a second one writes nothing.
-        std::fs::remove_file(&path).unwrap();
-        store.sync(|| Ok(())).unwrap();
-        assert!(!path.exists());
-    }
-
-    #[test]
-    fn a_damaged_offsets_file_is_named() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("consumer_offsets.json");
-        std::fs::write(&path, b"{not json").unwrap();
-        let err = OffsetStore::open(&path).err().unwrap();
-        assert!(err.to_string().contains("consumer_offsets.json"), "{err}");
     }
 }

@@ -27,6 +27,7 @@ use crate::format::record::{
 };
 use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
+use crate::offsets::POSITIONS_TOPIC;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
@@ -237,6 +238,10 @@ impl Dispatcher {
                     let queue = self.scheduler.index(offset, bytes.len(), &view)?;
                     self.note_count(view.topic, 1);
                     return Ok(queue);
+                }
+                if view.topic == POSITIONS_TOPIC {
+                    // Consumer positions: replayed at open, read by no consumer.
+                    return Ok(None);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
             }

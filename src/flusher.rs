@@ -16,12 +16,12 @@ use crate::checkpoint::CheckpointFile;
 use crate::clock::Clock;
 use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
-use crate::consumer::OffsetStore;
 use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::Result;
 use crate::format::checkpoint::Checkpoint;
 use crate::fs::write_atomically;
 use crate::key_index::KeyIndex;
+use crate::offsets::OffsetStore;
 use crate::timer::tick::{WheelCheckpoint, WheelShared, WheelSnapshot};
 use crate::topic_counts::TopicCounts;
 
@@ -160,7 +160,7 @@ impl Flusher {
         // into it (the wheel's files, the consume queues).
         let snapshot = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
         let dispatched_now = self.dispatched.load(Ordering::Acquire);
-        let offsets = self.offsets.snapshot();
+        let offsets = self.offsets.snapshot(|| self.log.write_end());
         let log_durable = self.log.flush()?;
         let _ = self.dispatch_wake.try_send(());
         let (wheel, counts) = self.sync_wheel(snapshot)?;

@@ -47,6 +47,7 @@ mod fs;
 pub mod internals;
 mod message;
 mod mmap;
+mod offsets;
 mod open;
 mod pending;
 mod prefault;
@@ -75,6 +76,7 @@ pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
     MAX_TOPIC_LEN, Message, Receipt, RescheduleOutcome, Written, validate_topic,
 };
+pub use offsets::POSITIONS_TOPIC;
 pub use pending::{MAX_COUNT_BOUNDS, PendingTimer};
 pub use retention::ReclaimReport;
 pub use sealed::SealedHandle;

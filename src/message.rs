@@ -316,6 +316,10 @@ pub enum Written {
     /// the new time, unless a power loss takes the reschedule record (then
     /// at the old one).
     Reschedule(Handle),
+    /// Consumer positions recorded in the log: they hold in memory, and
+    /// after a crash unless a power loss takes their record first (then
+    /// the group reads those messages again).
+    Positions,
 }
 
 impl std::fmt::Display for Written {
@@ -334,6 +338,7 @@ impl std::fmt::Display for Written {
             },
             Self::Cancel(handle) => write!(f, "the cancel of timer {handle}"),
             Self::Reschedule(handle) => write!(f, "the reschedule of timer {handle}"),
+            Self::Positions => write!(f, "the consumer positions"),
         }
     }
 }

@@ -15,7 +15,6 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::committer::Committer;
 use crate::config::{Config, FlushMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
-use crate::consumer::OffsetStore;
 use crate::dispatcher::{DispatchPlan, Dispatcher};
 use crate::durable::FlushSignal;
 use crate::durable::{Floor, Pins, SegmentCounts};
@@ -24,6 +23,7 @@ use crate::flusher::Flusher;
 use crate::format::checkpoint::Checkpoint;
 use crate::format::layout::Layout;
 use crate::key_index::KeyIndex;
+use crate::offsets::{self, OffsetStore};
 use crate::prefault::Prefaulter;
 use crate::recovery::{Recovered, recover};
 use crate::retention::Retainer;
@@ -158,7 +158,7 @@ impl Parts {
             Arc::new(KeyIndex::open(&layout.key_index(), config.key_index_file_entries, &log, replay_from)?);
         let topics = (config.scheduler == Scheduler::Wheel)
             .then(|| Arc::new(TopicCounts::open(&layout.topic_pending(), &log, replay_from)));
-        let offsets = Arc::new(OffsetStore::open(&layout.consumer_offsets())?);
+        let offsets = Arc::new(offsets::open(&layout.consumer_offsets(), &log)?);
         let now_ms = config.clock.now_ms();
         let wheel_checkpoint = WheelCheckpoint {
             indexed: replay_from,

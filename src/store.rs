@@ -13,11 +13,12 @@ use crate::buckets::SCHEDULE_TOPIC;
 use crate::commitlog::{CommitLog, RecoveryReport};
 use crate::config::{Config, FlushMode};
 use crate::consume_queue::QueueRegistry;
-use crate::consumer::{Consumer, OffsetStore};
+use crate::consumer::Consumer;
 use crate::durable::FlushSignal;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, RescheduleOutcome, Written, validate_topic};
+use crate::offsets::{OffsetStore, POSITIONS_TOPIC};
 use crate::retention::{ReclaimReport, Retainer, is_size_cap};
 use crate::scheduler::SchedulerFront;
 use crate::sealed::SealedHandle;
@@ -257,6 +258,12 @@ impl Store {
             return Err(Error::invalid(
                 "topic",
                 format!("{SCHEDULE_TOPIC} is reserved for the bucket scheduler"),
+            ));
+        }
+        if message.topic() == POSITIONS_TOPIC {
+            return Err(Error::invalid(
+                "topic",
+                format!("{POSITIONS_TOPIC} is reserved for consumer positions"),
             ));
         }
         message.resolve_queue(self.config.queues_per_topic)
@@ -550,14 +557,31 @@ impl Store {
     }
 
     /// Makes every consumer offset committed before the call durable before
-    /// it returns (the flusher otherwise writes them with its next cycle).
-    /// The log is synced first, so the offsets never count a message a power
-    /// loss could take back. A server that hands a message out and must
-    /// never hand it out again after a crash calls this in between.
+    /// it returns (the flusher otherwise checkpoints them with its next
+    /// cycle): they are appended to the commit log as a positions message
+    /// and made durable by the committer's next sync, which every put and
+    /// cancel waiting meanwhile shares. Whatever was appended before them is
+    /// durable with them, so they never count a message a power loss could
+    /// take back. A server that hands a message out and must never hand it
+    /// out again after a crash calls this in between.
     ///
-    /// Errors: [`Error::Io`] naming the offsets file or a segment.
+    /// Errors: [`Error::Io`] naming a segment; [`Error::NotYetDurable`]
+    /// ([`Written::Positions`]) if the sync took longer than the put
+    /// timeout; [`Error::Poisoned`] after a failed flush.
     pub fn sync_offsets(&self) -> Result<()> {
-        self.offsets.sync(|| self.log.flush().map(drop))
+        let end = self.offsets.record(|body| self.append_positions(body))?;
+        self.wait_durable_for(end, Written::Positions)
+    }
+
+    /// Appends one positions message (see [`sync_offsets`](Self::sync_offsets));
+    /// returns where its record ends. Like cancels, it may exceed the size cap.
+    fn append_positions(&self, body: &[u8]) -> Result<u64> {
+        let message = Message::new(POSITIONS_TOPIC, body.to_vec()).queue_id(0);
+        let fields = message.fields(0, self.config.clock.now_ms(), Timing::default());
+        let len = fields.record_len();
+        let (offset, prefault) = self.log.append_reserved(len, |buf, at| encode_message(buf, at, &fields))?;
+        self.wake_after_append(prefault);
+        Ok(offset + len as u64)
     }
 
     /// Runs one retention pass now (the retention thread also runs one every

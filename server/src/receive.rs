@@ -7,10 +7,11 @@
 //!    the attempt that comes next) to the retry topic as a timer due when
 //!    the invisible duration ends: the *invisibility timer*;
 //! 2. commits the group's positions past the message and makes them durable
-//!    ([`Store::sync_offsets`], which syncs the log first: the timers are on
-//!    disk before the positions that pass their messages are). The group's
-//!    lock covers only the appends and the commit, so the next receive of
-//!    the group polls while this one waits for the disk;
+//!    ([`Store::sync_offsets`], which appends them to the commit log after
+//!    the timers and waits for the log's group commit: the timers are on
+//!    disk no later than the positions that pass their messages). The
+//!    group's lock covers only the appends and the commit, so the next
+//!    receive of the group polls while this one waits for the disk;
 //! 3. answers, with a receipt handle naming the invisibility timer.
 //!
 //! An ack cancels the timer; `ChangeInvisibleDuration` reschedules it; if
@@ -291,7 +292,7 @@ impl Groups {
         let dead_letters = dead
             .iter()
             .map(|(origin, m)| origin.copy(m, format!("{DLQ_PREFIX}{}", request.group), origin.attempt));
-        // Not waited for here: the caller's sync of the positions syncs the log first.
+        // Not waited for here: the caller's sync of the positions, appended after them, covers them.
         let tickets = match store.submit_batch(timers.chain(dead_letters).collect::<Vec<_>>()) {
             Ok(tickets) => tickets,
             Err(e) => {

@@ -809,8 +809,10 @@ fn check_queues(
         })?;
     }
     let Some(dispatched) = dispatched else { return Ok(()) };
+    // Positions messages are replayed at open, never indexed.
+    let indexed = |m: &&MessageFacts| m.deliver_at_ms == 0 && facts.topic(m) != delaywheel::POSITIONS_TOPIC;
     let mut needed: Vec<(u64, usize)> =
-        facts.messages.iter().filter(|(_, m)| m.deliver_at_ms == 0).map(|(&at, _)| (at, 0)).collect();
+        facts.messages.iter().filter(|(_, m)| indexed(m)).map(|(&at, _)| (at, 0)).collect();
     needed.extend(deliveries.keys().map(|&at| (at, 0)));
     needed.extend(facts.runs.iter().flat_map(|(&at, run)| (0..run.timers.len()).map(move |i| (at, i))));
     needed.sort_unstable();

@@ -197,3 +197,23 @@ fn a_clean_close_in_the_last_bytes_of_a_segment_passes() {
     let out = dump(dir.path(), &["verify", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
 }
+
+#[test]
+fn positions_messages_need_no_queue_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = delaywheel::ManualClock::new(T0);
+    let store = delaywheel::Store::open(config(dir.path(), &clock)).unwrap();
+    for i in 0..3 {
+        store.put(delaywheel::Message::new(TOPIC, format!("m{i}"))).unwrap();
+    }
+    let mut consumer = store.consumer_in_group("g", TOPIC, 0).unwrap();
+    let got = consumer.poll(3, std::time::Duration::from_secs(5)).unwrap();
+    assert_eq!(got.len(), 3);
+    consumer.commit();
+    store.sync_offsets().unwrap();
+    drop(consumer);
+    store.close().unwrap();
+    let out = dump(dir.path(), &["verify", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert_eq!(json(&out)["checked"]["records"], 4, "three messages and one positions message");
+}

@@ -1,0 +1,411 @@
+//! Committed consumer positions: kept in memory, recorded in the commit log,
+//! and checkpointed in `consumer_offsets.json`.
+//!
+//! [`Store::sync_offsets`](crate::Store::sync_offsets) appends the positions
+//! committed since the last call as *positions messages* (topic
+//! [`POSITIONS_TOPIC`], never indexed into a queue) and waits for the log's
+//! group commit, the same sync that makes puts and cancels durable. The
+//! flusher writes the checkpoint file (temp file, fsync, rename, directory
+//! fsync): every position, and the log offset below which it reflects every
+//! positions message. Opening replays the positions messages from there, so
+//! the file is an index of the log like every other file: lost, it is
+//! rebuilt from the segments that are left.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use serde::{Deserialize, Serialize};
+
+use crate::commitlog::CommitLog;
+use crate::error::{CorruptionKind, Error, Result};
+use crate::format::record::{MessageView, RecordKind, check_crc};
+use crate::fs::write_atomically;
+
+/// The topic of the positions messages: reserved, no queue indexes it.
+pub const POSITIONS_TOPIC: &str = "%POSITIONS%";
+/// The checkpoint file's version: 2 says up to where it covers the log.
+const FILE_VERSION: u32 = 2;
+/// Positions per message: with names of at most 255 bytes a message stays
+/// far below the smallest segment.
+const POSITIONS_PER_MESSAGE: usize = 32;
+
+/// A group's position in one queue: `(group, topic, queue)`.
+type Key = (String, String, u32);
+
+/// Committed positions. Two writers share the checkpoint file (the flusher,
+/// and opening): every change counts a generation, and a snapshot older than
+/// the one on disk is never written, so the file only moves forward.
+pub(crate) struct OffsetStore {
+    path: PathBuf,
+    offsets: Mutex<Offsets>,
+    /// Changed since the last checkpoint snapshot.
+    dirty: AtomicBool,
+    /// The generation this process last wrote (none yet: what is on disk
+    /// is older than anything it writes); held while writing, so writes do
+    /// not overlap.
+    written: Mutex<Option<u64>>,
+}
+
+#[derive(Default)]
+struct Offsets {
+    by_queue: BTreeMap<Key, u64>,
+    /// Committed since the last positions message.
+    unrecorded: BTreeSet<Key>,
+    /// Where the last positions message ends: what a sync waits for.
+    recorded_end: u64,
+    /// Counts the changes.
+    generation: u64,
+}
+
+/// The positions at one generation, serialised for the checkpoint file.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) struct OffsetSnapshot {
+    generation: u64,
+    bytes: Vec<u8>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct OffsetsFile {
+    version: u32,
+    /// Every positions message below this log offset is reflected here
+    /// (absent in version 1, which had no positions messages).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    covers_log_to: Option<u64>,
+    offsets: Vec<CommittedOffset>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct CommittedOffset {
+    group: String,
+    topic: String,
+    queue_id: u32,
+    offset: u64,
+}
+
+/// Opens the checkpoint at `path` and replays the positions messages of
+/// `log` it does not cover. A missing file is rebuilt from the whole log; a
+/// version 1 file (written before positions messages existed) is taken as it
+/// is. Either way, and after a replay that found anything, a checkpoint is
+/// written at once, before anything is appended, so the next open replays
+/// only what comes after this one.
+///
+/// Errors: [`Error::Corruption`] naming the file (unreadable JSON) or the
+/// segment and offset (a positions message whose body is not positions);
+/// [`Error::UnsupportedVersion`] for a file of a newer version.
+pub(crate) fn open(path: &Path, log: &CommitLog) -> Result<OffsetStore> {
+    let (store, covers) = OffsetStore::load(path)?;
+    let replayed = match covers {
+        Covers::Missing => replay(log, &store, 0)?,
+        Covers::Version1 => 0,
+        Covers::Log(from) => replay(log, &store, from)?,
+    };
+    if replayed > 0 || !matches!(covers, Covers::Log(_)) {
+        // What was replayed lies below the end: on disk before the file counts it.
+        log.flush()?;
+        store.write(&store.snapshot_now(log.write_end()))?;
+    }
+    Ok(store)
+}
+
+/// What the checkpoint file says about the positions messages in the log.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Covers {
+    /// No file: none is reflected.
+    Missing,
+    /// A version 1 file: none was written.
+    Version1,
+    /// Those from this offset on are not reflected.
+    Log(u64),
+}
+
+/// Applies the positions messages from `from` to the log's end, in log
+/// order (the last one for a queue wins); returns how many it applied.
+fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<u64> {
+    let mut applied = 0;
+    let mut at = from.max(log.start());
+    while at < log.write_end() {
+        let (found, next) = log.visit_trusted(at, |offset, kind, bytes| {
+            if kind != RecordKind::Message {
+                return Ok(false);
+            }
+            // Bounds-checked on unchecked bytes; a damaged record is the dispatcher's to report.
+            let Ok(view) = MessageView::parse(bytes) else { return Ok(false) };
+            if view.topic != POSITIONS_TOPIC {
+                return Ok(false);
+            }
+            check_crc(bytes, offset)
+                .map_err(|kind| log.corruption_at(offset, kind))
+                .and_then(|()| {
+                    store.apply(&bytes[view.body.clone()]).map_err(|why| {
+                        log.corruption_at(
+                            offset,
+                            CorruptionKind::BadFrame(format!("positions message: {why}")),
+                        )
+                    })
+                })
+                .map(|()| true)
+        })?;
+        applied += u64::from(found?);
+        at = next;
+    }
+    Ok(applied)
+}
+
+impl OffsetStore {
+    fn load(path: &Path) -> Result<(Self, Covers)> {
+        let mut by_queue = BTreeMap::new();
+        let covers = match std::fs::read(path) {
+            Ok(bytes) => {
+                let file: OffsetsFile = serde_json::from_slice(&bytes).map_err(|e| {
+                    let why = format!("not a consumer-offsets file: {e}");
+                    Error::corruption(path, e.column() as u64, CorruptionKind::BadFrame(why))
+                })?;
+                let covers = match (file.version, file.covers_log_to) {
+                    (1, _) => Covers::Version1,
+                    (FILE_VERSION, Some(end)) => Covers::Log(end),
+                    (FILE_VERSION, None) => {
+                        let why = "version 2 without covers_log_to".to_string();
+                        return Err(Error::corruption(path, 0, CorruptionKind::BadFrame(why)));
+                    }
+                    (found, _) => {
+                        let (file, supported) = (path.to_path_buf(), FILE_VERSION);
+                        return Err(Error::UnsupportedVersion { file, found, supported });
+                    }
+                };
+                for o in file.offsets {
+                    by_queue.insert((o.group, o.topic, o.queue_id), o.offset);
+                }
+                covers
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Covers::Missing,
+            Err(e) => return Err(Error::io("read", path, e)),
+        };
+        let store = Self {
+            path: path.to_path_buf(),
+            offsets: Mutex::new(Offsets { by_queue, ..Offsets::default() }),
+            dirty: AtomicBool::new(false),
+            written: Mutex::new(None),
+        };
+        Ok((store, covers))
+    }
+
+    pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
+        let key = (group.to_string(), topic.to_string(), queue_id);
+        self.lock().by_queue.get(&key).copied()
+    }
+
+    pub fn set(&self, group: &str, topic: &str, queue_id: u32, offset: u64) {
+        let key = (group.to_string(), topic.to_string(), queue_id);
+        let mut offsets = self.lock();
+        offsets.by_queue.insert(key.clone(), offset);
+        offsets.unrecorded.insert(key);
+        offsets.generation += 1;
+        self.dirty.store(true, Ordering::Release);
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Offsets> {
+        self.offsets.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Appends the positions committed since the last call with `append`
+    /// (which takes a message body and returns where its record ends);
+    /// returns where the last positions message ends, so that once the log
+    /// is durable there, every position committed before the call is.
+    ///
+    /// The lock is held across the appends: positions messages lie in the
+    /// log in the order their positions were taken, so on replay the last
+    /// one for a queue is its newest.
+    pub fn record(&self, mut append: impl FnMut(&[u8]) -> Result<u64>) -> Result<u64> {
+        let mut offsets = self.lock();
+        if offsets.unrecorded.is_empty() {
+            return Ok(offsets.recorded_end);
+        }
+        let keys = std::mem::take(&mut offsets.unrecorded);
+        let positions: Vec<CommittedOffset> = keys
+            .iter()
+            .filter_map(|key| {
+                let (group, topic, queue_id) = key.clone();
+                offsets.by_queue.get(key).map(|&offset| CommittedOffset { group, topic, queue_id, offset })
+            })
+            .collect();
+        for chunk in positions.chunks(POSITIONS_PER_MESSAGE) {
+            let body = serde_json::to_vec(chunk).expect("positions always serialise");
+            match append(&body) {
+                Ok(end) => offsets.recorded_end = end,
+                Err(e) => {
+                    // Recording one again later is harmless: the newest wins.
+                    offsets.unrecorded.extend(keys);
+                    return Err(e);
+                }
+            }
+        }
+        Ok(offsets.recorded_end)
+    }
+
+    /// Applies one positions message's body.
+    fn apply(&self, body: &[u8]) -> std::result::Result<(), String> {
+        let positions: Vec<CommittedOffset> = serde_json::from_slice(body).map_err(|e| e.to_string())?;
+        let mut offsets = self.lock();
+        for p in positions {
+            offsets.by_queue.insert((p.group, p.topic, p.queue_id), p.offset);
+        }
+        offsets.generation += 1;
+        self.dirty.store(true, Ordering::Release);
+        Ok(())
+    }
+
+    /// The positions as committed now, if anything changed since the last
+    /// snapshot, stamped with the log's end read under the same lock as the
+    /// positions (`log_end`): every positions message below it is reflected.
+    /// The flusher takes it *before* syncing the log, so the file it writes
+    /// never counts entries whose records are not on disk.
+    pub fn snapshot(&self, log_end: impl FnOnce() -> u64) -> Option<OffsetSnapshot> {
+        if !self.dirty.swap(false, Ordering::AcqRel) {
+            return None;
+        }
+        let offsets = self.lock();
+        Some(Self::serialise(&offsets, log_end()))
+    }
+
+    fn snapshot_now(&self, log_end: u64) -> OffsetSnapshot {
+        self.dirty.store(false, Ordering::Release);
+        Self::serialise(&self.lock(), log_end)
+    }
+
+    fn serialise(offsets: &Offsets, covers: u64) -> OffsetSnapshot {
+        let positions = offsets
+            .by_queue
+            .iter()
+            .map(|((group, topic, queue_id), &offset)| CommittedOffset {
+                group: group.clone(),
+                topic: topic.clone(),
+                queue_id: *queue_id,
+                offset,
+            })
+            .collect();
+        let file = OffsetsFile { version: FILE_VERSION, covers_log_to: Some(covers), offsets: positions };
+        let bytes = serde_json::to_vec_pretty(&file).expect("offsets always serialise");
+        OffsetSnapshot { generation: offsets.generation, bytes }
+    }
+
+    /// Writes a snapshot unless a newer one is on disk already; on failure
+    /// the positions count as changed again.
+    pub fn write(&self, snapshot: &OffsetSnapshot) -> Result<()> {
+        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        if written.is_some_and(|w| snapshot.generation <= w) {
+            return Ok(());
+        }
+        let result = write_atomically(&self.path, &snapshot.bytes);
+        match result {
+            Ok(()) => *written = Some(snapshot.generation),
+            Err(_) => self.dirty.store(true, Ordering::Release),
+        }
+        result
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn load(path: &Path) -> OffsetStore {
+        OffsetStore::load(path).unwrap().0
+    }
+
+    #[test]
+    fn offsets_round_trip_through_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        let store = load(&path);
+        store.set("g", "T", 1, 42);
+        store.write(&store.snapshot(|| 77).unwrap()).unwrap();
+        assert_eq!(store.snapshot(|| 77), None, "nothing changed since");
+        let (again, covers) = OffsetStore::load(&path).unwrap();
+        assert_eq!(again.get("g", "T", 1), Some(42));
+        assert_eq!(again.get("g", "T", 0), None);
+        assert_eq!(covers, Covers::Log(77));
+    }
+
+    #[test]
+    fn an_older_snapshot_never_overwrites_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        let store = load(&path);
+        store.set("g", "T", 0, 1);
+        let older = store.snapshot(|| 10).unwrap();
+        store.set("g", "T", 0, 2);
+        let newer = store.snapshot(|| 20).unwrap();
+        store.write(&newer).unwrap();
+        store.write(&older).unwrap();
+        assert_eq!(load(&path).get("g", "T", 0), Some(2));
+    }
+
+    #[test]
+    fn positions_are_recorded_once_and_in_chunks() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = load(&dir.path().join("consumer_offsets.json"));
+        for queue in 0..(POSITIONS_PER_MESSAGE as u32 + 1) {
+            store.set("g", "T", queue, u64::from(queue) + 100);
+        }
+        let mut bodies = Vec::new();
+        let end = store.record(|body| {
+            bodies.push(body.to_vec());
+            Ok(bodies.len() as u64 * 1000)
+        });
+        assert_eq!(end.unwrap(), 2000, "two messages, the second ends last");
+        assert_eq!(bodies.len(), 2);
+        // Nothing committed since: no message, the same end to wait for.
+        assert_eq!(store.record(|_| panic!("nothing to record")).unwrap(), 2000);
+        let replica = load(&dir.path().join("other.json"));
+        bodies.iter().for_each(|b| replica.apply(b).unwrap());
+        assert_eq!(replica.get("g", "T", 32), Some(132));
+        assert_eq!(replica.get("g", "T", 0), Some(100));
+    }
+
+    #[test]
+    fn a_failed_append_leaves_the_positions_to_record_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = load(&dir.path().join("consumer_offsets.json"));
+        store.set("g", "T", 0, 5);
+        let full = || Error::Closed;
+        assert!(store.record(|_| Err(full())).is_err());
+        let mut recorded = 0;
+        store
+            .record(|_| {
+                recorded += 1;
+                Ok(9)
+            })
+            .unwrap();
+        assert_eq!(recorded, 1);
+    }
+
+    #[test]
+    fn a_version_1_file_opens_and_covers_nothing() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        let v1 = r#"{"version":1,"offsets":[{"group":"g","topic":"T","queue_id":0,"offset":7}]}"#;
+        std::fs::write(&path, v1).unwrap();
+        let (store, covers) = OffsetStore::load(&path).unwrap();
+        assert_eq!((store.get("g", "T", 0), covers), (Some(7), Covers::Version1));
+    }
+
+    #[test]
+    fn a_newer_version_is_refused_by_name() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        std::fs::write(&path, r#"{"version":3,"covers_log_to":0,"offsets":[]}"#).unwrap();
+        let err = OffsetStore::load(&path).err().unwrap();
+        assert!(matches!(err, Error::UnsupportedVersion { found: 3, supported: 2, .. }), "{err}");
+    }
+
+    #[test]
+    fn a_damaged_offsets_file_is_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        std::fs::write(&path, b"{not json").unwrap();
+        let err = OffsetStore::load(&path).err().unwrap();
+        assert!(err.to_string().contains("consumer_offsets.json"), "{err}");
+    }
+}
