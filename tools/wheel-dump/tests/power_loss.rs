@@ -11,7 +11,9 @@
 //!   a timer rescheduled (acknowledged before the crash, in sync mode) is
 //!   delivered for its new time, otherwise for its old or its new one;
 //! * nothing is delivered twice, nothing early;
-//! * `wheel-dump verify` and `wheel-dump audit` find nothing wrong.
+//! * `wheel-dump verify` and `wheel-dump audit` find nothing wrong;
+//! * a consumer group's position whose `sync_offsets` returned before the
+//!   crash holds, and no position past what was committed appears.
 //!
 //! `cargo test --test power_loss` checks a bounded, seeded sample;
 //! `DELAYWHEEL_POWER_LOSS_CRASHES=N` checks N crash points per flush mode
@@ -251,4 +253,69 @@ fn after_a_power_loss_in_sync_mode_every_acknowledged_put_is_delivered_exactly_o
 #[test]
 fn after_a_power_loss_in_async_mode_everything_flushed_is_delivered_exactly_once() {
     run(FlushMode::Async);
+}
+
+/// A consumer group reads what is put, committing and syncing its position
+/// after each read; returns each position synced with the durability points
+/// seen when `sync_offsets` had returned, and the highest ever committed.
+fn positions_workload(dir: &Path, crash_at: u64, seed: u64) -> (Vec<(u64, u64)>, u64, Arc<Frozen>) {
+    let recording = Recording::arm(dir, crash_at);
+    let clock = ManualClock::new(T0);
+    let store = Store::open(config(dir, &clock, FlushMode::Sync)).unwrap();
+    let mut consumer = store.consumer_in_group("g", TOPIC, 0).unwrap();
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let (mut synced, mut committed) = (Vec::new(), 0);
+    let frozen = loop {
+        if let Some(frozen) = recording.frozen() {
+            break frozen;
+        }
+        assert!(synced.len() < 100_000, "the crash point {crash_at} was never reached");
+        for _ in 0..rng.u64(1..8) {
+            let _ = store.put(Message::new(TOPIC, vec![0; 8]));
+        }
+        let Ok(read) = consumer.poll(rng.usize(1..12), Duration::from_millis(5)) else { continue };
+        if read.is_empty() {
+            continue;
+        }
+        consumer.commit();
+        committed = consumer.position();
+        if store.sync_offsets().is_ok() {
+            synced.push((consumer.position(), recording.events()));
+        }
+    };
+    recording.disarm();
+    drop(consumer);
+    drop(store);
+    (synced, committed, frozen)
+}
+
+#[test]
+fn after_a_power_loss_a_synced_consumer_position_holds() {
+    let crashes = env_or("DELAYWHEEL_POWER_LOSS_CRASHES", 3);
+    let images = env_or("DELAYWHEEL_POWER_LOSS_IMAGES", 2);
+    let seed = env_or("DELAYWHEEL_POWER_LOSS_SEED", 0x5EED);
+    let mut rng = fastrand::Rng::with_seed(seed ^ 0x9051);
+    for crash in 0..crashes {
+        let crash_at = 20 + rng.u64(..400);
+        let dir = tempfile::tempdir().unwrap();
+        let (synced, committed, frozen) = positions_workload(dir.path(), crash_at, rng.u64(..));
+        // The newest position whose sync returned before the crash point.
+        let least = synced.iter().filter(|(_, by)| *by < frozen.event).map(|(p, _)| *p).max().unwrap_or(0);
+        for i in 0..images {
+            let image = tempfile::tempdir().unwrap();
+            let image_seed = rng.u64(..);
+            frozen.write_image(image.path(), image_seed, WRITEBACK).unwrap();
+            let clock = ManualClock::new(T0);
+            let store = Store::open(config(image.path(), &clock, FlushMode::Sync)).unwrap();
+            let position = store.consumer_in_group("g", TOPIC, 0).unwrap().position();
+            store.close().unwrap();
+            assert!(
+                (least..=committed).contains(&position),
+                "crash {crash} at event {crash_at}, image {i} (seed {image_seed:#x}): position {position}, \
+                 synced {least} before the crash, {committed} committed"
+            );
+            let verify = dump(image.path(), &["verify"]);
+            assert_eq!(verify.status.code(), Some(0), "{}: {}", image.path().display(), stdout(&verify));
+        }
+    }
 }
