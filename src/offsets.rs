@@ -125,8 +125,10 @@ enum Covers {
 fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<u64> {
     let mut applied = 0;
     let mut at = from.max(log.start());
+    // A `from` inside the log must be where a record starts: else the file is wrong, not the log.
+    let mut checking_from = from >= log.start();
     while at < log.write_end() {
-        let (found, next) = log.visit_trusted(at, |offset, kind, bytes| {
+        let visited = log.visit_trusted(at, |offset, kind, bytes| {
             if kind != RecordKind::Message {
                 return Ok(false);
             }
@@ -146,7 +148,15 @@ fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<u64> {
                     })
                 })
                 .map(|()| true)
-        })?;
+        });
+        let (found, next) = match visited {
+            Err(e) if checking_from => {
+                let why = format!("covers_log_to {from} is not where a commit-log record starts ({e})");
+                return Err(Error::corruption(&store.path, 0, CorruptionKind::BadFrame(why)));
+            }
+            visited => visited?,
+        };
+        checking_from = false;
         applied += u64::from(found?);
         at = next;
     }

@@ -128,6 +128,23 @@ fn an_offsets_file_of_version_1_still_opens_and_is_rewritten() {
 }
 
 #[test]
+fn an_offsets_file_covering_the_log_to_no_record_boundary_is_named() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(no_periodic_flush(dir.path())).unwrap();
+    put_numbered(&store, "T", 0..5);
+    store.close().unwrap();
+    let path = dir.path().join("consumer_offsets.json");
+    // 33: one byte into the first record, past the segment's 32-byte header.
+    std::fs::write(&path, r#"{"version":2,"covers_log_to":33,"offsets":[]}"#).unwrap();
+    let err = Store::open(no_periodic_flush(dir.path())).err().unwrap();
+    let text = err.to_string();
+    assert!(text.contains("consumer_offsets.json") && text.contains("covers_log_to 33"), "{text}");
+    // Deleting the file rebuilds it from the log.
+    std::fs::remove_file(&path).unwrap();
+    Store::open(no_periodic_flush(dir.path())).unwrap().close().unwrap();
+}
+
+#[test]
 fn poll_any_wakes_for_whichever_queue_gets_a_message() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(no_periodic_flush(dir.path())).unwrap();
