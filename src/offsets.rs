@@ -27,7 +27,7 @@ use crate::fs::write_atomically;
 pub const POSITIONS_TOPIC: &str = "%POSITIONS%";
 /// The checkpoint file's version: 2 says up to where it covers the log.
 const FILE_VERSION: u32 = 2;
-/// Positions per message: with names of at most 255 bytes a message stays
+/// Positions per message: with names of at most 127 bytes a message stays
 /// far below the smallest segment.
 const POSITIONS_PER_MESSAGE: usize = 32;
 

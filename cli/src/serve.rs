@@ -7,7 +7,7 @@ use std::path::PathBuf;
 
 use clap::Args;
 use delaywheel::Store;
-use delaywheel_server::{ServeOptions, Server, load_or_create_key, store_config};
+use delaywheel_server::{Credentials, ServeOptions, Server, load_or_create_key, store_config};
 
 use crate::Failure;
 
@@ -16,9 +16,18 @@ pub struct ServeArgs {
     /// The store directory (made if missing).
     #[arg(long)]
     dir: PathBuf,
-    /// The gRPC endpoint (RocketMQ 5's MessagingService). No authentication: loopback by default.
+    /// The gRPC endpoint (RocketMQ 5's MessagingService). Loopback by default:
+    /// without --access-key anyone who reaches it may send, receive and recall.
     #[arg(long, default_value = "127.0.0.1:8081")]
     listen: SocketAddr,
+    /// Check every gRPC call's RocketMQ access-key signature (MQv2-HMAC-SHA1)
+    /// against this access key and the secret in --secret-key-file.
+    #[arg(long, requires = "secret_key_file")]
+    access_key: Option<String>,
+    /// A file holding the access key's secret (one line; kept off the command
+    /// line, where other users could read it).
+    #[arg(long, requires = "access_key")]
+    secret_key_file: Option<PathBuf>,
     /// The HTTP endpoint: the operators' page at /, /metrics, /pending, /overview, /healthz.
     #[arg(long, default_value = "127.0.0.1:8080")]
     http: SocketAddr,
@@ -34,6 +43,7 @@ pub fn run(args: ServeArgs) -> Result<(), Failure> {
 }
 
 async fn serve(args: ServeArgs) -> Result<(), Failure> {
+    let credentials = credentials(&args)?;
     let key = load_or_create_key_in(&args.dir)?;
     let config = store_config(&args.dir);
     let store = tokio::task::spawn_blocking(move || Store::open(config)).await??;
@@ -44,6 +54,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             listen: args.listen,
             http: Some(args.http),
             allow_cancel: args.allow_cancel,
+            credentials,
             ..ServeOptions::loopback(key)
         },
     )
@@ -61,6 +72,20 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     );
     server.run(stop_signal()).await?;
     Ok(())
+}
+
+/// The access key and its secret, if given.
+fn credentials(args: &ServeArgs) -> Result<Option<Credentials>, Failure> {
+    let (Some(access_key), Some(file)) = (&args.access_key, &args.secret_key_file) else { return Ok(None) };
+    let secret = std::fs::read_to_string(file)
+        .map_err(|e| Failure::Usage(format!("--secret-key-file {}: {e}", file.display())))?;
+    let secret = secret.trim_end_matches(['\r', '\n']);
+    if access_key.is_empty() || secret.is_empty() {
+        return Err(Failure::Usage(
+            "--access-key and the secret in --secret-key-file may not be empty".into(),
+        ));
+    }
+    Ok(Some(Credentials::new(access_key.clone(), secret.as_bytes().to_vec())))
 }
 
 fn load_or_create_key_in(dir: &std::path::Path) -> Result<delaywheel_server::HandleKey, Failure> {

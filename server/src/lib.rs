@@ -4,8 +4,10 @@
 //! unchanged, and an HTTP endpoint beside it (`/metrics`, `/pending`,
 //! `/healthz`).
 //!
-//! The endpoint has **no authentication** yet: it binds to loopback by
-//! default, and anyone who can reach it can send, receive and recall.
+//! The gRPC endpoint checks RocketMQ's access-key signature when it is given
+//! credentials ([`auth`]); without them, and always on the HTTP endpoint,
+//! there is **no authentication**: both bind to loopback by default, and
+//! anyone who can reach them can send, receive and recall.
 //!
 //! How the protocol maps onto the store:
 //! - topics are created on first use; each has the store's queues;
@@ -19,6 +21,7 @@
 
 #![warn(missing_docs)]
 
+pub mod auth;
 mod error;
 mod handles;
 mod http;
@@ -31,6 +34,7 @@ mod server;
 mod service;
 mod status;
 
+pub use auth::Credentials;
 pub use error::ServeError;
 pub use handles::{HandleKey, load_or_create_key};
 pub use server::{ServeOptions, Server, store_config};

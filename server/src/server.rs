@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 use tokio_stream::StreamExt as _;
 
+use crate::auth::Credentials;
 use crate::error::ServeError;
 use crate::handles::HandleKey;
 use crate::metrics::Metrics;
@@ -44,6 +45,8 @@ pub struct ServeOptions {
     /// Whether the HTTP endpoint's `POST /timers/{handle}/cancel` and
     /// `/reschedule` act (the endpoint has no authentication yet): off, they answer 403.
     pub allow_cancel: bool,
+    /// The access key every gRPC call must be signed with ([`crate::auth`]); none: no check.
+    pub credentials: Option<Credentials>,
 }
 
 impl ServeOptions {
@@ -56,6 +59,7 @@ impl ServeOptions {
             key,
             max_delivery_attempts: MAX_DELIVERY_ATTEMPTS,
             allow_cancel: false,
+            credentials: None,
         }
     }
 }
@@ -150,6 +154,7 @@ pub struct Server {
     shared: Arc<Shared>,
     grpc: TcpListener,
     http: Option<TcpListener>,
+    credentials: Option<Credentials>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -177,7 +182,7 @@ impl Server {
             endpoint,
             next_queue: AtomicU32::new(0),
         });
-        Ok(Self { shared, grpc, http })
+        Ok(Self { shared, grpc, http, credentials: options.credentials })
     }
 
     /// The gRPC endpoint's address.
@@ -192,7 +197,7 @@ impl Server {
 
     /// Serves until `shutdown` completes, then stops as the module says and closes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Self { shared, grpc, http } = self;
+        let Self { shared, grpc, http, credentials } = self;
         let stopped = shared.stop_signal();
         let until_stopped = move || {
             let mut stopped = stopped.clone();
@@ -203,6 +208,16 @@ impl Server {
         let service = MessagingServiceServer::new(Service::new(Arc::clone(&shared)))
             // A body at the limit, with room for the rest of the request.
             .max_decoding_message_size(shared.store.max_body_bytes() + (1 << 20));
+        let service =
+            tonic::service::interceptor::InterceptedService::new(
+                service,
+                move |request| match &credentials {
+                    Some(credentials) => {
+                        credentials.check(tonic::Request::metadata(&request)).map(|()| request)
+                    }
+                    None => Ok(request),
+                },
+            );
         // Small answers go out at once: without TCP_NODELAY, Nagle's algorithm and
         // the client's delayed ACK hold each one for up to 40 ms.
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|accepted| {

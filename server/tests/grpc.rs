@@ -378,3 +378,46 @@ async fn a_legacy_delay_level_and_a_dropped_receive() {
     assert_eq!(code(&refused.status), Code::IllegalDeliveryTime);
     server.stop().await;
 }
+
+/// A `QueryRoute` for `Orders` with `headers` (name, value).
+async fn route_with(
+    client: &mut MessagingServiceClient<Channel>,
+    headers: &[(&'static str, String)],
+) -> Result<QueryRouteResponse, tonic::Status> {
+    let mut request = tonic::Request::new(QueryRouteRequest { topic: resource("Orders"), endpoints: None });
+    for (name, value) in headers {
+        request.metadata_mut().insert(*name, value.parse().unwrap());
+    }
+    client.query_route(request).await.map(tonic::Response::into_inner)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_credentials_every_call_must_be_signed() {
+    use delaywheel_server::Credentials;
+    use delaywheel_server::auth::{AUTHORIZATION, DATE_TIME};
+    let dir = tempfile::tempdir().unwrap();
+    let credentials = Credentials::new("ak", "the-secret");
+    let options = ServeOptions {
+        credentials: Some(credentials.clone()),
+        ..ServeOptions::loopback(HandleKey::from_bytes([3; 32]))
+    };
+    let mut server = start_with(dir.path(), options).await;
+    let client = &mut server.client;
+    let date_time = "20261204T080000Z".to_string();
+    let signed = [(DATE_TIME, date_time.clone()), (AUTHORIZATION, credentials.authorization(&date_time))];
+    let route = route_with(client, &signed).await.unwrap();
+    assert_eq!(code(&route.status), Code::Ok);
+    assert!(!route.message_queues.is_empty());
+
+    let unsigned = route_with(client, &[]).await.unwrap_err();
+    assert_eq!(unsigned.code(), tonic::Code::Unauthenticated);
+    assert!(unsigned.message().starts_with("authorization: missing"), "{}", unsigned.message());
+    let wrong_secret = Credentials::new("ak", "not-the-secret").authorization(&date_time);
+    let forged = route_with(client, &[(DATE_TIME, date_time.clone()), (AUTHORIZATION, wrong_secret)]).await;
+    assert_eq!(forged.unwrap_err().code(), tonic::Code::Unauthenticated);
+    // A streaming call is checked too, before anything is received.
+    let request = receive_request("G", "Orders", Duration::from_secs(1), Duration::from_secs(1));
+    let refused = client.receive_message(request).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    server.stop().await;
+}

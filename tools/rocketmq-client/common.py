@@ -18,8 +18,8 @@ def free_port():
 class Server:
     """A `delaywheel serve` process on loopback ports of its own."""
 
-    def __init__(self, binary, store_dir, grpc_port=None, http_port=None):
-        self.binary, self.dir = binary, store_dir
+    def __init__(self, binary, store_dir, grpc_port=None, http_port=None, extra_args=()):
+        self.binary, self.dir, self.extra_args = binary, store_dir, list(extra_args)
         self.grpc_port = grpc_port or free_port()
         self.http_port = http_port or free_port()
         self.process = None
@@ -27,7 +27,8 @@ class Server:
     def start(self):
         self.process = subprocess.Popen(
             [self.binary, "serve", "--dir", self.dir,
-             "--listen", f"127.0.0.1:{self.grpc_port}", "--http", f"127.0.0.1:{self.http_port}"],
+             "--listen", f"127.0.0.1:{self.grpc_port}", "--http", f"127.0.0.1:{self.http_port}",
+             *self.extra_args],
             stdout=subprocess.PIPE, text=True)
         line = self.process.stdout.readline()
         if not line:

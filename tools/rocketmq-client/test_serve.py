@@ -6,13 +6,16 @@ acking all but 10; then checks that exactly the un-recalled timed messages
 arrived, none before its delivery timestamp; that the 10 un-acked came back
 after their invisible duration; that the 10-year one is pending
 (`/pending`); and that after `kill -9` and a restart nothing acked comes back
-and nothing unacked is lost. Exit 0 when everything holds.
+and nothing unacked is lost. Last, with `--access-key`, that a client with
+the right credentials sends and one with a wrong secret is refused. Exit 0
+when everything holds.
 
 Usage: test_serve.py path/to/delaywheel
 """
 
 import json
 import logging
+import os
 import sys
 import tempfile
 import time
@@ -180,7 +183,34 @@ def run(binary, store, servers):
     consumer.shutdown()
     code = server.stop()
     check(code == 0, f"SIGTERM closes the store and exits 0 (exit {code})")
+    check_signatures(binary, store, servers)
     print(f"ok: {len(checks)} checks passed in {time.time() - started:.0f} s")
+
+
+def check_signatures(binary, store, servers):
+    """A server with an access key: the client's signature is checked."""
+    secret_file = os.path.join(store, "..", os.path.basename(store) + ".secret")
+    with open(secret_file, "w") as f:
+        f.write("s3cret\n")
+    signed = Server(binary, tempfile.mkdtemp(prefix="delaywheel-auth-test-"),
+                    extra_args=["--access-key", "ak1", "--secret-key-file", secret_file]).start()
+    servers.append(signed)
+    producer = Producer(ClientConfiguration(signed.endpoint, Credentials("ak1", "s3cret")), (TOPIC,))
+    producer.startup()
+    receipt = producer.send(message("signed"))
+    check(bool(receipt.message_id), "with the right access key and secret a send is answered")
+    producer.shutdown()
+    refused = None
+    try:
+        wrong = Producer(ClientConfiguration(signed.endpoint, Credentials("ak1", "wrong")), (TOPIC,))
+        wrong.startup()
+        wrong.send(message("forged"))
+        wrong.shutdown()
+    except Exception as e:  # the client raises its own exception types
+        refused = e
+    check(refused is not None, "with a wrong secret the client is refused")
+    check(signed.stop() == 0, "the signed server stops cleanly")
+    os.remove(secret_file)
 
 
 if __name__ == "__main__":
