@@ -87,9 +87,10 @@ struct CommittedOffset {
 /// Opens the checkpoint at `path` and replays the positions messages of
 /// `log` it does not cover. A missing file is rebuilt from the whole log; a
 /// version 1 file (written before positions messages existed) is taken as it
-/// is. Either way, and after a replay that found anything, a checkpoint is
-/// written at once, before anything is appended, so the next open replays
-/// only what comes after this one.
+/// is. Then a checkpoint is written at once, before anything is appended,
+/// so the next open replays only what comes after this one: for a version 1
+/// file, after a replay that applied anything, and after reading a whole
+/// log for a missing file (a fresh store, with an empty log, gets none).
 ///
 /// Errors: [`Error::Corruption`] naming the file (unreadable JSON) or the
 /// segment and offset (a positions message whose body is not positions);
@@ -98,10 +99,13 @@ pub(crate) fn open(path: &Path, log: &CommitLog) -> Result<OffsetStore> {
     let (store, covers) = OffsetStore::load(path)?;
     let replayed = match covers {
         Covers::Missing => replay(log, &store, 0)?,
-        Covers::Version1 => 0,
+        Covers::Version1 => Replayed::default(),
         Covers::Log(from) => replay(log, &store, from)?,
     };
-    if replayed > 0 || !matches!(covers, Covers::Log(_)) {
+    // A new checkpoint spares the next open this replay (a fresh store's
+    // empty log needs none), and replaces an older version.
+    let rescan = replayed.applied > 0 || (covers == Covers::Missing && replayed.records > 0);
+    if rescan || covers == Covers::Version1 {
         // What was replayed lies below the end: on disk before the file counts it.
         log.flush()?;
         store.write(&store.snapshot_now(log.write_end()))?;
@@ -120,10 +124,19 @@ enum Covers {
     Log(u64),
 }
 
+/// What a replay went through.
+#[derive(Debug, Default)]
+struct Replayed {
+    /// Records read.
+    records: u64,
+    /// Positions messages applied.
+    applied: u64,
+}
+
 /// Applies the positions messages from `from` to the log's end, in log
-/// order (the last one for a queue wins); returns how many it applied.
-fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<u64> {
-    let mut applied = 0;
+/// order (the last one for a queue wins).
+fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<Replayed> {
+    let mut replayed = Replayed::default();
     let mut at = from.max(log.start());
     // A `from` inside the log must be where a record starts: else the file is wrong, not the log.
     let mut checking_from = from >= log.start();
@@ -157,10 +170,11 @@ fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<u64> {
             visited => visited?,
         };
         checking_from = false;
-        applied += u64::from(found?);
+        replayed.applied += u64::from(found?);
+        replayed.records += 1;
         at = next;
     }
-    Ok(applied)
+    Ok(replayed)
 }
 
 impl OffsetStore {
