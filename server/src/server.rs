@@ -208,16 +208,11 @@ impl Server {
         let service = MessagingServiceServer::new(Service::new(Arc::clone(&shared)))
             // A body at the limit, with room for the rest of the request.
             .max_decoding_message_size(shared.store.max_body_bytes() + (1 << 20));
-        let service =
-            tonic::service::interceptor::InterceptedService::new(
-                service,
-                move |request| match &credentials {
-                    Some(credentials) => {
-                        credentials.check(tonic::Request::metadata(&request)).map(|()| request)
-                    }
-                    None => Ok(request),
-                },
-            );
+        let signed = move |request: tonic::Request<()>| match &credentials {
+            Some(credentials) => credentials.check(request.metadata()).map(|()| request),
+            None => Ok(request),
+        };
+        let service = tonic::service::interceptor::InterceptedService::new(service, signed);
         // Small answers go out at once: without TCP_NODELAY, Nagle's algorithm and
         // the client's delayed ACK hold each one for up to 40 ms.
         let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|accepted| {
