@@ -55,6 +55,15 @@ pub enum Error {
         available: u64,
     },
 
+    /// The system refused the indexes a resource they need to go on (open
+    /// files, memory): they wait and retry, and what was acknowledged is
+    /// kept and indexed once it is back. Nothing was written. Retry later.
+    #[error("out of system resources (retry later): {reason}")]
+    Exhausted {
+        /// The failure the indexes met, naming the call and the file.
+        reason: String,
+    },
+
     /// The indexes are too far behind the commit log and did not catch up
     /// within the put timeout; nothing was written. Retry later.
     #[error(
