@@ -117,6 +117,12 @@ impl Message {
         &self.topic
     }
 
+    /// The properties' size encoded, as [`MAX_PROPERTIES_LEN`] counts it: a
+    /// caller that adds properties of its own later checks its room with this.
+    pub fn properties_len(&self) -> usize {
+        properties_len(&self.properties)
+    }
+
     /// The body.
     pub fn body(&self) -> &Bytes {
         &self.body

@@ -7,7 +7,9 @@ use std::path::PathBuf;
 
 use clap::Args;
 use delaywheel::Store;
-use delaywheel_server::{Credentials, ServeOptions, Server, load_or_create_key, store_config};
+use delaywheel_server::{
+    ConnectionLimits, Credentials, ServeOptions, Server, load_or_create_key, store_config,
+};
 
 use crate::Failure;
 
@@ -35,6 +37,14 @@ pub struct ServeArgs {
     /// It has no authentication: whoever reaches it may.
     #[arg(long)]
     allow_cancel: bool,
+    /// Connections each endpoint holds at once; more are closed as soon as
+    /// accepted. Default: 1,024, or a quarter of the descriptor limit if less.
+    #[arg(long, value_parser = clap::value_parser!(u32).range(1..))]
+    max_connections: Option<u32>,
+    /// Close a connection that sent nothing for this many seconds (the gRPC
+    /// endpoint pings live clients every third of it, and their answers count).
+    #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=86_400))]
+    idle_timeout_secs: u64,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Failure> {
@@ -55,6 +65,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             http: Some(args.http),
             allow_cancel: args.allow_cancel,
             credentials,
+            limits: limits(&args),
             ..ServeOptions::loopback(key)
         },
     )
@@ -72,6 +83,15 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     );
     server.run(stop_signal()).await?;
     Ok(())
+}
+
+/// What each listener allows.
+fn limits(args: &ServeArgs) -> ConnectionLimits {
+    let defaults = ConnectionLimits::defaults();
+    ConnectionLimits {
+        max_connections: args.max_connections.map_or(defaults.max_connections, |n| n as usize),
+        idle_timeout: std::time::Duration::from_secs(args.idle_timeout_secs),
+    }
 }
 
 /// The access key and its secret, if given.

@@ -1,6 +1,7 @@
 //! The HTTP endpoint: `GET /metrics` (Prometheus text), `GET /pending`
 //! (the pending timers due in a window, or of one topic and key, as JSON),
-//! `GET /healthz`, and the operators' page with the JSON behind it (`operators.rs`).
+//! `GET /healthz`, and the operators' page with the JSON behind it
+//! (`operators.rs`), each behind the defences of `same_site.rs`.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -13,14 +14,16 @@ use axum::routing::{get, post};
 use delaywheel::MAX_DELIVER_AT_MS;
 use serde_json::json;
 
-use crate::operators;
 use crate::server::Shared;
+use crate::{operators, same_site};
 
 /// Default and largest `limit` of `/pending`.
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 10_000;
 
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
+/// The endpoint's routes for an endpoint bound to `bound`, behind [`same_site::guard`].
+pub(crate) fn router(shared: Arc<Shared>, bound: std::net::SocketAddr) -> Router {
+    let hosts = Arc::new(same_site::Hosts::of(bound));
     Router::new()
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
@@ -31,6 +34,7 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/timers/{handle}/cancel", post(operators::cancel))
         .route("/timers/{handle}/reschedule", post(operators::reschedule))
         .with_state(shared)
+        .layer(axum::middleware::from_fn_with_state(hosts, same_site::guard))
 }
 
 /// A JSON error naming what was wrong.

@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod connections;
 mod error;
 mod handles;
 mod http;
@@ -29,12 +30,14 @@ mod metrics;
 mod operators;
 pub mod proto;
 pub mod receive;
+mod same_site;
 mod send;
 mod server;
 mod service;
 mod status;
 
 pub use auth::Credentials;
+pub use connections::ConnectionLimits;
 pub use error::ServeError;
 pub use handles::{HandleKey, load_or_create_key};
 pub use server::{ServeOptions, Server, store_config};

@@ -23,6 +23,8 @@ pub(crate) struct Metrics {
     pub received: Counter,
     pub redelivered: Counter,
     pub acks: Counter,
+    /// Connections closed at accept: the listener held its most.
+    pub connections_refused: Counter,
     /// Receive time minus deliver time of timed messages handed out the first time.
     pub receive_lateness: Histogram,
 }
@@ -52,6 +54,10 @@ impl Metrics {
             "Messages handed out again after their invisible duration",
         );
         let acks = counter("delaywheel_grpc_acks_total", "Messages acked");
+        let connections_refused = counter(
+            "delaywheel_connections_refused_total",
+            "Connections closed as soon as accepted: the listener held its most",
+        );
         let receive_lateness = metrics::with_local_recorder(&recorder, || {
             metrics::histogram!("delaywheel_receive_lateness_seconds")
         });
@@ -65,6 +71,7 @@ impl Metrics {
             received,
             redelivered,
             acks,
+            connections_refused,
             receive_lateness,
         }
     }

@@ -56,8 +56,33 @@ mod property {
     pub const STORE_MS: &str = "__STORE_MS";
     pub const DELIVER_MS: &str = "__DELIVER_MS";
     pub const ATTEMPT: &str = "__ATTEMPT";
-    pub const ALL: [&str; 6] = [TOPIC, QUEUE, QUEUE_OFFSET, STORE_MS, DELIVER_MS, ATTEMPT];
+    /// Why a message went to the dead-letter topic.
+    pub const DEAD_REASON: &str = "__DLQ_REASON";
+    pub const ALL: [&str; 7] = [TOPIC, QUEUE, QUEUE_OFFSET, STORE_MS, DELIVER_MS, ATTEMPT, DEAD_REASON];
+
+    /// The longest reason a dead letter gives.
+    pub const MAX_REASON_LEN: usize = 128;
+
+    /// What the properties above take at most, encoded (4 bytes of lengths
+    /// each, the name, the longest value: a topic, `u32` and `u64` in decimal).
+    pub const RESERVED_LEN: usize = {
+        const fn entry(name: &str, value: usize) -> usize {
+            4 + name.len() + value
+        }
+        entry(TOPIC, delaywheel::MAX_TOPIC_LEN)
+            + entry(QUEUE, 10)
+            + entry(QUEUE_OFFSET, 20)
+            + entry(STORE_MS, 20)
+            + entry(DELIVER_MS, 20)
+            + entry(ATTEMPT, 10)
+            + entry(DEAD_REASON, MAX_REASON_LEN)
+    };
 }
+
+/// The most a sent message's properties may take, encoded: the store's limit
+/// less what a retry copy or a dead letter adds, so every message a send
+/// accepts can be handed out and, at its end, dead-lettered.
+pub const MAX_SENT_PROPERTIES_LEN: usize = delaywheel::MAX_PROPERTIES_LEN - property::RESERVED_LEN;
 
 /// The retry topic of `group` for `topic`. Group names hold no `|`, so no
 /// two (group, topic) pairs share one.
@@ -139,8 +164,9 @@ impl Origin {
         }
     }
 
-    /// A copy of `message` for `topic`, remembering this origin and `attempt`.
-    fn copy(&self, message: &ConsumedMessage, topic: String, attempt: u32) -> StoreMessage {
+    /// A copy of `message` for `topic`, remembering this origin and
+    /// `attempt`, keeping of the message's own properties those `keep` says.
+    fn copy(&self, message: &ConsumedMessage, topic: String, attempt: u32, keep: Keep) -> StoreMessage {
         let mut copy = StoreMessage::new(topic, message.body().clone()).queue_id(0);
         if let Some(tags) = message.tags() {
             copy = copy.tags(tags);
@@ -149,7 +175,7 @@ impl Origin {
             copy = copy.key(key);
         }
         for (name, value) in message.properties() {
-            if !property::ALL.contains(&name.as_str()) {
+            if !property::ALL.contains(&name.as_str()) && keep.keeps(name) {
                 copy = copy.property(name, value);
             }
         }
@@ -164,6 +190,50 @@ impl Origin {
             None => copy,
         }
     }
+
+    /// The invisibility timer of `message`, due at `due_ms` in `retry`, or
+    /// `None` when its properties leave no room for the copy's own (a
+    /// message stored by other means than a send, which checks that room).
+    fn retry_timer(&self, message: &ConsumedMessage, retry: &str, due_ms: u64) -> Option<StoreMessage> {
+        let timer = self.copy(message, retry.to_string(), self.attempt + 1, Keep::All).deliver_at_ms(due_ms);
+        fits(&timer).then_some(timer)
+    }
+
+    /// The dead letter of `message` for `group`, saying why. A message whose
+    /// properties leave no room for the copy's loses its user properties,
+    /// then the server's, rather than stay where it blocks the others.
+    fn dead_letter(&self, message: &ConsumedMessage, group: &str, reason: &str) -> StoreMessage {
+        let reason = reason.get(..property::MAX_REASON_LEN).unwrap_or(reason);
+        let letter = |keep| {
+            self.copy(message, format!("{DLQ_PREFIX}{group}"), self.attempt, keep)
+                .property(property::DEAD_REASON, reason)
+        };
+        [Keep::All, Keep::Server].into_iter().map(letter).find(fits).unwrap_or_else(|| letter(Keep::None))
+    }
+}
+
+/// Which of a message's own properties a copy keeps.
+#[derive(Clone, Copy)]
+enum Keep {
+    All,
+    /// Only the server's (`__`: the message id, born time and host, keys).
+    Server,
+    None,
+}
+
+impl Keep {
+    fn keeps(self, name: &str) -> bool {
+        match self {
+            Self::All => true,
+            Self::Server => name.starts_with("__"),
+            Self::None => false,
+        }
+    }
+}
+
+/// Whether the store takes `message`'s properties.
+fn fits(message: &StoreMessage) -> bool {
+    message.properties_len() <= delaywheel::MAX_PROPERTIES_LEN
 }
 
 /// A group's consumers of one topic: its retry queue's first, then the topic's queues.
@@ -279,21 +349,30 @@ impl Groups {
         if polled.is_empty() {
             return Ok(Vec::new());
         }
-        let (wanted, _filtered): (Vec<_>, Vec<_>) = polled.into_iter().partition(|m| request.filter.wants(m));
-        let (live, dead): (Vec<_>, Vec<_>) = wanted
-            .into_iter()
-            .map(|m| (Origin::of(&m), m))
-            .partition(|(o, _)| o.attempt <= self.max_delivery_attempts);
         let due = SystemClock.now_ms().saturating_add(request.invisible.as_millis() as u64);
         let retry = retry_topic(&request.group, &request.topic);
-        let timers = live
-            .iter()
-            .map(|(origin, m)| origin.copy(m, retry.clone(), origin.attempt + 1).deliver_at_ms(due));
-        let dead_letters = dead
-            .iter()
-            .map(|(origin, m)| origin.copy(m, format!("{DLQ_PREFIX}{}", request.group), origin.attempt));
+        // One copy per wanted message: its invisibility timer, or its dead letter.
+        let mut copies = Vec::new();
+        let mut handed_out = Vec::new();
+        for message in polled.into_iter().filter(|m| request.filter.wants(m)) {
+            let origin = Origin::of(&message);
+            let timer = (origin.attempt <= self.max_delivery_attempts)
+                .then(|| origin.retry_timer(&message, &retry, due))
+                .flatten();
+            match timer {
+                Some(timer) => {
+                    copies.push(timer);
+                    handed_out.push(Some((origin, message)));
+                }
+                None => {
+                    let reason = self.dead_reason(&origin);
+                    copies.push(origin.dead_letter(&message, &request.group, &reason));
+                    handed_out.push(None);
+                }
+            }
+        }
         // Not waited for here: the caller's sync of the positions, appended after them, covers them.
-        let tickets = match store.submit_batch(timers.chain(dead_letters).collect::<Vec<_>>()) {
+        let tickets = match store.submit_batch(copies) {
             Ok(tickets) => tickets,
             Err(e) => {
                 // Nothing was handed out: the next receive reads the same messages.
@@ -303,11 +382,21 @@ impl Groups {
         };
         // Made durable by the caller, with the timers, before it answers.
         consumers.iter().for_each(Consumer::commit);
-        let received = live.into_iter().zip(tickets).map(|((origin, message), ticket)| {
+        let received = handed_out.into_iter().zip(tickets).filter_map(|(handed_out, ticket)| {
+            let (origin, message) = handed_out?;
             let timer = ticket.receipt().handle().expect("an invisibility timer is a timed message");
-            Received { message, origin, timer }
+            Some(Received { message, origin, timer })
         });
         Ok(received.collect())
+    }
+
+    /// Why a message that gets no invisibility timer goes to the dead-letter topic.
+    fn dead_reason(&self, origin: &Origin) -> String {
+        if origin.attempt > self.max_delivery_attempts {
+            format!("not acknowledged after {} hand-outs", self.max_delivery_attempts)
+        } else {
+            "its properties leave no room for a retry copy's".to_string()
+        }
     }
 
     /// How far each group is behind on each queue it reads.

@@ -8,6 +8,7 @@
 use delaywheel::{MAX_DELIVER_AT_MS, Message as StoreMessage, validate_topic};
 
 use crate::proto::{Code, Encoding, Message, MessageType};
+use crate::receive::MAX_SENT_PROPERTIES_LEN;
 use crate::status::Refusal;
 
 /// Names of the properties the server keeps for itself.
@@ -116,6 +117,14 @@ pub(crate) fn to_store(
     }
     if system.body_encoding == Encoding::Gzip as i32 {
         out = out.property(property::ENCODING, "gzip");
+    }
+    if out.properties_len() > MAX_SENT_PROPERTIES_LEN {
+        let why = format!(
+            "{} bytes encoded with the server's own, more than the {MAX_SENT_PROPERTIES_LEN} that leave room \
+             for what a retry copy adds",
+            out.properties_len()
+        );
+        return Err(Refusal::field(Code::MessagePropertiesTooLarge, "user_properties", why));
     }
     Ok(Outgoing { message: out, message_id, topic, timed })
 }

@@ -12,9 +12,9 @@ use std::time::{Duration, Instant};
 use delaywheel::{Config, FlushMode, Store};
 use tokio::net::TcpListener;
 use tokio::sync::watch;
-use tokio_stream::StreamExt as _;
 
 use crate::auth::Credentials;
+use crate::connections::{ConnectionLimits, Guarded, keepalive_interval};
 use crate::error::ServeError;
 use crate::handles::HandleKey;
 use crate::metrics::Metrics;
@@ -29,6 +29,9 @@ use crate::status::ok;
 
 /// How long a stop waits for the answers in flight before closing the store anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+/// Requests in flight on one gRPC connection (HTTP/2 streams): each may
+/// hold a request body or an answer in memory.
+const MAX_STREAMS_PER_CONNECTION: u32 = 64;
 
 /// Where to listen.
 #[derive(Debug, Clone)]
@@ -47,6 +50,8 @@ pub struct ServeOptions {
     pub allow_cancel: bool,
     /// The access key every gRPC call must be signed with ([`crate::auth`]); none: no check.
     pub credentials: Option<Credentials>,
+    /// What each listener allows: connections at once, and how long one may stay silent.
+    pub limits: ConnectionLimits,
 }
 
 impl ServeOptions {
@@ -60,6 +65,7 @@ impl ServeOptions {
             max_delivery_attempts: MAX_DELIVERY_ATTEMPTS,
             allow_cancel: false,
             credentials: None,
+            limits: ConnectionLimits::defaults(),
         }
     }
 }
@@ -155,6 +161,7 @@ pub struct Server {
     grpc: TcpListener,
     http: Option<TcpListener>,
     credentials: Option<Credentials>,
+    limits: ConnectionLimits,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -182,7 +189,7 @@ impl Server {
             endpoint,
             next_queue: AtomicU32::new(0),
         });
-        Ok(Self { shared, grpc, http, credentials: options.credentials })
+        Ok(Self { shared, grpc, http, credentials: options.credentials, limits: options.limits })
     }
 
     /// The gRPC endpoint's address.
@@ -197,7 +204,7 @@ impl Server {
 
     /// Serves until `shutdown` completes, then stops as the module says and closes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Self { shared, grpc, http, credentials } = self;
+        let Self { shared, grpc, http, credentials, limits } = self;
         let stopped = shared.stop_signal();
         let until_stopped = move || {
             let mut stopped = stopped.clone();
@@ -213,19 +220,20 @@ impl Server {
             None => Ok(request),
         };
         let service = tonic::service::interceptor::InterceptedService::new(service, signed);
-        // Small answers go out at once: without TCP_NODELAY, Nagle's algorithm and
-        // the client's delayed ACK hold each one for up to 40 ms.
-        let incoming = tokio_stream::wrappers::TcpListenerStream::new(grpc).map(|accepted| {
-            let stream = accepted?;
-            stream.set_nodelay(true)?;
-            Ok::<_, std::io::Error>(stream)
-        });
+        let refused = || shared.metrics.connections_refused.clone();
+        let incoming = Guarded::new(grpc, limits, refused());
+        let keepalive = keepalive_interval(&limits);
         let grpc = tonic::transport::Server::builder()
+            .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
+            .http2_keepalive_interval(Some(keepalive))
+            .http2_keepalive_timeout(Some(keepalive))
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, until_stopped());
         let grpc = tokio::spawn(grpc);
         let http = http.map(|listener| {
-            let app = crate::http::router(Arc::clone(&shared));
+            let bound = listener.local_addr().unwrap_or(shared.endpoint);
+            let app = crate::http::router(Arc::clone(&shared), bound);
+            let listener = Guarded::new(listener, limits, refused());
             tokio::spawn(axum::serve(listener, app).with_graceful_shutdown(until_stopped()).into_future())
         });
         shutdown.await;

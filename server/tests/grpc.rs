@@ -16,6 +16,7 @@ use common::http_get;
 
 struct Running {
     client: MessagingServiceClient<Channel>,
+    grpc: std::net::SocketAddr,
     http: std::net::SocketAddr,
     stop: tokio::sync::oneshot::Sender<()>,
     served: tokio::task::JoinHandle<Result<(), delaywheel_server::ServeError>>,
@@ -35,7 +36,7 @@ async fn start_with(dir: &std::path::Path, options: ServeOptions) -> Running {
         let _ = stopped.await;
     }));
     let client = MessagingServiceClient::connect(format!("http://{grpc}")).await.unwrap();
-    Running { client, http, stop, served }
+    Running { client, grpc, http, stop, served }
 }
 
 impl Running {
@@ -349,6 +350,67 @@ async fn after_the_last_attempt_a_message_goes_to_the_dead_letter_topic() {
     assert_eq!(attempt, Some("3"), "the attempt it would have been");
 }
 
+/// The value of property `name` of a stored message.
+fn property_of<'a>(m: &'a delaywheel::ConsumedMessage, name: &str) -> Option<&'a str> {
+    m.properties().iter().find(|(k, _)| k == name).map(|(_, v)| v.as_str())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_leaves_room_for_the_retry_copy() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    // Under the store's limit with the server's own properties, but not with a retry copy's.
+    let mut big = message("Jobs", "big", "big", None);
+    big.user_properties.insert("blob".into(), "x".repeat(delaywheel::MAX_PROPERTIES_LEN - 300));
+    let answer = send(client, vec![big]).await;
+    assert_eq!(code(&answer.status), Code::MessagePropertiesTooLarge);
+    let why = &answer.status.as_ref().unwrap().message;
+    assert!(why.starts_with("user_properties: ") && why.contains("retry copy"), "{why}");
+    // The largest a send takes is received, and comes back as a retry copy.
+    let mut largest = message("Jobs", "largest", "largest", None);
+    let room = delaywheel_server::receive::MAX_SENT_PROPERTIES_LEN - 200;
+    largest.user_properties.insert("blob".into(), "x".repeat(room));
+    let answer = send(client, vec![largest]).await;
+    assert_eq!(code(&answer.entries[0].status), Code::Ok);
+    heartbeat(client, "G").await;
+    for attempt in 1..=2 {
+        let (got, status) =
+            receive(client, "G", "Jobs", Duration::from_secs(1), Duration::from_secs(5)).await;
+        assert_eq!(code(&Some(status)), Code::Ok, "attempt {attempt}");
+        assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["largest"], "attempt {attempt}");
+        assert_eq!(got[0].user_properties["blob"].len(), room);
+    }
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_with_no_room_for_its_retry_copy_is_dead_lettered_not_a_poison() {
+    let dir = tempfile::tempdir().unwrap();
+    // Stored by other means than a send (the library), at the store's own limit.
+    let store = Store::open(store_config(dir.path()).with_queues_per_topic(2)).unwrap();
+    let blob = "x".repeat(delaywheel::MAX_PROPERTIES_LEN - 4 - "blob".len());
+    store.put(delaywheel::Message::new("Jobs", "huge").queue_id(0).property("blob", blob)).unwrap();
+    for n in 0..3 {
+        store.put(delaywheel::Message::new("Jobs", format!("good {n}")).queue_id(0)).unwrap();
+    }
+    store.close().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    heartbeat(client, "G").await;
+    let (got, status) = receive(client, "G", "Jobs", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(code(&Some(status)), Code::Ok);
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["good 0", "good 1", "good 2"]);
+    server.stop().await;
+    let store = Store::open(store_config(dir.path()).with_queues_per_topic(2)).unwrap();
+    let letters = store.consumer("%DLQ%G", 0).unwrap().poll(10, Duration::from_secs(1)).unwrap();
+    assert_eq!(letters.iter().map(|m| &m.body()[..]).collect::<Vec<_>>(), [&b"huge"[..]]);
+    let reason = property_of(&letters[0], "__DLQ_REASON").unwrap();
+    assert!(reason.contains("no room for a retry copy"), "{reason}");
+    assert_eq!(property_of(&letters[0], "__TOPIC"), Some("Jobs"));
+    assert_eq!(property_of(&letters[0], "blob"), None, "the user properties that did not fit are dropped");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_legacy_delay_level_and_a_dropped_receive() {
     let dir = tempfile::tempdir().unwrap();
@@ -419,5 +481,67 @@ async fn with_credentials_every_call_must_be_signed() {
     let request = receive_request("G", "Orders", Duration::from_secs(1), Duration::from_secs(1));
     let refused = client.receive_message(request).await.unwrap_err();
     assert_eq!(refused.code(), tonic::Code::Unauthenticated);
+    server.stop().await;
+}
+
+/// Whether the server closed `stream` within `within` (a read ends or fails).
+async fn closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    use tokio::io::AsyncReadExt as _;
+    let mut byte = [0u8; 1];
+    match tokio::time::timeout(within, stream.read(&mut byte)).await {
+        Ok(Ok(0) | Err(_)) => true,
+        Ok(Ok(_)) => false, // the server spoke (an HTTP/2 preface): read on
+        Err(_) => false,
+    }
+}
+
+/// Whether the server closed `stream` within `within`, reading past what it says.
+async fn drained_and_closed_within(stream: &mut tokio::net::TcpStream, within: Duration) -> bool {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        if left.is_zero() {
+            return false;
+        }
+        if closed_within(stream, left).await {
+            return true;
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_are_closed_and_capped_live_ones_are_not() {
+    use delaywheel_server::ConnectionLimits;
+    use tokio::io::AsyncWriteExt as _;
+    let dir = tempfile::tempdir().unwrap();
+    let limits = ConnectionLimits { max_connections: 6, idle_timeout: Duration::from_secs(3) };
+    let options = ServeOptions { limits, ..ServeOptions::loopback(HandleKey::from_bytes([3; 32])) };
+    let mut server = start_with(dir.path(), options).await;
+    // The test's client holds one gRPC connection; five silent ones fill the cap.
+    let mut silent = Vec::new();
+    for _ in 0..5 {
+        silent.push(tokio::net::TcpStream::connect(server.grpc).await.unwrap());
+    }
+    let mut half_sent = tokio::net::TcpStream::connect(server.http).await.unwrap();
+    half_sent.write_all(b"GET /healthz HTTP/1.1\r\nHost: x\r\n").await.unwrap();
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let mut over = tokio::net::TcpStream::connect(server.grpc).await.unwrap();
+    assert!(closed_within(&mut over, Duration::from_secs(2)).await, "over the cap: closed at once");
+    // A live client's long poll outlasts the idle timeout: the pings keep it.
+    let client = &mut server.client;
+    heartbeat(client, "G").await;
+    let (got, status) = receive(client, "G", "Idle", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert!(got.is_empty());
+    assert_eq!(code(&Some(status)), Code::MessageNotFound, "the poll ran its course");
+    // By now the silent ones are gone, the half-sent request too.
+    for (n, stream) in silent.iter_mut().enumerate() {
+        assert!(drained_and_closed_within(stream, Duration::from_secs(3)).await, "silent connection {n}");
+    }
+    assert!(drained_and_closed_within(&mut half_sent, Duration::from_secs(3)).await, "half-sent request");
+    // Their places are free again.
+    let mut again = MessagingServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+    let answer = send(&mut again, vec![message("Idle", "after", "after", None)]).await;
+    assert_eq!(code(&answer.status), Code::Ok);
+    drop(again);
     server.stop().await;
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use common::{http, http_get};
+use common::{http, http_get, http_with};
 use delaywheel::{Message, Store};
 use delaywheel_server::{HandleKey, ServeOptions, Server, store_config};
 use serde_json::Value;
@@ -122,5 +122,45 @@ async fn without_allow_cancel_the_mutating_endpoints_refuse() {
     assert!(status.contains("403"), "{status}");
     let (_, found) = http_get(server.http, "/pending").await;
     assert_eq!(json(&found)["timers"][0]["handle"], handle.to_string(), "still pending");
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn other_sites_can_neither_change_nor_read_nor_frame() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(store_config(dir.path())).unwrap();
+    let timer = store.put(Message::new("orders", "m").deliver_at_ms(now_ms() + 3_600_000)).unwrap();
+    let handle = timer.handle().unwrap();
+    let server = serve(store, true).await;
+    let addr = server.http;
+    let cancel = format!("/timers/{handle}/cancel");
+    let reschedule = format!("/timers/{handle}/reschedule");
+    // A form posted by another site's page.
+    let form = format!(
+        "Host: {addr}\r\nOrigin: http://evil.example\r\nContent-Type: application/x-www-form-urlencoded\r\n"
+    );
+    let (head, _) = http_with(addr, "POST", &cancel, &form, "").await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    // A "simple" cross-site request whose text/plain body is JSON, without an Origin.
+    let plain = format!("Host: {addr}\r\nContent-Type: text/plain\r\n");
+    let (head, _) = http_with(addr, "POST", &reschedule, &plain, r#"{"deliver_at_ms": 1}"#).await;
+    assert!(head.starts_with("HTTP/1.1 415"), "{head}");
+    let cross = format!("Host: {addr}\r\nSec-Fetch-Site: cross-site\r\nContent-Type: application/json\r\n");
+    let (head, _) = http_with(addr, "POST", &cancel, &cross, "").await;
+    assert!(head.starts_with("HTTP/1.1 403"), "{head}");
+    // DNS rebinding: the browser sends the attacker's name as the Host.
+    let rebound = "Host: evil.example:8080\r\n";
+    let (head, _) = http_with(addr, "GET", "/pending", rebound, "").await;
+    assert!(head.starts_with("HTTP/1.1 421"), "{head}");
+    let (_, found) = http_get(addr, "/pending").await;
+    assert_eq!(json(&found)["timers"][0]["handle"], handle.to_string(), "still pending");
+    assert_eq!(json(&found)["timers"][0]["deliver_at_ms"], timer.deliver_at_ms().unwrap(), "not rescheduled");
+    // The page cannot be framed.
+    let (head, _) = http_with(addr, "GET", "/", &format!("Host: {addr}\r\n"), "").await;
+    assert!(head.to_ascii_lowercase().contains("content-security-policy: frame-ancestors 'none'"), "{head}");
+    // The same requests from the page itself still work.
+    let own = format!("Host: {addr}\r\nOrigin: http://{addr}\r\nContent-Type: application/json\r\n");
+    let (head, body) = http_with(addr, "POST", &cancel, &own, "").await;
+    assert!(head.starts_with("HTTP/1.1 200"), "{head}: {body}");
     server.stop().await;
 }
