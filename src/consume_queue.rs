@@ -11,6 +11,7 @@ use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, RwLock};
+use std::task::Waker;
 
 use crossbeam_channel::{Receiver, Sender, TrySendError};
 
@@ -42,6 +43,8 @@ pub(crate) struct ConsumeQueue {
     len: AtomicU64,
     flushed: Mutex<u64>,
     waiters: Mutex<Vec<Sender<()>>>,
+    /// Tasks of async callers waiting for an append (see [`QueueWatch`](crate::QueueWatch)).
+    wakers: Mutex<Vec<Waker>>,
 }
 
 impl ConsumeQueue {
@@ -57,6 +60,7 @@ impl ConsumeQueue {
             len: AtomicU64::new(0),
             flushed: Mutex::new(0),
             waiters: Mutex::new(Vec::new()),
+            wakers: Mutex::new(Vec::new()),
         }
     }
 
@@ -299,6 +303,17 @@ impl ConsumeQueue {
     pub fn notify(&self) {
         let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
         waiters.retain(|w| !matches!(w.try_send(()), Err(TrySendError::Disconnected(()))));
+        drop(waiters);
+        let woken = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        woken.into_iter().for_each(Waker::wake);
+    }
+
+    /// Wakes the task of `waker` at the next append (once).
+    pub fn wake_on_append(&self, waker: &Waker) {
+        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        if !wakers.iter().any(|w| w.will_wake(waker)) {
+            wakers.push(waker.clone());
+        }
     }
 
     /// A receiver that gets a token whenever entries are appended.

@@ -396,6 +396,33 @@ impl Consumer {
     pub fn queue_id(&self) -> u32 {
         self.queue.queue_id()
     }
+
+    /// A watch on this consumer's queue, for a caller that waits without a
+    /// thread (an async long poll) while the consumer itself is elsewhere.
+    pub fn watch(&self) -> QueueWatch {
+        QueueWatch { queue: Arc::clone(&self.queue) }
+    }
+}
+
+/// Tells a caller without the [`Consumer`] when its queue grows: an async
+/// task registers its waker, and the next append wakes it. No thread waits.
+#[derive(Clone)]
+pub struct QueueWatch {
+    queue: Arc<ConsumeQueue>,
+}
+
+impl QueueWatch {
+    /// Entries in the queue now (a consumer's position runs up to this).
+    pub fn entries(&self) -> u64 {
+        self.queue.len()
+    }
+
+    /// Wakes `waker`'s task once, at the next append. Look at
+    /// [`entries`](Self::entries) after registering, so that an append in
+    /// between is not missed.
+    pub fn wake_on_append(&self, waker: &std::task::Waker) {
+        self.queue.wake_on_append(waker);
+    }
 }
 
 /// The error for consume-queue entry `entry`, at queue position `index`, that

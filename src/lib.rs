@@ -70,7 +70,7 @@ pub use buckets::SCHEDULE_TOPIC;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commitlog::RecoveryReport;
 pub use config::{Config, FlushMode, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
-pub use consumer::{Consumer, poll_any};
+pub use consumer::{Consumer, QueueWatch, poll_any};
 pub use error::{CorruptionKind, Error, Result};
 pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,

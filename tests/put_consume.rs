@@ -51,6 +51,43 @@ fn poll_wakes_when_a_message_arrives() {
     assert!(consumer.poll(1, Duration::from_millis(50)).unwrap().is_empty(), "nothing more to read");
 }
 
+/// A waker that counts its wakes.
+struct Counting(std::sync::atomic::AtomicUsize);
+
+impl std::task::Wake for Counting {
+    fn wake(self: std::sync::Arc<Self>) {
+        self.0.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }
+}
+
+#[test]
+fn a_queue_watch_wakes_a_task_at_the_next_append() {
+    use std::sync::Arc;
+    use std::sync::atomic::Ordering;
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
+    let consumer = store.consumer("T", 0).unwrap();
+    let watch = consumer.watch();
+    assert_eq!(watch.entries(), 0);
+    let counted = Arc::new(Counting(Default::default()));
+    let waker = std::task::Waker::from(Arc::clone(&counted));
+    watch.wake_on_append(&waker);
+    watch.wake_on_append(&waker); // the same task registers once
+    store.put(Message::new("T", "first")).unwrap();
+    let started = Instant::now();
+    while counted.0.load(Ordering::SeqCst) == 0 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(counted.0.load(Ordering::SeqCst), 1, "woken once");
+    assert_eq!(watch.entries(), 1);
+    // Woken once per registration: the next append wakes nobody.
+    store.put(Message::new("T", "second")).unwrap();
+    while watch.entries() < 2 && started.elapsed() < Duration::from_secs(10) {
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    assert_eq!(counted.0.load(Ordering::SeqCst), 1);
+}
+
 #[test]
 fn keys_keep_their_queue_and_queues_keep_order() {
     let dir = tempfile::tempdir().unwrap();
