@@ -14,6 +14,11 @@
 //!    receive of the group polls while this one waits for the disk;
 //! 3. answers, with a receipt handle naming the invisibility timer.
 //!
+//! A receive that finds nothing waits without a thread: on watches of the
+//! group's queues ([`QueueWatch`]), its deadline and the server's stop, and
+//! it ends with its client (the service drops it). One receive hands out at
+//! most [`MAX_RECEIVE_BYTES`] of bodies; the rest waits for the next.
+//!
 //! An ack cancels the timer; `ChangeInvisibleDuration` reschedules it; if
 //! neither comes in time, the timer fires and the copy appears in the retry
 //! queue, which a receive reads first, as attempt + 1. Every step is the
@@ -27,12 +32,14 @@
 //! have been).
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::future::Future;
 use std::sync::{Arc, Mutex};
+use std::task::Poll;
 use std::time::{Duration, Instant};
 
 use delaywheel::{
-    Clock, ConsumedMessage, Consumer, Handle, Message as StoreMessage, Store, SystemClock, poll_any,
+    Clock, ConsumedMessage, Consumer, Handle, Message as StoreMessage, QueueWatch, Store, SystemClock,
+    poll_any,
 };
 
 use crate::proto::Code;
@@ -44,9 +51,12 @@ pub const RETRY_PREFIX: &str = "%RETRY%";
 pub const DLQ_PREFIX: &str = "%DLQ%";
 /// Hand-outs of one message before it goes to the dead-letter topic (RocketMQ's default).
 pub const MAX_DELIVERY_ATTEMPTS: u32 = 16;
-/// How long one wait of a long poll lasts: between two, other receivers of
-/// the group take their turn, and a server that is stopping is noticed.
-const WAIT_SLICE: Duration = Duration::from_millis(250);
+/// Most body bytes one receive hands out (a larger message still goes, alone):
+/// what an answer holds in memory until the client reads it.
+pub const MAX_RECEIVE_BYTES: usize = 4 << 20;
+/// A group's readers of a topic unused this long are dropped (their
+/// positions are committed; a later receive makes them again).
+const IDLE_READERS: Duration = Duration::from_secs(300);
 
 /// What a retry copy remembers of the message it copies.
 mod property {
@@ -236,15 +246,56 @@ fn fits(message: &StoreMessage) -> bool {
     message.properties_len() <= delaywheel::MAX_PROPERTIES_LEN
 }
 
-/// A group's consumers of one topic: its retry queue's first, then the topic's queues.
-type Readers = Arc<Mutex<Vec<Consumer>>>;
+/// A group's readers of one topic: its consumers (the retry queue's first,
+/// then the topic's queues) behind the group's lock, and watches on their
+/// queues that a waiting receive uses without the lock.
+pub(crate) struct Readers {
+    consumers: Mutex<Vec<Consumer>>,
+    watches: Vec<QueueWatch>,
+    last_used: Mutex<Instant>,
+}
+
+impl Readers {
+    fn new(consumers: Vec<Consumer>) -> Self {
+        let watches = consumers.iter().map(Consumer::watch).collect();
+        Self { consumers: Mutex::new(consumers), watches, last_used: Mutex::new(Instant::now()) }
+    }
+
+    fn touch(&self) {
+        *self.last_used.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    fn idle_for(&self) -> Duration {
+        self.last_used.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
+    }
+
+    /// How many entries each queue has now: [`grown`](Self::grown) waits for more.
+    pub fn seen(&self) -> Vec<u64> {
+        self.watches.iter().map(QueueWatch::entries).collect()
+    }
+
+    /// Completes once some queue has more entries than `seen` says.
+    pub fn grown<'a>(&'a self, seen: &'a [u64]) -> impl Future<Output = ()> + 'a {
+        std::future::poll_fn(move |cx| {
+            let more = || self.watches.iter().zip(seen).any(|(w, &seen)| w.entries() > seen);
+            if more() {
+                return Poll::Ready(());
+            }
+            self.watches.iter().for_each(|w| w.wake_on_append(cx.waker()));
+            // An append between the look and the registration woke nobody.
+            if more() { Poll::Ready(()) } else { Poll::Pending }
+        })
+    }
+}
 
 /// The consumer groups this server knows, and their readers.
 pub struct Groups {
     max_delivery_attempts: u32,
+    /// See [`IDLE_READERS`].
+    idle_readers: Duration,
     /// Groups a client declared (by its settings or a heartbeat) or received for.
     known: Mutex<HashSet<String>>,
-    readers: Mutex<HashMap<(String, String), Readers>>,
+    readers: Mutex<HashMap<(String, String), Arc<Readers>>>,
 }
 
 /// How far one group is behind on one queue.
@@ -259,7 +310,12 @@ impl Groups {
     /// No groups yet; a message handed out `max_delivery_attempts` times
     /// goes to the dead-letter topic instead of coming back again.
     pub(crate) fn new(max_delivery_attempts: u32) -> Self {
-        Self { max_delivery_attempts, known: Mutex::default(), readers: Mutex::default() }
+        Self {
+            max_delivery_attempts,
+            idle_readers: IDLE_READERS,
+            known: Mutex::default(),
+            readers: Mutex::default(),
+        }
     }
 
     pub(crate) fn max_delivery_attempts(&self) -> u32 {
@@ -286,66 +342,60 @@ impl Groups {
         Err(Refusal::field(Code::ConsumerGroupNotFound, field, why))
     }
 
-    fn readers(&self, store: &Store, group: &str, topic: &str) -> Result<Readers, Refusal> {
-        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
-        let key = (group.to_string(), topic.to_string());
-        if let Some(found) = readers.get(&key) {
-            return Ok(Arc::clone(found));
-        }
-        let retry = retry_topic(group, topic);
-        let mut consumers = vec![store.consumer_in_group(group, &retry, 0)?];
-        for queue in 0..store.queues_per_topic() {
-            consumers.push(store.consumer_in_group(group, topic, queue)?);
-        }
-        let made = Arc::new(Mutex::new(consumers));
-        readers.insert(key, Arc::clone(&made));
-        Ok(made)
-    }
-
-    /// Up to `request.max` messages for the group, the retry queue's first,
-    /// waiting up to `request.wait` for the first; each made invisible as
-    /// the module says. Returns early, with what it has, once `stopping` is set.
-    pub(crate) fn receive(
-        &self,
-        store: &Store,
-        stopping: &AtomicBool,
-        request: &Request,
-    ) -> Result<Vec<Received>, Refusal> {
+    /// The readers of `request`'s group and topic, made on first use. Those
+    /// of other pairs unused for [`IDLE_READERS`] are dropped meanwhile.
+    pub(crate) fn readers(&self, store: &Store, request: &Request) -> Result<Arc<Readers>, Refusal> {
         let retry = retry_topic(&request.group, &request.topic);
         delaywheel::validate_topic(&retry).map_err(|_| {
             let why = "with the topic, too long for the retry topic's name";
             Refusal::field(Code::IllegalConsumerGroup, "group.name", why)
         })?;
-        let readers = self.readers(store, &request.group, &request.topic)?;
-        let deadline = Instant::now() + request.wait;
-        loop {
-            let left = deadline.saturating_duration_since(Instant::now());
-            let mut consumers = readers.lock().unwrap_or_else(|e| e.into_inner());
-            let received = self.take(store, &mut consumers, request, left.min(WAIT_SLICE))?;
-            drop(consumers);
-            if !received.is_empty() {
-                // Outside the group's lock, so the next receive polls meanwhile. Once this
-                // returns, the messages are the timers' to bring back, never the queues'.
-                store.sync_offsets()?;
-                return Ok(received);
-            }
-            if left <= WAIT_SLICE || stopping.load(Ordering::Acquire) {
-                return Ok(received);
-            }
+        let mut readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        let key = (request.group.clone(), request.topic.clone());
+        if let Some(found) = readers.get(&key) {
+            found.touch();
+            return Ok(Arc::clone(found));
         }
+        // Nobody else holds an idle pair's readers: no receive is under way on them.
+        readers.retain(|_, r| Arc::strong_count(r) > 1 || r.idle_for() < self.idle_readers);
+        let mut consumers = vec![store.consumer_in_group(&request.group, &retry, 0)?];
+        for queue in 0..store.queues_per_topic() {
+            consumers.push(store.consumer_in_group(&request.group, &request.topic, queue)?);
+        }
+        let made = Arc::new(Readers::new(consumers));
+        readers.insert(key, Arc::clone(&made));
+        Ok(made)
     }
 
-    /// One wait of a receive: polls, puts the invisibility timers, commits
-    /// the positions (in memory: the caller makes them durable).
+    /// Up to `request.max` messages for the group from `readers` (the retry
+    /// queue's first) without waiting, each made invisible as the module
+    /// says; with them, how many entries each queue had before the look, for
+    /// [`Readers::grown`]. The positions are committed in memory: the caller
+    /// makes them durable ([`Store::sync_offsets`]) before it answers.
+    pub(crate) fn take_now(
+        &self,
+        store: &Store,
+        readers: &Readers,
+        request: &Request,
+    ) -> Result<(Vec<Received>, Vec<u64>), Refusal> {
+        readers.touch();
+        let seen = readers.seen();
+        let mut consumers = readers.consumers.lock().unwrap_or_else(|e| e.into_inner());
+        let received = self.take(store, &mut consumers, request)?;
+        Ok((received, seen))
+    }
+
+    /// One look: polls, puts the invisibility timers, commits the positions
+    /// (in memory: the caller makes them durable).
     fn take(
         &self,
         store: &Store,
         consumers: &mut [Consumer],
         request: &Request,
-        wait: Duration,
     ) -> Result<Vec<Received>, Refusal> {
         let before: Vec<u64> = consumers.iter().map(Consumer::position).collect();
-        let polled = poll_any(consumers, request.max, wait)?;
+        let polled = poll_any(consumers, request.max, Duration::ZERO)?;
+        let polled = within_budget(consumers, polled);
         if polled.is_empty() {
             return Ok(Vec::new());
         }
@@ -406,9 +456,9 @@ impl Groups {
             readers.iter().map(|(key, r)| (key.clone(), Arc::clone(r))).collect()
         };
         let mut lags = Vec::new();
-        for ((group, _), consumers) in readers {
-            // Waits at most one wait slice of a receive.
-            for consumer in consumers.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        for ((group, _), readers) in readers {
+            // Waits at most one look of a receive.
+            for consumer in readers.consumers.lock().unwrap_or_else(|e| e.into_inner()).iter() {
                 lags.push(Lag {
                     group: group.clone(),
                     topic: consumer.topic().to_string(),
@@ -422,6 +472,27 @@ impl Groups {
     }
 }
 
+/// The first messages of `polled` whose bodies add up to at most
+/// [`MAX_RECEIVE_BYTES`] (at least one); each consumer that read past them
+/// moves back to its first message left, which the next receive reads.
+fn within_budget(consumers: &mut [Consumer], mut polled: Vec<ConsumedMessage>) -> Vec<ConsumedMessage> {
+    let mut bytes = 0;
+    let over = polled.iter().position(|m| {
+        bytes += m.body().len();
+        bytes > MAX_RECEIVE_BYTES
+    });
+    let Some(keep) = over.map(|at| at.max(1)) else { return polled };
+    for left in polled.drain(keep..) {
+        let reader =
+            consumers.iter_mut().find(|c| c.topic() == left.topic() && c.queue_id() == left.queue_id());
+        // A consumer's messages come in its queue's order: its first left is its lowest.
+        if let Some(reader) = reader.filter(|c| c.position() > left.queue_offset()) {
+            reader.seek(left.queue_offset());
+        }
+    }
+    polled
+}
+
 /// A group name: the topics' alphabet without `|` (it separates group and
 /// topic in the retry topic's name), and not starting with `%`.
 pub(crate) fn check_group(group: &str, field: &str) -> Result<(), Refusal> {
@@ -433,4 +504,37 @@ pub(crate) fn check_group(group: &str, field: &str) -> Result<(), Refusal> {
         return bad(format!("{group:?}: a group has no | and does not start with %"));
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn request(group: &str, topic: &str) -> Request {
+        Request {
+            group: group.into(),
+            topic: topic.into(),
+            max: 32,
+            invisible: Duration::from_secs(30),
+            wait: Duration::ZERO,
+            filter: Filter::All,
+        }
+    }
+
+    #[test]
+    fn idle_readers_are_dropped_busy_ones_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(delaywheel::Config::new(dir.path()).with_queues_per_topic(2)).unwrap();
+        let groups = Groups { idle_readers: Duration::ZERO, ..Groups::new(MAX_DELIVERY_ATTEMPTS) };
+        let busy = groups.readers(&store, &request("G0", "T")).unwrap();
+        for n in 1..100 {
+            groups.readers(&store, &request(&format!("G{n}"), "T")).unwrap();
+        }
+        let count = || groups.readers.lock().unwrap().len();
+        assert_eq!(count(), 2, "the last one made and the one a receive holds");
+        drop(busy);
+        groups.readers(&store, &request("G100", "T")).unwrap();
+        assert_eq!(count(), 1);
+        store.close().unwrap();
+    }
 }

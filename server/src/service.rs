@@ -141,13 +141,9 @@ impl MessagingService for Service {
                 content: Some(receive_message_response::Content::Status(refusal.status())),
             }],
             Ok(receive) => {
-                let invisible = receive.invisible;
-                let received = self
-                    .blocking(move |shared| {
-                        (shared.groups.receive(&shared.store, &shared.stopping, &receive), receive)
-                    })
-                    .await?;
-                self.receive_answers(received.0, &received.1, invisible)
+                let receive = Arc::new(receive);
+                let received = self.receive(&receive).await?;
+                self.receive_answers(received, &receive, receive.invisible)
             }
         };
         Ok(Response::new(Box::pin(tokio_stream::iter(answers.into_iter().map(Ok)))))
@@ -269,6 +265,44 @@ impl MessagingService for Service {
 }
 
 impl Service {
+    /// A receive's long poll: looks (on the blocking pool, briefly), and
+    /// between looks waits here, on the group's queues, its deadline and the
+    /// server's stop. Dropped with its client, it stops where it is.
+    async fn receive(
+        &self,
+        request: &Arc<ReceiveRequest>,
+    ) -> Result<Result<Vec<Received>, Refusal>, GrpcStatus> {
+        let deadline = tokio::time::Instant::now() + request.wait;
+        let mut stop = self.shared.stop_signal();
+        let asked = Arc::clone(request);
+        let readers = match self.blocking(move |shared| shared.groups.readers(&shared.store, &asked)).await? {
+            Ok(readers) => readers,
+            Err(refusal) => return Ok(Err(refusal)),
+        };
+        loop {
+            let (asked, looked_at) = (Arc::clone(request), Arc::clone(&readers));
+            let taken =
+                self.blocking(move |shared| shared.groups.take_now(&shared.store, &looked_at, &asked));
+            let (received, seen) = match taken.await? {
+                Ok(taken) => taken,
+                Err(refusal) => return Ok(Err(refusal)),
+            };
+            if !received.is_empty() {
+                // Once this returns, the messages are the timers' to bring back, never the queues'.
+                let synced = self.blocking(|shared| shared.store.sync_offsets()).await?;
+                return Ok(synced.map(|()| received).map_err(Refusal::from));
+            }
+            if tokio::time::Instant::now() >= deadline || *stop.borrow() {
+                return Ok(Ok(received));
+            }
+            tokio::select! {
+                () = readers.grown(&seen) => {}
+                () = tokio::time::sleep_until(deadline) => {}
+                _ = stop.wait_for(|stopping| *stopping) => {}
+            }
+        }
+    }
+
     fn receive_request(&self, request: &ReceiveMessageRequest) -> Result<ReceiveRequest, Refusal> {
         let group = topic_of(&request.group).to_string();
         check_group(&group, "group.name")?;

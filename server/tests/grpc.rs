@@ -545,3 +545,89 @@ async fn silent_connections_are_closed_and_capped_live_ones_are_not() {
     drop(again);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn long_polls_wait_without_threads_and_end_on_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    heartbeat(&mut server.client, "G").await;
+    let wait = Duration::from_secs(3);
+    // 120 polls of one group over 4 connections (each takes 64 at most).
+    let mut polls = Vec::new();
+    for _ in 0..4 {
+        let client = MessagingServiceClient::connect(format!("http://{}", server.grpc)).await.unwrap();
+        for _ in 0..30 {
+            let mut client = client.clone();
+            polls.push(tokio::spawn(async move {
+                let started = std::time::Instant::now();
+                let (got, _) = receive(&mut client, "G", "Polled", Duration::from_secs(30), wait).await;
+                (got.iter().map(|m| body(m).to_string()).collect::<Vec<_>>(), started.elapsed())
+            }));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let sent = std::time::Instant::now();
+    let answer = send(&mut server.client, vec![message("Polled", "m1", "one", None)]).await;
+    assert_eq!(code(&answer.status), Code::Ok);
+    assert!(sent.elapsed() < wait, "a send waited {:?} behind the polls", sent.elapsed());
+    let mut got = Vec::new();
+    let mut longest = Duration::ZERO;
+    for poll in polls {
+        let (bodies, took) = poll.await.unwrap();
+        got.extend(bodies);
+        longest = longest.max(took);
+    }
+    assert_eq!(got, ["one"], "the message went to exactly one poll");
+    // Not a timing target: polls that queued on the group's lock took several times their wait.
+    assert!(longest < wait * 2, "a poll of {wait:?} took {longest:?}");
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_poll_whose_client_gave_up_takes_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    heartbeat(client, "G").await;
+    let abandoned = receive(client, "G", "Given", Duration::from_secs(30), Duration::from_secs(20));
+    assert!(
+        tokio::time::timeout(Duration::from_millis(300), abandoned).await.is_err(),
+        "nothing to receive yet"
+    );
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let answer = send(client, vec![message("Given", "m1", "for the next poll", None)]).await;
+    assert_eq!(code(&answer.status), Code::Ok);
+    // The abandoned poll is gone: it did not hand the message to nobody.
+    let (got, _) = receive(client, "G", "Given", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["for the next poll"]);
+    server.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_receive_hands_out_a_bounded_number_of_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    let big = |n: usize| {
+        let mut m = message("Big", &format!("m{n}"), "", None);
+        m.body = vec![b'0' + n as u8; 1536 << 10];
+        m
+    };
+    for n in 0..4 {
+        assert_eq!(code(&send(client, vec![big(n)]).await.status), Code::Ok);
+    }
+    heartbeat(client, "G").await;
+    let mut batches = Vec::new();
+    while batches.iter().map(Vec::len).sum::<usize>() < 4 {
+        let (got, _) = receive(client, "G", "Big", Duration::from_secs(30), Duration::from_secs(5)).await;
+        assert!(!got.is_empty(), "after {batches:?}");
+        let total: usize = got.iter().map(|m| m.body.len()).sum();
+        assert!(total <= delaywheel_server::receive::MAX_RECEIVE_BYTES, "{total} bytes in one receive");
+        batches.push(got.iter().map(|m| m.body[0] - b'0').collect::<Vec<_>>());
+    }
+    assert_eq!(batches.iter().map(Vec::len).collect::<Vec<_>>(), [2, 2], "{batches:?}");
+    let mut all = batches.concat();
+    all.sort();
+    assert_eq!(all, [0, 1, 2, 3], "none twice, none skipped");
+    server.stop().await;
+}
