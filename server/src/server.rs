@@ -6,7 +6,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::path::Path;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use delaywheel::{Config, FlushMode, Store};
@@ -85,7 +85,6 @@ pub(crate) struct Shared {
     /// See [`ServeOptions::allow_cancel`].
     pub allow_cancel: bool,
     /// Set when the server stops: long polls return what they have.
-    pub stopping: AtomicBool,
     stop: watch::Sender<bool>,
     /// The address clients reach the gRPC endpoint at, for routes.
     endpoint: SocketAddr,
@@ -184,7 +183,6 @@ impl Server {
             metrics: Metrics::new(),
             key: options.key,
             allow_cancel: options.allow_cancel,
-            stopping: AtomicBool::new(false),
             stop: watch::channel(false).0,
             endpoint,
             next_queue: AtomicU32::new(0),
@@ -238,7 +236,6 @@ impl Server {
         });
         shutdown.await;
         tracing::info!("stopping: ending long polls and streams, then closing the store");
-        shared.stopping.store(true, Ordering::Release);
         let _ = shared.stop.send(true);
         let grpc = grpc.await.map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?;
         grpc.map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?;
