@@ -67,7 +67,7 @@ fn pending_window(c: &mut Criterion) {
     group.bench_function("by_key", |b| {
         b.iter(|| {
             let key = format!("order-{}", fastrand::u64(0..pending));
-            assert_eq!(store.pending_by_key("bench", &key).expect("by key").len(), 1);
+            assert_eq!(store.pending_by_key("bench", &key, 10).expect("by key").len(), 1);
         })
     });
     group.finish();

@@ -142,7 +142,12 @@ fn the_bucket_scheduler_says_it_cannot_list() {
 
 /// The keys of the timers `pending_by_key` answers, with their deliver times.
 fn by_key(store: &Store, topic: &str, key: &str) -> Vec<(delaywheel::Handle, u64)> {
-    store.pending_by_key(topic, key).unwrap().iter().map(|p| (p.handle, p.deliver_at_ms)).collect()
+    store
+        .pending_by_key(topic, key, usize::MAX)
+        .unwrap()
+        .iter()
+        .map(|p| (p.handle, p.deliver_at_ms))
+        .collect()
 }
 
 #[test]
@@ -168,10 +173,13 @@ fn pending_by_key_answers_a_keys_pending_timers_through_cancel_reschedule_and_fi
         [(soon, T0 + 5_000), (month, T0 + 30 * 24 * HOUR), (decade, T0 + 10 * YEAR)],
         "every level, by deliver time; the same key in another topic is another key"
     );
+    let first_two: Vec<_> =
+        store.pending_by_key("orders", "order-42", 2).unwrap().iter().map(|p| p.handle).collect();
+    assert_eq!(first_two, [soon, month], "a limit answers the soonest");
     assert_eq!(by_key(&store, "payments", "order-42"), [(other_topic, T0 + 5_000)]);
     assert_eq!(by_key(&store, "orders", "order-43"), [(other_key, T0 + 5_000)]);
     assert!(by_key(&store, "orders", "order-44").is_empty());
-    let described = store.pending_by_key("orders", "order-42").unwrap();
+    let described = store.pending_by_key("orders", "order-42", usize::MAX).unwrap();
     assert_eq!(
         (&*described[2].topic, described[2].key.as_deref(), described[2].wheel_level),
         ("orders", Some("order-42"), 2)

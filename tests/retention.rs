@@ -435,10 +435,10 @@ fn the_key_index_follows_retention() {
     assert!(store.stats().retention.segments_deleted > 0);
     assert!(!relocation_index(dir.path()).is_empty());
     for (key, handle) in ["d0", "d1"].into_iter().zip(decades) {
-        let found = store.pending_by_key("T", key).unwrap();
+        let found = store.pending_by_key("T", key, usize::MAX).unwrap();
         assert_eq!(found.iter().map(|p| p.handle).collect::<Vec<_>>(), [handle], "{key}, relocated");
     }
-    assert!(store.pending_by_key("T", "m0").unwrap().is_empty(), "fired");
+    assert!(store.pending_by_key("T", "m0", usize::MAX).unwrap().is_empty(), "fired");
     let left = files();
     assert_eq!(left.len(), 2, "{left:?} of {seen:?}: the first (relocated timers) and the newest stay");
     assert_eq!(left.first(), seen.first());

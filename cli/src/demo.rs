@@ -88,7 +88,8 @@ pub fn run(args: DemoArgs) -> Result<(), Failure> {
             consumer.commit();
         }
         if last_line.elapsed() >= Duration::from_millis(500) {
-            let pending = store.stats().pending;
+            // Fresh: a second-old count beside a live one could add up past the total.
+            let pending = store.fresh_stats()?.pending;
             let line = format!(
                 "  waiting: {delivered} of {} timers delivered, {pending} pending",
                 orders - cancelled

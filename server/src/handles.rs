@@ -4,11 +4,14 @@
 //!
 //! Both name a store timer (commit-log offset and deliver time) and carry a
 //! 128-bit tag: BLAKE3 in keyed mode, with the server's key, over the kind,
-//! the scope (the topic; for a receipt, the group and the topic) and the
-//! timer. So a client cannot make one up, nor use a receipt as a recall
-//! handle, nor ack for another group. Text forms:
-//! `r1.<offset>.<deliver_at_ms>.<tag hex>.<message id>` and
-//! `a1.<offset>.<deliver_at_ms>.<tag hex>`.
+//! the scope (for a recall handle, the topic and the message id; for a
+//! receipt, the group and the topic) and the timer. So a client cannot make
+//! one up, nor change the message id a recall answers with, nor use a
+//! receipt as a recall handle, nor ack for another group. Text forms:
+//! `r2.<offset>.<deliver_at_ms>.<tag hex>.<message id>` and
+//! `a1.<offset>.<deliver_at_ms>.<tag hex>`. An `r1` handle (of a server
+//! before `r2`, whose tag did not cover the message id) still recalls its
+//! timer, and its message id is not echoed.
 
 use std::io::Write as _;
 use std::path::{Path, PathBuf};
@@ -53,20 +56,26 @@ impl HandleKey {
 
     /// The recall handle of the timed message `handle` on `topic`.
     pub(crate) fn recall_handle(&self, topic: &str, handle: Handle, message_id: &str) -> String {
-        let tag = self.tag("recall", &[topic], handle);
-        format!("r1.{}.{}.{}.{message_id}", handle.offset, handle.deliver_at_ms, hex(&tag))
+        let tag = self.tag("recall", &[topic, message_id], handle);
+        format!("r2.{}.{}.{}.{message_id}", handle.offset, handle.deliver_at_ms, hex(&tag))
     }
 
-    /// The timer a recall handle names, and the message id it carries.
-    /// Errors name what is wrong; a tag that does not match is "not made by this server".
+    /// The timer a recall handle names, and the message id it carries (empty
+    /// for an `r1` handle, whose tag does not vouch for it). Errors name what
+    /// is wrong; a tag that does not match is "not made by this server".
     pub(crate) fn open_recall(&self, topic: &str, text: &str) -> Result<(Handle, String), String> {
         let mut parts = text.splitn(5, '.');
-        if parts.next() != Some("r1") {
-            return Err("not a recall handle of this server (r1.…)".into());
+        let version = parts.next();
+        if !matches!(version, Some("r1" | "r2")) {
+            return Err("not a recall handle of this server (r2.…)".into());
         }
         let (handle, tag) = parse_timer(&mut parts)?;
         let message_id = parts.next().ok_or("no message id")?.to_string();
-        self.check(tag, self.tag("recall", &[topic], handle))?;
+        if version == Some("r1") {
+            self.check(tag, self.tag("recall", &[topic], handle))?;
+            return Ok((handle, String::new()));
+        }
+        self.check(tag, self.tag("recall", &[topic, &message_id], handle))?;
         Ok((handle, message_id))
     }
 
@@ -148,9 +157,11 @@ pub fn load_or_create_key(dir: &Path) -> Result<HandleKey, ServeError> {
 }
 
 fn write_key(path: &PathBuf, key: &[u8; 32]) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt as _;
     use std::os::unix::fs::OpenOptionsExt as _;
     let parent = path.parent().expect("the key file is inside the store's directory");
-    std::fs::create_dir_all(parent)?;
+    // Only the store's owner may read the key (a store directory made by the store is 0700 too).
+    std::fs::DirBuilder::new().recursive(true).mode(0o700).create(parent)?;
     let tmp = path.with_extension("tmp");
     let mut file =
         std::fs::OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(&tmp)?;
@@ -176,6 +187,18 @@ mod tests {
         // A receipt is not a recall handle, even with the same timer and scope.
         let receipt = key.receipt_handle("g", "Orders", TIMER);
         assert!(key.open_recall("Orders", &receipt).is_err());
+        // The message id is the tag's too: a client cannot make the answer name another.
+        let forged = text.replace("id-1.x", "id-2");
+        assert!(key.open_recall("Orders", &forged).unwrap_err().contains("not made by this server"));
+    }
+
+    #[test]
+    fn an_older_servers_recall_handle_recalls_without_its_message_id() {
+        let key = HandleKey([7; 32]);
+        let tag = key.tag("recall", &["Orders"], TIMER);
+        let older = format!("r1.{}.{}.{}.any-id", TIMER.offset, TIMER.deliver_at_ms, hex(&tag));
+        assert_eq!(key.open_recall("Orders", &older).unwrap(), (TIMER, String::new()));
+        assert!(key.open_recall("Other", &older).is_err());
     }
 
     #[test]
@@ -210,6 +233,9 @@ mod tests {
         let first = load_or_create_key(dir.path()).unwrap();
         let again = load_or_create_key(dir.path()).unwrap();
         assert_eq!(first.0, again.0);
+        use std::os::unix::fs::PermissionsExt as _;
+        let mode = std::fs::metadata(dir.path().join("server")).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o700, "only the owner reads the key's directory");
         std::fs::write(dir.path().join(KEY_FILE), b"short").unwrap();
         let err = load_or_create_key(dir.path()).err().unwrap().to_string();
         assert!(err.contains("handle.key") && err.contains("5 bytes, not 32"), "{err}");

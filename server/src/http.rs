@@ -131,7 +131,7 @@ async fn pending(
     // One more than asked tells whether there are more.
     let found = on_store(&shared, move |shared| match asked {
         Asked::Window(window, limit) => shared.store.pending(window, limit + 1),
-        Asked::Key { topic, key, .. } => shared.store.pending_by_key(&topic, &key),
+        Asked::Key { topic, key, limit } => shared.store.pending_by_key(&topic, &key, limit + 1),
     })
     .await;
     let mut timers = match found {

@@ -174,7 +174,7 @@ async fn the_page_charts_the_wheel_and_cancels_a_timer_from_a_click() {
     clock.set_ms(hours + 60_000);
     let store = Store::open(store_config(dir.path()).with_clock(clock.clone())).unwrap();
     assert_eq!(store.cancel(handle).unwrap(), CancelOutcome::Cancelled, "the page's cancel stands");
-    assert!(store.pending_by_key(TOPIC, "order-42").unwrap().is_empty());
+    assert!(store.pending_by_key(TOPIC, "order-42", 10).unwrap().is_empty());
     let mut consumer = store.consumer(TOPIC, 0).unwrap();
     let mut keys = Vec::new();
     let want = (SECONDS * PER_SECOND + 1) as usize;

@@ -144,13 +144,14 @@ impl Store {
         self.scheduler.pending_counts(bounds_ms.to_vec())
     }
 
-    /// The pending timers of the messages put with `topic` and `key`, by
-    /// deliver time: "is the timeout of order-42 still pending?". The key
+    /// The first `limit` pending timers of the messages put with `topic` and
+    /// `key`, by deliver time: "is the timeout of order-42 still pending?". The key
     /// index (`index/keys/`, kept by the dispatcher for every timed message
     /// with a key) names the candidates, each candidate's message is read to
     /// compare its topic and key, and the ticking thread says which of them
     /// are pending, at one instant (as for [`pending`](Self::pending)). A
     /// rescheduled timer is answered with its new time and its unchanged handle.
+    /// Only the timers answered are described (their messages read in full).
     ///
     /// ```
     /// # use delaywheel::{Config, Message, Store};
@@ -158,18 +159,18 @@ impl Store {
     /// let store = Store::open(Config::new(dir.path()))?;
     /// let due = 4_000_000_000_000; // 2096
     /// let r = store.put(Message::new("orders", "cancel if unpaid").key("order-42").deliver_at_ms(due))?;
-    /// let pending = store.pending_by_key("orders", "order-42")?;
+    /// let pending = store.pending_by_key("orders", "order-42", 10)?;
     /// assert_eq!(pending.len(), 1);
     /// assert_eq!(Some(pending[0].handle), r.handle());
     /// store.cancel(r.handle().unwrap())?;
-    /// assert!(store.pending_by_key("orders", "order-42")?.is_empty());
+    /// assert!(store.pending_by_key("orders", "order-42", 10)?.is_empty());
     /// # store.close()?;
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     ///
     /// Errors: as for [`pending`](Self::pending); a candidate whose message
     /// does not check out is left out with a warning.
-    pub fn pending_by_key(&self, topic: &str, key: &str) -> Result<Vec<PendingTimer>> {
+    pub fn pending_by_key(&self, topic: &str, key: &str, limit: usize) -> Result<Vec<PendingTimer>> {
         self.wait_indexed_to(self.log.write_end())?;
         let timers = crate::pending::timers_with_key(&self.log, self.keys.candidates(topic, key), topic, key);
         if timers.is_empty() {
@@ -177,6 +178,7 @@ impl Store {
         }
         let mut entries: Vec<_> = self.scheduler.pending_of(timers)?.into_iter().flatten().collect();
         entries.sort_unstable_by_key(|e| e.timer);
+        entries.truncate(limit);
         Ok(crate::pending::describe(&self.log, entries))
     }
 
