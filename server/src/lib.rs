@@ -22,6 +22,7 @@
 #![warn(missing_docs)]
 
 pub mod auth;
+mod codes;
 mod connections;
 mod error;
 mod handles;

@@ -14,6 +14,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 use crate::auth::Credentials;
+use crate::codes::StandardCodes;
 use crate::connections::{ConnectionLimits, Guarded, keepalive_interval};
 use crate::error::ServeError;
 use crate::handles::HandleKey;
@@ -217,7 +218,7 @@ impl Server {
             Some(credentials) => credentials.check(request.metadata()).map(|()| request),
             None => Ok(request),
         };
-        let service = tonic::service::interceptor::InterceptedService::new(service, signed);
+        let service = tonic::service::interceptor::InterceptedService::new(StandardCodes(service), signed);
         let refused = || shared.metrics.connections_refused.clone();
         let incoming = Guarded::new(grpc, limits, refused());
         let keepalive = keepalive_interval(&limits);

@@ -631,3 +631,15 @@ async fn one_receive_hands_out_a_bounded_number_of_bytes() {
     assert_eq!(all, [0, 1, 2, 3], "none twice, none skipped");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_over_the_size_limit_is_resource_exhausted() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let mut huge = message("Orders", "huge", "", None);
+    huge.body = vec![b'x'; 6 << 20];
+    let request = SendMessageRequest { messages: vec![huge] };
+    let refused = server.client.send_message(request).await.unwrap_err();
+    assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
+    server.stop().await;
+}
