@@ -492,6 +492,11 @@ impl QueueRegistry {
         )
     }
 
+    /// The topics that have a queue (made by a put's indexing or a consumer).
+    pub fn topics(&self) -> Vec<String> {
+        self.queues.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+    }
+
     pub fn all(&self) -> Vec<Arc<ConsumeQueue>> {
         let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
         queues.values().flat_map(|by_id| by_id.values().cloned()).collect()

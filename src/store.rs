@@ -595,6 +595,13 @@ impl Store {
         }
     }
 
+    /// The topics the store has queues for: those of the messages indexed
+    /// into a queue (a timed message's once it fired) and those a consumer
+    /// was made for, in no particular order.
+    pub fn topics(&self) -> Vec<String> {
+        self.queues.topics()
+    }
+
     /// A consumer of `topic`'s queue `queue_id` in the [`DEFAULT_GROUP`]; see
     /// [`consumer_in_group`](Self::consumer_in_group).
     pub fn consumer(&self, topic: &str, queue_id: u32) -> Result<Consumer> {

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use clap::Args;
 use delaywheel::Store;
 use delaywheel_server::{
-    ConnectionLimits, Credentials, ServeOptions, Server, load_or_create_key, store_config,
+    ConnectionLimits, Credentials, DEFAULT_MAX_TOPICS, ServeOptions, Server, load_or_create_key, store_config,
 };
 
 use crate::Failure;
@@ -45,6 +45,10 @@ pub struct ServeArgs {
     /// endpoint pings live clients every third of it, and their answers count).
     #[arg(long, default_value_t = 60, value_parser = clap::value_parser!(u64).range(3..=86_400))]
     idle_timeout_secs: u64,
+    /// Topics the store may hold (those it has count, and the retry and
+    /// dead-letter topics receives make); a send or receive past it is refused.
+    #[arg(long, default_value_t = DEFAULT_MAX_TOPICS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
+    max_topics: usize,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Failure> {
@@ -66,6 +70,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             allow_cancel: args.allow_cancel,
             credentials,
             limits: limits(&args),
+            max_topics: args.max_topics,
             ..ServeOptions::loopback(key)
         },
     )

@@ -36,9 +36,11 @@ mod send;
 mod server;
 mod service;
 mod status;
+mod topics;
 
 pub use auth::Credentials;
 pub use connections::ConnectionLimits;
 pub use error::ServeError;
 pub use handles::{HandleKey, load_or_create_key};
 pub use server::{ServeOptions, Server, store_config};
+pub use topics::DEFAULT_MAX_TOPICS;

@@ -27,6 +27,7 @@ use crate::proto::{
 use crate::receive::{Groups, MAX_DELIVERY_ATTEMPTS};
 use crate::service::Service;
 use crate::status::ok;
+use crate::topics::{DEFAULT_MAX_TOPICS, Topics};
 
 /// How long a stop waits for the answers in flight before closing the store anyway.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
@@ -53,6 +54,8 @@ pub struct ServeOptions {
     pub credentials: Option<Credentials>,
     /// What each listener allows: connections at once, and how long one may stay silent.
     pub limits: ConnectionLimits,
+    /// Topics the store may hold; a send or receive that would make more is refused.
+    pub max_topics: usize,
 }
 
 impl ServeOptions {
@@ -67,6 +70,7 @@ impl ServeOptions {
             allow_cancel: false,
             credentials: None,
             limits: ConnectionLimits::defaults(),
+            max_topics: DEFAULT_MAX_TOPICS,
         }
     }
 }
@@ -81,6 +85,7 @@ pub fn store_config(dir: &Path) -> Config {
 pub(crate) struct Shared {
     pub store: Store,
     pub groups: Groups,
+    pub topics: Topics,
     pub metrics: Metrics,
     pub key: HandleKey,
     /// See [`ServeOptions::allow_cancel`].
@@ -178,7 +183,9 @@ impl Server {
         };
         let endpoint =
             grpc.local_addr().map_err(|source| ServeError::Bind { addr: options.listen, source })?;
+        let topics = Topics::new(&store, options.max_topics);
         let shared = Arc::new(Shared {
+            topics,
             store,
             groups: Groups::new(options.max_delivery_attempts),
             metrics: Metrics::new(),

@@ -275,7 +275,16 @@ impl Service {
         let deadline = tokio::time::Instant::now() + request.wait;
         let mut stop = self.shared.stop_signal();
         let asked = Arc::clone(request);
-        let readers = match self.blocking(move |shared| shared.groups.readers(&shared.store, &asked)).await? {
+        let readers = self.blocking(move |shared| {
+            let made = [
+                asked.topic.clone(),
+                crate::receive::retry_topic(&asked.group, &asked.topic),
+                format!("{}{}", crate::receive::DLQ_PREFIX, asked.group),
+            ];
+            shared.topics.admit(made.iter().map(String::as_str), "message_queue.topic.name")?;
+            shared.groups.readers(&shared.store, &asked)
+        });
+        let readers = match readers.await? {
             Ok(readers) => readers,
             Err(refusal) => return Ok(Err(refusal)),
         };
@@ -471,6 +480,10 @@ impl Shared {
         }
         if outgoing.is_empty() {
             let refusal = Refusal::field(Code::BadRequest, "messages", "empty");
+            return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
+        }
+        if let Err(refusal) = self.topics.admit(outgoing.iter().map(|o| o.topic.as_str()), "topic.name") {
+            self.metrics.send_refusals.increment(outgoing.len() as u64);
             return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
         }
         let ids: Vec<_> = outgoing.iter().map(|o| (o.message_id.clone(), o.topic.clone(), o.timed)).collect();

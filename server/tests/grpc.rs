@@ -643,3 +643,25 @@ async fn a_request_over_the_size_limit_is_resource_exhausted() {
     assert_eq!(refused.code(), tonic::Code::ResourceExhausted, "{refused:?}");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn new_topics_past_the_cap_are_refused_whole() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ServeOptions { max_topics: 4, ..ServeOptions::loopback(HandleKey::from_bytes([3; 32])) };
+    let mut server = start_with(dir.path(), options).await;
+    let client = &mut server.client;
+    let to = |topic: &str| message(topic, &format!("to-{topic}"), "b", None);
+    assert_eq!(code(&send(client, vec![to("T1"), to("T2")]).await.status), Code::Ok);
+    let answer = send(client, vec![to("T1"), to("T3"), to("T4"), to("T5")]).await;
+    assert_eq!(code(&answer.status), Code::Forbidden);
+    let why = &answer.status.as_ref().unwrap().message;
+    assert!(why.starts_with("topic.name: 3 new topic(s)") && why.contains("cap of 4"), "{why}");
+    // A receive makes its retry and dead-letter topics: two more than T1's.
+    heartbeat(client, "G").await;
+    let (got, status) = receive(client, "G", "T1", Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert_eq!(code(&Some(status)), Code::Ok);
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["b"], "nothing of the refused request was stored");
+    let (_, status) = receive(client, "G", "T2", Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert_eq!(code(&Some(status)), Code::Forbidden);
+    server.stop().await;
+}
