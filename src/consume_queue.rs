@@ -6,6 +6,8 @@
 //! index of their first entry, under `consumequeue/<topic>/<queue id>/`.
 //! The dispatcher is the only writer. A consume queue is an index: recovery
 //! cuts it back to what the checkpoint vouches for and replays the commit log.
+//! Files are made at full length but reserved as they fill
+//! ([`Mapped::create_growing`]): a queue costs the disk what it holds.
 
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
@@ -109,6 +111,7 @@ impl ConsumeQueue {
                 *slot = Some((file_no, self.next_file(file_no)?));
             }
             let (_, writer) = slot.as_mut().expect("just ensured");
+            writer.reserve_to(at + ENTRY_LEN)?;
             writer.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(index));
             writer.publish(at + ENTRY_LEN);
             self.len.store(index + 1, Ordering::Release);
@@ -193,7 +196,7 @@ impl ConsumeQueue {
         // The new topic and queue directories are made durable in their parents.
         crate::fs::create_dir(&self.dir)?;
         let header = FileHeader::new(CONSUME_QUEUE_MAGIC, self.per_file, file_no * self.per_file).encode();
-        Mapped::create(&self.file_path(file_no), self.file_size(), &header)
+        Mapped::create_growing(&self.file_path(file_no), self.file_size(), &header)
     }
 
     /// The last entry, if the queue has one that reads.
@@ -407,7 +410,7 @@ impl ConsumeQueue {
                 let why = format!("first entry {first} is not a multiple of {}", self.per_file);
                 return Err(Error::corruption(&path, 0, CorruptionKind::BadReference(why)));
             }
-            let writer = Mapped::open(&path, self.file_size())?;
+            let writer = Mapped::open_growing(&path, self.file_size())?;
             check_file_header(
                 &path,
                 writer.view(0, FILE_HEADER_LEN),

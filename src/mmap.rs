@@ -20,7 +20,10 @@
 //! such views live (recovery only rewrites bytes past the recovered end, which a
 //! clean close never leaves behind). Space is reserved with `fallocate`
 //! before a file is mapped, so a full disk is an error at creation, never a
-//! `SIGBUS` on a later write.
+//! `SIGBUS` on a later write. A *growing* file ([`Mapped::create_growing`]:
+//! a consume queue's, which may never hold more than a few entries) is
+//! reserved in steps instead: its writer reserves each stretch before it
+//! writes there ([`MapWriter::reserve_to`]), and asserts so on every write.
 #![allow(unsafe_code)]
 
 use std::fs::File;
@@ -44,6 +47,9 @@ pub(crate) struct Mapped {
     published: AtomicUsize,
     /// Pages below this position have been faulted in writable.
     prefaulted: AtomicUsize,
+    /// Bytes below this position have disk space reserved: the whole file,
+    /// except for a growing one. Nothing is written or faulted in past it.
+    reserved: AtomicUsize,
 }
 
 /// The one writer of a [`Mapped`] file.
@@ -60,10 +66,24 @@ pub(crate) const PREFAULT_CHUNK: usize = 2 << 20;
 /// the call is refused by the kernel and changes nothing.
 pub(crate) const PAGE: usize = 4096;
 
+/// The least a growing file reserves at a time.
+pub(crate) const GROWTH_MIN: usize = 64 << 10;
+
 impl Mapped {
     /// Creates `path` with `len` bytes reserved on disk, written first under a
     /// temporary name and renamed into place so a crash never leaves a short file.
     pub fn create(path: &Path, len: u64, header: &[u8]) -> Result<MapWriter> {
+        Self::create_reserving(path, len, header, len)
+    }
+
+    /// Creates `path` as [`create`](Self::create) does, `len` bytes long,
+    /// with space reserved for its first [`GROWTH_MIN`] bytes only: the rest
+    /// is reserved as the writer gets there ([`MapWriter::reserve_to`]).
+    pub fn create_growing(path: &Path, len: u64, header: &[u8]) -> Result<MapWriter> {
+        Self::create_reserving(path, len, header, len.min(GROWTH_MIN as u64))
+    }
+
+    fn create_reserving(path: &Path, len: u64, header: &[u8], reserve_len: u64) -> Result<MapWriter> {
         let tmp = path.with_extension("tmp");
         let file = crate::fs::file_options(&tmp)
             .read(true)
@@ -72,34 +92,36 @@ impl Mapped {
             .truncate(true)
             .open(&tmp)
             .map_err(|e| Error::io("create", &tmp, e))?;
-        #[cfg(test)]
-        let reserved = match FAIL_RESERVE.applies_to(path) {
-            true => Err(std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error())),
-            false => reserve(&file, len),
-        };
-        #[cfg(not(test))]
-        let reserved = reserve(&file, len);
+        // The length first: a growing file's unreserved rest is a hole.
+        let sized = file.set_len(len).map_err(|e| Error::io("set the length of", &tmp, e));
+        let reserved = sized.and_then(|()| reserve(&file, path, 0, reserve_len));
         if let Err(e) = reserved {
             // A half-made file would only confuse the next open.
             let _ = std::fs::remove_file(&tmp);
-            if crate::fs::is_no_space(&e) {
-                let dir = path.parent().unwrap_or(path).to_path_buf();
-                let available = crate::fs::available_bytes(&dir).unwrap_or(0);
-                return Err(Error::DiskFull { dir, needed: len, available });
-            }
-            return Err(Error::io("reserve space for", &tmp, e));
+            return Err(e);
         }
         write_all_at(&file, header, 0).map_err(|e| Error::io("write header of", &tmp, e))?;
         crate::fs::sync_all(&file, &tmp)?;
         crate::fs::rename(&tmp, path)?;
         sync_parent_dir(path)?;
-        let writer = Self::map(path.to_path_buf(), file)?;
+        let writer = Self::map(path.to_path_buf(), file, reserve_len as usize)?;
         writer.shared.published.store(header.len(), Ordering::Release);
         Ok(writer)
     }
 
     /// Opens an existing file that must be exactly `len` bytes long.
     pub fn open(path: &Path, len: u64) -> Result<MapWriter> {
+        Self::open_reserved(path, len, len as usize)
+    }
+
+    /// Opens an existing growing file (see [`create_growing`](Self::create_growing)):
+    /// what is reserved past its entries is not known, so its writer
+    /// reserves again from the start (`fallocate` of reserved space is cheap).
+    pub fn open_growing(path: &Path, len: u64) -> Result<MapWriter> {
+        Self::open_reserved(path, len, 0)
+    }
+
+    fn open_reserved(path: &Path, len: u64, reserved: usize) -> Result<MapWriter> {
         let file = crate::fs::file_options(path)
             .read(true)
             .write(true)
@@ -109,15 +131,24 @@ impl Mapped {
         if found != len {
             return Err(Error::corruption(path, 0, CorruptionKind::WrongSize { expected: len, found }));
         }
-        Self::map(path.to_path_buf(), file)
+        Self::map(path.to_path_buf(), file, reserved)
     }
 
-    fn map(path: PathBuf, file: File) -> Result<MapWriter> {
+    fn map(path: PathBuf, file: File, reserved: usize) -> Result<MapWriter> {
         let map = MmapOptions::new().map_raw(&file).map_err(|e| Error::io("mmap", &path, e))?;
         drop(file);
-        let shared =
-            Arc::new(Mapped { path, map, published: AtomicUsize::new(0), prefaulted: AtomicUsize::new(0) });
+        let shared = Arc::new(Mapped {
+            path,
+            map,
+            published: AtomicUsize::new(0),
+            prefaulted: AtomicUsize::new(0),
+            reserved: AtomicUsize::new(reserved),
+        });
         Ok(MapWriter { shared })
+    }
+
+    fn reserved(&self) -> usize {
+        self.reserved.load(Ordering::Acquire)
     }
 
     pub fn path(&self) -> &Path {
@@ -162,7 +193,8 @@ impl Mapped {
     /// writes. Without `MADV_POPULATE_WRITE` (old kernels) pages just fault on
     /// first write as usual.
     pub fn prefault_to(&self, end: usize) {
-        let end = end.min(self.map.len());
+        // Faulting in a hole would allocate it, unreserved: a SIGBUS on a full disk.
+        let end = end.min(self.map.len()).min(self.reserved());
         let from = self.prefaulted();
         if end > from {
             let _ = self.map.advise_range(memmap2::Advice::PopulateWrite, from, end - from);
@@ -251,7 +283,7 @@ impl Injected {
 #[cfg(test)]
 pub(crate) static FAIL_FLUSH: Injected = Injected::new();
 
-/// Every file created under these directories finds the disk full.
+/// Every file created or grown under these directories finds the disk full.
 #[cfg(test)]
 pub(crate) static FAIL_RESERVE: Injected = Injected::new();
 
@@ -283,6 +315,7 @@ impl MapWriter {
         let end = offset.checked_add(len).expect("range overflows usize");
         assert!(offset >= self.shared.published(), "write below the published watermark");
         assert!(end <= self.shared.map.len(), "write past the end of the map");
+        assert!(end <= self.shared.reserved(), "write past the reserved space: reserve_to first");
         if end > self.shared.prefaulted() {
             self.shared.prefault_to(end + PREFAULT_CHUNK);
         }
@@ -308,8 +341,28 @@ impl MapWriter {
         self.shared.published.store(end, Ordering::Release);
     }
 
+    /// Reserves disk space for the bytes up to `end` before they are
+    /// written (see [`Mapped::create_growing`]), doubling what is reserved,
+    /// by at least [`GROWTH_MIN`], up to the file's end. A full disk is
+    /// [`Error::DiskFull`], and nothing is reserved then.
+    pub fn reserve_to(&mut self, end: usize) -> Result<()> {
+        let reserved = self.shared.reserved();
+        if end <= reserved {
+            return Ok(());
+        }
+        let len = self.shared.map.len();
+        let target = end.max(reserved * 2).max(reserved + GROWTH_MIN).next_multiple_of(PAGE).min(len);
+        let path = &self.shared.path;
+        let file =
+            crate::fs::file_options(path).write(true).open(path).map_err(|e| Error::io("open", path, e))?;
+        reserve(&file, path, reserved as u64, target as u64)?;
+        self.shared.reserved.store(target, Ordering::Release);
+        Ok(())
+    }
+
     /// Zeroes the unpublished bytes from `offset` to the end of the file, so stale
     /// bytes past a recovered end can never be read as data, and syncs them.
+    /// A growing file's are punched out, so that they take no space again.
     pub fn zero_tail(&mut self, offset: usize) -> Result<()> {
         let len = self.shared.map.len().saturating_sub(offset);
         if len == 0 {
@@ -319,32 +372,58 @@ impl MapWriter {
         let path = &self.shared.path;
         let file =
             crate::fs::file_options(path).write(true).open(path).map_err(|e| Error::io("open", path, e))?;
-        let punched = rustix::fs::fallocate(&file, FallocateFlags::ZERO_RANGE, offset as u64, len as u64);
+        let growing = self.shared.reserved() < self.shared.map.len();
+        let mode = match growing {
+            true => FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
+            false => FallocateFlags::ZERO_RANGE,
+        };
+        let punched = rustix::fs::fallocate(&file, mode, offset as u64, len as u64);
+        if growing && punched.is_ok() {
+            // The punched pages are holes again: reserved no longer.
+            self.shared.reserved.fetch_min(offset / PAGE * PAGE, Ordering::AcqRel);
+        }
         if punched.is_ok() {
             // The zeroed range is a change of the file's extents, which an
             // msync of clean pages would not make durable: sync the file.
             return crate::fs::sync_data(&file, path);
         }
         // Not every file system can zero a range in place; write the zeros.
+        self.reserve_to(offset + len)?;
         self.unpublished_mut(offset, len).fill(0);
         self.shared.flush(offset, len)
     }
 }
 
-/// Reserves `len` bytes of real disk space (not a sparse hole).
-fn reserve(file: &File, len: u64) -> std::io::Result<()> {
-    match rustix::fs::fallocate(file, FallocateFlags::empty(), 0, len) {
-        Ok(()) => Ok(()),
-        Err(rustix::io::Errno::OPNOTSUPP) => write_zeros(file, len),
-        Err(e) => Err(e.into()),
+/// Reserves real disk space (not a sparse hole) for bytes `[from, to)` of
+/// `file`, which becomes `path`. A full disk is [`Error::DiskFull`].
+fn reserve(file: &File, path: &Path, from: u64, to: u64) -> Result<()> {
+    #[cfg(test)]
+    if FAIL_RESERVE.applies_to(path) {
+        let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
+        return Err(reserve_error(path, to - from, full));
     }
+    let reserved = match rustix::fs::fallocate(file, FallocateFlags::empty(), from, to - from) {
+        Ok(()) => Ok(()),
+        Err(rustix::io::Errno::OPNOTSUPP) => write_zeros(file, from, to),
+        Err(e) => Err(e.into()),
+    };
+    reserved.map_err(|e| reserve_error(path, to - from, e))
 }
 
-fn write_zeros(file: &File, len: u64) -> std::io::Result<()> {
+fn reserve_error(path: &Path, needed: u64, e: std::io::Error) -> Error {
+    if crate::fs::is_no_space(&e) {
+        let dir = path.parent().unwrap_or(path).to_path_buf();
+        let available = crate::fs::available_bytes(&dir).unwrap_or(0);
+        return Error::DiskFull { dir, needed, available };
+    }
+    Error::io("reserve space for", path, e)
+}
+
+fn write_zeros(file: &File, from: u64, to: u64) -> std::io::Result<()> {
     let chunk = vec![0u8; 1 << 20];
-    let mut at = 0;
-    while at < len {
-        let n = chunk.len().min((len - at) as usize);
+    let mut at = from;
+    while at < to {
+        let n = chunk.len().min((to - at) as usize);
         write_all_at(file, &chunk[..n], at)?;
         at += n as u64;
     }
@@ -376,6 +455,42 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut w = Mapped::create(&dir.path().join("f"), 4096, b"HEAD").unwrap();
         w.unpublished_mut(2, 1);
+    }
+
+    #[test]
+    fn a_growing_file_reserves_in_doubling_steps_and_refuses_writes_past_them() {
+        use std::os::unix::fs::MetadataExt as _;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        let len = 64 * GROWTH_MIN as u64;
+        let mut w = Mapped::create_growing(&path, len, b"HEAD").unwrap();
+        let allocated = || std::fs::metadata(&path).unwrap().blocks() * 512;
+        assert_eq!(std::fs::metadata(&path).unwrap().len(), len, "made at its full length");
+        assert!(allocated() <= 2 * GROWTH_MIN as u64, "{} bytes taken", allocated());
+        w.unpublished_mut(GROWTH_MIN - 8, 8).fill(1);
+        w.reserve_to(GROWTH_MIN + 1).unwrap();
+        assert_eq!(w.shared.reserved(), 2 * GROWTH_MIN, "doubled");
+        w.reserve_to(5 * GROWTH_MIN).unwrap();
+        w.unpublished_mut(5 * GROWTH_MIN - 8, 8).fill(2);
+        assert!(allocated() >= 5 * GROWTH_MIN as u64 && allocated() < len);
+        w.reserve_to(len as usize).unwrap();
+        assert_eq!(w.shared.reserved(), len as usize, "never past the end");
+        // Punched on recovery: the tail is holes again, and reserved again before use.
+        drop(w);
+        let mut w = Mapped::open_growing(&path, len).unwrap();
+        w.zero_tail(GROWTH_MIN).unwrap();
+        assert!(allocated() <= 2 * GROWTH_MIN as u64, "{} bytes after punching", allocated());
+        assert!(w.view(GROWTH_MIN, 8 * GROWTH_MIN).iter().all(|&b| b == 0));
+        w.reserve_to(GROWTH_MIN + 8).unwrap();
+        w.unpublished_mut(GROWTH_MIN, 8).fill(3);
+    }
+
+    #[test]
+    #[should_panic(expected = "write past the reserved space")]
+    fn a_write_past_the_reserved_space_is_a_bug() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut w = Mapped::create_growing(&dir.path().join("f"), 4 * GROWTH_MIN as u64, b"HEAD").unwrap();
+        w.unpublished_mut(GROWTH_MIN, 1);
     }
 
     #[test]

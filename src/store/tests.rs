@@ -199,3 +199,67 @@ fn a_full_disk_for_a_timer_log_file_is_back_pressure_not_poison() {
     store.health().unwrap();
     store.close().unwrap();
 }
+
+/// Disk space a directory's files take (allocated blocks, not their lengths).
+fn allocated_bytes(dir: &std::path::Path) -> u64 {
+    use std::os::unix::fs::MetadataExt as _;
+    let mut total = 0;
+    for entry in std::fs::read_dir(dir).unwrap() {
+        let entry = entry.unwrap();
+        let meta = entry.metadata().unwrap();
+        total += if meta.is_dir() { allocated_bytes(&entry.path()) } else { meta.blocks() * 512 };
+    }
+    total
+}
+
+/// A new queue costs what it holds, not its file's size: 100 one-message
+/// topics took 9.6 MB of disk each (each queue file reserved whole).
+#[test]
+fn a_new_queue_reserves_its_file_as_it_fills() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = || Config::new(dir.path()).with_queues_per_topic(1);
+    let store = Store::open(config()).unwrap();
+    for topic in 0..50 {
+        store.put(Message::new(format!("T{topic}"), "x")).unwrap();
+    }
+    store.fresh_stats().unwrap();
+    let queues = dir.path().join("consumequeue");
+    let taken = allocated_bytes(&queues);
+    assert!(taken <= 50 * (2 * crate::mmap::GROWTH_MIN as u64), "{taken} bytes for 50 one-entry queues");
+    store.close().unwrap();
+    // Reopened, a queue grows on where it was.
+    let store = Store::open(config()).unwrap();
+    let entries = 3 * crate::mmap::GROWTH_MIN / crate::format::queue_entry::ENTRY_LEN;
+    store.put_batch((0..entries).map(|i| Message::new("T0", format!("{i}")))).unwrap();
+    let mut consumer = store.consumer("T0", 0).unwrap();
+    assert_eq!(bodies_of(&mut consumer, entries + 1, Duration::from_secs(10)).len(), entries + 1);
+    assert!(allocated_bytes(&queues) <= taken + 8 * crate::mmap::GROWTH_MIN as u64);
+    store.close().unwrap();
+}
+
+/// Growing a queue's file on a full disk is back-pressure too, and the
+/// entries are written once there is room.
+#[test]
+fn a_full_disk_while_a_queue_file_grows_is_back_pressure_not_poison() {
+    use crate::mmap::FAIL_RESERVE;
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::new(dir.path())
+        .with_queues_per_topic(1)
+        .with_max_index_lag(1)
+        .with_put_timeout(Duration::from_secs(5));
+    let store = Store::open(config).unwrap();
+    store.put(Message::new("G", "g0")).unwrap();
+    let mut consumer = store.consumer("G", 0).unwrap();
+    assert_eq!(bodies_of(&mut consumer, 1, Duration::from_secs(5)), ["g0"], "the file exists");
+    let full = dir.path().join("consumequeue").join("G");
+    FAIL_RESERVE.add(&full);
+    let (refused_at, err) = put_until_refused(&store, |i| Message::new("G", format!("g{}", i + 1)));
+    assert!(matches!(err, Error::DiskFull { .. }), "{err}");
+    let per_reserve = crate::mmap::GROWTH_MIN / crate::format::queue_entry::ENTRY_LEN;
+    assert!(refused_at < per_reserve + 16, "refused after {refused_at}, past the first reserve");
+    store.health().unwrap();
+    FAIL_RESERVE.remove(&full);
+    let want: Vec<String> = (1..=refused_at).map(|i| format!("g{i}")).collect();
+    assert_eq!(bodies_of(&mut consumer, refused_at, Duration::from_secs(10)), want);
+    store.close().unwrap();
+}
