@@ -3,6 +3,7 @@
 
 mod demo;
 mod grpc_load;
+mod grpc_soak;
 mod ops;
 mod pending;
 mod perf;
@@ -41,6 +42,8 @@ enum Command {
     Serve(serve::ServeArgs),
     /// Timed sends through a running `serve` from concurrent gRPC clients: rate and lateness.
     GrpcLoad(grpc_load::GrpcLoadArgs),
+    /// Silent connections, long polls and a poison-sized message against a running `serve`.
+    GrpcSoak(grpc_soak::GrpcSoakArgs),
     /// Weeks of steady traffic on a manual clock: what retention keeps and copies.
     RetentionSim(retention_sim::RetentionSimArgs),
 }
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::RetentionSim(args) => retention_sim::run(args),
         Command::Serve(args) => serve::run(args),
         Command::GrpcLoad(args) => grpc_load::run(args),
+        Command::GrpcSoak(args) => grpc_soak::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
