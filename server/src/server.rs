@@ -21,10 +21,11 @@ use crate::handles::HandleKey;
 use crate::metrics::Metrics;
 use crate::proto::messaging_service_server::MessagingServiceServer;
 use crate::proto::{
-    Address, AddressScheme, Broker, Endpoints, ExponentialBackoff, MessageQueue, MessageType, Permission,
-    Resource, RetryPolicy, Settings, TelemetryCommand, retry_policy, settings, telemetry_command,
+    Address, AddressScheme, Broker, CustomizedBackoff, Endpoints, ExponentialBackoff, MessageQueue,
+    MessageType, Permission, Resource, RetryPolicy, Settings, TelemetryCommand, retry_policy, settings,
+    telemetry_command,
 };
-use crate::receive::{Groups, MAX_DELIVERY_ATTEMPTS};
+use crate::receive::{DEFAULT_BATCH, DEFAULT_LONG_POLL, Groups, MAX_DELIVERY_ATTEMPTS};
 use crate::service::Service;
 use crate::status::ok;
 use crate::topics::{DEFAULT_MAX_TOPICS, Topics};
@@ -129,21 +130,29 @@ impl Shared {
             .collect()
     }
 
-    /// The answer to a client's settings: its own, with the server's limits and retry policy.
+    /// The answer to a client's settings: its own, with the server's limits
+    /// and retry policy. A producer retries a send 3 times, 10 ms to 1 s
+    /// apart; a consumer's nack (`ChangeInvisibleDuration`) waits, attempt
+    /// by attempt, the store's delay levels (1 s, 5 s, 10 s, 30 s, 1 m, …),
+    /// as RocketMQ's proxy answers, and it asks [`DEFAULT_BATCH`] messages
+    /// per receive, polling up to [`DEFAULT_LONG_POLL`].
     pub fn settings_reply(&self, mut settings: Settings) -> TelemetryCommand {
-        let backoff = |max_attempts: u32| RetryPolicy {
-            max_attempts: max_attempts as i32,
-            strategy: Some(retry_policy::Strategy::ExponentialBackoff(ExponentialBackoff {
-                initial: Some(prost_types::Duration { seconds: 0, nanos: 10_000_000 }),
-                max: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
-                multiplier: 2.0,
-            })),
+        let proto = |d: Duration| prost_types::Duration {
+            seconds: d.as_secs() as i64,
+            nanos: d.subsec_nanos() as i32,
         };
         match &mut settings.pub_sub {
             Some(settings::PubSub::Publishing(publishing)) => {
                 publishing.max_body_size = self.store.max_body_bytes().min(i32::MAX as usize) as i32;
                 publishing.validate_message_type = true;
-                settings.backoff_policy = Some(backoff(3));
+                settings.backoff_policy = Some(RetryPolicy {
+                    max_attempts: 3,
+                    strategy: Some(retry_policy::Strategy::ExponentialBackoff(ExponentialBackoff {
+                        initial: Some(proto(Duration::from_millis(10))),
+                        max: Some(proto(Duration::from_secs(1))),
+                        multiplier: 2.0,
+                    })),
+                });
             }
             Some(settings::PubSub::Subscription(subscription)) => {
                 if let Some(group) =
@@ -152,7 +161,13 @@ impl Shared {
                     self.groups.know(&group.name);
                 }
                 subscription.fifo = Some(false);
-                settings.backoff_policy = Some(backoff(self.groups.max_delivery_attempts()));
+                subscription.receive_batch_size = Some(DEFAULT_BATCH as i32);
+                subscription.long_polling_timeout = Some(proto(DEFAULT_LONG_POLL));
+                let next = self.store.delay_levels().delays().map(proto).collect();
+                settings.backoff_policy = Some(RetryPolicy {
+                    max_attempts: self.groups.max_delivery_attempts() as i32,
+                    strategy: Some(retry_policy::Strategy::CustomizedBackoff(CustomizedBackoff { next })),
+                });
             }
             None => {}
         }

@@ -12,7 +12,10 @@ use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
-use crate::receive::{Filter, Received, Request as ReceiveRequest, check_group};
+use crate::receive::{
+    DEFAULT_BATCH, DEFAULT_INVISIBLE, DEFAULT_LONG_POLL, Filter, Received, Request as ReceiveRequest,
+    check_group,
+};
 use crate::send::{self, check_topic, timestamp};
 use crate::server::Shared;
 use crate::status::{Refusal, ok, status_of};
@@ -22,11 +25,11 @@ type Streamed<T> = Pin<Box<dyn Stream<Item = Result<T, GrpcStatus>> + Send>>;
 
 /// Longest long poll a receive may ask for.
 const MAX_LONG_POLL: Duration = Duration::from_secs(300);
-/// Long poll when the request names none (the clients' default).
-const DEFAULT_LONG_POLL: Duration = Duration::from_secs(20);
-/// Invisible durations accepted: RocketMQ's range.
+/// Invisible durations a receive accepts: RocketMQ's range.
 const INVISIBLE_RANGE: std::ops::RangeInclusive<Duration> =
     Duration::from_secs(1)..=Duration::from_secs(12 * 3600);
+/// Invisible durations a change accepts: 0 is a nack that brings the message back at once.
+const CHANGE_RANGE: std::ops::RangeInclusive<Duration> = Duration::ZERO..=Duration::from_secs(12 * 3600);
 /// Most messages one receive hands out.
 const MAX_BATCH: i32 = 1024;
 
@@ -318,19 +321,24 @@ impl Service {
         let queue = request.message_queue.as_ref();
         let topic = queue.map_or("", |q| topic_of(&q.topic)).to_string();
         check_topic(&topic, "message_queue.topic.name")?;
-        if !(1..=MAX_BATCH).contains(&request.batch_size) {
-            return Err(Refusal::field(
-                Code::BadRequest,
-                "batch_size",
-                format!("{} is not from 1 to {MAX_BATCH}", request.batch_size),
-            ));
-        }
-        let invisible = request.invisible_duration.as_ref().and_then(duration_of);
+        let max = match request.batch_size {
+            0 => DEFAULT_BATCH,
+            n if (1..=MAX_BATCH).contains(&n) => n as usize,
+            n => {
+                let why = format!("{n} is not from 1 to {MAX_BATCH} (or 0: {DEFAULT_BATCH})");
+                return Err(Refusal::field(Code::BadRequest, "batch_size", why));
+            }
+        };
+        let invisible = match &request.invisible_duration {
+            // A PushConsumer names none: it asks the server to keep its messages invisible.
+            None if request.auto_renew => Some(DEFAULT_INVISIBLE),
+            asked => asked.as_ref().and_then(duration_of),
+        };
         let invisible = invisible.filter(|d| INVISIBLE_RANGE.contains(d)).ok_or_else(|| {
             Refusal::field(
                 Code::IllegalInvisibleTime,
                 "invisible_duration",
-                "missing, or not from 1 s to 12 h",
+                "missing (without auto_renew), or not from 1 s to 12 h",
             )
         })?;
         let wait = match &request.long_polling_timeout {
@@ -357,7 +365,7 @@ impl Service {
         // Groups are made on first use, as topics are (a client's first receive may
         // overtake its settings on the telemetry stream).
         self.shared.groups.know(&group);
-        Ok(ReceiveRequest { group, topic, max: request.batch_size as usize, invisible, wait, filter })
+        Ok(ReceiveRequest { group, topic, max, invisible, wait, filter })
     }
 
     fn receive_answers(
@@ -402,12 +410,8 @@ impl Service {
         check_topic(topic_of(&request.topic), "topic.name")?;
         check_group(topic_of(&request.group), "group.name")?;
         let invisible = request.invisible_duration.as_ref().and_then(duration_of);
-        invisible.filter(|d| INVISIBLE_RANGE.contains(d)).ok_or_else(|| {
-            Refusal::field(
-                Code::IllegalInvisibleTime,
-                "invisible_duration",
-                "missing, or not from 1 s to 12 h",
-            )
+        invisible.filter(|d| CHANGE_RANGE.contains(d)).ok_or_else(|| {
+            Refusal::field(Code::IllegalInvisibleTime, "invisible_duration", "missing, or not from 0 to 12 h")
         })
     }
 }
@@ -415,6 +419,13 @@ impl Service {
 /// A receipt handle that acks or changes nothing, and why.
 fn bad_receipt(why: impl std::fmt::Display) -> Refusal {
     Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why)
+}
+
+/// The body's MD5 in upper-case hex, as RocketMQ's proxy gives every
+/// received message: clients check it (the Node and C# ones refuse a message without one).
+fn md5_hex(body: &[u8]) -> String {
+    use md5::Digest as _;
+    hex::encode_upper(md5::Md5::digest(body))
 }
 
 /// The protocol message for a handed-out message.
@@ -438,7 +449,7 @@ fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Messag
         tag: message.tags().map(String::from),
         keys,
         message_id: get.get(property::MESSAGE_ID).map_or_else(String::new, |v| v.to_string()),
-        body_digest: None,
+        body_digest: Some(Digest { r#type: DigestType::Md5 as i32, checksum: md5_hex(message.body()) }),
         body_encoding: if gzip { Encoding::Gzip } else { Encoding::Identity } as i32,
         message_type: if origin.deliver_at_ms.is_some() { MessageType::Delay } else { MessageType::Normal }
             as i32,

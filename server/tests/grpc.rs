@@ -665,3 +665,83 @@ async fn new_topics_past_the_cap_are_refused_whole() {
     assert_eq!(code(&Some(status)), Code::Forbidden);
     server.stop().await;
 }
+
+/// The settings a consumer of `group` gets back on its telemetry stream.
+async fn consumer_settings(client: &mut MessagingServiceClient<Channel>, group: &str) -> Settings {
+    let settings = Settings {
+        client_type: Some(ClientType::PushConsumer as i32),
+        pub_sub: Some(settings::PubSub::Subscription(Subscription {
+            group: resource(group),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let command =
+        TelemetryCommand { status: None, command: Some(telemetry_command::Command::Settings(settings)) };
+    let (sender, commands) = tokio::sync::mpsc::channel(1);
+    sender.send(command).await.unwrap();
+    let mut replies =
+        client.telemetry(tokio_stream::wrappers::ReceiverStream::new(commands)).await.unwrap().into_inner();
+    let reply = replies.message().await.unwrap().unwrap();
+    match reply.command {
+        Some(telemetry_command::Command::Settings(settings)) => settings,
+        other => panic!("not settings: {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_every_consumer_needs_digest_defaults_and_a_nack() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    // The settings answer: a batch size, a long poll, and the delay levels as the nack backoff.
+    let settings = consumer_settings(client, "G").await;
+    let Some(settings::PubSub::Subscription(subscription)) = &settings.pub_sub else {
+        panic!("{settings:?}")
+    };
+    assert_eq!(subscription.receive_batch_size, Some(32));
+    assert_eq!(subscription.long_polling_timeout.map(|d| d.seconds), Some(20));
+    let policy = settings.backoff_policy.unwrap();
+    assert_eq!(policy.max_attempts, 16);
+    let Some(retry_policy::Strategy::CustomizedBackoff(backoff)) = policy.strategy else {
+        panic!("{policy:?}")
+    };
+    let next: Vec<i64> = backoff.next.iter().map(|d| d.seconds).collect();
+    assert_eq!(next[..5], [1, 5, 10, 30, 60]);
+    assert_eq!(next.len(), 18);
+
+    send(client, vec![message("Jobs", "j1", "nack me", None)]).await;
+    // A PushConsumer's receive: no batch size, no invisible duration, auto_renew.
+    let request = ReceiveMessageRequest {
+        batch_size: 0,
+        invisible_duration: None,
+        auto_renew: true,
+        ..receive_request("G", "Jobs", Duration::from_secs(1), Duration::from_secs(5))
+    };
+    let mut stream = client.receive_message(request).await.unwrap().into_inner();
+    let mut got = Vec::new();
+    while let Some(answer) = stream.message().await.unwrap() {
+        if let Some(receive_message_response::Content::Message(m)) = answer.content {
+            got.push(m);
+        }
+    }
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["nack me"]);
+    let system = got[0].system_properties.as_ref().unwrap();
+    assert_eq!(system.invisible_duration.map(|d| d.seconds), Some(60), "the proxy's default");
+    let digest = system.body_digest.as_ref().expect("every received message has a body digest");
+    assert_eq!(digest.r#type, DigestType::Md5 as i32);
+    assert_eq!(digest.checksum, "AECD4C7B3CF04FEC66619A7F31AC0939", "MD5, upper-case hex");
+    // A nack: invisible for 0 s, so back at once, as attempt 2 (not after the 60 s).
+    let nack = ChangeInvisibleDurationRequest {
+        group: resource("G"),
+        topic: resource("Jobs"),
+        receipt_handle: system.receipt_handle.clone().unwrap(),
+        invisible_duration: Some(prost_types::Duration { seconds: 0, nanos: 0 }),
+        message_id: "j1".into(),
+    };
+    assert_eq!(code(&client.change_invisible_duration(nack).await.unwrap().into_inner().status), Code::Ok);
+    let (again, _) = receive(client, "G", "Jobs", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(again.iter().map(body).collect::<Vec<_>>(), ["nack me"]);
+    assert_eq!(again[0].system_properties.as_ref().unwrap().delivery_attempt, Some(2));
+    server.stop().await;
+}
