@@ -25,6 +25,7 @@ mod error;
 mod lease;
 mod node;
 mod partition;
+pub mod target;
 pub mod wire;
 
 pub use client::{RescheduleAnswer, TierClient};
