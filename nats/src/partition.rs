@@ -31,6 +31,7 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_nats::jetstream::{self, Message as JsMessage};
 use bytes::Bytes;
@@ -38,9 +39,13 @@ use delaywheel::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store,
 };
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::error::bounded;
+use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierConfig, TierError};
 
@@ -48,8 +53,16 @@ use crate::{Result, TierConfig, TierError};
 const FIRE_TOPIC: &str = "fire";
 /// Timers read from the stream per local batch put.
 const INGEST_BATCH: usize = 1024;
-/// Fired timers published at once.
+/// Fired timers published at once (a timer waiting to be tried again holds
+/// no lane, so those behind it go on).
 const FIRE_CONCURRENCY: usize = 128;
+/// The longest a dead letter's publish may take to reach the server.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a target known to be captured by a stream is trusted to be,
+/// sparing the JetStream API a lookup per failed publish during an outage.
+const CAPTURED_FOR: Duration = Duration::from_secs(10);
+/// The longest reason a dead letter carries.
+const MAX_REASON_LEN: usize = 1024;
 /// How often the sweep looks for fired timers still in the stream.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// A fired timer's acknowledgement has surely been applied after this.
@@ -68,6 +81,10 @@ pub(crate) struct Shared {
     pub js: jetstream::Context,
     pub stream: Stream,
     pub config: TierConfig,
+    /// What a timer may target (from `config`, made once).
+    pub policy: TargetPolicy,
+    /// Targets lately found captured by a stream, with when.
+    pub captured: Mutex<HashMap<String, Instant>>,
 }
 
 /// A timer indexed and not yet removed from the stream.
@@ -189,6 +206,32 @@ struct Indexed {
     local: Message,
 }
 
+/// A timer read from the stream that will not be indexed.
+struct Reject {
+    sequence: u64,
+    /// The dead letter's reason label: `malformed` or `refused` (its target).
+    kind: &'static str,
+    error: TierError,
+}
+
+/// A due timer as it is to be published.
+struct Due {
+    ack: async_nats::Subject,
+    /// The source's headers, the target included.
+    source: Vec<(String, String)>,
+    payload: Bytes,
+}
+
+/// Why a try to fire a timer failed.
+enum Failure {
+    /// The tier will not publish to its target.
+    Refused(String),
+    /// Its target will never acknowledge it.
+    Undeliverable(String),
+    /// It may work later: the cluster or the connection is in trouble.
+    Transient(TierError),
+}
+
 /// Tags of a local timer that holds only the sequence: firing it reads the
 /// message from the stream.
 const BY_REFERENCE: &str = "ref";
@@ -234,25 +277,50 @@ impl Part {
         let max_body = self.store.max_body_bytes();
         while let Some(chunk) = chunks.next().await {
             let mut timers = Vec::with_capacity(chunk.len());
+            let mut rejected = Vec::new();
             let mut read_up_to = 0;
             for message in chunk {
                 let message = message.map_err(|e| TierError::nats("read the partition", e))?;
-                match index(message, max_body) {
+                match index(&message, max_body, &self.shared.policy) {
                     Ok(timer) => {
-                        read_up_to = timer.sequence;
+                        read_up_to = read_up_to.max(timer.sequence);
                         timers.push(timer);
                     }
-                    Err((sequence, err)) => {
-                        read_up_to = read_up_to.max(sequence);
-                        self.pending.lock().expect("index lock").malformed += 1;
-                        metrics::counter!("delaytier_malformed_total").increment(1);
-                        tracing::warn!(%err, "timer left in the stream, not indexed");
+                    Err(reject) => {
+                        read_up_to = read_up_to.max(reject.sequence);
+                        rejected.push((message, reject));
                     }
                 }
             }
             self.put(timers, read_up_to).await?;
+            for (message, reject) in rejected {
+                self.reject(&message, reject).await;
+            }
         }
         Ok(())
+    }
+
+    /// A timer that will never be indexed: moves it to the dead letter and
+    /// removes it from the stream; if that fails now, it stays in the stream
+    /// (counted, as the sweep expects) until the partition is read again.
+    async fn reject(&self, message: &JsMessage, reject: Reject) {
+        let Reject { sequence, kind, error } = reject;
+        if kind == "malformed" {
+            metrics::counter!("delaytier_malformed_total").increment(1);
+        }
+        tracing::warn!(sequence, %error, "timer not indexed: moving it to the dead letter");
+        let buried = match (&message.reply, sequence) {
+            (Some(ack), 1..) => {
+                let source = message.headers.as_ref().map(owned_pairs).unwrap_or_default();
+                let payload = message.payload.clone();
+                self.bury(sequence, &source, payload, ack.clone(), kind, &error.to_string()).await
+            }
+            _ => Err(error),
+        };
+        if let Err(err) = buried {
+            self.pending.lock().expect("index lock").malformed += 1;
+            tracing::warn!(sequence, %err, "timer left in the stream, not indexed");
+        }
     }
 
     /// Puts timers into the local store, holding the index so a timer that
@@ -294,19 +362,25 @@ impl Part {
         .await;
     }
 
-    /// Takes the local store's deliveries and fires each.
+    /// Takes the local store's deliveries and fires each, at most
+    /// `FIRE_CONCURRENCY` at once. The local store is only an index, so its
+    /// position is committed once a timer's firing has started: the stream
+    /// keeps the timer until that firing ends. The firings are futures of
+    /// this task, not tasks of their own, so when the partition is given up
+    /// aborting this task ends them all before its store is closed.
     async fn fire(self) {
         let mut consumer = match self.store.consumer(FIRE_TOPIC, 0) {
             Ok(consumer) => consumer,
             Err(err) => return tracing::error!(%err, "cannot consume the local store"),
         };
+        let lanes = Arc::new(Semaphore::new(FIRE_CONCURRENCY));
+        let mut firing = FuturesUnordered::new();
         loop {
-            let polled = tokio::task::spawn_blocking(move || {
+            let poll = tokio::task::spawn_blocking(move || {
                 let batch = consumer.poll(1024, Duration::from_millis(200));
                 (consumer, batch)
-            })
-            .await
-            .expect("a local poll does not panic");
+            });
+            let polled = drive(&mut firing, poll).await.expect("a local poll does not panic");
             consumer = polled.0;
             let batch = match polled.1 {
                 Ok(batch) => batch,
@@ -315,75 +389,249 @@ impl Part {
                     return;
                 }
             };
-            futures::stream::iter(&batch)
-                .for_each_concurrent(FIRE_CONCURRENCY, |m| self.fire_until_done(m))
-                .await;
+            for timer in batch {
+                let Ok(lane) = drive(&mut firing, lanes.clone().acquire_owned()).await else { return };
+                firing.push(self.clone().fire_until_done(timer, lanes.clone(), lane));
+            }
             consumer.commit();
         }
     }
 
-    /// Fires one timer, retrying while the partition is ours.
-    async fn fire_until_done(&self, timer: &ConsumedMessage) {
+    /// Fires one timer. A failure that may pass (the cluster or the
+    /// connection in trouble) is tried again, the timer giving up its lane
+    /// while it waits so the timers behind it go on; a timer that can never
+    /// be published, or still fails after `give_up_after`, goes to the dead
+    /// letter.
+    async fn fire_until_done(
+        self,
+        timer: ConsumedMessage,
+        lanes: Arc<Semaphore>,
+        lane: OwnedSemaphorePermit,
+    ) {
         let Some(sequence) = timer.key().and_then(|k| k.parse::<u64>().ok()) else {
             return tracing::error!(key = ?timer.key(), "a local timer without its sequence");
         };
+        let mut lane = Some(lane);
+        let mut failing_since = None;
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.fire_one(sequence, timer).await {
+            match self.fire_one(sequence, &timer, failing_since).await {
                 Ok(()) => return,
                 Err(err) => {
+                    failing_since.get_or_insert_with(Instant::now);
                     metrics::counter!("delaytier_fire_errors_total").increment(1);
                     tracing::warn!(sequence, %err, "firing failed; retrying");
                 }
             }
+            drop(lane.take());
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
+            let Ok(again) = lanes.clone().acquire_owned().await else { return };
+            lane = Some(again);
         }
     }
 
-    async fn fire_one(&self, sequence: u64, timer: &ConsumedMessage) -> Result<()> {
-        let shared = &self.shared;
-        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).map(|t| t.ack.clone());
-        let Some(source_ack) = pending else {
-            return Ok(()); // cancelled while it fired
+    /// One try: publish and acknowledge, or move to the dead letter a timer
+    /// that cannot be published. An error means try again.
+    async fn fire_one(
+        &self,
+        sequence: u64,
+        timer: &ConsumedMessage,
+        failing_since: Option<Instant>,
+    ) -> Result<()> {
+        let Some(due) = self.load(sequence, timer).await? else {
+            return Ok(()); // cancelled while it fired, or deleted from the stream by hand
         };
-        let stream = &shared.config.stream;
-        let (target, headers, payload) = if timer.tags() == Some(BY_REFERENCE) {
-            let source = match shared.stream.direct_get(sequence).await {
-                Ok(source) => source,
-                Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
-                    self.pending.lock().expect("index lock").timers.remove(&sequence);
-                    metrics::counter!("delaytier_skipped_total").increment(1);
-                    return Ok(()); // deleted from the stream by hand
+        let (kind, reason) = match self.publish(sequence, &due).await {
+            Ok(duplicate) => return self.fired(sequence, due.ack, timer, duplicate).await,
+            Err(Failure::Refused(reason)) => ("refused", reason),
+            Err(Failure::Undeliverable(reason)) => ("undeliverable", reason),
+            Err(Failure::Transient(err)) => match failing_since {
+                Some(since) if since.elapsed() >= self.shared.config.give_up_after => {
+                    ("gave_up", format!("still failing after {:?}: {err}", since.elapsed()))
                 }
-                Err(err) => return Err(TierError::nats(format!("read timer {sequence}"), err)),
-            };
-            let (target, headers) =
-                fired_headers(stream, self.partition, sequence, header_pairs(&source.headers))?;
-            (target, headers, source.payload)
-        } else {
-            let pairs = timer.properties().iter().map(|(n, v)| (n.as_str(), v.as_str()));
-            let (target, headers) = fired_headers(stream, self.partition, sequence, pairs)?;
-            (target, headers, timer.body().clone())
+                _ => return Err(err),
+            },
         };
-        let published = publish_acked(&shared.js, target, headers, payload).await?;
-        if published.duplicate {
+        self.bury(sequence, &due.source, due.payload, due.ack, kind, &reason).await
+    }
+
+    /// The timer as it is to be published, or None if it left the stream.
+    async fn load(&self, sequence: u64, timer: &ConsumedMessage) -> Result<Option<Due>> {
+        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).map(|t| t.ack.clone());
+        let Some(ack) = pending else {
+            return Ok(None);
+        };
+        if timer.tags() != Some(BY_REFERENCE) {
+            let source = timer.properties().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+            return Ok(Some(Due { ack, source, payload: timer.body().clone() }));
+        }
+        match self.shared.stream.direct_get(sequence).await {
+            Ok(message) => {
+                Ok(Some(Due { ack, source: owned_pairs(&message.headers), payload: message.payload }))
+            }
+            Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+                self.pending.lock().expect("index lock").timers.remove(&sequence);
+                metrics::counter!("delaytier_skipped_total").increment(1);
+                Ok(None) // deleted from the stream by hand
+            }
+            Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
+        }
+    }
+
+    /// Publishes a due timer to its target and waits for the target stream's
+    /// acknowledgement; whether it was a duplicate.
+    async fn publish(&self, sequence: u64, due: &Due) -> std::result::Result<bool, Failure> {
+        let shared = &self.shared;
+        let source = borrowed_pairs(&due.source);
+        let (target, headers) = fired_headers(&shared.config.stream, self.partition, sequence, &source)
+            .map_err(|err| Failure::Refused(err.to_string()))?;
+        shared.policy.check(&target).map_err(|reason| Failure::Refused(reason.to_string()))?;
+        let published = async {
+            shared.js.publish_with_headers(target.clone(), headers, due.payload.clone()).await?.await
+        };
+        match published.await {
+            Ok(ack) => Ok(ack.duplicate),
+            Err(err) => Err(self.classify(&target, err).await),
+        }
+    }
+
+    /// Sorts a failed publish: a JetStream answer other than "unavailable",
+    /// or an answer that is no acknowledgement, will not change; silence or
+    /// no responders will not either when no stream captures the target
+    /// (a core subscriber never acknowledges), but is a stream's leader
+    /// being elected when one does.
+    async fn classify(&self, target: &str, err: PublishError) -> Failure {
+        let turned_away =
+            |err: &PublishError| Failure::Undeliverable(format!("the target's stream refused it: {err}"));
+        let transient =
+            |err: PublishError| Failure::Transient(TierError::nats(format!("publish to {target}"), err));
+        match err.kind() {
+            PublishErrorKind::StreamNotFound | PublishErrorKind::TimedOut => {
+                match self.captured(target).await {
+                    Some(false) => {
+                        let what = if err.kind() == PublishErrorKind::TimedOut {
+                            "no answer"
+                        } else {
+                            "no responders"
+                        };
+                        Failure::Undeliverable(format!("no stream captures {target:?} ({what})"))
+                    }
+                    _ => transient(err),
+                }
+            }
+            PublishErrorKind::WrongLastMessageId
+            | PublishErrorKind::WrongLastSequence
+            | PublishErrorKind::MaxPayloadExceeded => turned_away(&err),
+            PublishErrorKind::Other => match std::error::Error::source(&err) {
+                Some(answer) if answer.is::<serde_json::Error>() => Failure::Undeliverable(format!(
+                    "the answer from {target:?} is not a publish acknowledgement"
+                )),
+                Some(answer) => match answer.downcast_ref::<jetstream::Error>() {
+                    Some(js) if js.code() != 503 => turned_away(&err),
+                    _ => transient(err),
+                },
+                None => transient(err),
+            },
+            _ => transient(err),
+        }
+    }
+
+    /// Whether a stream captures `target`; None if JetStream cannot say now.
+    async fn captured(&self, target: &str) -> Option<bool> {
+        let known = self.shared.captured.lock().expect("captured lock").get(target).copied();
+        if known.is_some_and(|at| at.elapsed() < CAPTURED_FOR) {
+            return Some(true);
+        }
+        match self.shared.js.stream_by_subject(target).await {
+            Ok(_) => {
+                let mut captured = self.shared.captured.lock().expect("captured lock");
+                if captured.len() >= 1024 {
+                    captured.clear(); // a bound, not a cache policy: lookups are cheap
+                }
+                captured.insert(target.to_string(), Instant::now());
+                Some(true)
+            }
+            Err(err) if err.kind() == GetStreamByNameErrorKind::NotFound => Some(false),
+            Err(_) => None,
+        }
+    }
+
+    /// Acknowledges a timer that fired, and counts it.
+    async fn fired(
+        &self,
+        sequence: u64,
+        ack: async_nats::Subject,
+        timer: &ConsumedMessage,
+        duplicate: bool,
+    ) -> Result<()> {
+        if duplicate {
             metrics::counter!("delaytier_duplicates_dropped_total").increment(1);
         }
-        acknowledge(&shared.client, sequence, source_ack).await?;
-        let mut index = self.pending.lock().expect("index lock");
-        index.timers.remove(&sequence);
-        if index.fired.len() == MAX_REMEMBERED {
-            index.fired.pop_front();
-        }
-        index.fired.push_back((Instant::now(), sequence));
-        drop(index);
+        acknowledge(&self.shared.client, sequence, ack).await?;
+        self.forget(sequence);
         metrics::counter!("delaytier_fired_total").increment(1);
         if let Some(at) = timer.deliver_at_ms() {
             let late_ms = now_ms().saturating_sub(at);
             metrics::histogram!("delaytier_lateness_seconds").record(late_ms as f64 / 1e3);
         }
         Ok(())
+    }
+
+    /// Moves a timer to the dead letter, then removes it from the stream.
+    async fn bury(
+        &self,
+        sequence: u64,
+        source: &[(String, String)],
+        payload: Bytes,
+        ack: async_nats::Subject,
+        kind: &'static str,
+        reason: &str,
+    ) -> Result<()> {
+        self.dead_letter(sequence, source, payload, kind, reason).await?;
+        acknowledge(&self.shared.client, sequence, ack).await?;
+        self.forget(sequence);
+        Ok(())
+    }
+
+    /// Publishes a timer to the partition's dead-letter subject, with core
+    /// NATS: no stream of the tier captures it (see the README), and it
+    /// waits only until the server has it.
+    async fn dead_letter(
+        &self,
+        sequence: u64,
+        source: &[(String, String)],
+        payload: Bytes,
+        kind: &'static str,
+        reason: &str,
+    ) -> Result<()> {
+        let config = &self.shared.config;
+        let subject = config.dead_letter_subject(self.partition);
+        let mut headers =
+            dead_letter_headers(&config.stream, self.partition, sequence, &borrowed_pairs(source), reason);
+        let client = &self.shared.client;
+        let mut sent = client.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
+        if sent.as_ref().is_err_and(|e| e.kind() == async_nats::PublishErrorKind::MaxPayloadExceeded) {
+            // The added headers pushed it past the server's limit: the reason matters more.
+            headers.insert(wire::DEAD_PAYLOAD, format!("dropped, {} bytes", payload.len()).as_str());
+            sent = client.publish_with_headers(subject.clone(), headers, Bytes::new()).await;
+        }
+        sent.map_err(|e| TierError::nats(format!("publish to {subject}"), e))?;
+        bounded(FLUSH_TIMEOUT, || format!("flush to {subject}"), client.flush()).await?;
+        metrics::counter!("delaytier_dead_lettered_total", "reason" => kind).increment(1);
+        tracing::warn!(sequence, %subject, reason, "timer moved to the dead letter");
+        Ok(())
+    }
+
+    /// Forgets a timer that left the line (fired or dead-lettered), and
+    /// remembers it for the sweep, in case its acknowledgement is lost.
+    fn forget(&self, sequence: u64) {
+        let mut index = self.pending.lock().expect("index lock");
+        index.timers.remove(&sequence);
+        if index.fired.len() == MAX_REMEMBERED {
+            index.fired.pop_front();
+        }
+        index.fired.push_back((Instant::now(), sequence));
     }
 
     /// Deletes fired timers whose acknowledgement was lost.
@@ -520,6 +768,17 @@ impl Part {
     }
 }
 
+/// Awaits `wanted` while driving the firings under way.
+async fn drive<F: Future, T: Future>(firing: &mut FuturesUnordered<F>, wanted: T) -> T::Output {
+    tokio::pin!(wanted);
+    loop {
+        tokio::select! {
+            output = &mut wanted => return output,
+            Some(_) = firing.next(), if !firing.is_empty() => {}
+        }
+    }
+}
+
 /// Cancels a timer no owner has indexed: delete it from the stream, after
 /// checking it is this partition's (a handle naming the wrong partition must
 /// not delete another partition's timer).
@@ -584,28 +843,42 @@ pub(crate) async fn remove_source(stream: &Stream, sequence: u64) -> Result<bool
     }
 }
 
-/// Checks a timer read from the stream and makes its local record; the
-/// error carries the sequence (0 if even that is unknown).
-fn index(message: JsMessage, max_body: usize) -> std::result::Result<Indexed, (u64, TierError)> {
+/// Checks a timer read from the stream and makes its local record.
+fn index(
+    message: &JsMessage,
+    max_body: usize,
+    policy: &TargetPolicy,
+) -> std::result::Result<Indexed, Reject> {
     let sequence = match message.info() {
         Ok(info) => info.stream_sequence,
-        Err(e) => return Err((0, TierError::nats("read a message's sequence", e))),
+        Err(e) => {
+            let error = TierError::nats("read a message's sequence", e);
+            return Err(Reject { sequence: 0, kind: "malformed", error });
+        }
     };
-    let bad = |problem: &str| (sequence, TierError::BadTimer { sequence, problem: problem.to_string() });
+    let bad = |problem: &str| Reject {
+        sequence,
+        kind: "malformed",
+        error: TierError::BadTimer { sequence, problem: problem.to_string() },
+    };
     let headers = message.headers.as_ref().ok_or_else(|| bad("no headers"))?;
-    if headers.get(wire::TARGET).is_none_or(|t| t.as_str().is_empty()) {
-        return Err(bad(&format!("no {} header", wire::TARGET)));
-    }
+    let pairs: Vec<(&str, &str)> = header_pairs(headers).collect();
+    let target =
+        target_of(sequence, &pairs).map_err(|error| Reject { sequence, kind: "malformed", error })?;
     let deliver_at_ms = deliver_at(headers)
         .ok_or_else(|| bad(&format!("no {} header in ms since the epoch", wire::DELIVER_AT)))?;
     if deliver_at_ms > MAX_DELIVER_AT_MS {
         return Err(bad(&format!("{} {deliver_at_ms} is past the end of year 9999", wire::DELIVER_AT)));
     }
+    policy.check(target).map_err(|reason| Reject {
+        sequence,
+        kind: "refused",
+        error: TierError::BadTarget { header: wire::TARGET, reason },
+    })?;
     let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
-    let header_bytes: usize = header_pairs(headers).map(|(n, v)| n.len() + v.len() + 8).sum();
+    let header_bytes: usize = pairs.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
     let local = if header_bytes <= MAX_PROPERTIES_LEN && message.payload.len() <= max_body {
-        header_pairs(headers)
-            .fold(Message::new(FIRE_TOPIC, message.payload.clone()), |m, (n, v)| m.property(n, v))
+        pairs.iter().fold(Message::new(FIRE_TOPIC, message.payload.clone()), |m, (n, v)| m.property(*n, *v))
     } else {
         Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
     };
@@ -618,32 +891,91 @@ fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
     headers.iter().flat_map(|(name, values)| values.iter().map(move |v| (name.as_ref(), v.as_str())))
 }
 
+fn owned_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    header_pairs(headers).map(|(n, v)| (n.to_string(), v.to_string())).collect()
+}
+
+fn borrowed_pairs(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
+    pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect()
+}
+
 fn deliver_at(headers: &HeaderMap) -> Option<u64> {
     headers.get(wire::DELIVER_AT)?.as_str().trim().parse().ok()
 }
 
+/// The one target a timer names. The header's name is matched in any case,
+/// as when it is fired, so the target checked is the target published to;
+/// two targets are refused rather than one picked.
+fn target_of<'a>(sequence: u64, source: &[(&str, &'a str)]) -> Result<&'a str> {
+    let mut targets = source.iter().filter(|(n, _)| n.eq_ignore_ascii_case(wire::TARGET)).map(|(_, v)| *v);
+    let bad = |problem: String| TierError::BadTimer { sequence, problem };
+    match (targets.next(), targets.next()) {
+        (Some(target), None) if !target.is_empty() => Ok(target),
+        (Some(_), Some(_)) => Err(bad(format!("more than one {} header", wire::TARGET))),
+        _ => Err(bad(format!("no {} header", wire::TARGET))),
+    }
+}
+
 /// The target and headers of a fired timer: the source's headers without the
 /// target, plus the deduplication id and the handle it had.
-fn fired_headers<'a>(
+fn fired_headers(
     stream: &str,
     partition: u32,
     sequence: u64,
-    source: impl Iterator<Item = (&'a str, &'a str)>,
+    source: &[(&str, &str)],
 ) -> Result<(String, HeaderMap)> {
-    let mut target = None;
+    let target = target_of(sequence, source)?;
     let mut headers = HeaderMap::new();
-    for (name, value) in source {
-        if name.eq_ignore_ascii_case(wire::TARGET) {
-            target = Some(value.to_string()).filter(|t| !t.is_empty());
-        } else if !name.eq_ignore_ascii_case(wire::MSG_ID) {
+    for &(name, value) in source {
+        if !name.eq_ignore_ascii_case(wire::TARGET) && !name.eq_ignore_ascii_case(wire::MSG_ID) {
             headers.append(name, value);
         }
     }
-    let target = target
-        .ok_or_else(|| TierError::BadTimer { sequence, problem: format!("no {} header", wire::TARGET) })?;
     headers.insert(wire::MSG_ID, wire::msg_id(stream, sequence).as_str());
     headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
-    Ok((target, headers))
+    Ok((target.to_string(), headers))
+}
+
+/// A dead letter's headers: the source's, less its target and any
+/// `Delay-Dead-*` a producer set, plus why, the target, the sequence, the
+/// handle and the deduplication id (for a stream that keeps dead letters).
+fn dead_letter_headers(
+    stream: &str,
+    partition: u32,
+    sequence: u64,
+    source: &[(&str, &str)],
+    reason: &str,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let mut target = None;
+    for &(name, value) in source {
+        let dead =
+            name.get(..wire::DEAD_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(wire::DEAD_PREFIX));
+        if name.eq_ignore_ascii_case(wire::TARGET) {
+            target.get_or_insert(value);
+        } else if !dead && !name.eq_ignore_ascii_case(wire::MSG_ID) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(wire::MSG_ID, wire::msg_id(stream, sequence).as_str());
+    headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
+    headers.insert(wire::DEAD_REASON, header_text(reason).as_str());
+    headers.insert(wire::DEAD_SEQUENCE, sequence.to_string().as_str());
+    if let Some(target) = target {
+        headers.insert(wire::DEAD_TARGET, header_text(target).as_str());
+    }
+    headers
+}
+
+/// Text fit for a header value: no control characters (a line break would
+/// end the header), at most `MAX_REASON_LEN` bytes.
+fn header_text(text: &str) -> String {
+    let mut clean: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if clean.len() > MAX_REASON_LEN {
+        let cut = (0..=MAX_REASON_LEN).rev().find(|&i| clean.is_char_boundary(i)).unwrap_or(0);
+        clean.truncate(cut);
+    }
+    clean
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -661,7 +993,8 @@ mod tests {
         source.insert(wire::DELIVER_AT, "1700000000000");
         source.insert("Order", "o-1");
         source.insert(wire::MSG_ID, "the producer's own id");
-        let (target, headers) = fired_headers("DELAY", 3, 42, header_pairs(&source)).unwrap();
+        let pairs: Vec<_> = header_pairs(&source).collect();
+        let (target, headers) = fired_headers("DELAY", 3, 42, &pairs).unwrap();
         assert_eq!(target, "orders.timeout");
         assert_eq!(headers.get("Order").unwrap().as_str(), "o-1");
         assert_eq!(headers.get(wire::DELIVER_AT).unwrap().as_str(), "1700000000000");
@@ -675,7 +1008,42 @@ mod tests {
     fn a_timer_without_a_target_is_refused_naming_its_sequence() {
         let mut source = HeaderMap::new();
         source.insert(wire::DELIVER_AT, "5");
-        let err = fired_headers("DELAY", 0, 9, header_pairs(&source)).unwrap_err().to_string();
+        let pairs: Vec<_> = header_pairs(&source).collect();
+        let err = fired_headers("DELAY", 0, 9, &pairs).unwrap_err().to_string();
         assert!(err.contains("sequence 9") && err.contains(wire::TARGET), "{err}");
+    }
+
+    #[test]
+    fn a_second_target_in_another_case_is_refused_not_picked() {
+        // An index that read `Delay-Target` and a firing that read
+        // `delay-target` would check one target and publish to another.
+        let pairs = [(wire::TARGET, "out.fired"), ("delay-target", "$JS.API.STREAM.PURGE.VICTIM")];
+        let err = fired_headers("DELAY", 0, 9, &pairs).unwrap_err().to_string();
+        assert!(err.contains("more than one"), "{err}");
+        assert_eq!(target_of(9, &[("DELAY-TARGET", "out.x")]).unwrap(), "out.x");
+        assert!(target_of(9, &[(wire::TARGET, "")]).is_err());
+    }
+
+    #[test]
+    fn a_dead_letter_says_why_and_where_and_is_no_timer() {
+        let source = [
+            (wire::TARGET, "nostream.x"),
+            (wire::DELIVER_AT, "5"),
+            ("Order", "o-1"),
+            ("Delay-Dead-Reason", "forged by the producer"),
+            (wire::MSG_ID, "the producer's own id"),
+        ];
+        let reason = format!("no stream captures it\r\n{}", "x".repeat(2 * MAX_REASON_LEN));
+        let headers = dead_letter_headers("DELAY", 2, 77, &source, &reason);
+        assert!(headers.get(wire::TARGET).is_none());
+        assert_eq!(headers.get(wire::DEAD_TARGET).unwrap().as_str(), "nostream.x");
+        assert_eq!(headers.get(wire::DEAD_SEQUENCE).unwrap().as_str(), "77");
+        assert_eq!(headers.get(wire::HANDLE).unwrap().as_str(), "2:77");
+        assert_eq!(headers.get(wire::MSG_ID).unwrap().as_str(), "DELAY-77");
+        assert_eq!(headers.get("Order").unwrap().as_str(), "o-1");
+        let written = headers.get(wire::DEAD_REASON).unwrap().as_str();
+        assert!(written.starts_with("no stream captures it  xx"), "{written}");
+        assert_eq!(written.len(), MAX_REASON_LEN);
+        assert_eq!(headers.get_all(wire::DEAD_REASON).count(), 1, "the producer's own is dropped");
     }
 }
