@@ -10,6 +10,7 @@ use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
 use crate::partition::{OwnedPartition, Shared};
+use crate::wire;
 use crate::{Result, TierConfig, TierError};
 
 /// The time limit of one request of a partition's (read, publish, acknowledge).
@@ -55,19 +56,36 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
 /// Creates the delay stream if this is the tier's first node: a work queue
 /// (a message goes when its delivery is acknowledged, that is when its timer
 /// fired or was cancelled) whose messages never expire, since a timer may be
-/// years ahead.
+/// years ahead. Its subjects are the partitions' own, so a timer on a
+/// subject no partition reads (`delay.99.x` with 8 partitions, `delay.x`) is
+/// refused when it is published rather than kept unread for ever.
 async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<stream::Stream> {
-    js.get_or_create_stream(stream::Config {
-        name: config.stream.clone(),
-        subjects: vec![format!("{}.>", config.prefix)],
-        num_replicas: config.replicas,
-        storage: stream::StorageType::File,
-        retention: stream::RetentionPolicy::WorkQueue,
-        allow_direct: true,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))
+    let subjects = wire::stream_subjects(&config.prefix, config.partitions);
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: subjects.clone(),
+            num_replicas: config.replicas,
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::WorkQueue,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))?;
+    let found = &stream.cached_info().config.subjects;
+    if found != &subjects {
+        // Made by hand or by an older node (`delay.>`): a timer on a subject
+        // outside the partitions' stays there unread.
+        tracing::warn!(
+            stream = %config.stream,
+            ?found,
+            expected = %format!("{} … {}", subjects[0], subjects[subjects.len() - 1]),
+            "the delay stream captures subjects no partition reads; timers there never fire"
+        );
+        metrics::counter!("delaytier_stream_subjects_mismatch_total").increment(1);
+    }
+    Ok(stream)
 }
 
 struct Node {

@@ -51,6 +51,12 @@ pub fn partition_filter(prefix: &str, partition: u32) -> String {
     format!("{prefix}.{partition}.>")
 }
 
+/// The delay stream's subjects: each partition's, so the stream refuses a
+/// timer that no partition would read.
+pub fn stream_subjects(prefix: &str, partitions: u32) -> Vec<String> {
+    (0..partitions).map(|p| partition_filter(prefix, p)).collect()
+}
+
 /// The partition a timer subject names, if it is one of `prefix`'s.
 pub fn partition_of_subject(prefix: &str, subject: &str) -> Option<u32> {
     let rest = subject.strip_prefix(prefix)?.strip_prefix('.')?;
@@ -165,6 +171,7 @@ mod tests {
         assert_eq!(partition_of_subject("delay", "delayx.3.a"), None);
         assert_eq!(partition_of_subject("delay", "delay.x.a"), None);
         assert_eq!(partition_filter("delay", 3), "delay.3.>");
+        assert_eq!(stream_subjects("delay", 3), ["delay.0.>", "delay.1.>", "delay.2.>"]);
     }
 
     #[test]

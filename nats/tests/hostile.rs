@@ -321,3 +321,34 @@ async fn a_target_stream_that_keeps_failing_is_given_up_after_the_bound_without_
     assert_eq!(full.info().await.unwrap().state.messages, 1);
     wait_until_no_timers(&client, Duration::from_secs(10)).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_the_tier_makes_refuses_timers_no_partition_reads() {
+    let Some(server) = cluster::nats_server() else { return };
+    let cluster = Cluster::start(server).await;
+    let client = cluster.connect().await;
+    // No stream made beforehand: the node makes the delay stream.
+    let _node = TierNode::start(&cluster, "a", LEASE_MS);
+    let js = jetstream::new(client.clone());
+    let far = (now_ms() + 86_400_000).to_string();
+    let timer = |subject: &'static str| {
+        let (js, far) = (js.clone(), far.clone());
+        async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("Delay-At", far.as_str());
+            headers.insert("Delay-Target", "out.fired");
+            js.publish_with_headers(subject, headers, Bytes::from("x")).await?.await
+        }
+    };
+    // Once a timer of partition 7 is taken, the stream and its leader exist.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while let Err(err) = timer("delay.7.timer").await {
+        assert!(Instant::now() < deadline, "no delay stream made by the node: {err}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    for stray in ["delay.8.timer", "delay.99.timer", "delay.x.timer", "delay.7"] {
+        let err = timer(stray).await.expect_err(stray);
+        assert_eq!(err.kind(), jetstream::context::PublishErrorKind::StreamNotFound, "{stray}: {err}");
+    }
+    assert_eq!(pending_in_stream(&client).await, 1);
+}
