@@ -58,9 +58,13 @@ const INGEST_BATCH: usize = 1024;
 const FIRE_CONCURRENCY: usize = 128;
 /// The longest a dead letter's publish may take to reach the server.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
-/// How long a target known to be captured by a stream is trusted to be,
-/// sparing the JetStream API a lookup per failed publish during an outage.
-const CAPTURED_FOR: Duration = Duration::from_secs(10);
+/// How long a target known to be captured by a stream (it acknowledged, or
+/// a lookup found its stream) is trusted to be, sparing the JetStream API a
+/// lookup per failed publish during an outage.
+const CAPTURED_FOR: Duration = Duration::from_secs(60);
+/// After a stream lookup fails, how long failed publishes count as
+/// transient without one (the API is likely electing its leader too).
+const LOOKUPS_PAUSE: Duration = Duration::from_secs(1);
 /// The longest reason a dead letter carries.
 const MAX_REASON_LEN: usize = 1024;
 /// How often the sweep looks for fired timers still in the stream.
@@ -83,8 +87,37 @@ pub(crate) struct Shared {
     pub config: TierConfig,
     /// What a timer may target (from `config`, made once).
     pub policy: TargetPolicy,
-    /// Targets lately found captured by a stream, with when.
-    pub captured: Mutex<HashMap<String, Instant>>,
+    /// Which targets streams capture, as lately seen.
+    pub captured: Mutex<Captured>,
+}
+
+/// Targets lately seen captured by a stream, and when a stream lookup last
+/// failed.
+#[derive(Default)]
+pub(crate) struct Captured {
+    targets: HashMap<String, Instant>,
+    lookup_failed: Option<Instant>,
+}
+
+impl Captured {
+    /// Whether `target` was seen captured lately.
+    fn knows(&self, target: &str) -> bool {
+        self.targets.get(target).is_some_and(|at| at.elapsed() < CAPTURED_FOR)
+    }
+
+    fn saw(&mut self, target: &str) {
+        if self.knows(target) {
+            return;
+        }
+        if self.targets.len() >= 4096 {
+            self.targets.clear(); // a bound, not a cache policy: a miss costs one lookup
+        }
+        self.targets.insert(target.to_string(), Instant::now());
+    }
+
+    fn lookups_paused(&self) -> bool {
+        self.lookup_failed.is_some_and(|at| at.elapsed() < LOOKUPS_PAUSE)
+    }
 }
 
 /// A timer indexed and not yet removed from the stream.
@@ -491,7 +524,10 @@ impl Part {
             shared.js.publish_with_headers(target.clone(), headers, due.payload.clone()).await?.await
         };
         match published.await {
-            Ok(ack) => Ok(ack.duplicate),
+            Ok(ack) => {
+                shared.captured.lock().expect("captured lock").saw(&target);
+                Ok(ack.duplicate)
+            }
             Err(err) => Err(self.classify(&target, err).await),
         }
     }
@@ -539,21 +575,27 @@ impl Part {
 
     /// Whether a stream captures `target`; None if JetStream cannot say now.
     async fn captured(&self, target: &str) -> Option<bool> {
-        let known = self.shared.captured.lock().expect("captured lock").get(target).copied();
-        if known.is_some_and(|at| at.elapsed() < CAPTURED_FOR) {
-            return Some(true);
+        {
+            let captured = self.shared.captured.lock().expect("captured lock");
+            if captured.knows(target) {
+                return Some(true);
+            }
+            if captured.lookups_paused() {
+                return None;
+            }
         }
-        match self.shared.js.stream_by_subject(target).await {
+        let found = self.shared.js.stream_by_subject(target).await;
+        let mut captured = self.shared.captured.lock().expect("captured lock");
+        match found {
             Ok(_) => {
-                let mut captured = self.shared.captured.lock().expect("captured lock");
-                if captured.len() >= 1024 {
-                    captured.clear(); // a bound, not a cache policy: lookups are cheap
-                }
-                captured.insert(target.to_string(), Instant::now());
+                captured.saw(target);
                 Some(true)
             }
             Err(err) if err.kind() == GetStreamByNameErrorKind::NotFound => Some(false),
-            Err(_) => None,
+            Err(_) => {
+                captured.lookup_failed = Some(Instant::now());
+                None
+            }
         }
     }
 
