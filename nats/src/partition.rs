@@ -56,6 +56,10 @@ const INGEST_BATCH: usize = 1024;
 /// Fired timers published at once (a timer waiting to be tried again holds
 /// no lane, so those behind it go on).
 const FIRE_CONCURRENCY: usize = 128;
+/// Timers taken from the local store and not done yet (firing or waiting
+/// to be tried again), at most: during an outage the rest wait in the local
+/// store, not in memory.
+const MAX_FIRING: usize = 4096;
 /// The longest a dead letter's publish may take to reach the server.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a target known to be captured by a stream (it acknowledged, or
@@ -396,7 +400,7 @@ impl Part {
     }
 
     /// Takes the local store's deliveries and fires each, at most
-    /// `FIRE_CONCURRENCY` at once. The local store is only an index, so its
+    /// `FIRE_CONCURRENCY` at once and `MAX_FIRING` under way. The local store is only an index, so its
     /// position is committed once a timer's firing has started: the stream
     /// keeps the timer until that firing ends. The firings are futures of
     /// this task, not tasks of their own, so when the partition is given up
@@ -407,6 +411,7 @@ impl Part {
             Err(err) => return tracing::error!(%err, "cannot consume the local store"),
         };
         let lanes = Arc::new(Semaphore::new(FIRE_CONCURRENCY));
+        let slots = Arc::new(Semaphore::new(MAX_FIRING));
         let mut firing = FuturesUnordered::new();
         loop {
             let poll = tokio::task::spawn_blocking(move || {
@@ -423,8 +428,13 @@ impl Part {
                 }
             };
             for timer in batch {
+                let Ok(slot) = drive(&mut firing, slots.clone().acquire_owned()).await else { return };
                 let Ok(lane) = drive(&mut firing, lanes.clone().acquire_owned()).await else { return };
-                firing.push(self.clone().fire_until_done(timer, lanes.clone(), lane));
+                let fire = self.clone().fire_until_done(timer, lanes.clone(), lane);
+                firing.push(async move {
+                    fire.await;
+                    drop(slot);
+                });
             }
             consumer.commit();
         }
