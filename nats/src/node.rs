@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
-use crate::partition::{OwnedPartition, Shared};
+use crate::partition::{OwnedPartition, Shared, remove_stale_stores};
 use crate::wire;
 use crate::{Result, TierConfig, TierError};
 
@@ -22,6 +22,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     config.validate()?;
     std::fs::create_dir_all(&config.dir)
         .map_err(|source| TierError::Io { path: config.dir.clone(), source })?;
+    remove_stale_stores(&config.dir)?;
     let client = async_nats::ConnectOptions::new()
         .name(format!("delaywheel-nats {}", config.node_id))
         .request_timeout(Some(OP_TIMEOUT))
@@ -37,7 +38,15 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     let leases = Leases::open(&js, &config).await?;
     let renew_every = config.renew_every();
     let policy = config.target_policy();
-    let shared = Arc::new(Shared { client, js, stream, config, policy, captured: Default::default() });
+    let shared = Arc::new(Shared {
+        client,
+        js,
+        stream,
+        config,
+        policy,
+        captured: Default::default(),
+        takes: Default::default(),
+    });
     let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
     tracing::info!(node = %node.shared.config.node_id, "tier node started");
     let mut tick = tokio::time::interval(renew_every);

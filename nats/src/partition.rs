@@ -26,6 +26,7 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -77,6 +78,8 @@ const SWEEP_EVERY: Duration = Duration::from_secs(5);
 const ACK_SETTLES: Duration = Duration::from_secs(5);
 /// Fired timers remembered for the sweep, at most.
 const MAX_REMEMBERED: usize = 1 << 20;
+/// How long a given-up partition waits for its store to be let go of.
+const STORE_RELEASE: Duration = Duration::from_secs(5);
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
 /// How long the stream waits for a timer's acknowledgement before handing it
@@ -93,6 +96,8 @@ pub(crate) struct Shared {
     pub policy: TargetPolicy,
     /// Which targets streams capture, as lately seen.
     pub captured: Mutex<Captured>,
+    /// Partitions taken so far: each take's store has a directory of its own.
+    pub takes: AtomicU64,
 }
 
 /// Targets lately seen captured by a stream, and when a stream lookup last
@@ -161,7 +166,10 @@ impl OwnedPartition {
     /// Opens a fresh local store and starts indexing and firing the
     /// partition's timers.
     pub(crate) async fn start(shared: Arc<Shared>, partition: u32) -> Result<Self> {
-        let dir = shared.config.dir.join(format!("p{partition}"));
+        // A directory of its own per take: a store of an earlier take that
+        // something still holds can never write into this one's files.
+        let take = shared.takes.fetch_add(1, Ordering::Relaxed);
+        let dir = shared.config.dir.join(format!("p{partition}-{take}"));
         let store = Arc::new(open_fresh(dir.clone()).await?);
         let pending: Pending = Arc::default();
         let span = tracing::info_span!("partition", p = partition);
@@ -191,9 +199,13 @@ impl OwnedPartition {
         for task in self.tasks {
             let _ = task.await;
         }
-        let (store, dir, partition) = (self.store, self.dir, self.partition);
+        let (dir, partition) = (self.dir, self.partition);
+        let store = sole_owner(self.store).await;
+        if store.is_none() {
+            tracing::warn!(partition, "the local store is still in use; removing it unclosed");
+        }
         let closed = tokio::task::spawn_blocking(move || {
-            if let Ok(store) = Arc::try_unwrap(store) {
+            if let Some(store) = store {
                 store.close()?;
             }
             std::fs::remove_dir_all(&dir).map_err(|source| TierError::Io { path: dir, source })
@@ -207,6 +219,38 @@ impl OwnedPartition {
             Err(err) => tracing::warn!(partition, %err, "partition given up; closing its store panicked"),
         }
     }
+}
+
+/// The store, once the partition's tasks' blocking work (a local put or
+/// poll under way when they were aborted) has let go of it; None if that
+/// takes longer than `STORE_RELEASE`.
+async fn sole_owner(mut store: Arc<Store>) -> Option<Store> {
+    let deadline = Instant::now() + STORE_RELEASE;
+    loop {
+        match Arc::try_unwrap(store) {
+            Ok(store) => return Some(store),
+            Err(_) if Instant::now() >= deadline => return None,
+            Err(shared) => store = shared,
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Removes the local stores an earlier run of this node left (killed before
+/// it could): they are indexes of a stream that has moved on.
+pub(crate) fn remove_stale_stores(dir: &std::path::Path) -> Result<()> {
+    let io = |source| TierError::Io { path: dir.to_path_buf(), source };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let ours = name
+            .strip_prefix('p')
+            .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit() || b == b'-'));
+        if ours && path.is_dir() {
+            std::fs::remove_dir_all(&path).map_err(|source| TierError::Io { path, source })?;
+        }
+    }
+    Ok(())
 }
 
 async fn open_fresh(dir: PathBuf) -> Result<Store> {
