@@ -31,6 +31,7 @@ mod error;
 mod lease;
 mod node;
 mod partition;
+mod strays;
 pub mod target;
 pub mod wire;
 

@@ -34,7 +34,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         .timeout(OP_TIMEOUT)
         .ack_timeout(OP_TIMEOUT)
         .build(client.clone());
-    let stream = ensure_stream(&js, &config).await?;
+    let (stream, strays_possible) = ensure_stream(&js, &config).await?;
     let leases = Leases::open(&js, &config).await?;
     let renew_every = config.renew_every();
     let policy = config.target_policy();
@@ -46,6 +46,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         policy,
         captured: Default::default(),
         takes: Default::default(),
+        strays_possible,
     });
     let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
     tracing::info!(node = %node.shared.config.node_id, "tier node started");
@@ -67,8 +68,9 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
 /// fired or was cancelled) whose messages never expire, since a timer may be
 /// years ahead. Its subjects are the partitions' own, so a timer on a
 /// subject no partition reads (`delay.99.x` with 8 partitions, `delay.x`) is
-/// refused when it is published rather than kept unread for ever.
-async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<stream::Stream> {
+/// refused when it is published rather than kept unread for ever. Also
+/// whether the stream (made otherwise) may hold such timers.
+async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<(stream::Stream, bool)> {
     let subjects = wire::stream_subjects(&config.prefix, config.partitions);
     let stream = js
         .get_or_create_stream(stream::Config {
@@ -83,18 +85,20 @@ async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<s
         .await
         .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))?;
     let found = &stream.cached_info().config.subjects;
-    if found != &subjects {
+    let strays_possible = found != &subjects;
+    if strays_possible {
         // Made by hand or by an older node (`delay.>`): a timer on a subject
-        // outside the partitions' stays there unread.
+        // outside the partitions' is read by no partition (see `strays`).
         tracing::warn!(
             stream = %config.stream,
             ?found,
             expected = %format!("{} … {}", subjects[0], subjects[subjects.len() - 1]),
-            "the delay stream captures subjects no partition reads; timers there never fire"
+            "the delay stream captures subjects no partition reads; the owner of partition 0 \
+             moves timers there to the dead letter"
         );
         metrics::counter!("delaytier_stream_subjects_mismatch_total").increment(1);
     }
-    Ok(stream)
+    Ok((stream, strays_possible))
 }
 
 struct Node {

@@ -98,6 +98,9 @@ pub(crate) struct Shared {
     pub captured: Mutex<Captured>,
     /// Partitions taken so far: each take's store has a directory of its own.
     pub takes: AtomicU64,
+    /// Whether the delay stream captures subjects no partition reads (made
+    /// by hand or by an older node), so partition 0's owner looks for them.
+    pub strays_possible: bool,
 }
 
 /// Targets lately seen captured by a stream, and when a stream lookup last
@@ -180,13 +183,17 @@ impl OwnedPartition {
             .subscribe(wire::cancel_subject(&shared.config.stream, partition))
             .await
             .map_err(|e| TierError::nats("subscribe to cancels", e))?;
+        let strays = (partition == 0 && shared.strays_possible).then(|| shared.clone());
         let part = Part { shared, partition, store: store.clone(), pending };
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(part.clone().answer_cancels(cancels).instrument(span.clone())),
             tokio::spawn(part.clone().fire().instrument(span.clone())),
             tokio::spawn(part.clone().sweep().instrument(span.clone())),
-            tokio::spawn(part.ingest().instrument(span)),
+            tokio::spawn(part.ingest().instrument(span.clone())),
         ];
+        if let Some(shared) = strays {
+            tasks.push(tokio::spawn(crate::strays::sweep(shared).instrument(span)));
+        }
         tracing::info!(partition, "partition taken");
         Ok(OwnedPartition { partition, store, dir, tasks })
     }
@@ -690,9 +697,7 @@ impl Part {
         Ok(())
     }
 
-    /// Publishes a timer to the partition's dead-letter subject, with core
-    /// NATS: no stream of the tier captures it (see the README), and it
-    /// waits only until the server has it.
+    /// Publishes a timer of this partition to its dead-letter subject.
     async fn dead_letter(
         &self,
         sequence: u64,
@@ -701,22 +706,8 @@ impl Part {
         kind: &'static str,
         reason: &str,
     ) -> Result<()> {
-        let config = &self.shared.config;
-        let subject = config.dead_letter_subject(self.partition);
-        let mut headers =
-            dead_letter_headers(&config.stream, self.partition, sequence, &borrowed_pairs(source), reason);
-        let client = &self.shared.client;
-        let mut sent = client.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
-        if sent.as_ref().is_err_and(|e| e.kind() == async_nats::PublishErrorKind::MaxPayloadExceeded) {
-            // The added headers pushed it past the server's limit: the reason matters more.
-            headers.insert(wire::DEAD_PAYLOAD, format!("dropped, {} bytes", payload.len()).as_str());
-            sent = client.publish_with_headers(subject.clone(), headers, Bytes::new()).await;
-        }
-        sent.map_err(|e| TierError::nats(format!("publish to {subject}"), e))?;
-        bounded(FLUSH_TIMEOUT, || format!("flush to {subject}"), client.flush()).await?;
-        metrics::counter!("delaytier_dead_lettered_total", "reason" => kind).increment(1);
-        tracing::warn!(sequence, %subject, reason, "timer moved to the dead letter");
-        Ok(())
+        let source = borrowed_pairs(source);
+        dead_letter(&self.shared, Some(self.partition), sequence, &source, payload, kind, reason).await
     }
 
     /// Forgets a timer that left the line (fired or dead-lettered), and
@@ -862,6 +853,39 @@ impl Part {
             CancelOutcome::NotFound => Ok(CancelAnswer::NotFound),
         }
     }
+}
+
+/// Publishes a timer to the dead-letter subject of its partition
+/// (`<dead_letter>.unowned` for one no partition reads), with core NATS: no
+/// stream of the tier captures it (see the README), and it waits only until
+/// the server has it.
+pub(crate) async fn dead_letter(
+    shared: &Shared,
+    partition: Option<u32>,
+    sequence: u64,
+    source: &[(&str, &str)],
+    payload: Bytes,
+    kind: &'static str,
+    reason: &str,
+) -> Result<()> {
+    let config = &shared.config;
+    let subject = match partition {
+        Some(partition) => config.dead_letter_subject(partition),
+        None => format!("{}.unowned", config.dead_letter),
+    };
+    let mut headers = dead_letter_headers(&config.stream, partition, sequence, source, reason);
+    let client = &shared.client;
+    let mut sent = client.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
+    if sent.as_ref().is_err_and(|e| e.kind() == async_nats::PublishErrorKind::MaxPayloadExceeded) {
+        // The added headers pushed it past the server's limit: the reason matters more.
+        headers.insert(wire::DEAD_PAYLOAD, format!("dropped, {} bytes", payload.len()).as_str());
+        sent = client.publish_with_headers(subject.clone(), headers, Bytes::new()).await;
+    }
+    sent.map_err(|e| TierError::nats(format!("publish to {subject}"), e))?;
+    bounded(FLUSH_TIMEOUT, || format!("flush to {subject}"), client.flush()).await?;
+    metrics::counter!("delaytier_dead_lettered_total", "reason" => kind).increment(1);
+    tracing::warn!(sequence, %subject, reason, "timer moved to the dead letter");
+    Ok(())
 }
 
 /// Awaits `wanted` while driving the firings under way.
@@ -1037,7 +1061,7 @@ fn fired_headers(
 /// handle and the deduplication id (for a stream that keeps dead letters).
 fn dead_letter_headers(
     stream: &str,
-    partition: u32,
+    partition: Option<u32>,
     sequence: u64,
     source: &[(&str, &str)],
     reason: &str,
@@ -1054,7 +1078,9 @@ fn dead_letter_headers(
         }
     }
     headers.insert(wire::MSG_ID, wire::msg_id(stream, sequence).as_str());
-    headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
+    if let Some(partition) = partition {
+        headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
+    }
     headers.insert(wire::DEAD_REASON, header_text(reason).as_str());
     headers.insert(wire::DEAD_SEQUENCE, sequence.to_string().as_str());
     if let Some(target) = target {
@@ -1130,7 +1156,7 @@ mod tests {
             (wire::MSG_ID, "the producer's own id"),
         ];
         let reason = format!("no stream captures it\r\n{}", "x".repeat(2 * MAX_REASON_LEN));
-        let headers = dead_letter_headers("DELAY", 2, 77, &source, &reason);
+        let headers = dead_letter_headers("DELAY", Some(2), 77, &source, &reason);
         assert!(headers.get(wire::TARGET).is_none());
         assert_eq!(headers.get(wire::DEAD_TARGET).unwrap().as_str(), "nostream.x");
         assert_eq!(headers.get(wire::DEAD_SEQUENCE).unwrap().as_str(), "77");

@@ -357,3 +357,35 @@ async fn a_stream_the_tier_makes_refuses_timers_no_partition_reads() {
     }
     assert_eq!(pending_in_stream(&client).await, 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_a_stream_made_by_hand_timers_no_partition_reads_are_dead_lettered() {
+    // `cluster()` makes the delay stream on `delay.>`, as by hand.
+    let Some((cluster, client)) = cluster().await else { return };
+    let (dead, _dead_reader) = dead_letters(&client).await;
+    let (arrivals, _reader) = collect(&client).await;
+    let _node = TierNode::start(&cluster, "a", LEASE_MS);
+    let at = now_ms().to_string();
+    let headers = [("Delay-At", at.as_str()), ("Delay-Target", "out.fired")];
+    let strays = [("delay.8.timer", "eight"), ("delay.99.timer", "ninety-nine"), ("delay.x", "two-tokens")];
+    for (subject, payload) in strays {
+        publish_raw(&client, subject, &headers, payload).await;
+    }
+    publish_raw(&client, "delay.07.timer", &headers, "not-canonical").await;
+    publish_raw(&client, "delay.7.timer", &headers, "good").await;
+
+    let letters = wait_for_dead(
+        &dead,
+        &["eight", "ninety-nine", "two-tokens", "not-canonical"],
+        Duration::from_secs(30),
+    )
+    .await;
+    for letter in &letters {
+        assert_eq!(letter.subject, "delaytier.dead.unowned", "{letter:?}");
+        assert!(letter.header("Delay-Dead-Reason").contains("no partition reads"), "{letter:?}");
+        assert_eq!(letter.header("Delay-Dead-Target"), "out.fired", "{letter:?}");
+    }
+    wait_for(&arrivals, 1, Duration::from_secs(10)).await;
+    assert_eq!(arrivals.lock().unwrap().count.get("good"), Some(&1));
+    wait_until_no_timers(&client, Duration::from_secs(10)).await;
+}
