@@ -8,7 +8,9 @@ use async_nats::jetstream::{self};
 use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 
+use crate::config::DEFAULT_DEAD_LETTER;
 use crate::partition::{cancel_in_stream, publish_acked, remove_source};
+use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer, TimerHandle};
 use crate::{Result, TierError};
 
@@ -65,7 +67,9 @@ impl TierClient {
 
     /// Schedules `payload` to be published to `target` at `deliver_at_ms`
     /// (epoch ms; a time past fires at once). One `key`'s timers share a
-    /// partition. Returns once the stream has it (replicated).
+    /// partition. Returns once the stream has it (replicated). A target the
+    /// tier never publishes to (see [`crate::target`]) is refused with
+    /// [`TierError::BadTarget`].
     pub async fn schedule(
         &self,
         key: &str,
@@ -86,6 +90,11 @@ impl TierClient {
         mut headers: HeaderMap,
         payload: Bytes,
     ) -> Result<TimerHandle> {
+        // The nodes check again (anyone can publish a timer by hand); this
+        // tells an honest producer at once, naming the header.
+        TargetPolicy::new(&self.prefix, DEFAULT_DEAD_LETTER, Vec::new())
+            .check(target)
+            .map_err(|reason| TierError::BadTarget { header: wire::TARGET, reason })?;
         let partition = wire::partition_of(key.as_bytes(), self.partitions);
         headers.insert(wire::TARGET, target);
         headers.insert(wire::DELIVER_AT, deliver_at_ms.to_string().as_str());

@@ -3,7 +3,12 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
+use crate::target::TargetPolicy;
 use crate::{Result, TierError};
+
+/// Where dead letters go unless configured otherwise: outside the default
+/// delay stream's `delay.>`.
+pub const DEFAULT_DEAD_LETTER: &str = "delaytier.dead";
 
 /// A tier node's settings. Every node of one tier must agree on `stream`,
 /// `prefix`, `partitions` and `lease_bucket`.
@@ -28,6 +33,16 @@ pub struct TierConfig {
     pub lease: Duration,
     /// The KV bucket holding the leases and the nodes' heartbeats.
     pub lease_bucket: String,
+    /// Target prefixes a timer may name (`orders.`, say); empty: any subject
+    /// that is not reserved (see [`crate::target`]).
+    pub allow_target_prefixes: Vec<String>,
+    /// Timers that cannot be fired go to `<dead_letter>.<partition>`, with
+    /// their reason. It must lie outside the delay stream's subjects, or a
+    /// dead letter would come back as a timer.
+    pub dead_letter: String,
+    /// A timer whose target's stream exists but keeps failing to acknowledge
+    /// it for this long goes to the dead letter.
+    pub give_up_after: Duration,
 }
 
 impl TierConfig {
@@ -43,12 +58,25 @@ impl TierConfig {
             replicas: 3,
             lease: Duration::from_secs(3),
             lease_bucket: "delaytier_leases".into(),
+            allow_target_prefixes: Vec::new(),
+            dead_letter: DEFAULT_DEAD_LETTER.into(),
+            give_up_after: Duration::from_secs(60),
         }
     }
 
     /// How often a node renews its leases and looks for free partitions.
     pub fn renew_every(&self) -> Duration {
         self.lease / 4
+    }
+
+    /// What this tier may publish fired timers to.
+    pub fn target_policy(&self) -> TargetPolicy {
+        TargetPolicy::new(&self.prefix, &self.dead_letter, self.allow_target_prefixes.clone())
+    }
+
+    /// The subject of a partition's dead letters.
+    pub fn dead_letter_subject(&self, partition: u32) -> String {
+        format!("{}.{partition}", self.dead_letter)
     }
 
     /// Refuses settings the tier cannot run with, naming the field.
@@ -74,6 +102,29 @@ impl TierConfig {
         if self.lease < Duration::from_millis(400) {
             return Err(TierError::Config(format!("lease {:?}: at least 400 ms", self.lease)));
         }
+        self.validate_dead_letter()?;
+        if self.give_up_after < Duration::from_millis(100) {
+            return Err(TierError::Config(format!(
+                "give up after {:?}: at least 100 ms",
+                self.give_up_after
+            )));
+        }
+        if let Some(bad) = self.allow_target_prefixes.iter().find(|p| p.is_empty() || p.contains(['*', '>']))
+        {
+            return Err(TierError::Config(format!("allowed target prefix {bad:?}: plain subject text")));
+        }
+        Ok(())
+    }
+
+    fn validate_dead_letter(&self) -> Result<()> {
+        let bad = |why: &str| Err(TierError::Config(format!("dead letter {:?}: {why}", self.dead_letter)));
+        if crate::target::check_subject(&self.dead_letter).is_err() {
+            return bad("not a plain subject");
+        }
+        let inside = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}."));
+        if inside(&self.dead_letter, &self.prefix) || inside(&self.prefix, &self.dead_letter) {
+            return bad(&format!("overlaps the delay stream's subjects {}.>", self.prefix));
+        }
         Ok(())
     }
 }
@@ -87,12 +138,16 @@ mod tests {
         let good = TierConfig::new(vec!["nats://127.0.0.1:4222".into()], "/tmp/x", "node-1");
         good.validate().unwrap();
         type Spoil = fn(&mut TierConfig);
-        let cases: [(&str, Spoil); 5] = [
+        let cases: [(&str, Spoil); 9] = [
             ("node id", |c| c.node_id = "a.b".into()),
             ("partitions 0", |c| c.partitions = 0),
             ("replicas 7", |c| c.replicas = 7),
             ("lease", |c| c.lease = Duration::from_millis(10)),
             ("no NATS server", |c| c.servers.clear()),
+            ("dead letter \"delay.dead\": overlaps", |c| c.dead_letter = "delay.dead".into()),
+            ("dead letter \"delay\": overlaps", |c| c.dead_letter = "delay".into()),
+            ("dead letter \"dead.>\": not a plain", |c| c.dead_letter = "dead.>".into()),
+            ("allowed target prefix \"orders.*\"", |c| c.allow_target_prefixes = vec!["orders.*".into()]),
         ];
         for (field, spoil) in cases {
             let mut config = good.clone();

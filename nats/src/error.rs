@@ -33,6 +33,14 @@ pub enum TierError {
         /// Which header is missing or what is wrong with it.
         problem: String,
     },
+    /// A timer's target is one the tier refuses to publish to.
+    #[error("{header} header: {reason}")]
+    BadTarget {
+        /// The header naming the target.
+        header: &'static str,
+        /// Why it is refused.
+        reason: crate::target::Refused,
+    },
     /// A partition's owner answered a request with an error.
     #[error("the partition's owner answered: {0}")]
     Owner(String),

@@ -10,6 +10,12 @@
 //! truth, and each node's store is an index rebuilt from it whenever the
 //! node takes a partition, as the commit log's indexes are rebuilt from it.
 //!
+//! A timer is a request the node makes with its own credentials, so its
+//! target is checked first ([`target`]); one that cannot be fired (a
+//! refused or unanswering target, a malformed timer) goes to the dead-letter
+//! subject with its reason ([`TierConfig::dead_letter`]) and never holds up
+//! the timers behind it.
+//!
 //! The guarantee: a timer is published at or after its time, never early.
 //! It is published again only if an owner published it and then lost the
 //! partition (died, or stalled past its lease) before deleting it; the copy
@@ -25,10 +31,12 @@ mod error;
 mod lease;
 mod node;
 mod partition;
+mod strays;
+pub mod target;
 pub mod wire;
 
 pub use client::{RescheduleAnswer, TierClient};
-pub use config::TierConfig;
+pub use config::{DEFAULT_DEAD_LETTER, TierConfig};
 pub use error::{Result, TierError};
 pub use node::run;
 pub use wire::{CancelAnswer, TimerHandle};

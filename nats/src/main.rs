@@ -39,6 +39,18 @@ struct Args {
     /// The KV bucket of the leases.
     #[arg(long, default_value = "delaytier_leases")]
     lease_bucket: String,
+    /// Fire timers only to targets starting with this (e.g. `orders.`);
+    /// repeatable. Without it, any subject that is not reserved ($…, _INBOX.…,
+    /// the tier's own).
+    #[arg(long = "allow-target-prefix", value_name = "PREFIX")]
+    allow_target_prefixes: Vec<String>,
+    /// Timers that cannot be fired go to DEAD_LETTER.<partition>, with their reason.
+    #[arg(long, default_value = delaywheel_nats::DEFAULT_DEAD_LETTER)]
+    dead_letter: String,
+    /// A timer whose target's stream keeps failing to acknowledge it for this
+    /// long goes to the dead letter.
+    #[arg(long, default_value_t = 60_000)]
+    give_up_after_ms: u64,
     /// Serve Prometheus metrics (delaytier_*) on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -60,6 +72,9 @@ async fn main() -> ExitCode {
     config.replicas = args.replicas;
     config.lease = Duration::from_millis(args.lease_ms);
     config.lease_bucket = args.lease_bucket;
+    config.allow_target_prefixes = args.allow_target_prefixes;
+    config.dead_letter = args.dead_letter;
+    config.give_up_after = Duration::from_millis(args.give_up_after_ms);
     if let Err(err) = config.validate() {
         eprintln!("delaywheel-nats: {err}");
         return ExitCode::from(2);

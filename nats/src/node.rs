@@ -9,7 +9,8 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
-use crate::partition::{OwnedPartition, Shared};
+use crate::partition::{OwnedPartition, Shared, remove_stale_stores};
+use crate::wire;
 use crate::{Result, TierConfig, TierError};
 
 /// The time limit of one request of a partition's (read, publish, acknowledge).
@@ -21,6 +22,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     config.validate()?;
     std::fs::create_dir_all(&config.dir)
         .map_err(|source| TierError::Io { path: config.dir.clone(), source })?;
+    remove_stale_stores(&config.dir)?;
     let client = async_nats::ConnectOptions::new()
         .name(format!("delaywheel-nats {}", config.node_id))
         .request_timeout(Some(OP_TIMEOUT))
@@ -32,10 +34,20 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         .timeout(OP_TIMEOUT)
         .ack_timeout(OP_TIMEOUT)
         .build(client.clone());
-    let stream = ensure_stream(&js, &config).await?;
+    let (stream, strays_possible) = ensure_stream(&js, &config).await?;
     let leases = Leases::open(&js, &config).await?;
     let renew_every = config.renew_every();
-    let shared = Arc::new(Shared { client, js, stream, config });
+    let policy = config.target_policy();
+    let shared = Arc::new(Shared {
+        client,
+        js,
+        stream,
+        config,
+        policy,
+        captured: Default::default(),
+        takes: Default::default(),
+        strays_possible,
+    });
     let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
     tracing::info!(node = %node.shared.config.node_id, "tier node started");
     let mut tick = tokio::time::interval(renew_every);
@@ -54,19 +66,39 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
 /// Creates the delay stream if this is the tier's first node: a work queue
 /// (a message goes when its delivery is acknowledged, that is when its timer
 /// fired or was cancelled) whose messages never expire, since a timer may be
-/// years ahead.
-async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<stream::Stream> {
-    js.get_or_create_stream(stream::Config {
-        name: config.stream.clone(),
-        subjects: vec![format!("{}.>", config.prefix)],
-        num_replicas: config.replicas,
-        storage: stream::StorageType::File,
-        retention: stream::RetentionPolicy::WorkQueue,
-        allow_direct: true,
-        ..Default::default()
-    })
-    .await
-    .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))
+/// years ahead. Its subjects are the partitions' own, so a timer on a
+/// subject no partition reads (`delay.99.x` with 8 partitions, `delay.x`) is
+/// refused when it is published rather than kept unread for ever. Also
+/// whether the stream (made otherwise) may hold such timers.
+async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<(stream::Stream, bool)> {
+    let subjects = wire::stream_subjects(&config.prefix, config.partitions);
+    let stream = js
+        .get_or_create_stream(stream::Config {
+            name: config.stream.clone(),
+            subjects: subjects.clone(),
+            num_replicas: config.replicas,
+            storage: stream::StorageType::File,
+            retention: stream::RetentionPolicy::WorkQueue,
+            allow_direct: true,
+            ..Default::default()
+        })
+        .await
+        .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))?;
+    let found = &stream.cached_info().config.subjects;
+    let strays_possible = found != &subjects;
+    if strays_possible {
+        // Made by hand or by an older node (`delay.>`): a timer on a subject
+        // outside the partitions' is read by no partition (see `strays`).
+        tracing::warn!(
+            stream = %config.stream,
+            ?found,
+            expected = %format!("{} … {}", subjects[0], subjects[subjects.len() - 1]),
+            "the delay stream captures subjects no partition reads; the owner of partition 0 \
+             moves timers there to the dead letter"
+        );
+        metrics::counter!("delaytier_stream_subjects_mismatch_total").increment(1);
+    }
+    Ok((stream, strays_possible))
 }
 
 struct Node {

@@ -26,11 +26,13 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_nats::jetstream::{self, Message as JsMessage};
 use bytes::Bytes;
@@ -38,9 +40,13 @@ use delaywheel::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store,
 };
 use futures::StreamExt;
+use futures::stream::FuturesUnordered;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::error::bounded;
+use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierConfig, TierError};
 
@@ -48,14 +54,32 @@ use crate::{Result, TierConfig, TierError};
 const FIRE_TOPIC: &str = "fire";
 /// Timers read from the stream per local batch put.
 const INGEST_BATCH: usize = 1024;
-/// Fired timers published at once.
+/// Fired timers published at once (a timer waiting to be tried again holds
+/// no lane, so those behind it go on).
 const FIRE_CONCURRENCY: usize = 128;
+/// Timers taken from the local store and not done yet (firing or waiting
+/// to be tried again), at most: during an outage the rest wait in the local
+/// store, not in memory.
+const MAX_FIRING: usize = 4096;
+/// The longest a dead letter's publish may take to reach the server.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(2);
+/// How long a target known to be captured by a stream (it acknowledged, or
+/// a lookup found its stream) is trusted to be, sparing the JetStream API a
+/// lookup per failed publish during an outage.
+const CAPTURED_FOR: Duration = Duration::from_secs(60);
+/// After a stream lookup fails, how long failed publishes count as
+/// transient without one (the API is likely electing its leader too).
+const LOOKUPS_PAUSE: Duration = Duration::from_secs(1);
+/// The longest reason a dead letter carries.
+const MAX_REASON_LEN: usize = 1024;
 /// How often the sweep looks for fired timers still in the stream.
 const SWEEP_EVERY: Duration = Duration::from_secs(5);
 /// A fired timer's acknowledgement has surely been applied after this.
 const ACK_SETTLES: Duration = Duration::from_secs(5);
 /// Fired timers remembered for the sweep, at most.
 const MAX_REMEMBERED: usize = 1 << 20;
+/// How long a given-up partition waits for its store to be let go of.
+const STORE_RELEASE: Duration = Duration::from_secs(5);
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
 /// How long the stream waits for a timer's acknowledgement before handing it
@@ -68,6 +92,44 @@ pub(crate) struct Shared {
     pub js: jetstream::Context,
     pub stream: Stream,
     pub config: TierConfig,
+    /// What a timer may target (from `config`, made once).
+    pub policy: TargetPolicy,
+    /// Which targets streams capture, as lately seen.
+    pub captured: Mutex<Captured>,
+    /// Partitions taken so far: each take's store has a directory of its own.
+    pub takes: AtomicU64,
+    /// Whether the delay stream captures subjects no partition reads (made
+    /// by hand or by an older node), so partition 0's owner looks for them.
+    pub strays_possible: bool,
+}
+
+/// Targets lately seen captured by a stream, and when a stream lookup last
+/// failed.
+#[derive(Default)]
+pub(crate) struct Captured {
+    targets: HashMap<String, Instant>,
+    lookup_failed: Option<Instant>,
+}
+
+impl Captured {
+    /// Whether `target` was seen captured lately.
+    fn knows(&self, target: &str) -> bool {
+        self.targets.get(target).is_some_and(|at| at.elapsed() < CAPTURED_FOR)
+    }
+
+    fn saw(&mut self, target: &str) {
+        if self.knows(target) {
+            return;
+        }
+        if self.targets.len() >= 4096 {
+            self.targets.clear(); // a bound, not a cache policy: a miss costs one lookup
+        }
+        self.targets.insert(target.to_string(), Instant::now());
+    }
+
+    fn lookups_paused(&self) -> bool {
+        self.lookup_failed.is_some_and(|at| at.elapsed() < LOOKUPS_PAUSE)
+    }
 }
 
 /// A timer indexed and not yet removed from the stream.
@@ -107,7 +169,10 @@ impl OwnedPartition {
     /// Opens a fresh local store and starts indexing and firing the
     /// partition's timers.
     pub(crate) async fn start(shared: Arc<Shared>, partition: u32) -> Result<Self> {
-        let dir = shared.config.dir.join(format!("p{partition}"));
+        // A directory of its own per take: a store of an earlier take that
+        // something still holds can never write into this one's files.
+        let take = shared.takes.fetch_add(1, Ordering::Relaxed);
+        let dir = shared.config.dir.join(format!("p{partition}-{take}"));
         let store = Arc::new(open_fresh(dir.clone()).await?);
         let pending: Pending = Arc::default();
         let span = tracing::info_span!("partition", p = partition);
@@ -118,13 +183,17 @@ impl OwnedPartition {
             .subscribe(wire::cancel_subject(&shared.config.stream, partition))
             .await
             .map_err(|e| TierError::nats("subscribe to cancels", e))?;
+        let strays = (partition == 0 && shared.strays_possible).then(|| shared.clone());
         let part = Part { shared, partition, store: store.clone(), pending };
-        let tasks = vec![
+        let mut tasks = vec![
             tokio::spawn(part.clone().answer_cancels(cancels).instrument(span.clone())),
             tokio::spawn(part.clone().fire().instrument(span.clone())),
             tokio::spawn(part.clone().sweep().instrument(span.clone())),
-            tokio::spawn(part.ingest().instrument(span)),
+            tokio::spawn(part.ingest().instrument(span.clone())),
         ];
+        if let Some(shared) = strays {
+            tasks.push(tokio::spawn(crate::strays::sweep(shared).instrument(span)));
+        }
         tracing::info!(partition, "partition taken");
         Ok(OwnedPartition { partition, store, dir, tasks })
     }
@@ -137,9 +206,13 @@ impl OwnedPartition {
         for task in self.tasks {
             let _ = task.await;
         }
-        let (store, dir, partition) = (self.store, self.dir, self.partition);
+        let (dir, partition) = (self.dir, self.partition);
+        let store = sole_owner(self.store).await;
+        if store.is_none() {
+            tracing::warn!(partition, "the local store is still in use; removing it unclosed");
+        }
         let closed = tokio::task::spawn_blocking(move || {
-            if let Ok(store) = Arc::try_unwrap(store) {
+            if let Some(store) = store {
                 store.close()?;
             }
             std::fs::remove_dir_all(&dir).map_err(|source| TierError::Io { path: dir, source })
@@ -153,6 +226,38 @@ impl OwnedPartition {
             Err(err) => tracing::warn!(partition, %err, "partition given up; closing its store panicked"),
         }
     }
+}
+
+/// The store, once the partition's tasks' blocking work (a local put or
+/// poll under way when they were aborted) has let go of it; None if that
+/// takes longer than `STORE_RELEASE`.
+async fn sole_owner(mut store: Arc<Store>) -> Option<Store> {
+    let deadline = Instant::now() + STORE_RELEASE;
+    loop {
+        match Arc::try_unwrap(store) {
+            Ok(store) => return Some(store),
+            Err(_) if Instant::now() >= deadline => return None,
+            Err(shared) => store = shared,
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Removes the local stores an earlier run of this node left (killed before
+/// it could): they are indexes of a stream that has moved on.
+pub(crate) fn remove_stale_stores(dir: &std::path::Path) -> Result<()> {
+    let io = |source| TierError::Io { path: dir.to_path_buf(), source };
+    for entry in std::fs::read_dir(dir).map_err(io)? {
+        let path = entry.map_err(io)?.path();
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or_default();
+        let ours = name
+            .strip_prefix('p')
+            .is_some_and(|rest| !rest.is_empty() && rest.bytes().all(|b| b.is_ascii_digit() || b == b'-'));
+        if ours && path.is_dir() {
+            std::fs::remove_dir_all(&path).map_err(|source| TierError::Io { path, source })?;
+        }
+    }
+    Ok(())
 }
 
 async fn open_fresh(dir: PathBuf) -> Result<Store> {
@@ -187,6 +292,32 @@ struct Indexed {
     /// What the local store keeps: the message itself, or (when its headers
     /// or payload are too large for a local record) only its sequence.
     local: Message,
+}
+
+/// A timer read from the stream that will not be indexed.
+struct Reject {
+    sequence: u64,
+    /// The dead letter's reason label: `malformed` or `refused` (its target).
+    kind: &'static str,
+    error: TierError,
+}
+
+/// A due timer as it is to be published.
+struct Due {
+    ack: async_nats::Subject,
+    /// The source's headers, the target included.
+    source: Vec<(String, String)>,
+    payload: Bytes,
+}
+
+/// Why a try to fire a timer failed.
+enum Failure {
+    /// The tier will not publish to its target.
+    Refused(String),
+    /// Its target will never acknowledge it.
+    Undeliverable(String),
+    /// It may work later: the cluster or the connection is in trouble.
+    Transient(TierError),
 }
 
 /// Tags of a local timer that holds only the sequence: firing it reads the
@@ -234,25 +365,50 @@ impl Part {
         let max_body = self.store.max_body_bytes();
         while let Some(chunk) = chunks.next().await {
             let mut timers = Vec::with_capacity(chunk.len());
+            let mut rejected = Vec::new();
             let mut read_up_to = 0;
             for message in chunk {
                 let message = message.map_err(|e| TierError::nats("read the partition", e))?;
-                match index(message, max_body) {
+                match index(&message, max_body, &self.shared.policy) {
                     Ok(timer) => {
-                        read_up_to = timer.sequence;
+                        read_up_to = read_up_to.max(timer.sequence);
                         timers.push(timer);
                     }
-                    Err((sequence, err)) => {
-                        read_up_to = read_up_to.max(sequence);
-                        self.pending.lock().expect("index lock").malformed += 1;
-                        metrics::counter!("delaytier_malformed_total").increment(1);
-                        tracing::warn!(%err, "timer left in the stream, not indexed");
+                    Err(reject) => {
+                        read_up_to = read_up_to.max(reject.sequence);
+                        rejected.push((message, reject));
                     }
                 }
             }
             self.put(timers, read_up_to).await?;
+            for (message, reject) in rejected {
+                self.reject(&message, reject).await;
+            }
         }
         Ok(())
+    }
+
+    /// A timer that will never be indexed: moves it to the dead letter and
+    /// removes it from the stream; if that fails now, it stays in the stream
+    /// (counted, as the sweep expects) until the partition is read again.
+    async fn reject(&self, message: &JsMessage, reject: Reject) {
+        let Reject { sequence, kind, error } = reject;
+        if kind == "malformed" {
+            metrics::counter!("delaytier_malformed_total").increment(1);
+        }
+        tracing::warn!(sequence, %error, "timer not indexed: moving it to the dead letter");
+        let buried = match (&message.reply, sequence) {
+            (Some(ack), 1..) => {
+                let source = message.headers.as_ref().map(owned_pairs).unwrap_or_default();
+                let payload = message.payload.clone();
+                self.bury(sequence, &source, payload, ack.clone(), kind, &error.to_string()).await
+            }
+            _ => Err(error),
+        };
+        if let Err(err) = buried {
+            self.pending.lock().expect("index lock").malformed += 1;
+            tracing::warn!(sequence, %err, "timer left in the stream, not indexed");
+        }
     }
 
     /// Puts timers into the local store, holding the index so a timer that
@@ -294,19 +450,26 @@ impl Part {
         .await;
     }
 
-    /// Takes the local store's deliveries and fires each.
+    /// Takes the local store's deliveries and fires each, at most
+    /// `FIRE_CONCURRENCY` at once and `MAX_FIRING` under way. The local store is only an index, so its
+    /// position is committed once a timer's firing has started: the stream
+    /// keeps the timer until that firing ends. The firings are futures of
+    /// this task, not tasks of their own, so when the partition is given up
+    /// aborting this task ends them all before its store is closed.
     async fn fire(self) {
         let mut consumer = match self.store.consumer(FIRE_TOPIC, 0) {
             Ok(consumer) => consumer,
             Err(err) => return tracing::error!(%err, "cannot consume the local store"),
         };
+        let lanes = Arc::new(Semaphore::new(FIRE_CONCURRENCY));
+        let slots = Arc::new(Semaphore::new(MAX_FIRING));
+        let mut firing = FuturesUnordered::new();
         loop {
-            let polled = tokio::task::spawn_blocking(move || {
+            let poll = tokio::task::spawn_blocking(move || {
                 let batch = consumer.poll(1024, Duration::from_millis(200));
                 (consumer, batch)
-            })
-            .await
-            .expect("a local poll does not panic");
+            });
+            let polled = drive(&mut firing, poll).await.expect("a local poll does not panic");
             consumer = polled.0;
             let batch = match polled.1 {
                 Ok(batch) => batch,
@@ -315,75 +478,247 @@ impl Part {
                     return;
                 }
             };
-            futures::stream::iter(&batch)
-                .for_each_concurrent(FIRE_CONCURRENCY, |m| self.fire_until_done(m))
-                .await;
+            for timer in batch {
+                let Ok(slot) = drive(&mut firing, slots.clone().acquire_owned()).await else { return };
+                let Ok(lane) = drive(&mut firing, lanes.clone().acquire_owned()).await else { return };
+                let fire = self.clone().fire_until_done(timer, lanes.clone(), lane);
+                firing.push(async move {
+                    fire.await;
+                    drop(slot);
+                });
+            }
             consumer.commit();
         }
     }
 
-    /// Fires one timer, retrying while the partition is ours.
-    async fn fire_until_done(&self, timer: &ConsumedMessage) {
+    /// Fires one timer. A failure that may pass (the cluster or the
+    /// connection in trouble) is tried again, the timer giving up its lane
+    /// while it waits so the timers behind it go on; a timer that can never
+    /// be published, or still fails after `give_up_after`, goes to the dead
+    /// letter.
+    async fn fire_until_done(
+        self,
+        timer: ConsumedMessage,
+        lanes: Arc<Semaphore>,
+        lane: OwnedSemaphorePermit,
+    ) {
         let Some(sequence) = timer.key().and_then(|k| k.parse::<u64>().ok()) else {
             return tracing::error!(key = ?timer.key(), "a local timer without its sequence");
         };
+        let mut lane = Some(lane);
+        let mut failing_since = None;
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.fire_one(sequence, timer).await {
+            match self.fire_one(sequence, &timer, failing_since).await {
                 Ok(()) => return,
                 Err(err) => {
+                    failing_since.get_or_insert_with(Instant::now);
                     metrics::counter!("delaytier_fire_errors_total").increment(1);
                     tracing::warn!(sequence, %err, "firing failed; retrying");
                 }
             }
+            drop(lane.take());
             tokio::time::sleep(backoff).await;
             backoff = (backoff * 2).min(Duration::from_secs(2));
+            let Ok(again) = lanes.clone().acquire_owned().await else { return };
+            lane = Some(again);
         }
     }
 
-    async fn fire_one(&self, sequence: u64, timer: &ConsumedMessage) -> Result<()> {
-        let shared = &self.shared;
-        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).map(|t| t.ack.clone());
-        let Some(source_ack) = pending else {
-            return Ok(()); // cancelled while it fired
+    /// One try: publish and acknowledge, or move to the dead letter a timer
+    /// that cannot be published. An error means try again.
+    async fn fire_one(
+        &self,
+        sequence: u64,
+        timer: &ConsumedMessage,
+        failing_since: Option<Instant>,
+    ) -> Result<()> {
+        let Some(due) = self.load(sequence, timer).await? else {
+            return Ok(()); // cancelled while it fired, or deleted from the stream by hand
         };
-        let stream = &shared.config.stream;
-        let (target, headers, payload) = if timer.tags() == Some(BY_REFERENCE) {
-            let source = match shared.stream.direct_get(sequence).await {
-                Ok(source) => source,
-                Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
-                    self.pending.lock().expect("index lock").timers.remove(&sequence);
-                    metrics::counter!("delaytier_skipped_total").increment(1);
-                    return Ok(()); // deleted from the stream by hand
+        let (kind, reason) = match self.publish(sequence, &due).await {
+            Ok(duplicate) => return self.fired(sequence, due.ack, timer, duplicate).await,
+            Err(Failure::Refused(reason)) => ("refused", reason),
+            Err(Failure::Undeliverable(reason)) => ("undeliverable", reason),
+            Err(Failure::Transient(err)) => match failing_since {
+                Some(since) if since.elapsed() >= self.shared.config.give_up_after => {
+                    ("gave_up", format!("still failing after {:?}: {err}", since.elapsed()))
                 }
-                Err(err) => return Err(TierError::nats(format!("read timer {sequence}"), err)),
-            };
-            let (target, headers) =
-                fired_headers(stream, self.partition, sequence, header_pairs(&source.headers))?;
-            (target, headers, source.payload)
-        } else {
-            let pairs = timer.properties().iter().map(|(n, v)| (n.as_str(), v.as_str()));
-            let (target, headers) = fired_headers(stream, self.partition, sequence, pairs)?;
-            (target, headers, timer.body().clone())
+                _ => return Err(err),
+            },
         };
-        let published = publish_acked(&shared.js, target, headers, payload).await?;
-        if published.duplicate {
+        self.bury(sequence, &due.source, due.payload, due.ack, kind, &reason).await
+    }
+
+    /// The timer as it is to be published, or None if it left the stream.
+    async fn load(&self, sequence: u64, timer: &ConsumedMessage) -> Result<Option<Due>> {
+        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).map(|t| t.ack.clone());
+        let Some(ack) = pending else {
+            return Ok(None);
+        };
+        if timer.tags() != Some(BY_REFERENCE) {
+            let source = timer.properties().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
+            return Ok(Some(Due { ack, source, payload: timer.body().clone() }));
+        }
+        match self.shared.stream.direct_get(sequence).await {
+            Ok(message) => {
+                Ok(Some(Due { ack, source: owned_pairs(&message.headers), payload: message.payload }))
+            }
+            Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+                self.pending.lock().expect("index lock").timers.remove(&sequence);
+                metrics::counter!("delaytier_skipped_total").increment(1);
+                Ok(None) // deleted from the stream by hand
+            }
+            Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
+        }
+    }
+
+    /// Publishes a due timer to its target and waits for the target stream's
+    /// acknowledgement; whether it was a duplicate.
+    async fn publish(&self, sequence: u64, due: &Due) -> std::result::Result<bool, Failure> {
+        let shared = &self.shared;
+        let source = borrowed_pairs(&due.source);
+        let (target, headers) = fired_headers(&shared.config.stream, self.partition, sequence, &source)
+            .map_err(|err| Failure::Refused(err.to_string()))?;
+        shared.policy.check(&target).map_err(|reason| Failure::Refused(reason.to_string()))?;
+        let published = async {
+            shared.js.publish_with_headers(target.clone(), headers, due.payload.clone()).await?.await
+        };
+        match published.await {
+            Ok(ack) => {
+                shared.captured.lock().expect("captured lock").saw(&target);
+                Ok(ack.duplicate)
+            }
+            Err(err) => Err(self.classify(&target, err).await),
+        }
+    }
+
+    /// Sorts a failed publish: a JetStream answer other than "unavailable",
+    /// or an answer that is no acknowledgement, will not change; silence or
+    /// no responders will not either when no stream captures the target
+    /// (a core subscriber never acknowledges), but is a stream's leader
+    /// being elected when one does.
+    async fn classify(&self, target: &str, err: PublishError) -> Failure {
+        let turned_away =
+            |err: &PublishError| Failure::Undeliverable(format!("the target's stream refused it: {err}"));
+        let transient =
+            |err: PublishError| Failure::Transient(TierError::nats(format!("publish to {target}"), err));
+        match err.kind() {
+            PublishErrorKind::StreamNotFound | PublishErrorKind::TimedOut => {
+                match self.captured(target).await {
+                    Some(false) => {
+                        let what = if err.kind() == PublishErrorKind::TimedOut {
+                            "no answer"
+                        } else {
+                            "no responders"
+                        };
+                        Failure::Undeliverable(format!("no stream captures {target:?} ({what})"))
+                    }
+                    _ => transient(err),
+                }
+            }
+            PublishErrorKind::WrongLastMessageId
+            | PublishErrorKind::WrongLastSequence
+            | PublishErrorKind::MaxPayloadExceeded => turned_away(&err),
+            PublishErrorKind::Other => match std::error::Error::source(&err) {
+                Some(answer) if answer.is::<serde_json::Error>() => Failure::Undeliverable(format!(
+                    "the answer from {target:?} is not a publish acknowledgement"
+                )),
+                Some(answer) => match answer.downcast_ref::<jetstream::Error>() {
+                    Some(js) if js.code() != 503 => turned_away(&err),
+                    _ => transient(err),
+                },
+                None => transient(err),
+            },
+            _ => transient(err),
+        }
+    }
+
+    /// Whether a stream captures `target`; None if JetStream cannot say now.
+    async fn captured(&self, target: &str) -> Option<bool> {
+        {
+            let captured = self.shared.captured.lock().expect("captured lock");
+            if captured.knows(target) {
+                return Some(true);
+            }
+            if captured.lookups_paused() {
+                return None;
+            }
+        }
+        let found = self.shared.js.stream_by_subject(target).await;
+        let mut captured = self.shared.captured.lock().expect("captured lock");
+        match found {
+            Ok(_) => {
+                captured.saw(target);
+                Some(true)
+            }
+            Err(err) if err.kind() == GetStreamByNameErrorKind::NotFound => Some(false),
+            Err(_) => {
+                captured.lookup_failed = Some(Instant::now());
+                None
+            }
+        }
+    }
+
+    /// Acknowledges a timer that fired, and counts it.
+    async fn fired(
+        &self,
+        sequence: u64,
+        ack: async_nats::Subject,
+        timer: &ConsumedMessage,
+        duplicate: bool,
+    ) -> Result<()> {
+        if duplicate {
             metrics::counter!("delaytier_duplicates_dropped_total").increment(1);
         }
-        acknowledge(&shared.client, sequence, source_ack).await?;
-        let mut index = self.pending.lock().expect("index lock");
-        index.timers.remove(&sequence);
-        if index.fired.len() == MAX_REMEMBERED {
-            index.fired.pop_front();
-        }
-        index.fired.push_back((Instant::now(), sequence));
-        drop(index);
+        acknowledge(&self.shared.client, sequence, ack).await?;
+        self.forget(sequence);
         metrics::counter!("delaytier_fired_total").increment(1);
         if let Some(at) = timer.deliver_at_ms() {
             let late_ms = now_ms().saturating_sub(at);
             metrics::histogram!("delaytier_lateness_seconds").record(late_ms as f64 / 1e3);
         }
         Ok(())
+    }
+
+    /// Moves a timer to the dead letter, then removes it from the stream.
+    async fn bury(
+        &self,
+        sequence: u64,
+        source: &[(String, String)],
+        payload: Bytes,
+        ack: async_nats::Subject,
+        kind: &'static str,
+        reason: &str,
+    ) -> Result<()> {
+        self.dead_letter(sequence, source, payload, kind, reason).await?;
+        acknowledge(&self.shared.client, sequence, ack).await?;
+        self.forget(sequence);
+        Ok(())
+    }
+
+    /// Publishes a timer of this partition to its dead-letter subject.
+    async fn dead_letter(
+        &self,
+        sequence: u64,
+        source: &[(String, String)],
+        payload: Bytes,
+        kind: &'static str,
+        reason: &str,
+    ) -> Result<()> {
+        let source = borrowed_pairs(source);
+        dead_letter(&self.shared, Some(self.partition), sequence, &source, payload, kind, reason).await
+    }
+
+    /// Forgets a timer that left the line (fired or dead-lettered), and
+    /// remembers it for the sweep, in case its acknowledgement is lost.
+    fn forget(&self, sequence: u64) {
+        let mut index = self.pending.lock().expect("index lock");
+        index.timers.remove(&sequence);
+        if index.fired.len() == MAX_REMEMBERED {
+            index.fired.pop_front();
+        }
+        index.fired.push_back((Instant::now(), sequence));
     }
 
     /// Deletes fired timers whose acknowledgement was lost.
@@ -520,6 +855,50 @@ impl Part {
     }
 }
 
+/// Publishes a timer to the dead-letter subject of its partition
+/// (`<dead_letter>.unowned` for one no partition reads), with core NATS: no
+/// stream of the tier captures it (see the README), and it waits only until
+/// the server has it.
+pub(crate) async fn dead_letter(
+    shared: &Shared,
+    partition: Option<u32>,
+    sequence: u64,
+    source: &[(&str, &str)],
+    payload: Bytes,
+    kind: &'static str,
+    reason: &str,
+) -> Result<()> {
+    let config = &shared.config;
+    let subject = match partition {
+        Some(partition) => config.dead_letter_subject(partition),
+        None => format!("{}.unowned", config.dead_letter),
+    };
+    let mut headers = dead_letter_headers(&config.stream, partition, sequence, source, reason);
+    let client = &shared.client;
+    let mut sent = client.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
+    if sent.as_ref().is_err_and(|e| e.kind() == async_nats::PublishErrorKind::MaxPayloadExceeded) {
+        // The added headers pushed it past the server's limit: the reason matters more.
+        headers.insert(wire::DEAD_PAYLOAD, format!("dropped, {} bytes", payload.len()).as_str());
+        sent = client.publish_with_headers(subject.clone(), headers, Bytes::new()).await;
+    }
+    sent.map_err(|e| TierError::nats(format!("publish to {subject}"), e))?;
+    bounded(FLUSH_TIMEOUT, || format!("flush to {subject}"), client.flush()).await?;
+    metrics::counter!("delaytier_dead_lettered_total", "reason" => kind).increment(1);
+    tracing::warn!(sequence, %subject, reason, "timer moved to the dead letter");
+    Ok(())
+}
+
+/// Awaits `wanted` while driving the firings under way.
+async fn drive<F: Future, T: Future>(firing: &mut FuturesUnordered<F>, wanted: T) -> T::Output {
+    tokio::pin!(wanted);
+    loop {
+        tokio::select! {
+            output = &mut wanted => return output,
+            Some(_) = firing.next(), if !firing.is_empty() => {}
+        }
+    }
+}
+
 /// Cancels a timer no owner has indexed: delete it from the stream, after
 /// checking it is this partition's (a handle naming the wrong partition must
 /// not delete another partition's timer).
@@ -584,28 +963,42 @@ pub(crate) async fn remove_source(stream: &Stream, sequence: u64) -> Result<bool
     }
 }
 
-/// Checks a timer read from the stream and makes its local record; the
-/// error carries the sequence (0 if even that is unknown).
-fn index(message: JsMessage, max_body: usize) -> std::result::Result<Indexed, (u64, TierError)> {
+/// Checks a timer read from the stream and makes its local record.
+fn index(
+    message: &JsMessage,
+    max_body: usize,
+    policy: &TargetPolicy,
+) -> std::result::Result<Indexed, Reject> {
     let sequence = match message.info() {
         Ok(info) => info.stream_sequence,
-        Err(e) => return Err((0, TierError::nats("read a message's sequence", e))),
+        Err(e) => {
+            let error = TierError::nats("read a message's sequence", e);
+            return Err(Reject { sequence: 0, kind: "malformed", error });
+        }
     };
-    let bad = |problem: &str| (sequence, TierError::BadTimer { sequence, problem: problem.to_string() });
+    let bad = |problem: &str| Reject {
+        sequence,
+        kind: "malformed",
+        error: TierError::BadTimer { sequence, problem: problem.to_string() },
+    };
     let headers = message.headers.as_ref().ok_or_else(|| bad("no headers"))?;
-    if headers.get(wire::TARGET).is_none_or(|t| t.as_str().is_empty()) {
-        return Err(bad(&format!("no {} header", wire::TARGET)));
-    }
+    let pairs: Vec<(&str, &str)> = header_pairs(headers).collect();
+    let target =
+        target_of(sequence, &pairs).map_err(|error| Reject { sequence, kind: "malformed", error })?;
     let deliver_at_ms = deliver_at(headers)
         .ok_or_else(|| bad(&format!("no {} header in ms since the epoch", wire::DELIVER_AT)))?;
     if deliver_at_ms > MAX_DELIVER_AT_MS {
         return Err(bad(&format!("{} {deliver_at_ms} is past the end of year 9999", wire::DELIVER_AT)));
     }
+    policy.check(target).map_err(|reason| Reject {
+        sequence,
+        kind: "refused",
+        error: TierError::BadTarget { header: wire::TARGET, reason },
+    })?;
     let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
-    let header_bytes: usize = header_pairs(headers).map(|(n, v)| n.len() + v.len() + 8).sum();
+    let header_bytes: usize = pairs.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
     let local = if header_bytes <= MAX_PROPERTIES_LEN && message.payload.len() <= max_body {
-        header_pairs(headers)
-            .fold(Message::new(FIRE_TOPIC, message.payload.clone()), |m, (n, v)| m.property(n, v))
+        pairs.iter().fold(Message::new(FIRE_TOPIC, message.payload.clone()), |m, (n, v)| m.property(*n, *v))
     } else {
         Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
     };
@@ -618,32 +1011,93 @@ fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
     headers.iter().flat_map(|(name, values)| values.iter().map(move |v| (name.as_ref(), v.as_str())))
 }
 
+fn owned_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
+    header_pairs(headers).map(|(n, v)| (n.to_string(), v.to_string())).collect()
+}
+
+fn borrowed_pairs(pairs: &[(String, String)]) -> Vec<(&str, &str)> {
+    pairs.iter().map(|(n, v)| (n.as_str(), v.as_str())).collect()
+}
+
 fn deliver_at(headers: &HeaderMap) -> Option<u64> {
     headers.get(wire::DELIVER_AT)?.as_str().trim().parse().ok()
 }
 
+/// The one target a timer names. The header's name is matched in any case,
+/// as when it is fired, so the target checked is the target published to;
+/// two targets are refused rather than one picked.
+fn target_of<'a>(sequence: u64, source: &[(&str, &'a str)]) -> Result<&'a str> {
+    let mut targets = source.iter().filter(|(n, _)| n.eq_ignore_ascii_case(wire::TARGET)).map(|(_, v)| *v);
+    let bad = |problem: String| TierError::BadTimer { sequence, problem };
+    match (targets.next(), targets.next()) {
+        (Some(target), None) if !target.is_empty() => Ok(target),
+        (Some(_), Some(_)) => Err(bad(format!("more than one {} header", wire::TARGET))),
+        _ => Err(bad(format!("no {} header", wire::TARGET))),
+    }
+}
+
 /// The target and headers of a fired timer: the source's headers without the
 /// target, plus the deduplication id and the handle it had.
-fn fired_headers<'a>(
+fn fired_headers(
     stream: &str,
     partition: u32,
     sequence: u64,
-    source: impl Iterator<Item = (&'a str, &'a str)>,
+    source: &[(&str, &str)],
 ) -> Result<(String, HeaderMap)> {
-    let mut target = None;
+    let target = target_of(sequence, source)?;
     let mut headers = HeaderMap::new();
-    for (name, value) in source {
-        if name.eq_ignore_ascii_case(wire::TARGET) {
-            target = Some(value.to_string()).filter(|t| !t.is_empty());
-        } else if !name.eq_ignore_ascii_case(wire::MSG_ID) {
+    for &(name, value) in source {
+        if !name.eq_ignore_ascii_case(wire::TARGET) && !name.eq_ignore_ascii_case(wire::MSG_ID) {
             headers.append(name, value);
         }
     }
-    let target = target
-        .ok_or_else(|| TierError::BadTimer { sequence, problem: format!("no {} header", wire::TARGET) })?;
     headers.insert(wire::MSG_ID, wire::msg_id(stream, sequence).as_str());
     headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
-    Ok((target, headers))
+    Ok((target.to_string(), headers))
+}
+
+/// A dead letter's headers: the source's, less its target and any
+/// `Delay-Dead-*` a producer set, plus why, the target, the sequence, the
+/// handle and the deduplication id (for a stream that keeps dead letters).
+fn dead_letter_headers(
+    stream: &str,
+    partition: Option<u32>,
+    sequence: u64,
+    source: &[(&str, &str)],
+    reason: &str,
+) -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    let mut target = None;
+    for &(name, value) in source {
+        let dead =
+            name.get(..wire::DEAD_PREFIX.len()).is_some_and(|p| p.eq_ignore_ascii_case(wire::DEAD_PREFIX));
+        if name.eq_ignore_ascii_case(wire::TARGET) {
+            target.get_or_insert(value);
+        } else if !dead && !name.eq_ignore_ascii_case(wire::MSG_ID) {
+            headers.append(name, value);
+        }
+    }
+    headers.insert(wire::MSG_ID, wire::msg_id(stream, sequence).as_str());
+    if let Some(partition) = partition {
+        headers.insert(wire::HANDLE, wire::TimerHandle { partition, sequence }.to_string().as_str());
+    }
+    headers.insert(wire::DEAD_REASON, header_text(reason).as_str());
+    headers.insert(wire::DEAD_SEQUENCE, sequence.to_string().as_str());
+    if let Some(target) = target {
+        headers.insert(wire::DEAD_TARGET, header_text(target).as_str());
+    }
+    headers
+}
+
+/// Text fit for a header value: no control characters (a line break would
+/// end the header), at most `MAX_REASON_LEN` bytes.
+fn header_text(text: &str) -> String {
+    let mut clean: String = text.chars().map(|c| if c.is_control() { ' ' } else { c }).collect();
+    if clean.len() > MAX_REASON_LEN {
+        let cut = (0..=MAX_REASON_LEN).rev().find(|&i| clean.is_char_boundary(i)).unwrap_or(0);
+        clean.truncate(cut);
+    }
+    clean
 }
 
 pub(crate) fn now_ms() -> u64 {
@@ -661,7 +1115,8 @@ mod tests {
         source.insert(wire::DELIVER_AT, "1700000000000");
         source.insert("Order", "o-1");
         source.insert(wire::MSG_ID, "the producer's own id");
-        let (target, headers) = fired_headers("DELAY", 3, 42, header_pairs(&source)).unwrap();
+        let pairs: Vec<_> = header_pairs(&source).collect();
+        let (target, headers) = fired_headers("DELAY", 3, 42, &pairs).unwrap();
         assert_eq!(target, "orders.timeout");
         assert_eq!(headers.get("Order").unwrap().as_str(), "o-1");
         assert_eq!(headers.get(wire::DELIVER_AT).unwrap().as_str(), "1700000000000");
@@ -675,7 +1130,42 @@ mod tests {
     fn a_timer_without_a_target_is_refused_naming_its_sequence() {
         let mut source = HeaderMap::new();
         source.insert(wire::DELIVER_AT, "5");
-        let err = fired_headers("DELAY", 0, 9, header_pairs(&source)).unwrap_err().to_string();
+        let pairs: Vec<_> = header_pairs(&source).collect();
+        let err = fired_headers("DELAY", 0, 9, &pairs).unwrap_err().to_string();
         assert!(err.contains("sequence 9") && err.contains(wire::TARGET), "{err}");
+    }
+
+    #[test]
+    fn a_second_target_in_another_case_is_refused_not_picked() {
+        // An index that read `Delay-Target` and a firing that read
+        // `delay-target` would check one target and publish to another.
+        let pairs = [(wire::TARGET, "out.fired"), ("delay-target", "$JS.API.STREAM.PURGE.VICTIM")];
+        let err = fired_headers("DELAY", 0, 9, &pairs).unwrap_err().to_string();
+        assert!(err.contains("more than one"), "{err}");
+        assert_eq!(target_of(9, &[("DELAY-TARGET", "out.x")]).unwrap(), "out.x");
+        assert!(target_of(9, &[(wire::TARGET, "")]).is_err());
+    }
+
+    #[test]
+    fn a_dead_letter_says_why_and_where_and_is_no_timer() {
+        let source = [
+            (wire::TARGET, "nostream.x"),
+            (wire::DELIVER_AT, "5"),
+            ("Order", "o-1"),
+            ("Delay-Dead-Reason", "forged by the producer"),
+            (wire::MSG_ID, "the producer's own id"),
+        ];
+        let reason = format!("no stream captures it\r\n{}", "x".repeat(2 * MAX_REASON_LEN));
+        let headers = dead_letter_headers("DELAY", Some(2), 77, &source, &reason);
+        assert!(headers.get(wire::TARGET).is_none());
+        assert_eq!(headers.get(wire::DEAD_TARGET).unwrap().as_str(), "nostream.x");
+        assert_eq!(headers.get(wire::DEAD_SEQUENCE).unwrap().as_str(), "77");
+        assert_eq!(headers.get(wire::HANDLE).unwrap().as_str(), "2:77");
+        assert_eq!(headers.get(wire::MSG_ID).unwrap().as_str(), "DELAY-77");
+        assert_eq!(headers.get("Order").unwrap().as_str(), "o-1");
+        let written = headers.get(wire::DEAD_REASON).unwrap().as_str();
+        assert!(written.starts_with("no stream captures it  xx"), "{written}");
+        assert_eq!(written.len(), MAX_REASON_LEN);
+        assert_eq!(headers.get_all(wire::DEAD_REASON).count(), 1, "the producer's own is dropped");
     }
 }

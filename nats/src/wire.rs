@@ -17,6 +17,17 @@ pub const DELIVER_AT: &str = "Delay-At";
 pub const TARGET: &str = "Delay-Target";
 /// Header the tier adds to a fired message: the handle it had while pending.
 pub const HANDLE: &str = "Delay-Handle";
+/// The headers a dead letter adds start with this (see [`DEAD_REASON`]).
+pub const DEAD_PREFIX: &str = "Delay-Dead-";
+/// Header of a dead letter: why the timer was not fired.
+pub const DEAD_REASON: &str = "Delay-Dead-Reason";
+/// Header of a dead letter: the target the timer named, if it named one.
+pub const DEAD_TARGET: &str = "Delay-Dead-Target";
+/// Header of a dead letter: the timer's sequence in the delay stream.
+pub const DEAD_SEQUENCE: &str = "Delay-Dead-Sequence";
+/// Header of a dead letter whose payload was left out (it would have been
+/// too large with the dead letter's headers): why.
+pub const DEAD_PAYLOAD: &str = "Delay-Dead-Payload";
 /// JetStream's deduplication header: a fired message carries
 /// `<stream>-<sequence>`, so a second publish of the same timer inside the
 /// target stream's duplicate window is dropped by the server.
@@ -38,6 +49,12 @@ pub fn timer_subject(prefix: &str, partition: u32, suffix: &str) -> String {
 /// The subjects of one partition, for a consumer's filter.
 pub fn partition_filter(prefix: &str, partition: u32) -> String {
     format!("{prefix}.{partition}.>")
+}
+
+/// The delay stream's subjects: each partition's, so the stream refuses a
+/// timer that no partition would read.
+pub fn stream_subjects(prefix: &str, partitions: u32) -> Vec<String> {
+    (0..partitions).map(|p| partition_filter(prefix, p)).collect()
 }
 
 /// The partition a timer subject names, if it is one of `prefix`'s.
@@ -154,6 +171,7 @@ mod tests {
         assert_eq!(partition_of_subject("delay", "delayx.3.a"), None);
         assert_eq!(partition_of_subject("delay", "delay.x.a"), None);
         assert_eq!(partition_filter("delay", 3), "delay.3.>");
+        assert_eq!(stream_subjects("delay", 3), ["delay.0.>", "delay.1.>", "delay.2.>"]);
     }
 
     #[test]

@@ -192,7 +192,7 @@ impl TierNode {
             .args(flags)
             .arg("--dir")
             .arg(&dir)
-            .env("RUST_LOG", "info,delaywheel=warn")
+            .env("RUST_LOG", "info,delaywheel=warn,delaywheel_nats=info")
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
