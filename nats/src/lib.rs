@@ -28,6 +28,7 @@
 mod client;
 mod config;
 mod error;
+mod headers;
 mod lease;
 mod node;
 mod partition;
