@@ -3,12 +3,16 @@
 # sitting: starts a 3-node JetStream cluster on 127.0.0.1 (nats-server from
 # tools/nats/install.sh), 2 tier nodes over 8 partitions, and runs
 # delaywheel-nats-load through the tier and then through Nats-Schedule.
-# Each prints one JSON line. Usage: tools/nats-load.sh [MESSAGES] [DELAY_MS]
+# Each prints one JSON line. Usage: tools/nats-load.sh [MESSAGES] [DELAY_MS] [BAD_TARGETS]
 #   e.g. tools/nats-load.sh 100000 2000..10000
+# BAD_TARGETS adds timers with hostile targets ahead of the good ones through
+# the tier (the soak of issue 36): each must be dead-lettered, the target
+# stream must keep every fired message, and no good timer may be held up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 messages=${1:-100000}
 delay=${2:-2000..10000}
+bad=${3:-0}
 server=$(tools/nats/install.sh)
 cargo build --release --quiet -p delaywheel-nats
 bin=target/release
@@ -53,6 +57,6 @@ start_node b
 sleep 3 # leases taken, half each
 
 echo "-- through the tier: 2 nodes, 8 partitions" >&2
-"$bin/delaywheel-nats-load" --nats "$urls" --mode tier --messages "$messages" --delay-ms "$delay"
+"$bin/delaywheel-nats-load" --nats "$urls" --mode tier --messages "$messages" --delay-ms "$delay" --bad-targets "$bad"
 echo "-- through Nats-Schedule: one subject per message, same cluster" >&2
 "$bin/delaywheel-nats-load" --nats "$urls" --mode schedule --messages "$messages" --delay-ms "$delay"

@@ -745,3 +745,30 @@ async fn what_every_consumer_needs_digest_defaults_and_a_nack() {
     assert_eq!(again[0].system_properties.as_ref().unwrap().delivery_attempt, Some(2));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_connection_carries_at_most_64_requests_at_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    heartbeat(&mut server.client, "G").await;
+    let wait = Duration::from_secs(2);
+    // 100 long polls on one connection: 64 run, the rest wait for a stream.
+    let started = std::time::Instant::now();
+    let polls: Vec<_> = (0..100)
+        .map(|_| {
+            let mut client = server.client.clone();
+            tokio::spawn(async move {
+                receive(&mut client, "G", "Streams", Duration::from_secs(30), wait).await;
+                started.elapsed()
+            })
+        })
+        .collect();
+    let mut took = Vec::new();
+    for poll in polls {
+        took.push(poll.await.unwrap());
+    }
+    took.sort();
+    assert!(took[63] < wait * 2, "the first 64 ran at once: {:?}", took[63]);
+    assert!(took[64] >= wait * 2, "the 65th waited for one of them: {:?}", took[64]);
+    server.stop().await;
+}

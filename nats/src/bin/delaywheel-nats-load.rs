@@ -43,7 +43,19 @@ struct Args {
     /// Sends in flight.
     #[arg(long, default_value_t = 256)]
     inflight: usize,
+    /// Tier mode: also this many timers with hostile targets (the JetStream
+    /// API purging the target stream, a subject no stream captures, an
+    /// invalid subject), published raw ahead of the good ones and due first;
+    /// each must reach the dead-letter subject and hold up nothing.
+    #[arg(long, default_value_t = 0)]
+    bad_targets: usize,
+    /// The tier nodes' dead-letter subject prefix (their `--dead-letter`).
+    #[arg(long, default_value = "delaytier.dead")]
+    dead_letter: String,
 }
+
+/// The hostile targets `--bad-targets` cycles through.
+const BAD_TARGETS: [&str; 3] = ["$JS.API.STREAM.PURGE.OUT", "nostream.x", "bad subject"];
 
 #[derive(Default)]
 struct Tally {
@@ -100,6 +112,14 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
 
     let start_ms = now_ms();
     let due = |i: usize| start_ms + lo + (i as u64 * 7_919) % (hi - lo);
+    let mut dead_letters = client.subscribe(format!("{}.>", args.dead_letter)).await?;
+    for i in 0..args.bad_targets {
+        let mut headers = HeaderMap::new();
+        headers.insert("Delay-At", start_ms.to_string().as_str());
+        headers.insert("Delay-Target", BAD_TARGETS[i % BAD_TARGETS.len()]);
+        let subject = format!("delay.{}.bad", i as u32 % args.partitions);
+        js.publish_with_headers(subject, headers, Bytes::from("bad")).await?.await?;
+    }
     let sent = Instant::now();
     let tier = match args.mode {
         Mode::Tier => Some(TierClient::new(client.clone(), "DELAY", "delay", args.partitions).await?),
@@ -141,7 +161,21 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
         tally.last_ms = stored;
         *tally.seen.entry(id).or_default() += 1;
     }
-    Ok(report(args, enqueue_secs, start_ms + lo, &mut tally))
+    let mut dead_lettered = 0;
+    while dead_lettered < args.bad_targets {
+        match tokio::time::timeout(Duration::from_secs(10), dead_letters.next()).await {
+            Ok(Some(_)) => dead_lettered += 1,
+            _ => break,
+        }
+    }
+    let mut report = report(args, enqueue_secs, start_ms + lo, &mut tally);
+    if args.bad_targets > 0 {
+        let kept = js.get_stream(target_stream).await?.info().await?.state.messages;
+        report["bad_targets"] = args.bad_targets.into();
+        report["dead_lettered"] = dead_lettered.into();
+        report["target_stream_messages"] = kept.into();
+    }
+    Ok(report)
 }
 
 /// Makes the target stream (and, for schedules, the stream that holds them).
