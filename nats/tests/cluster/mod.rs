@@ -44,8 +44,21 @@ fn find_or_install() -> Option<PathBuf> {
     }
 }
 
+/// A port free now, below the kernel's ephemeral range (which starts at
+/// 32768 by default): a port the kernel picked would be free to hand out
+/// again as the source port of an outgoing connection — a route between the
+/// servers already started took one before its server bound it, once in CI.
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    use std::sync::atomic::{AtomicU32, Ordering};
+    static NEXT: AtomicU32 = AtomicU32::new(0);
+    let seed = std::process::id().wrapping_mul(7_919);
+    loop {
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let port = 20_000 + (seed.wrapping_add(n.wrapping_mul(104_729)) % 12_000) as u16;
+        if TcpListener::bind(("127.0.0.1", port)).is_ok() {
+            return port;
+        }
+    }
 }
 
 /// Three nats-servers in one JetStream cluster.
