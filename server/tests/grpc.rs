@@ -113,7 +113,14 @@ async fn receive(
     invisible: Duration,
     wait: Duration,
 ) -> (Vec<Message>, Status) {
-    let request = receive_request(group, topic, invisible, wait);
+    receive_with(client, receive_request(group, topic, invisible, wait)).await
+}
+
+/// The messages and the status of the receive `request`.
+async fn receive_with(
+    client: &mut MessagingServiceClient<Channel>,
+    request: ReceiveMessageRequest,
+) -> (Vec<Message>, Status) {
     let mut stream = client.receive_message(request).await.unwrap().into_inner();
     let (mut messages, mut status) = (Vec::new(), None);
     while let Some(answer) = stream.message().await.unwrap() {
@@ -718,13 +725,7 @@ async fn what_every_consumer_needs_digest_defaults_and_a_nack() {
         auto_renew: true,
         ..receive_request("G", "Jobs", Duration::from_secs(1), Duration::from_secs(5))
     };
-    let mut stream = client.receive_message(request).await.unwrap().into_inner();
-    let mut got = Vec::new();
-    while let Some(answer) = stream.message().await.unwrap() {
-        if let Some(receive_message_response::Content::Message(m)) = answer.content {
-            got.push(m);
-        }
-    }
+    let (got, _) = receive_with(client, request).await;
     assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["nack me"]);
     let system = got[0].system_properties.as_ref().unwrap();
     assert_eq!(system.invisible_duration.map(|d| d.seconds), Some(60), "the proxy's default");
