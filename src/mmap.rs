@@ -287,6 +287,21 @@ pub(crate) static FAIL_FLUSH: Injected = Injected::new();
 #[cfg(test)]
 pub(crate) static FAIL_RESERVE: Injected = Injected::new();
 
+/// Files under these directories are on a file system without `fallocate`.
+#[cfg(test)]
+pub(crate) static NO_FALLOCATE: Injected = Injected::new();
+
+/// `fallocate` of `file` (at `path`), or `EOPNOTSUPP` where a test says the
+/// file system has none.
+fn fallocate(file: &File, path: &Path, mode: FallocateFlags, from: u64, len: u64) -> rustix::io::Result<()> {
+    #[cfg(test)]
+    if NO_FALLOCATE.applies_to(path) {
+        return Err(rustix::io::Errno::OPNOTSUPP);
+    }
+    let _ = path;
+    rustix::fs::fallocate(file, mode, from, len)
+}
+
 /// The owner behind a zero-copy [`Bytes`]: a published range of a map.
 struct PublishedSlice {
     map: Arc<Mapped>,
@@ -352,10 +367,17 @@ impl MapWriter {
         }
         let len = self.shared.map.len();
         let target = end.max(reserved * 2).max(reserved + GROWTH_MIN).next_multiple_of(PAGE).min(len);
-        let path = &self.shared.path;
-        let file =
-            crate::fs::file_options(path).write(true).open(path).map_err(|e| Error::io("open", path, e))?;
-        reserve(&file, path, reserved as u64, target as u64)?;
+        // Published bytes were written, so they have their space; and where
+        // zeros stand in for `fallocate`, they must never be written over.
+        let from = reserved.max(self.shared.published());
+        if from < target {
+            let path = &self.shared.path;
+            let file = crate::fs::file_options(path)
+                .write(true)
+                .open(path)
+                .map_err(|e| Error::io("open", path, e))?;
+            reserve(&file, path, from as u64, target as u64)?;
+        }
         self.shared.reserved.store(target, Ordering::Release);
         Ok(())
     }
@@ -377,7 +399,7 @@ impl MapWriter {
             true => FallocateFlags::PUNCH_HOLE | FallocateFlags::KEEP_SIZE,
             false => FallocateFlags::ZERO_RANGE,
         };
-        let punched = rustix::fs::fallocate(&file, mode, offset as u64, len as u64);
+        let punched = fallocate(&file, path, mode, offset as u64, len as u64);
         if growing && punched.is_ok() {
             // The punched pages are holes again: reserved no longer.
             self.shared.reserved.fetch_min(offset / PAGE * PAGE, Ordering::AcqRel);
@@ -387,8 +409,10 @@ impl MapWriter {
             // msync of clean pages would not make durable: sync the file.
             return crate::fs::sync_data(&file, path);
         }
-        // Not every file system can zero a range in place; write the zeros.
-        self.reserve_to(offset + len)?;
+        // Not every file system can zero a range in place; write the zeros,
+        // once their space is reserved (only theirs: the bytes before are data).
+        reserve(&file, path, offset as u64, (offset + len) as u64)?;
+        self.shared.reserved.fetch_max(offset + len, Ordering::AcqRel);
         self.unpublished_mut(offset, len).fill(0);
         self.shared.flush(offset, len)
     }
@@ -402,7 +426,7 @@ fn reserve(file: &File, path: &Path, from: u64, to: u64) -> Result<()> {
         let full = std::io::Error::from_raw_os_error(rustix::io::Errno::NOSPC.raw_os_error());
         return Err(reserve_error(path, to - from, full));
     }
-    let reserved = match rustix::fs::fallocate(file, FallocateFlags::empty(), from, to - from) {
+    let reserved = match fallocate(file, path, FallocateFlags::empty(), from, to - from) {
         Ok(()) => Ok(()),
         Err(rustix::io::Errno::OPNOTSUPP) => write_zeros(file, from, to),
         Err(e) => Err(e.into()),
@@ -483,6 +507,35 @@ mod tests {
         assert!(w.view(GROWTH_MIN, 8 * GROWTH_MIN).iter().all(|&b| b == 0));
         w.reserve_to(GROWTH_MIN + 8).unwrap();
         w.unpublished_mut(GROWTH_MIN, 8).fill(3);
+    }
+
+    /// Where zeros stand in for `fallocate`, reserving and zeroing a tail
+    /// write them only where nothing was written.
+    #[test]
+    fn without_fallocate_a_growing_file_keeps_its_data() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("f");
+        NO_FALLOCATE.add(dir.path());
+        let len = 8 * GROWTH_MIN as u64;
+        let mut w = Mapped::create_growing(&path, len, b"HEAD").unwrap();
+        w.unpublished_mut(4, 100).fill(7);
+        w.publish(104);
+        w.reserve_to(GROWTH_MIN + 10).unwrap();
+        w.unpublished_mut(GROWTH_MIN, 10).fill(8);
+        w.publish(GROWTH_MIN + 10);
+        w.shared.flush(0, GROWTH_MIN + 10).unwrap();
+        drop(w);
+        let mut w = Mapped::open_growing(&path, len).unwrap();
+        w.zero_tail(GROWTH_MIN + 10).unwrap();
+        w.publish(GROWTH_MIN + 10);
+        w.reserve_to(3 * GROWTH_MIN).unwrap();
+        w.unpublished_mut(2 * GROWTH_MIN, 4).fill(9);
+        NO_FALLOCATE.remove(dir.path());
+        assert_eq!(w.view(0, 4), b"HEAD");
+        assert!(w.view(4, 100).iter().all(|&b| b == 7), "written before the reserve");
+        assert!(w.view(GROWTH_MIN, 10).iter().all(|&b| b == 8), "written before the reopen");
+        assert!(w.view(GROWTH_MIN + 10, 100).iter().all(|&b| b == 0));
+        assert_eq!(w.view(2 * GROWTH_MIN, 4), [9; 4]);
     }
 
     #[test]
