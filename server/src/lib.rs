@@ -17,7 +17,9 @@
 //!   puts a copy of it as a timer on the same wheel into the group's retry
 //!   topic, due when the duration ends; an ack cancels that timer, and
 //!   `ChangeInvisibleDuration` reschedules it. So an un-acked message comes
-//!   back once per expiry, across restarts too (see [`receive`]).
+//!   back once per expiry, across restarts too (see [`receive`]);
+//! - a PushConsumer's messages (received with `auto_renew`) have that timer
+//!   pushed out while the client's telemetry stream is open ([`renewal`]).
 
 #![warn(missing_docs)]
 
@@ -31,6 +33,7 @@ mod metrics;
 mod operators;
 pub mod proto;
 pub mod receive;
+pub mod renewal;
 mod same_site;
 mod send;
 mod server;
@@ -42,5 +45,6 @@ pub use auth::Credentials;
 pub use connections::ConnectionLimits;
 pub use error::ServeError;
 pub use handles::{HandleKey, load_or_create_key};
+pub use renewal::RenewPolicy;
 pub use server::{ServeOptions, Server, store_config};
 pub use topics::DEFAULT_MAX_TOPICS;

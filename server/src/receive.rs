@@ -56,9 +56,6 @@ pub const MAX_DELIVERY_ATTEMPTS: u32 = 16;
 pub const DEFAULT_BATCH: usize = 32;
 /// Long poll when the request names none (the clients' default, and the settings answer's).
 pub const DEFAULT_LONG_POLL: Duration = Duration::from_secs(20);
-/// How long a message stays invisible when the receive names no duration
-/// (a PushConsumer's, which asks `auto_renew`): RocketMQ's proxy's default.
-pub const DEFAULT_INVISIBLE: Duration = Duration::from_secs(60);
 /// Most body bytes one receive hands out (a larger message still goes, alone):
 /// what an answer holds in memory until the client reads it.
 pub const MAX_RECEIVE_BYTES: usize = 4 << 20;

@@ -26,6 +26,7 @@ use crate::proto::{
     telemetry_command,
 };
 use crate::receive::{DEFAULT_BATCH, DEFAULT_LONG_POLL, Groups, MAX_DELIVERY_ATTEMPTS};
+use crate::renewal::{RenewPolicy, Renewals};
 use crate::service::Service;
 use crate::status::ok;
 use crate::topics::{DEFAULT_MAX_TOPICS, Topics};
@@ -57,6 +58,8 @@ pub struct ServeOptions {
     pub limits: ConnectionLimits,
     /// Topics the store may hold; a send or receive that would make more is refused.
     pub max_topics: usize,
+    /// How a PushConsumer's messages stay invisible while its client lives ([`crate::renewal`]).
+    pub renew: RenewPolicy,
 }
 
 impl ServeOptions {
@@ -72,6 +75,7 @@ impl ServeOptions {
             credentials: None,
             limits: ConnectionLimits::defaults(),
             max_topics: DEFAULT_MAX_TOPICS,
+            renew: RenewPolicy::DEFAULT,
         }
     }
 }
@@ -88,6 +92,7 @@ pub(crate) struct Shared {
     pub groups: Groups,
     pub topics: Topics,
     pub metrics: Metrics,
+    pub renewals: Arc<Renewals>,
     pub key: HandleKey,
     /// See [`ServeOptions::allow_cancel`].
     pub allow_cancel: bool,
@@ -204,6 +209,7 @@ impl Server {
             store,
             groups: Groups::new(options.max_delivery_attempts),
             metrics: Metrics::new(),
+            renewals: Arc::new(Renewals::new(options.renew)),
             key: options.key,
             allow_cancel: options.allow_cancel,
             stop: watch::channel(false).0,
@@ -251,6 +257,9 @@ impl Server {
             .add_service(service)
             .serve_with_incoming_shutdown(incoming, until_stopped());
         let grpc = tokio::spawn(grpc);
+        let renewer =
+            Arc::clone(&shared.renewals).run(Arc::clone(&shared), |s| &s.store, shared.stop_signal());
+        let renewer = tokio::spawn(renewer);
         let http = http.map(|listener| {
             let bound = listener.local_addr().unwrap_or(shared.endpoint);
             let app = crate::http::router(Arc::clone(&shared), bound);
@@ -262,6 +271,7 @@ impl Server {
         let _ = shared.stop.send(true);
         let grpc = grpc.await.map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?;
         grpc.map_err(|e| ServeError::Serve { listener: "gRPC", reason: e.to_string() })?;
+        let _ = renewer.await;
         if let Some(http) = http {
             let served =
                 http.await.map_err(|e| ServeError::Serve { listener: "HTTP", reason: e.to_string() })?;

@@ -13,9 +13,9 @@ use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
 use crate::receive::{
-    DEFAULT_BATCH, DEFAULT_INVISIBLE, DEFAULT_LONG_POLL, Filter, Received, Request as ReceiveRequest,
-    check_group,
+    DEFAULT_BATCH, DEFAULT_LONG_POLL, Filter, Received, Request as ReceiveRequest, check_group,
 };
+use crate::renewal::CLIENT_ID;
 use crate::send::{self, check_topic, timestamp};
 use crate::server::Shared;
 use crate::status::{Refusal, ok, status_of};
@@ -57,6 +57,12 @@ impl Service {
 
 fn unimplemented<T>(rpc: &str, why: &str) -> Answer<T> {
     Err(GrpcStatus::unimplemented(format!("delaywheel does not implement {rpc}: {why}")))
+}
+
+/// The client a request comes from, if it says (every official client does).
+fn client_of<T>(request: &Request<T>) -> Option<String> {
+    let id = request.metadata().get(CLIENT_ID)?.to_str().ok()?;
+    (!id.is_empty()).then(|| id.to_string())
 }
 
 fn topic_of(resource: &Option<Resource>) -> &str {
@@ -138,6 +144,7 @@ impl MessagingService for Service {
         &self,
         request: Request<ReceiveMessageRequest>,
     ) -> Answer<Self::ReceiveMessageStream> {
+        let client = client_of(&request);
         let request = request.into_inner();
         let answers = match self.receive_request(&request) {
             Err(refusal) => vec![ReceiveMessageResponse {
@@ -146,6 +153,10 @@ impl MessagingService for Service {
             Ok(receive) => {
                 let receive = Arc::new(receive);
                 let received = self.receive(&receive).await?;
+                if let (Ok(received), Some(client), true) = (&received, &client, request.auto_renew) {
+                    let timers = received.iter().map(|r| r.timer);
+                    self.shared.renewals.lease(client, timers, receive.invisible);
+                }
                 self.receive_answers(received, &receive, receive.invisible)
             }
         };
@@ -153,6 +164,7 @@ impl MessagingService for Service {
     }
 
     async fn ack_message(&self, request: Request<AckMessageRequest>) -> Answer<AckMessageResponse> {
+        let client = client_of(&request);
         let request = request.into_inner();
         let group = topic_of(&request.group).to_string();
         let topic = topic_of(&request.topic).to_string();
@@ -162,7 +174,9 @@ impl MessagingService for Service {
         {
             return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
         }
-        let answer = self.blocking(move |shared| shared.ack(&group, &topic, request.entries)).await?;
+        let answer = self
+            .blocking(move |shared| shared.ack(client.as_deref(), &group, &topic, request.entries))
+            .await?;
         Ok(Response::new(answer))
     }
 
@@ -204,11 +218,14 @@ impl MessagingService for Service {
         &self,
         request: Request<Streaming<TelemetryCommand>>,
     ) -> Answer<Self::TelemetryStream> {
+        // While it is open, the client's PushConsumer messages are renewed.
+        let connection = client_of(&request).map(|client| self.shared.renewals.connect(&client));
         let mut inbound = request.into_inner();
         let (replies, stream) = tokio::sync::mpsc::channel(8);
         let shared = Arc::clone(&self.shared);
         let mut stopping = shared.stop_signal();
         tokio::spawn(async move {
+            let _connection = connection;
             loop {
                 let command = tokio::select! {
                     command = inbound.next() => command,
@@ -230,7 +247,10 @@ impl MessagingService for Service {
         &self,
         request: Request<NotifyClientTerminationRequest>,
     ) -> Answer<NotifyClientTerminationResponse> {
-        // Nothing to release: a client's unacked messages come back after their invisible duration.
+        // Its unacked messages come back after their invisible duration, no longer renewed.
+        if let Some(client) = client_of(&request) {
+            self.shared.renewals.terminate(&client);
+        }
         let group = request.into_inner().group.map(|g| g.name).unwrap_or_default();
         let result = if group.is_empty() { Ok(()) } else { check_group(&group, "group.name") };
         Ok(Response::new(NotifyClientTerminationResponse { status: Some(status_of(result)) }))
@@ -240,6 +260,7 @@ impl MessagingService for Service {
         &self,
         request: Request<ChangeInvisibleDurationRequest>,
     ) -> Answer<ChangeInvisibleDurationResponse> {
+        let client = client_of(&request);
         let request = request.into_inner();
         let answer = match self.change_request(&request) {
             Err(refusal) => ChangeInvisibleDurationResponse {
@@ -247,7 +268,8 @@ impl MessagingService for Service {
                 receipt_handle: String::new(),
             },
             Ok(invisible) => {
-                self.blocking(move |shared| shared.change_invisible(&request, invisible)).await?
+                self.blocking(move |shared| shared.change_invisible(client.as_deref(), &request, invisible))
+                    .await?
             }
         };
         Ok(Response::new(answer))
@@ -331,7 +353,7 @@ impl Service {
         };
         let invisible = match &request.invisible_duration {
             // A PushConsumer names none: it asks the server to keep its messages invisible.
-            None if request.auto_renew => Some(DEFAULT_INVISIBLE),
+            None if request.auto_renew => Some(self.shared.renewals.policy().invisible),
             asked => asked.as_ref().and_then(duration_of),
         };
         let invisible = invisible.filter(|d| INVISIBLE_RANGE.contains(d)).ok_or_else(|| {
@@ -557,13 +579,20 @@ impl Shared {
         answer(status, message_id)
     }
 
-    fn ack(&self, group: &str, topic: &str, entries: Vec<AckMessageEntry>) -> AckMessageResponse {
+    fn ack(
+        &self,
+        client: Option<&str>,
+        group: &str,
+        topic: &str,
+        entries: Vec<AckMessageEntry>,
+    ) -> AckMessageResponse {
         // Every receipt is checked first; the valid ones are cancelled in one batch (one wait for the disk).
         let opened: Vec<_> = entries
             .iter()
             .map(|e| self.key.open_receipt(group, topic, &e.receipt_handle).map_err(bad_receipt))
             .collect();
         let timers: Vec<_> = opened.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
+        timers.iter().for_each(|&timer| self.renewals.release(client, timer));
         let mut outcomes = match self.store.cancel_batch(&timers) {
             Ok(outcomes) => outcomes.into_iter(),
             Err(e) => {
@@ -611,6 +640,7 @@ impl Shared {
 
     fn change_invisible(
         &self,
+        client: Option<&str>,
         request: &ChangeInvisibleDurationRequest,
         invisible: Duration,
     ) -> ChangeInvisibleDurationResponse {
@@ -618,6 +648,9 @@ impl Shared {
         let result =
             self.key.open_receipt(group, topic, &request.receipt_handle).map_err(bad_receipt).and_then(
                 |timer| {
+                    // The client takes the timer over from the renewer (see `renewal`).
+                    let _exclusive = self.renewals.exclusive();
+                    self.renewals.release(client, timer);
                     let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
                     match self.store.reschedule(timer, due)? {
                         RescheduleOutcome::Rescheduled => Ok(()),

@@ -1,0 +1,149 @@
+//! What a PushConsumer relies on beyond a SimpleConsumer: the messages it
+//! received with `auto_renew` stay invisible while its client lives (its
+//! telemetry stream is open), and come back when it goes away or nacks.
+
+#[allow(dead_code)]
+mod client;
+
+use std::time::{Duration, Instant};
+
+use delaywheel_server::proto::messaging_service_client::MessagingServiceClient;
+use delaywheel_server::proto::*;
+use delaywheel_server::{HandleKey, RenewPolicy, ServeOptions};
+use tonic::transport::Channel;
+
+use client::*;
+
+/// A request from the client `id`, as every official client marks its requests.
+fn from<T>(id: &str, message: T) -> tonic::Request<T> {
+    let mut request = tonic::Request::new(message);
+    request.metadata_mut().insert("x-mq-client-id", id.parse().unwrap());
+    request
+}
+
+/// A PushConsumer's open telemetry stream: dropping it closes the stream.
+struct Telemetry {
+    _commands: tokio::sync::mpsc::Sender<TelemetryCommand>,
+    _replies: tonic::Streaming<TelemetryCommand>,
+}
+
+/// Opens client `id`'s telemetry stream with its consumer settings for `group`.
+async fn telemetry(client: &mut MessagingServiceClient<Channel>, id: &str, group: &str) -> Telemetry {
+    let settings = Settings {
+        client_type: Some(ClientType::PushConsumer as i32),
+        pub_sub: Some(settings::PubSub::Subscription(Subscription {
+            group: resource(group),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let command =
+        TelemetryCommand { status: None, command: Some(telemetry_command::Command::Settings(settings)) };
+    let (commands, inbound) = tokio::sync::mpsc::channel(1);
+    commands.send(command).await.unwrap();
+    let request = from(id, tokio_stream::wrappers::ReceiverStream::new(inbound));
+    let mut replies = client.telemetry(request).await.unwrap().into_inner();
+    replies.message().await.unwrap().expect("the settings answer");
+    Telemetry { _commands: commands, _replies: replies }
+}
+
+/// A PushConsumer's receive from client `id`: no batch size, no invisible duration, `auto_renew`.
+async fn push_receive(client: &mut MessagingServiceClient<Channel>, id: &str, group: &str) -> Message {
+    let request = ReceiveMessageRequest {
+        batch_size: 0,
+        invisible_duration: None,
+        auto_renew: true,
+        ..receive_request(group, "Jobs", Duration::from_secs(1), Duration::from_secs(5))
+    };
+    let mut stream = client.receive_message(from(id, request)).await.unwrap().into_inner();
+    let mut got = Vec::new();
+    while let Some(answer) = stream.message().await.unwrap() {
+        if let Some(receive_message_response::Content::Message(m)) = answer.content {
+            got.push(m);
+        }
+    }
+    assert_eq!(got.len(), 1, "one message was waiting");
+    got.pop().unwrap()
+}
+
+/// How long until `group` gets a message back (as a SimpleConsumer), if within `within`.
+async fn back_after(
+    client: &mut MessagingServiceClient<Channel>,
+    group: &str,
+    within: Duration,
+) -> Option<(Duration, Message)> {
+    let started = Instant::now();
+    let (mut got, _) = receive(client, group, "Jobs", Duration::from_secs(30), within).await;
+    assert!(got.len() <= 1);
+    got.pop().map(|m| (started.elapsed(), m))
+}
+
+fn receipt(m: &Message) -> String {
+    m.system_properties.as_ref().unwrap().receipt_handle.clone().unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn auto_renewed_messages_stay_invisible_while_their_client_lives() {
+    let dir = tempfile::tempdir().unwrap();
+    let renew = RenewPolicy {
+        invisible: Duration::from_secs(2),
+        ahead: Duration::from_secs(1),
+        ..RenewPolicy::DEFAULT
+    };
+    let options = ServeOptions { renew, ..ServeOptions::loopback(HandleKey::from_bytes([3; 32])) };
+    let mut server = start_with(dir.path(), options).await;
+    let client = &mut server.client;
+    let stream = telemetry(client, "push-1", "G").await;
+
+    // Held past two and a half invisible durations, then acked: it never came back.
+    send(client, vec![message("Jobs", "m1", "held", None)]).await;
+    let held = push_receive(client, "push-1", "G").await;
+    let invisible = held.system_properties.as_ref().unwrap().invisible_duration.unwrap();
+    assert_eq!(invisible.seconds, 2, "the policy's duration");
+    assert!(
+        back_after(client, "G", Duration::from_secs(5)).await.is_none(),
+        "renewed while the client lives"
+    );
+    assert_eq!(ack(client, "G", "Jobs", &held).await, Code::Ok, "the receipt is still good");
+
+    // A nack takes the timer from the renewer: back after the nack's 3 s, not renewed forever.
+    send(client, vec![message("Jobs", "m2", "nacked", None)]).await;
+    let nacked = push_receive(client, "push-1", "G").await;
+    let nack = ChangeInvisibleDurationRequest {
+        group: resource("G"),
+        topic: resource("Jobs"),
+        receipt_handle: receipt(&nacked),
+        invisible_duration: Some(prost_types::Duration { seconds: 3, nanos: 0 }),
+        message_id: "m2".into(),
+    };
+    let answer = client.change_invisible_duration(from("push-1", nack)).await.unwrap().into_inner();
+    assert_eq!(code(&answer.status), Code::Ok);
+    let (after, again) =
+        back_after(client, "G", Duration::from_secs(8)).await.expect("the nack's backoff ends");
+    assert!(after >= Duration::from_millis(2500), "not before its backoff: {after:?}");
+    assert_eq!(body(&again), "nacked");
+    assert_eq!(ack(client, "G", "Jobs", &again).await, Code::Ok);
+
+    // The client's stream closes: its message is no longer renewed, and comes back.
+    send(client, vec![message("Jobs", "m3", "abandoned", None)]).await;
+    push_receive(client, "push-1", "G").await;
+    drop(stream);
+    let (after, again) =
+        back_after(client, "G", Duration::from_secs(8)).await.expect("not renewed once gone");
+    assert!(after <= Duration::from_secs(4), "within about one invisible duration: {after:?}");
+    assert_eq!(body(&again), "abandoned");
+    assert_eq!(again.system_properties.as_ref().unwrap().delivery_attempt, Some(2));
+    assert_eq!(ack(client, "G", "Jobs", &again).await, Code::Ok);
+
+    // A client that says it terminates, its stream still open: the same.
+    let _stream = telemetry(client, "push-2", "G").await;
+    send(client, vec![message("Jobs", "m4", "left", None)]).await;
+    push_receive(client, "push-2", "G").await;
+    let bye = NotifyClientTerminationRequest { group: resource("G") };
+    let answer = client.notify_client_termination(from("push-2", bye)).await.unwrap().into_inner();
+    assert_eq!(code(&answer.status), Code::Ok);
+    let (_, again) =
+        back_after(client, "G", Duration::from_secs(8)).await.expect("not renewed once terminated");
+    assert_eq!(body(&again), "left");
+    server.stop().await;
+}
