@@ -8,7 +8,8 @@ use std::path::PathBuf;
 use clap::Args;
 use delaywheel::Store;
 use delaywheel_server::{
-    ConnectionLimits, Credentials, DEFAULT_MAX_TOPICS, ServeOptions, Server, load_or_create_key, store_config,
+    ConnectionLimits, Credentials, DEFAULT_MAX_TOPICS, ServeOptions, Server, TlsIdentity, load_or_create_key,
+    store_config,
 };
 
 use crate::Failure;
@@ -49,6 +50,13 @@ pub struct ServeArgs {
     /// dead-letter topics receives make); a send or receive past it is refused.
     #[arg(long, default_value_t = DEFAULT_MAX_TOPICS, value_parser = clap::builder::RangedU64ValueParser::<usize>::new().range(1..))]
     max_topics: usize,
+    /// Serve TLS with this PEM certificate chain, beside plaintext on the
+    /// same gRPC port (a connection that opens with a TLS handshake gets TLS).
+    #[arg(long, requires = "tls_key", value_name = "FILE")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, requires = "tls_cert", value_name = "FILE")]
+    tls_key: Option<PathBuf>,
 }
 
 pub fn run(args: ServeArgs) -> Result<(), Failure> {
@@ -58,6 +66,12 @@ pub fn run(args: ServeArgs) -> Result<(), Failure> {
 
 async fn serve(args: ServeArgs) -> Result<(), Failure> {
     let credentials = credentials(&args)?;
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => {
+            Some(TlsIdentity::from_pem_files(cert, key).map_err(|e| Failure::Usage(e.to_string()))?)
+        }
+        _ => None,
+    };
     let key = load_or_create_key_in(&args.dir)?;
     let config = store_config(&args.dir);
     let store = tokio::task::spawn_blocking(move || Store::open(config)).await??;
@@ -71,6 +85,7 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             credentials,
             limits: limits(&args),
             max_topics: args.max_topics,
+            tls,
             ..ServeOptions::loopback(key)
         },
     )

@@ -138,6 +138,13 @@ impl Bounded {
         let idle = Box::pin(tokio::time::sleep(idle_timeout));
         Self { stream, idle_timeout, idle, _permit: permit }
     }
+
+    /// The first byte the client sent, left to be read (`None`: it closed first).
+    pub async fn peek_first_byte(&self) -> io::Result<Option<u8>> {
+        let mut first = [0u8; 1];
+        let read = self.stream.peek(&mut first).await?;
+        Ok((read == 1).then_some(first[0]))
+    }
 }
 
 impl AsyncRead for Bounded {

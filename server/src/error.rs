@@ -23,6 +23,14 @@ pub enum ServeError {
         /// What went wrong.
         reason: String,
     },
+    /// The TLS certificate or key could not be read, or do not make an identity.
+    #[error("TLS {path}: {reason}")]
+    Tls {
+        /// The certificate or key file.
+        path: PathBuf,
+        /// What is wrong with it.
+        reason: String,
+    },
     /// A listener failed while serving.
     #[error("{listener} listener: {reason}")]
     Serve {

@@ -39,6 +39,7 @@ mod send;
 mod server;
 mod service;
 mod status;
+mod tls;
 mod topics;
 
 pub use auth::Credentials;
@@ -47,4 +48,5 @@ pub use error::ServeError;
 pub use handles::{HandleKey, load_or_create_key};
 pub use renewal::RenewPolicy;
 pub use server::{ServeOptions, Server, store_config};
+pub use tls::TlsIdentity;
 pub use topics::DEFAULT_MAX_TOPICS;

@@ -29,6 +29,7 @@ use crate::receive::{DEFAULT_BATCH, DEFAULT_LONG_POLL, Groups, MAX_DELIVERY_ATTE
 use crate::renewal::{RenewPolicy, Renewals};
 use crate::service::Service;
 use crate::status::ok;
+use crate::tls::TlsIdentity;
 use crate::topics::{DEFAULT_MAX_TOPICS, Topics};
 
 /// How long a stop waits for the answers in flight before closing the store anyway.
@@ -58,6 +59,8 @@ pub struct ServeOptions {
     pub limits: ConnectionLimits,
     /// Topics the store may hold; a send or receive that would make more is refused.
     pub max_topics: usize,
+    /// The certificate and key to serve TLS with, beside plaintext on the gRPC port ([`crate::tls`]).
+    pub tls: Option<TlsIdentity>,
     /// How a PushConsumer's messages stay invisible while its client lives ([`crate::renewal`]).
     pub renew: RenewPolicy,
 }
@@ -76,6 +79,7 @@ impl ServeOptions {
             limits: ConnectionLimits::defaults(),
             max_topics: DEFAULT_MAX_TOPICS,
             renew: RenewPolicy::DEFAULT,
+            tls: None,
         }
     }
 }
@@ -187,6 +191,7 @@ pub struct Server {
     http: Option<TcpListener>,
     credentials: Option<Credentials>,
     limits: ConnectionLimits,
+    tls: Option<TlsIdentity>,
 }
 
 async fn bind(addr: SocketAddr) -> Result<TcpListener, ServeError> {
@@ -216,7 +221,8 @@ impl Server {
             endpoint,
             next_queue: AtomicU32::new(0),
         });
-        Ok(Self { shared, grpc, http, credentials: options.credentials, limits: options.limits })
+        let (credentials, limits, tls) = (options.credentials, options.limits, options.tls);
+        Ok(Self { shared, grpc, http, credentials, limits, tls })
     }
 
     /// The gRPC endpoint's address.
@@ -231,7 +237,7 @@ impl Server {
 
     /// Serves until `shutdown` completes, then stops as the module says and closes the store.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> Result<(), ServeError> {
-        let Self { shared, grpc, http, credentials, limits } = self;
+        let Self { shared, grpc, http, credentials, limits, tls } = self;
         let stopped = shared.stop_signal();
         let until_stopped = move || {
             let mut stopped = stopped.clone();
@@ -248,7 +254,7 @@ impl Server {
         };
         let service = tonic::service::interceptor::InterceptedService::new(StandardCodes(service), signed);
         let refused = || shared.metrics.connections_refused.clone();
-        let incoming = Guarded::new(grpc, limits, refused());
+        let incoming = crate::tls::sorted(Guarded::new(grpc, limits, refused()), tls, limits.idle_timeout);
         let keepalive = keepalive_interval(&limits);
         let grpc = tonic::transport::Server::builder()
             .max_concurrent_streams(MAX_STREAMS_PER_CONNECTION)
