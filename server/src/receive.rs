@@ -74,6 +74,12 @@ mod property {
     /// Why a message went to the dead-letter topic.
     pub const DEAD_REASON: &str = "__DLQ_REASON";
     pub const ALL: [&str; 7] = [TOPIC, QUEUE, QUEUE_OFFSET, STORE_MS, DELIVER_MS, ATTEMPT, DEAD_REASON];
+    /// What a dead letter's reader sees of where it came from (RocketMQ's
+    /// names, user properties: they stay with the letter through its own retries).
+    pub const DLQ_ORIGIN_TOPIC: &str = "DLQ_ORIGIN_TOPIC";
+    pub const DLQ_ORIGIN_MESSAGE_ID: &str = "DLQ_ORIGIN_MESSAGE_ID";
+    /// The longest origin message id a dead letter names.
+    pub const MAX_ORIGIN_ID_LEN: usize = 128;
 
     /// The longest reason a dead letter gives.
     pub const MAX_REASON_LEN: usize = 128;
@@ -91,6 +97,8 @@ mod property {
             + entry(DELIVER_MS, 20)
             + entry(ATTEMPT, 10)
             + entry(DEAD_REASON, MAX_REASON_LEN)
+            + entry(DLQ_ORIGIN_TOPIC, delaywheel::MAX_TOPIC_LEN)
+            + entry(DLQ_ORIGIN_MESSAGE_ID, MAX_ORIGIN_ID_LEN)
     };
 }
 
@@ -180,8 +188,16 @@ impl Origin {
     }
 
     /// A copy of `message` for `topic`, remembering this origin and
-    /// `attempt`, keeping of the message's own properties those `keep` says.
-    fn copy(&self, message: &ConsumedMessage, topic: String, attempt: u32, keep: Keep) -> StoreMessage {
+    /// `attempt`, keeping of the message's own properties those `keep` says
+    /// but for those named in `renamed` (the caller sets them anew).
+    fn copy(
+        &self,
+        message: &ConsumedMessage,
+        topic: String,
+        attempt: u32,
+        keep: Keep,
+        renamed: &[&str],
+    ) -> StoreMessage {
         let mut copy = StoreMessage::new(topic, message.body().clone()).queue_id(0);
         if let Some(tags) = message.tags() {
             copy = copy.tags(tags);
@@ -190,7 +206,10 @@ impl Origin {
             copy = copy.key(key);
         }
         for (name, value) in message.properties() {
-            if !property::ALL.contains(&name.as_str()) && keep.keeps(name) {
+            if !property::ALL.contains(&name.as_str())
+                && !renamed.contains(&name.as_str())
+                && keep.keeps(name)
+            {
                 copy = copy.property(name, value);
             }
         }
@@ -210,18 +229,27 @@ impl Origin {
     /// `None` when its properties leave no room for the copy's own (a
     /// message stored by other means than a send, which checks that room).
     fn retry_timer(&self, message: &ConsumedMessage, retry: &str, due_ms: u64) -> Option<StoreMessage> {
-        let timer = self.copy(message, retry.to_string(), self.attempt + 1, Keep::All).deliver_at_ms(due_ms);
+        let timer =
+            self.copy(message, retry.to_string(), self.attempt + 1, Keep::All, &[]).deliver_at_ms(due_ms);
         fits(&timer).then_some(timer)
     }
 
-    /// The dead letter of `message` for `group`, saying why. A message whose
-    /// properties leave no room for the copy's loses its user properties,
-    /// then the server's, rather than stay where it blocks the others.
+    /// The dead letter of `message` for `group`, saying why and naming its
+    /// origin's topic and message id. A message whose properties leave no
+    /// room for the copy's loses its user properties, then the server's,
+    /// rather than stay where it blocks the others.
     fn dead_letter(&self, message: &ConsumedMessage, group: &str, reason: &str) -> StoreMessage {
+        use property::{DLQ_ORIGIN_MESSAGE_ID, DLQ_ORIGIN_TOPIC};
         let reason = reason.get(..property::MAX_REASON_LEN).unwrap_or(reason);
+        let id = message.properties().iter().find(|(k, _)| k == crate::send::property::MESSAGE_ID);
+        let id = id.map_or("", |(_, id)| id.as_str());
+        let id = id.get(..property::MAX_ORIGIN_ID_LEN).unwrap_or(id);
         let letter = |keep| {
-            self.copy(message, format!("{DLQ_PREFIX}{group}"), self.attempt, keep)
+            let renamed = [DLQ_ORIGIN_TOPIC, DLQ_ORIGIN_MESSAGE_ID];
+            self.copy(message, format!("{DLQ_PREFIX}{group}"), self.attempt, keep, &renamed)
                 .property(property::DEAD_REASON, reason)
+                .property(DLQ_ORIGIN_TOPIC, self.topic.clone())
+                .property(DLQ_ORIGIN_MESSAGE_ID, id)
         };
         [Keep::All, Keep::Server].into_iter().map(letter).find(fits).unwrap_or_else(|| letter(Keep::None))
     }
@@ -496,6 +524,18 @@ fn within_budget(consumers: &mut [Consumer], mut polled: Vec<ConsumedMessage>) -
         }
     }
     polled
+}
+
+/// A topic a consumer may read: any a producer may send to, and the
+/// dead-letter topics (`%DLQ%<group>`), which only the server writes.
+pub(crate) fn check_readable_topic(topic: &str, field: &str) -> Result<(), Refusal> {
+    match topic.strip_prefix(DLQ_PREFIX) {
+        Some(group) => {
+            delaywheel::validate_topic(topic).map_err(|e| Refusal::field(Code::IllegalTopic, field, e))?;
+            check_group(group, field).map_err(|r| Refusal::new(Code::IllegalTopic, r.message))
+        }
+        None => crate::send::check_topic(topic, field),
+    }
 }
 
 /// A group name: the topics' alphabet without `|` (it separates group and

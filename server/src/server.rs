@@ -127,11 +127,17 @@ impl Shared {
             }],
         });
         let broker = Broker { name: "delaywheel".to_string(), id: 0, endpoints: Some(endpoints) };
+        // Only the server writes a dead-letter topic.
+        let permission = if topic.starts_with(crate::receive::DLQ_PREFIX) {
+            Permission::Read
+        } else {
+            Permission::ReadWrite
+        };
         (0..self.store.queues_per_topic())
             .map(|id| MessageQueue {
                 topic: Some(Resource { resource_namespace: String::new(), name: topic.to_string() }),
                 id: id as i32,
-                permission: Permission::ReadWrite as i32,
+                permission: permission as i32,
                 broker: Some(broker.clone()),
                 // FIFO and transactions are not supported: clients refuse to send them.
                 accept_message_types: vec![MessageType::Normal as i32, MessageType::Delay as i32],

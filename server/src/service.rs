@@ -14,6 +14,7 @@ use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
 use crate::receive::{
     DEFAULT_BATCH, DEFAULT_LONG_POLL, Filter, Received, Request as ReceiveRequest, check_group,
+    check_readable_topic,
 };
 use crate::renewal::CLIENT_ID;
 use crate::send::{self, check_topic, timestamp};
@@ -83,7 +84,7 @@ impl MessagingService for Service {
     async fn query_route(&self, request: Request<QueryRouteRequest>) -> Answer<QueryRouteResponse> {
         let request = request.into_inner();
         let topic = topic_of(&request.topic).to_string();
-        if let Err(refusal) = check_topic(&topic, "topic.name") {
+        if let Err(refusal) = check_readable_topic(&topic, "topic.name") {
             return Ok(Response::new(QueryRouteResponse {
                 status: Some(refusal.status()),
                 message_queues: vec![],
@@ -118,7 +119,7 @@ impl MessagingService for Service {
     ) -> Answer<QueryAssignmentResponse> {
         let request = request.into_inner();
         let topic = topic_of(&request.topic).to_string();
-        let checked = check_topic(&topic, "topic.name").and_then(|()| {
+        let checked = check_readable_topic(&topic, "topic.name").and_then(|()| {
             let group = topic_of(&request.group);
             self.shared.groups.check(group, "group.name")
         });
@@ -170,7 +171,7 @@ impl MessagingService for Service {
         let topic = topic_of(&request.topic).to_string();
         // The receipts name the group (their tags are made for it): a group well formed is enough here.
         if let Err(refusal) =
-            check_topic(&topic, "topic.name").and_then(|()| check_group(&group, "group.name"))
+            check_readable_topic(&topic, "topic.name").and_then(|()| check_group(&group, "group.name"))
         {
             return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
         }
@@ -342,7 +343,7 @@ impl Service {
         check_group(&group, "group.name")?;
         let queue = request.message_queue.as_ref();
         let topic = queue.map_or("", |q| topic_of(&q.topic)).to_string();
-        check_topic(&topic, "message_queue.topic.name")?;
+        check_readable_topic(&topic, "message_queue.topic.name")?;
         let max = match request.batch_size {
             0 => DEFAULT_BATCH,
             n if (1..=MAX_BATCH).contains(&n) => n as usize,
@@ -429,7 +430,7 @@ impl Service {
     }
 
     fn change_request(&self, request: &ChangeInvisibleDurationRequest) -> Result<Duration, Refusal> {
-        check_topic(topic_of(&request.topic), "topic.name")?;
+        check_readable_topic(topic_of(&request.topic), "topic.name")?;
         check_group(topic_of(&request.group), "group.name")?;
         let invisible = request.invisible_duration.as_ref().and_then(duration_of);
         invisible.filter(|d| CHANGE_RANGE.contains(d)).ok_or_else(|| {

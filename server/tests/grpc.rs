@@ -217,6 +217,21 @@ async fn after_the_last_attempt_a_message_goes_to_the_dead_letter_topic() {
     // Not acked twice: it does not come a third time.
     let (none, _) = receive(client, "G", "Jobs", Duration::from_secs(1), Duration::from_secs(3)).await;
     assert!(none.is_empty());
+    // Any group may read the dead letters, which name where they came from; nobody may send there.
+    let request = QueryRouteRequest { topic: resource("%DLQ%G"), endpoints: None };
+    let route = client.query_route(request).await.unwrap().into_inner();
+    assert_eq!(code(&route.status), Code::Ok);
+    assert!(route.message_queues.iter().all(|q| q.permission == Permission::Read as i32));
+    let (letters, _) =
+        receive(client, "Ops", "%DLQ%G", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(letters.iter().map(body).collect::<Vec<_>>(), ["poison"]);
+    let origin = |name: &str| letters[0].user_properties.get(name).map(String::as_str);
+    assert_eq!(origin("DLQ_ORIGIN_TOPIC"), Some("Jobs"));
+    assert_eq!(origin("DLQ_ORIGIN_MESSAGE_ID"), Some("p1"));
+    assert_eq!(origin("color"), Some("blue"), "the message's own properties stay");
+    assert_eq!(ack(client, "Ops", "%DLQ%G", &letters[0]).await, Code::Ok);
+    let refused = send(client, vec![message("%DLQ%G", "p2", "forged", None)]).await;
+    assert_eq!(code(&refused.status), Code::IllegalTopic);
     server.stop().await;
     let store = Store::open(store_config(dir.path()).with_queues_per_topic(2)).unwrap();
     let mut dead = store.consumer("%DLQ%G", 0).unwrap();
