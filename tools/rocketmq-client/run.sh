@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# The real-client test of `delaywheel serve`: builds the binary, makes a
+# The real-client tests of `delaywheel serve`: builds the binary, makes a
 # Python venv with the official RocketMQ 5 client (from PyPI), and runs
-# test_serve.py against a server it starts itself. `.ci/run` runs this.
+# test_serve.py (producer, SimpleConsumer, restarts, credentials) and
+# test_consumers.py (PushConsumer, nack, dead letters), each against a server
+# it starts itself. `.ci/run` runs this.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 
@@ -11,4 +13,5 @@ if [[ ! -x $venv/bin/python ]] || ! $venv/bin/python -c 'import rocketmq' 2>/dev
   "$venv/bin/pip" install --quiet --disable-pip-version-check -r tools/rocketmq-client/requirements.txt
 fi
 cargo build --release --quiet -p delaywheel-cli
-exec "$venv/bin/python" tools/rocketmq-client/test_serve.py target/release/delaywheel "$@"
+"$venv/bin/python" tools/rocketmq-client/test_serve.py target/release/delaywheel "$@"
+"$venv/bin/python" tools/rocketmq-client/test_consumers.py target/release/delaywheel
