@@ -27,6 +27,7 @@ pub mod auth;
 mod codes;
 mod connections;
 mod error;
+mod fifo;
 mod handles;
 mod http;
 mod metrics;

@@ -39,9 +39,9 @@ use std::time::{Duration, Instant};
 
 use delaywheel::{
     Clock, ConsumedMessage, Consumer, Handle, Message as StoreMessage, QueueWatch, Store, SystemClock,
-    poll_any,
 };
 
+use crate::fifo::{self, Blocks};
 use crate::proto::Code;
 use crate::status::Refusal;
 
@@ -159,6 +159,8 @@ pub(crate) struct Origin {
     pub store_ms: u64,
     pub deliver_at_ms: Option<u64>,
     pub attempt: u32,
+    /// Whether it is a FIFO message (it has a message group).
+    pub fifo: bool,
 }
 
 impl Origin {
@@ -170,6 +172,7 @@ impl Origin {
             store_ms: message.store_time_ms(),
             deliver_at_ms: message.deliver_at_ms(),
             attempt: 1,
+            fifo: is_fifo(message),
         };
         if !message.topic().starts_with(RETRY_PREFIX) {
             return first;
@@ -184,6 +187,7 @@ impl Origin {
             store_ms: number(property::STORE_MS).unwrap_or(first.store_ms),
             deliver_at_ms: number(property::DELIVER_MS),
             attempt: number(property::ATTEMPT).map_or(2, |a| a.min(u64::from(u32::MAX)) as u32),
+            fifo: first.fifo,
         }
     }
 
@@ -229,8 +233,12 @@ impl Origin {
     /// `None` when its properties leave no room for the copy's own (a
     /// message stored by other means than a send, which checks that room).
     fn retry_timer(&self, message: &ConsumedMessage, retry: &str, due_ms: u64) -> Option<StoreMessage> {
-        let timer =
+        let mut timer =
             self.copy(message, retry.to_string(), self.attempt + 1, Keep::All, &[]).deliver_at_ms(due_ms);
+        if self.fifo {
+            // Names the queue it blocks among the retry topic's pending timers (see `fifo`).
+            timer = timer.key(fifo::marker(self.queue_id));
+        }
         fits(&timer).then_some(timer)
     }
 
@@ -274,6 +282,11 @@ impl Keep {
     }
 }
 
+/// Whether `message` is a FIFO message (it has a message group).
+fn is_fifo(message: &ConsumedMessage) -> bool {
+    message.properties().iter().any(|(name, _)| name == crate::send::property::MESSAGE_GROUP)
+}
+
 /// Whether the store takes `message`'s properties.
 fn fits(message: &StoreMessage) -> bool {
     message.properties_len() <= delaywheel::MAX_PROPERTIES_LEN
@@ -285,13 +298,21 @@ fn fits(message: &StoreMessage) -> bool {
 pub(crate) struct Readers {
     consumers: Mutex<Vec<Consumer>>,
     watches: Vec<QueueWatch>,
+    /// The queues a FIFO message out blocks ([`fifo`]).
+    blocks: Blocks,
     last_used: Mutex<Instant>,
 }
 
+/// What a receive saw before it looked: [`Readers::changed`] waits for more.
+pub(crate) struct Seen {
+    entries: Vec<u64>,
+    releases: u64,
+}
+
 impl Readers {
-    fn new(consumers: Vec<Consumer>) -> Self {
+    fn new(consumers: Vec<Consumer>, blocks: Blocks) -> Self {
         let watches = consumers.iter().map(Consumer::watch).collect();
-        Self { consumers: Mutex::new(consumers), watches, last_used: Mutex::new(Instant::now()) }
+        Self { consumers: Mutex::new(consumers), watches, blocks, last_used: Mutex::new(Instant::now()) }
     }
 
     fn touch(&self) {
@@ -302,13 +323,24 @@ impl Readers {
         self.last_used.lock().unwrap_or_else(|e| e.into_inner()).elapsed()
     }
 
-    /// How many entries each queue has now: [`grown`](Self::grown) waits for more.
-    pub fn seen(&self) -> Vec<u64> {
-        self.watches.iter().map(QueueWatch::entries).collect()
+    /// How many entries each queue has now, and how often a blocked queue opened.
+    fn seen(&self) -> Seen {
+        Seen {
+            entries: self.watches.iter().map(QueueWatch::entries).collect(),
+            releases: self.blocks.releases(),
+        }
+    }
+
+    /// Completes once some queue has more entries, or a blocked queue opened, since `seen`.
+    pub async fn changed(&self, seen: &Seen) {
+        tokio::select! {
+            () = self.grown(&seen.entries) => {}
+            () = self.blocks.opened_since(seen.releases) => {}
+        }
     }
 
     /// Completes once some queue has more entries than `seen` says.
-    pub fn grown<'a>(&'a self, seen: &'a [u64]) -> impl Future<Output = ()> + 'a {
+    fn grown<'a>(&'a self, seen: &'a [u64]) -> impl Future<Output = ()> + 'a {
         std::future::poll_fn(move |cx| {
             let more = || self.watches.iter().zip(seen).any(|(w, &seen)| w.entries() > seen);
             if more() {
@@ -395,7 +427,8 @@ impl Groups {
         for queue in 0..store.queues_per_topic() {
             consumers.push(store.consumer_in_group(&request.group, &request.topic, queue)?);
         }
-        let made = Arc::new(Readers::new(consumers));
+        let blocks = Blocks::recovered(store, &retry, store.queues_per_topic())?;
+        let made = Arc::new(Readers::new(consumers, blocks));
         readers.insert(key, Arc::clone(&made));
         Ok(made)
     }
@@ -403,19 +436,39 @@ impl Groups {
     /// Up to `request.max` messages for the group from `readers` (the retry
     /// queue's first) without waiting, each made invisible as the module
     /// says; with them, how many entries each queue had before the look, for
-    /// [`Readers::grown`]. The positions are committed in memory: the caller
+    /// [`Readers::changed`]. The positions are committed in memory: the caller
     /// makes them durable ([`Store::sync_offsets`]) before it answers.
     pub(crate) fn take_now(
         &self,
         store: &Store,
         readers: &Readers,
         request: &Request,
-    ) -> Result<(Vec<Received>, Vec<u64>), Refusal> {
+    ) -> Result<(Vec<Received>, Seen), Refusal> {
         readers.touch();
         let seen = readers.seen();
         let mut consumers = readers.consumers.lock().unwrap_or_else(|e| e.into_inner());
-        let received = self.take(store, &mut consumers, request)?;
+        let received = self.take(store, &mut consumers, &readers.blocks, request)?;
         Ok((received, seen))
+    }
+
+    /// The readers of `group` and `topic`, if a receive made them.
+    fn made(&self, group: &str, topic: &str) -> Option<Arc<Readers>> {
+        let readers = self.readers.lock().unwrap_or_else(|e| e.into_inner());
+        readers.get(&(group.to_string(), topic.to_string())).cloned()
+    }
+
+    /// The message of `timer` was acked: the queue its FIFO message blocked opens.
+    pub(crate) fn acked(&self, group: &str, topic: &str, timer: Handle) {
+        if let Some(readers) = self.made(group, topic) {
+            readers.blocks.acked(timer);
+        }
+    }
+
+    /// Marks the message of `timer` for the dead-letter topic when it comes
+    /// back (the caller brings its timer due); `false` if no receive of the
+    /// group made readers of the topic since the server started.
+    pub(crate) fn forward(&self, group: &str, topic: &str, timer: Handle) -> bool {
+        self.made(group, topic).map(|readers| readers.blocks.forward(timer)).is_some()
     }
 
     /// One look: polls, puts the invisibility timers, commits the positions
@@ -424,11 +477,13 @@ impl Groups {
         &self,
         store: &Store,
         consumers: &mut [Consumer],
+        blocks: &Blocks,
         request: &Request,
     ) -> Result<Vec<Received>, Refusal> {
         let before: Vec<u64> = consumers.iter().map(Consumer::position).collect();
-        let polled = poll_any(consumers, request.max, Duration::ZERO)?;
+        let polled = poll_open(consumers, blocks, request.max)?;
         let polled = within_budget(consumers, polled);
+        let polled = one_fifo_per_queue(consumers, polled);
         if polled.is_empty() {
             return Ok(Vec::new());
         }
@@ -437,9 +492,11 @@ impl Groups {
         // One copy per wanted message: its invisibility timer, or its dead letter.
         let mut copies = Vec::new();
         let mut handed_out = Vec::new();
+        let mut opened = Vec::new();
         for message in polled.into_iter().filter(|m| request.filter.wants(m)) {
             let origin = Origin::of(&message);
-            let timer = (origin.attempt <= self.max_delivery_attempts)
+            let forwarded = blocks.take_forwarded(message.log_offset());
+            let timer = (!forwarded && origin.attempt <= self.max_delivery_attempts)
                 .then(|| origin.retry_timer(&message, &retry, due))
                 .flatten();
             match timer {
@@ -448,8 +505,15 @@ impl Groups {
                     handed_out.push(Some((origin, message)));
                 }
                 None => {
-                    let reason = self.dead_reason(&origin);
+                    let reason = if forwarded {
+                        "forwarded by its consumer".into()
+                    } else {
+                        self.dead_reason(&origin)
+                    };
                     copies.push(origin.dead_letter(&message, &request.group, &reason));
+                    if origin.fifo {
+                        opened.push(origin.queue_id);
+                    }
                     handed_out.push(None);
                 }
             }
@@ -465,12 +529,21 @@ impl Groups {
         };
         // Made durable by the caller, with the timers, before it answers.
         consumers.iter().for_each(Consumer::commit);
-        let received = handed_out.into_iter().zip(tickets).filter_map(|(handed_out, ticket)| {
-            let (origin, message) = handed_out?;
-            let timer = ticket.receipt().handle().expect("an invisibility timer is a timed message");
-            Some(Received { message, origin, timer })
-        });
-        Ok(received.collect())
+        let received: Vec<_> = handed_out
+            .into_iter()
+            .zip(tickets)
+            .filter_map(|(handed_out, ticket)| {
+                let (origin, message) = handed_out?;
+                let timer = ticket.receipt().handle().expect("an invisibility timer is a timed message");
+                Some(Received { message, origin, timer })
+            })
+            .collect();
+        // Before the group's lock is let go, so the next receive sees them.
+        opened.into_iter().for_each(|queue| blocks.dead(queue));
+        for r in received.iter().filter(|r| r.origin.fifo) {
+            blocks.hand_out(r.origin.queue_id, r.timer);
+        }
+        Ok(received)
     }
 
     /// Why a message that gets no invisibility timer goes to the dead-letter topic.
@@ -505,6 +578,56 @@ impl Groups {
     }
 }
 
+/// Up to `max` messages from the consumers whose queues no FIFO message
+/// blocks, the retry queue's (the first) first: it holds what blocks the others.
+fn poll_open(
+    consumers: &mut [Consumer],
+    blocks: &Blocks,
+    max: usize,
+) -> delaywheel::Result<Vec<ConsumedMessage>> {
+    let mut polled = Vec::new();
+    for (at, consumer) in consumers.iter_mut().enumerate() {
+        if polled.len() >= max {
+            break;
+        }
+        if at > 0 && blocks.blocked(consumer.queue_id()) {
+            continue;
+        }
+        polled.extend(consumer.poll(max - polled.len(), Duration::ZERO)?);
+    }
+    Ok(polled)
+}
+
+/// `polled` up to and including each topic queue's first FIFO message: a
+/// queue's next FIFO message waits for the one before (see `fifo`). Each
+/// consumer that read past what is kept moves back to its first message left.
+fn one_fifo_per_queue(consumers: &mut [Consumer], polled: Vec<ConsumedMessage>) -> Vec<ConsumedMessage> {
+    let mut stopped = HashSet::new();
+    let mut kept = Vec::with_capacity(polled.len());
+    for message in polled {
+        // Retry copies are never held back: a FIFO one is what blocks its queue.
+        let from_topic = !message.topic().starts_with(RETRY_PREFIX);
+        if from_topic && stopped.contains(&message.queue_id()) {
+            put_back(consumers, &message);
+            continue;
+        }
+        if from_topic && is_fifo(&message) {
+            stopped.insert(message.queue_id());
+        }
+        kept.push(message);
+    }
+    kept
+}
+
+/// Moves the consumer of `left` back to it, unless it is already there or before.
+fn put_back(consumers: &mut [Consumer], left: &ConsumedMessage) {
+    let reader = consumers.iter_mut().find(|c| c.topic() == left.topic() && c.queue_id() == left.queue_id());
+    // A consumer's messages come in its queue's order: its first left is its lowest.
+    if let Some(reader) = reader.filter(|c| c.position() > left.queue_offset()) {
+        reader.seek(left.queue_offset());
+    }
+}
+
 /// The first messages of `polled` whose bodies add up to at most
 /// [`MAX_RECEIVE_BYTES`] (at least one); each consumer that read past them
 /// moves back to its first message left, which the next receive reads.
@@ -516,12 +639,7 @@ fn within_budget(consumers: &mut [Consumer], mut polled: Vec<ConsumedMessage>) -
     });
     let Some(keep) = over.map(|at| at.max(1)) else { return polled };
     for left in polled.drain(keep..) {
-        let reader =
-            consumers.iter_mut().find(|c| c.topic() == left.topic() && c.queue_id() == left.queue_id());
-        // A consumer's messages come in its queue's order: its first left is its lowest.
-        if let Some(reader) = reader.filter(|c| c.position() > left.queue_offset()) {
-            reader.seek(left.queue_offset());
-        }
+        put_back(consumers, &left);
     }
     polled
 }

@@ -20,12 +20,16 @@ pub(crate) mod property {
     pub const KEYS: &str = "__KEYS";
     /// `gzip` when the body is compressed (the client said so).
     pub const ENCODING: &str = "__ENCODING";
+    /// A FIFO message's message group: its messages are handed out one at a time, in order.
+    pub const MESSAGE_GROUP: &str = "__MSG_GROUP";
     /// The legacy delay level a RocketMQ 4 style client sets as a user property.
     pub const LEGACY_DELAY_LEVEL: &str = "DELAY";
 }
 
 /// The longest message id accepted.
 const MAX_MESSAGE_ID_LEN: usize = 128;
+/// The longest message group accepted (RocketMQ's proxy's limit).
+const MAX_MESSAGE_GROUP_LEN: usize = 64;
 
 /// A message ready to put.
 pub(crate) struct Outgoing {
@@ -35,12 +39,14 @@ pub(crate) struct Outgoing {
     pub timed: bool,
 }
 
-/// Checks `message` and turns it into a store message for `queue`.
+/// Checks `message` and turns it into a store message for `queue`, or, for
+/// a FIFO message, for its message group's queue (of `queues`).
 pub(crate) fn to_store(
     message: Message,
     max_body: usize,
     levels: usize,
     queue: u32,
+    queues: u32,
 ) -> Result<Outgoing, Refusal> {
     let topic = message.topic.as_ref().map(|t| t.name.clone()).unwrap_or_default();
     check_topic(&topic, "topic.name")?;
@@ -61,9 +67,19 @@ pub(crate) fn to_store(
         return Err(Refusal::field(Code::MessageBodyTooLarge, "body", why));
     }
     check_type(&system)?;
+    let group = message_group(&system)?;
     let level = legacy_level(&message.user_properties, levels)?;
     let deliver_at_ms = system.delivery_timestamp.map(|t| timestamp_ms(&t)).transpose()?;
     let timed = deliver_at_ms.is_some() || level.is_some();
+    if group.is_some() && timed {
+        let why = "a FIFO message (with a message group) has no delivery time";
+        return Err(Refusal::field(
+            Code::MessagePropertyConflictWithType,
+            "system_properties.message_group",
+            why,
+        ));
+    }
+    let queue = group.as_deref().map_or(queue, |g| group_queue(g, queues));
     if deliver_at_ms.is_some() && level.is_some() {
         let why = "both a delivery timestamp and a legacy delay level";
         return Err(Refusal::field(
@@ -109,6 +125,9 @@ pub(crate) fn to_store(
         out = out.property(name, value);
     }
     out = out.property(property::MESSAGE_ID, message_id.clone());
+    if let Some(group) = group {
+        out = out.property(property::MESSAGE_GROUP, group);
+    }
     if let Some(born) = system.born_timestamp.and_then(|t| timestamp_ms(&t).ok()) {
         out = out.property(property::BORN_MS, born.to_string());
     }
@@ -146,11 +165,6 @@ pub(crate) fn check_topic(topic: &str, field: &str) -> Result<(), Refusal> {
 fn check_type(system: &crate::proto::SystemProperties) -> Result<(), Refusal> {
     let unsupported =
         |what: &str| Err(Refusal::new(Code::Unsupported, format!("{what} are not supported by delaywheel")));
-    if system.message_group.as_ref().is_some_and(|g| !g.is_empty())
-        || system.message_type == MessageType::Fifo as i32
-    {
-        return unsupported("FIFO messages (system_properties.message_group)");
-    }
     if system.message_type == MessageType::Transaction as i32 {
         return unsupported("transactional messages");
     }
@@ -161,6 +175,31 @@ fn check_type(system: &crate::proto::SystemProperties) -> Result<(), Refusal> {
         return unsupported("priority messages");
     }
     Ok(())
+}
+
+/// The message group of a FIFO message, checked (a FIFO message must have one).
+fn message_group(system: &crate::proto::SystemProperties) -> Result<Option<String>, Refusal> {
+    let field = "system_properties.message_group";
+    let group = system.message_group.clone().filter(|g| !g.is_empty());
+    match &group {
+        None if system.message_type == MessageType::Fifo as i32 => {
+            Err(Refusal::field(Code::MessagePropertyConflictWithType, field, "a FIFO message needs one"))
+        }
+        Some(g) if g.len() > MAX_MESSAGE_GROUP_LEN || g.chars().any(char::is_control) => {
+            let why = format!("must be 1 to {MAX_MESSAGE_GROUP_LEN} bytes without control characters");
+            Err(Refusal::field(Code::IllegalMessageGroup, field, why))
+        }
+        _ => Ok(group),
+    }
+}
+
+/// The queue of a message group, of `queues`: the same for all its messages
+/// (they are handed out in queue order), and the same in every version, so
+/// an upgrade keeps a group's messages in one queue.
+fn group_queue(group: &str, queues: u32) -> u32 {
+    let hash = blake3::hash(group.as_bytes());
+    let first = u32::from_le_bytes(hash.as_bytes()[..4].try_into().expect("4 bytes"));
+    first % queues
 }
 
 fn legacy_level(
@@ -217,11 +256,11 @@ mod tests {
         fn random_bytes_never_panic_the_request_paths(bytes in proptest::collection::vec(any::<u8>(), 0..512)) {
             if let Ok(request) = crate::proto::SendMessageRequest::decode(bytes.as_slice()) {
                 for message in request.messages {
-                    let _ = to_store(message, 1 << 20, 18, 0);
+                    let _ = to_store(message, 1 << 20, 18, 0, 4);
                 }
             }
             if let Ok(message) = Message::decode(bytes.as_slice()) {
-                let _ = to_store(message, 1 << 20, 18, 0);
+                let _ = to_store(message, 1 << 20, 18, 0, 4);
             }
             let text = String::from_utf8_lossy(&bytes);
             let key = HandleKey::from_bytes([1; 32]);
@@ -252,7 +291,7 @@ mod tests {
                 }),
                 body,
             };
-            if let Err(refusal) = to_store(message, 1 << 20, 18, 0) {
+            if let Err(refusal) = to_store(message, 1 << 20, 18, 0, 4) {
                 prop_assert!(refusal.message.contains(':'), "names the field: {}", refusal.message);
             }
         }

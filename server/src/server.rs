@@ -139,8 +139,12 @@ impl Shared {
                 id: id as i32,
                 permission: permission as i32,
                 broker: Some(broker.clone()),
-                // FIFO and transactions are not supported: clients refuse to send them.
-                accept_message_types: vec![MessageType::Normal as i32, MessageType::Delay as i32],
+                // Transactions are not supported: clients refuse to send them.
+                accept_message_types: vec![
+                    MessageType::Normal as i32,
+                    MessageType::Fifo as i32,
+                    MessageType::Delay as i32,
+                ],
             })
             .collect()
     }

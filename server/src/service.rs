@@ -183,12 +183,20 @@ impl MessagingService for Service {
 
     async fn forward_message_to_dead_letter_queue(
         &self,
-        _: Request<ForwardMessageToDeadLetterQueueRequest>,
+        request: Request<ForwardMessageToDeadLetterQueueRequest>,
     ) -> Answer<ForwardMessageToDeadLetterQueueResponse> {
-        unimplemented(
-            "ForwardMessageToDeadLetterQueue",
-            "messages go to %DLQ%<group> after 16 attempts on their own",
-        )
+        let request = request.into_inner();
+        let (group, topic) = (topic_of(&request.group).to_string(), topic_of(&request.topic).to_string());
+        let checked =
+            check_readable_topic(&topic, "topic.name").and_then(|()| check_group(&group, "group.name"));
+        let status = match checked {
+            Err(refusal) => refusal.status(),
+            Ok(()) => {
+                let handle = request.receipt_handle;
+                self.blocking(move |shared| status_of(shared.forward(&group, &topic, &handle))).await?
+            }
+        };
+        Ok(Response::new(ForwardMessageToDeadLetterQueueResponse { status: Some(status) }))
     }
 
     type PullMessageStream = Streamed<PullMessageResponse>;
@@ -331,7 +339,7 @@ impl Service {
                 return Ok(Ok(received));
             }
             tokio::select! {
-                () = readers.grown(&seen) => {}
+                () = readers.changed(&seen) => {}
                 () = tokio::time::sleep_until(deadline) => {}
                 _ = stop.wait_for(|stopping| *stopping) => {}
             }
@@ -467,6 +475,7 @@ fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Messag
     }
     let keys = get.get(property::KEYS).map(|k| k.split(' ').map(String::from).collect()).unwrap_or_default();
     let gzip = get.get(property::ENCODING) == Some(&"gzip");
+    let message_group = get.get(property::MESSAGE_GROUP).copied();
     let born_ms = get.get(property::BORN_MS).and_then(|v| v.parse().ok()).unwrap_or(origin.store_ms);
     let system = SystemProperties {
         tag: message.tags().map(String::from),
@@ -474,8 +483,12 @@ fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Messag
         message_id: get.get(property::MESSAGE_ID).map_or_else(String::new, |v| v.to_string()),
         body_digest: Some(Digest { r#type: DigestType::Md5 as i32, checksum: md5_hex(message.body()) }),
         body_encoding: if gzip { Encoding::Gzip } else { Encoding::Identity } as i32,
-        message_type: if origin.deliver_at_ms.is_some() { MessageType::Delay } else { MessageType::Normal }
-            as i32,
+        message_type: match (origin.deliver_at_ms, message_group) {
+            (Some(_), _) => MessageType::Delay,
+            (None, Some(_)) => MessageType::Fifo,
+            (None, None) => MessageType::Normal,
+        } as i32,
+        message_group: message_group.map(String::from),
         born_timestamp: Some(timestamp(born_ms)),
         born_host: get.get(property::BORN_HOST).map_or_else(String::new, |v| v.to_string()),
         store_timestamp: Some(timestamp(origin.store_ms)),
@@ -503,7 +516,7 @@ impl Shared {
         let mut outgoing = Vec::with_capacity(messages.len());
         for message in messages {
             let queue = self.next_queue();
-            match send::to_store(message, max_body, levels, queue) {
+            match send::to_store(message, max_body, levels, queue, self.store.queues_per_topic()) {
                 Ok(out) => outgoing.push(out),
                 Err(refusal) => {
                     // Nothing of a request is stored unless all of it is.
@@ -606,8 +619,13 @@ impl Shared {
             .into_iter()
             .zip(opened)
             .map(|(entry, opened)| {
-                let acked =
-                    opened.and_then(|_| self.ack_outcome(outcomes.next().expect("one outcome per timer")));
+                let acked = opened.and_then(|timer| {
+                    let outcome = outcomes.next().expect("one outcome per timer");
+                    if outcome == CancelOutcome::Cancelled {
+                        self.groups.acked(group, topic, timer);
+                    }
+                    self.ack_outcome(outcome)
+                });
                 let status = status_of(acked);
                 all_ok &= status.code == Code::Ok as i32;
                 AckMessageResultEntry {
@@ -636,6 +654,25 @@ impl Shared {
                 Err(bad_receipt("expired: the invisible duration ended and the message was handed out again"))
             }
             CancelOutcome::NotFound => Err(bad_receipt("names no received message")),
+        }
+    }
+
+    /// Sends the message of `receipt` to the group's dead-letter topic: its
+    /// timer comes due now, marked so that its copy becomes a dead letter (see `fifo`).
+    fn forward(&self, group: &str, topic: &str, receipt: &str) -> Result<(), Refusal> {
+        let timer = self.key.open_receipt(group, topic, receipt).map_err(bad_receipt)?;
+        if !self.groups.forward(group, topic, timer) {
+            return Err(bad_receipt("names no message this server handed out since it started"));
+        }
+        let _exclusive = self.renewals.exclusive();
+        self.renewals.release(None, timer);
+        match self.store.reschedule(timer, SystemClock.now_ms())? {
+            RescheduleOutcome::Rescheduled => Ok(()),
+            RescheduleOutcome::AlreadyDelivered => {
+                Err(bad_receipt("expired: the message was handed out again"))
+            }
+            RescheduleOutcome::Cancelled => Err(bad_receipt("the message was acked")),
+            RescheduleOutcome::NotFound => Err(bad_receipt("names no received message")),
         }
     }
 

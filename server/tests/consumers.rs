@@ -147,3 +147,100 @@ async fn auto_renewed_messages_stay_invisible_while_their_client_lives() {
     assert_eq!(body(&again), "left");
     server.stop().await;
 }
+
+/// A FIFO message of `group` on topic "Orders".
+fn fifo(id: &str, group: &str) -> Message {
+    let mut m = message("Orders", id, id, None);
+    let system = m.system_properties.as_mut().unwrap();
+    system.message_type = MessageType::Fifo as i32;
+    system.message_group = Some(group.to_string());
+    m
+}
+
+/// The bodies of one receive of group "G" from "Orders" (as a SimpleConsumer).
+async fn orders(
+    client: &mut MessagingServiceClient<Channel>,
+    invisible: Duration,
+    wait: Duration,
+) -> Vec<Message> {
+    receive(client, "G", "Orders", invisible, wait).await.0
+}
+
+fn bodies(messages: &[Message]) -> Vec<&str> {
+    messages.iter().map(body).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_groups_messages_come_one_at_a_time_in_send_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    let route = client.query_route(QueryRouteRequest { topic: resource("Orders"), endpoints: None }).await;
+    let queues = route.unwrap().into_inner().message_queues;
+    assert!(queues.iter().all(|q| q.accept_message_types.contains(&(MessageType::Fifo as i32))));
+    let sent = send(client, ["f1", "f2", "f3"].map(|id| fifo(id, "order-1")).to_vec()).await;
+    assert_eq!(code(&sent.status), Code::Ok);
+    let (short, none) = (Duration::from_secs(2), Duration::from_millis(500));
+
+    // One at a time: the next waits while the first is out, through its retry too.
+    let first = orders(client, short, Duration::from_secs(5)).await;
+    assert_eq!(bodies(&first), ["f1"]);
+    let system = first[0].system_properties.as_ref().unwrap();
+    assert_eq!(
+        (system.message_type, system.message_group.as_deref()),
+        (MessageType::Fifo as i32, Some("order-1"))
+    );
+    assert!(orders(client, short, none).await.is_empty(), "f2 waits for f1");
+    let again = orders(client, short, Duration::from_secs(5)).await;
+    assert_eq!(bodies(&again), ["f1"], "f1's invisible duration ended: f1 again, not f2");
+    assert_eq!(again[0].system_properties.as_ref().unwrap().delivery_attempt, Some(2));
+    assert!(orders(client, short, none).await.is_empty(), "f2 waits for f1's second attempt too");
+
+    // An ack opens the queue at once, for a receive already waiting.
+    let mut other = server.client.clone();
+    let waiting = tokio::spawn(async move {
+        let started = Instant::now();
+        let got =
+            receive(&mut other, "G", "Orders", Duration::from_secs(30), Duration::from_secs(10)).await.0;
+        (started.elapsed(), got)
+    });
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let client = &mut server.client;
+    assert_eq!(ack(client, "G", "Orders", &again[0]).await, Code::Ok);
+    let (waited, second) = waiting.await.unwrap();
+    assert_eq!(bodies(&second), ["f2"]);
+    assert!(waited < Duration::from_secs(5), "woken by the ack, not by its deadline: {waited:?}");
+    assert_eq!(ack(client, "G", "Orders", &second[0]).await, Code::Ok);
+
+    // A consumer forwards f3 to the dead-letter topic: it is there, and the queue opens.
+    let third = orders(client, Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(bodies(&third), ["f3"]);
+    let forward = ForwardMessageToDeadLetterQueueRequest {
+        group: resource("G"),
+        topic: resource("Orders"),
+        receipt_handle: receipt(&third[0]),
+        message_id: "f3".into(),
+        delivery_attempt: 1,
+        max_delivery_attempts: 16,
+    };
+    let answer = client.forward_message_to_dead_letter_queue(forward).await.unwrap().into_inner();
+    assert_eq!(code(&answer.status), Code::Ok);
+    send(client, vec![fifo("f4", "order-1"), fifo("f5", "order-1")]).await;
+    // The group's next receive finds f3 back, dead-letters it, and hands out f4.
+    let fourth = orders(client, Duration::from_secs(6), Duration::from_secs(5)).await;
+    assert_eq!(bodies(&fourth), ["f4"], "f3 went to the dead letters: the queue opened");
+    let (letters, _) =
+        receive(client, "Ops", "%DLQ%G", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(bodies(&letters), ["f3"]);
+
+    // A restart keeps the queue blocked while f4 is out: its timer says so.
+    server.stop().await;
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    assert!(orders(client, short, none).await.is_empty(), "f5 still waits for f4 after a restart");
+    let back = orders(client, short, Duration::from_secs(10)).await;
+    assert_eq!(bodies(&back), ["f4"]);
+    assert_eq!(ack(client, "G", "Orders", &back[0]).await, Code::Ok);
+    assert_eq!(bodies(&orders(client, short, Duration::from_secs(5)).await), ["f5"]);
+    server.stop().await;
+}

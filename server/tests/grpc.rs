@@ -144,8 +144,14 @@ async fn bad_requests_name_the_field_and_store_nothing() {
     no_id.system_properties.as_mut().unwrap().message_id.clear();
     let mut reserved = message("Orders", "r", "b", None);
     reserved.user_properties.insert("__MSGID".into(), "x".into());
-    let mut fifo = message("Orders", "f", "b", None);
-    fifo.system_properties.as_mut().unwrap().message_group = Some("g".into());
+    let mut timed_fifo = message("Orders", "f", "b", Some(now_ms() as i64 + 60_000));
+    timed_fifo.system_properties.as_mut().unwrap().message_group = Some("g".into());
+    let mut fifo_without_group = message("Orders", "f", "b", None);
+    fifo_without_group.system_properties.as_mut().unwrap().message_type = MessageType::Fifo as i32;
+    let mut long_group = message("Orders", "f", "b", None);
+    long_group.system_properties.as_mut().unwrap().message_group = Some("g".repeat(65));
+    let mut transactional = message("Orders", "t", "b", None);
+    transactional.system_properties.as_mut().unwrap().message_type = MessageType::Transaction as i32;
     let cases = [
         (message("bad topic!", "a", "b", None), Code::IllegalTopic, "topic.name"),
         (message("%RETRY%G|Orders", "a", "b", None), Code::IllegalTopic, "topic.name"),
@@ -155,7 +161,18 @@ async fn bad_requests_name_the_field_and_store_nothing() {
         (oversized, Code::MessageBodyTooLarge, "body"),
         (no_id, Code::IllegalMessageId, "message_id"),
         (reserved, Code::IllegalMessagePropertyKey, "__MSGID"),
-        (fifo, Code::Unsupported, "FIFO"),
+        (
+            timed_fifo,
+            Code::MessagePropertyConflictWithType,
+            "message_group: a FIFO message (with a message group) has no delivery time",
+        ),
+        (
+            fifo_without_group,
+            Code::MessagePropertyConflictWithType,
+            "message_group: a FIFO message needs one",
+        ),
+        (long_group, Code::IllegalMessageGroup, "message_group: must be 1 to 64 bytes"),
+        (transactional, Code::Unsupported, "transactional messages"),
     ];
     for (bad, want, names) in cases {
         // A good message first: nothing of a request is stored unless all of it is.
