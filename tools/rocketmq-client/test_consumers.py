@@ -9,7 +9,10 @@ beyond test_serve.py's SimpleConsumer:
   message back exactly once, as attempt 2, not before the second;
 - a message nacked on every attempt goes to the group's dead-letter topic
   after the last (16), and a SimpleConsumer of another group reads it from
-  `%DLQ%<group>`, naming its origin topic and message id.
+  `%DLQ%<group>`, naming its origin topic and message id;
+- FIFO: 3 message groups of 10 messages each, sent interleaved, are consumed
+  by a PushConsumer in send order within each group, even where its listener
+  fails one once: the group's next message waits until the retry succeeded.
 
 Exit 0 when everything holds. Usage: test_consumers.py path/to/delaywheel
 """
@@ -33,11 +36,13 @@ def check(condition, what):
         raise AssertionError(what)
 
 
-def message(topic, body, deliver_at_s=None):
+def message(topic, body, deliver_at_s=None, group=None):
     m = Message()
     m.topic, m.body = topic, body.encode()
     if deliver_at_s is not None:
         m.delivery_timestamp = deliver_at_s
+    if group is not None:
+        m.message_group = group
     return m
 
 
@@ -150,6 +155,32 @@ def nack_and_dead_letters(config, producer):
     print("SimpleConsumer: a nack came back once; a poison message was dead-lettered and read", flush=True)
 
 
+def fifo(config, producer):
+    topic = "Ledger"
+    groups = ["account-a", "account-b", "account-c"]
+    for i in range(10):
+        for group in groups:
+            producer.send(message(topic, f"{group}/{i}", group=group))
+    listener = Listener(["account-a/3", "account-c/7"])
+    consumer = PushConsumer(config, "Sequencers", listener, {topic: FilterExpression()})
+    consumer.startup()
+    try:
+        wait_until(lambda: listener.successes() >= 30, 60, "every FIFO message consumed")
+    finally:
+        consumer.shutdown()
+    with listener.lock:
+        calls = sorted((at, body, attempt, result) for body, seen in listener.consumed.items()
+                       for (attempt, at, result) in seen)
+    for group in groups:
+        order = [(int(body.split("/")[1]), result) for (_, body, _, result) in calls if body.startswith(group)]
+        done = [i for (i, result) in order if result == ConsumeResult.SUCCESS]
+        check(done == list(range(10)), f"{group}'s messages were consumed in send order: {order}")
+        # Each call is for the next message not yet consumed: none overtook a failed one.
+        check(all(i == len([d for (d, r) in order[:at] if r == ConsumeResult.SUCCESS])
+                  for at, (i, _) in enumerate(order)), f"{group}: none overtook a failure: {order}")
+    print("FIFO: 3 message groups consumed in order, past a failure each in two of them", flush=True)
+
+
 def main(binary):
     logging.getLogger("rocketmq").setLevel(logging.ERROR)
     server = Server(binary, tempfile.mkdtemp(prefix="delaywheel-consumers-test-")).start()
@@ -160,6 +191,7 @@ def main(binary):
         try:
             push_consumer(config, producer)
             nack_and_dead_letters(config, producer)
+            fifo(config, producer)
         finally:
             producer.shutdown()
         check(server.stop() == 0, "the server stops cleanly")
