@@ -5,6 +5,8 @@ beyond test_serve.py's SimpleConsumer:
   listener, none early; the listener fails 5 of them once, and each of those
   comes back exactly once more, as attempt 2, after its backoff (the settings
   answer's first: 1 s); nothing else is consumed twice;
+- a RocketMQ 4 style legacy delay level (user property `DELAY`: level 2 is
+  5 s) is handed out not before its level's delay;
 - a SimpleConsumer's nack (`change_invisible_duration`, 1 s) brings its
   message back exactly once, as attempt 2, not before the second;
 - a message nacked on every attempt goes to the group's dead-letter topic
@@ -116,10 +118,18 @@ def receive_one(consumer, body, invisible_s, timeout):
 
 def nack_and_dead_letters(config, producer):
     topic = "Nacks"
-    producer.send(message(topic, "nack-me"))
+    legacy = message(topic, "level-2")
+    legacy.add_property("DELAY", "2")
+    sent_at = time.time()
+    producer.send(legacy)
     consumer = SimpleConsumer(config, "Nackers", {topic: FilterExpression()}, await_duration=2)
     consumer.startup()
     try:
+        leveled = receive_one(consumer, "level-2", 30, 15)
+        waited = time.time() - sent_at
+        check(leveled is not None and waited >= 5, f"legacy level 2 is handed out after its 5 s ({waited:.2f} s)")
+        consumer.ack(leveled)
+        producer.send(message(topic, "nack-me"))
         first = receive_one(consumer, "nack-me", 30, 10)
         check(first is not None and first.delivery_attempt == 1, "the SimpleConsumer receives the message")
         nacked_at = time.time()
