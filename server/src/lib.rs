@@ -31,6 +31,7 @@ mod fifo;
 mod handles;
 mod http;
 mod metrics;
+mod names;
 mod operators;
 pub mod proto;
 pub mod receive;

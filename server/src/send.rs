@@ -48,7 +48,7 @@ pub(crate) fn to_store(
     queue: u32,
     queues: u32,
 ) -> Result<Outgoing, Refusal> {
-    let topic = message.topic.as_ref().map(|t| t.name.clone()).unwrap_or_default();
+    let topic = crate::names::topic(&message.topic, "topic.name")?;
     check_topic(&topic, "topic.name")?;
     let system = message.system_properties.unwrap_or_default();
     let message_id = system.message_id.clone();

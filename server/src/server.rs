@@ -22,7 +22,7 @@ use crate::metrics::Metrics;
 use crate::proto::messaging_service_server::MessagingServiceServer;
 use crate::proto::{
     Address, AddressScheme, Broker, CustomizedBackoff, Endpoints, ExponentialBackoff, MessageQueue,
-    MessageType, Permission, Resource, RetryPolicy, Settings, TelemetryCommand, retry_policy, settings,
+    MessageType, Permission, RetryPolicy, Settings, TelemetryCommand, retry_policy, settings,
     telemetry_command,
 };
 use crate::receive::{DEFAULT_BATCH, DEFAULT_LONG_POLL, Groups, MAX_DELIVERY_ATTEMPTS};
@@ -135,7 +135,7 @@ impl Shared {
         };
         (0..self.store.queues_per_topic())
             .map(|id| MessageQueue {
-                topic: Some(Resource { resource_namespace: String::new(), name: topic.to_string() }),
+                topic: Some(crate::names::resource(topic)),
                 id: id as i32,
                 permission: permission as i32,
                 broker: Some(broker.clone()),
@@ -174,10 +174,10 @@ impl Shared {
                 });
             }
             Some(settings::PubSub::Subscription(subscription)) => {
-                if let Some(group) =
-                    subscription.group.as_ref().filter(|g| crate::receive::check_group(&g.name, "").is_ok())
-                {
-                    self.groups.know(&group.name);
+                let group = crate::names::group(&subscription.group, "")
+                    .and_then(|group| crate::receive::check_group(&group, "").map(|()| group));
+                if let Ok(group) = group {
+                    self.groups.know(&group);
                 }
                 subscription.fifo = Some(false);
                 subscription.receive_batch_size = Some(DEFAULT_BATCH as i32);

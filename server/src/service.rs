@@ -17,7 +17,8 @@ use crate::receive::{
     check_readable_topic,
 };
 use crate::renewal::CLIENT_ID;
-use crate::send::{self, check_topic, timestamp};
+use crate::names;
+use crate::send::{self, timestamp};
 use crate::server::Shared;
 use crate::status::{Refusal, ok, status_of};
 
@@ -66,8 +67,18 @@ fn client_of<T>(request: &Request<T>) -> Option<String> {
     (!id.is_empty()).then(|| id.to_string())
 }
 
-fn topic_of(resource: &Option<Resource>) -> &str {
-    resource.as_ref().map_or("", |r| r.name.as_str())
+/// The store's name of the topic a consumer reads (`resource`), checked.
+fn readable_topic(resource: &Option<Resource>, field: &str) -> Result<String, Refusal> {
+    let topic = names::topic(resource, field)?;
+    check_readable_topic(&topic, field)?;
+    Ok(topic)
+}
+
+/// The store's name of the consumer group `resource`, checked.
+fn consumer_group(resource: &Option<Resource>, field: &str) -> Result<String, Refusal> {
+    let group = names::group(resource, field)?;
+    check_group(&group, field)?;
+    Ok(group)
 }
 
 fn duration_of(d: &prost_types::Duration) -> Option<Duration> {
@@ -83,13 +94,15 @@ fn proto_duration(d: Duration) -> prost_types::Duration {
 impl MessagingService for Service {
     async fn query_route(&self, request: Request<QueryRouteRequest>) -> Answer<QueryRouteResponse> {
         let request = request.into_inner();
-        let topic = topic_of(&request.topic).to_string();
-        if let Err(refusal) = check_readable_topic(&topic, "topic.name") {
-            return Ok(Response::new(QueryRouteResponse {
-                status: Some(refusal.status()),
-                message_queues: vec![],
-            }));
-        }
+        let topic = match readable_topic(&request.topic, "topic.name") {
+            Ok(topic) => topic,
+            Err(refusal) => {
+                return Ok(Response::new(QueryRouteResponse {
+                    status: Some(refusal.status()),
+                    message_queues: vec![],
+                }));
+            }
+        };
         // Topics are made on first use: every valid name has the store's queues.
         let message_queues = self.shared.queues(&topic, request.endpoints);
         Ok(Response::new(QueryRouteResponse { status: Some(ok()), message_queues }))
@@ -98,11 +111,8 @@ impl MessagingService for Service {
     async fn heartbeat(&self, request: Request<HeartbeatRequest>) -> Answer<HeartbeatResponse> {
         let request = request.into_inner();
         let mut result = Ok(());
-        if let Some(group) = request.group.filter(|g| !g.name.is_empty()) {
-            result = check_group(&group.name, "group.name");
-            if result.is_ok() {
-                self.shared.groups.know(&group.name);
-            }
+        if request.group.as_ref().is_some_and(|g| !g.name.is_empty()) {
+            result = consumer_group(&request.group, "group.name").map(|group| self.shared.groups.know(&group));
         }
         Ok(Response::new(HeartbeatResponse { status: Some(status_of(result)) }))
     }
@@ -118,17 +128,19 @@ impl MessagingService for Service {
         request: Request<QueryAssignmentRequest>,
     ) -> Answer<QueryAssignmentResponse> {
         let request = request.into_inner();
-        let topic = topic_of(&request.topic).to_string();
-        let checked = check_readable_topic(&topic, "topic.name").and_then(|()| {
-            let group = topic_of(&request.group);
-            self.shared.groups.check(group, "group.name")
+        let checked = readable_topic(&request.topic, "topic.name").and_then(|topic| {
+            let group = names::group(&request.group, "group.name")?;
+            self.shared.groups.check(&group, "group.name").map(|()| topic)
         });
-        if let Err(refusal) = checked {
-            return Ok(Response::new(QueryAssignmentResponse {
-                status: Some(refusal.status()),
-                assignments: vec![],
-            }));
-        }
+        let topic = match checked {
+            Ok(topic) => topic,
+            Err(refusal) => {
+                return Ok(Response::new(QueryAssignmentResponse {
+                    status: Some(refusal.status()),
+                    assignments: vec![],
+                }));
+            }
+        };
         // One endpoint holds every queue: each client of the group is assigned all of them
         // (receives share the queues safely, as the module `receive` says).
         let assignments = self
@@ -167,14 +179,15 @@ impl MessagingService for Service {
     async fn ack_message(&self, request: Request<AckMessageRequest>) -> Answer<AckMessageResponse> {
         let client = client_of(&request);
         let request = request.into_inner();
-        let group = topic_of(&request.group).to_string();
-        let topic = topic_of(&request.topic).to_string();
         // The receipts name the group (their tags are made for it): a group well formed is enough here.
-        if let Err(refusal) =
-            check_readable_topic(&topic, "topic.name").and_then(|()| check_group(&group, "group.name"))
-        {
-            return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
-        }
+        let checked = readable_topic(&request.topic, "topic.name")
+            .and_then(|topic| Ok((consumer_group(&request.group, "group.name")?, topic)));
+        let (group, topic) = match checked {
+            Ok(names) => names,
+            Err(refusal) => {
+                return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
+            }
+        };
         let answer = self
             .blocking(move |shared| shared.ack(client.as_deref(), &group, &topic, request.entries))
             .await?;
@@ -186,12 +199,11 @@ impl MessagingService for Service {
         request: Request<ForwardMessageToDeadLetterQueueRequest>,
     ) -> Answer<ForwardMessageToDeadLetterQueueResponse> {
         let request = request.into_inner();
-        let (group, topic) = (topic_of(&request.group).to_string(), topic_of(&request.topic).to_string());
-        let checked =
-            check_readable_topic(&topic, "topic.name").and_then(|()| check_group(&group, "group.name"));
+        let checked = readable_topic(&request.topic, "topic.name")
+            .and_then(|topic| Ok((consumer_group(&request.group, "group.name")?, topic)));
         let status = match checked {
             Err(refusal) => refusal.status(),
-            Ok(()) => {
+            Ok((group, topic)) => {
                 let handle = request.receipt_handle;
                 self.blocking(move |shared| status_of(shared.forward(&group, &topic, &handle))).await?
             }
@@ -260,8 +272,9 @@ impl MessagingService for Service {
         if let Some(client) = client_of(&request) {
             self.shared.renewals.terminate(&client);
         }
-        let group = request.into_inner().group.map(|g| g.name).unwrap_or_default();
-        let result = if group.is_empty() { Ok(()) } else { check_group(&group, "group.name") };
+        let group = request.into_inner().group;
+        let named = group.as_ref().is_some_and(|g| !g.name.is_empty());
+        let result = if named { consumer_group(&group, "group.name").map(drop) } else { Ok(()) };
         Ok(Response::new(NotifyClientTerminationResponse { status: Some(status_of(result)) }))
     }
 
@@ -276,9 +289,12 @@ impl MessagingService for Service {
                 status: Some(refusal.status()),
                 receipt_handle: String::new(),
             },
-            Ok(invisible) => {
-                self.blocking(move |shared| shared.change_invisible(client.as_deref(), &request, invisible))
-                    .await?
+            Ok((group, topic, invisible)) => {
+                let receipt = request.receipt_handle;
+                let change = move |shared: &Shared| {
+                    shared.change_invisible(client.as_deref(), (&group, &topic), &receipt, invisible)
+                };
+                self.blocking(change).await?
             }
         };
         Ok(Response::new(answer))
@@ -347,11 +363,9 @@ impl Service {
     }
 
     fn receive_request(&self, request: &ReceiveMessageRequest) -> Result<ReceiveRequest, Refusal> {
-        let group = topic_of(&request.group).to_string();
-        check_group(&group, "group.name")?;
-        let queue = request.message_queue.as_ref();
-        let topic = queue.map_or("", |q| topic_of(&q.topic)).to_string();
-        check_readable_topic(&topic, "message_queue.topic.name")?;
+        let group = consumer_group(&request.group, "group.name")?;
+        let topic = request.message_queue.as_ref().map(|q| q.topic.clone()).unwrap_or_default();
+        let topic = readable_topic(&topic, "message_queue.topic.name")?;
         let max = match request.batch_size {
             0 => DEFAULT_BATCH,
             n if (1..=MAX_BATCH).contains(&n) => n as usize,
@@ -437,13 +451,18 @@ impl Service {
         answers
     }
 
-    fn change_request(&self, request: &ChangeInvisibleDurationRequest) -> Result<Duration, Refusal> {
-        check_readable_topic(topic_of(&request.topic), "topic.name")?;
-        check_group(topic_of(&request.group), "group.name")?;
+    /// The group, the topic and the new invisible duration of a change, checked.
+    fn change_request(
+        &self,
+        request: &ChangeInvisibleDurationRequest,
+    ) -> Result<(String, String, Duration), Refusal> {
+        let topic = readable_topic(&request.topic, "topic.name")?;
+        let group = consumer_group(&request.group, "group.name")?;
         let invisible = request.invisible_duration.as_ref().and_then(duration_of);
-        invisible.filter(|d| CHANGE_RANGE.contains(d)).ok_or_else(|| {
+        let invisible = invisible.filter(|d| CHANGE_RANGE.contains(d)).ok_or_else(|| {
             Refusal::field(Code::IllegalInvisibleTime, "invisible_duration", "missing, or not from 0 to 12 h")
-        })
+        })?;
+        Ok((group, topic, invisible))
     }
 }
 
@@ -502,7 +521,7 @@ fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Messag
         ..Default::default()
     };
     Message {
-        topic: Some(Resource { resource_namespace: String::new(), name: origin.topic.clone() }),
+        topic: Some(names::resource(&origin.topic)),
         user_properties,
         system_properties: Some(system),
         body: message.body().to_vec(),
@@ -563,11 +582,13 @@ impl Shared {
 
     fn recall(&self, request: &RecallMessageRequest) -> RecallMessageResponse {
         let answer = |status, message_id| RecallMessageResponse { status: Some(status), message_id };
-        let topic = topic_of(&request.topic);
-        if let Err(refusal) = check_topic(topic, "topic.name") {
-            return answer(refusal.status(), String::new());
-        }
-        let (handle, message_id) = match self.key.open_recall(topic, &request.recall_handle) {
+        let topic = match names::topic(&request.topic, "topic.name")
+            .and_then(|topic| send::check_topic(&topic, "topic.name").map(|()| topic))
+        {
+            Ok(topic) => topic,
+            Err(refusal) => return answer(refusal.status(), String::new()),
+        };
+        let (handle, message_id) = match self.key.open_recall(&topic, &request.recall_handle) {
             Ok(opened) => opened,
             Err(why) => {
                 return answer(
@@ -679,12 +700,12 @@ impl Shared {
     fn change_invisible(
         &self,
         client: Option<&str>,
-        request: &ChangeInvisibleDurationRequest,
+        (group, topic): (&str, &str),
+        receipt: &str,
         invisible: Duration,
     ) -> ChangeInvisibleDurationResponse {
-        let (group, topic) = (topic_of(&request.group), topic_of(&request.topic));
         let result =
-            self.key.open_receipt(group, topic, &request.receipt_handle).map_err(bad_receipt).and_then(
+            self.key.open_receipt(group, topic, receipt).map_err(bad_receipt).and_then(
                 |timer| {
                     // The client takes the timer over from the renewer (see `renewal`).
                     let _exclusive = self.renewals.exclusive();
@@ -701,7 +722,7 @@ impl Shared {
                 },
             );
         // The timer keeps its handle when rescheduled, so the receipt stays the same.
-        let receipt_handle = if result.is_ok() { request.receipt_handle.clone() } else { String::new() };
+        let receipt_handle = if result.is_ok() { receipt.to_string() } else { String::new() };
         ChangeInvisibleDurationResponse { status: Some(status_of(result)), receipt_handle }
     }
 }

@@ -651,3 +651,46 @@ async fn one_connection_carries_at_most_64_requests_at_once() {
     assert!(took[64] >= wait * 2, "the 65th waited for one of them: {:?}", took[64]);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn namespaces_keep_their_topics_and_groups_apart() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    let in_ns = |namespace: &str, name: &str| {
+        Some(Resource { resource_namespace: namespace.to_string(), name: name.to_string() })
+    };
+    for namespace in ["shop", "bank"] {
+        let mut m = message("Orders", namespace, namespace, None);
+        m.topic = in_ns(namespace, "Orders");
+        assert_eq!(code(&send(client, vec![m]).await.status), Code::Ok);
+    }
+    for namespace in ["shop", "bank"] {
+        let route = QueryRouteRequest { topic: in_ns(namespace, "Orders"), endpoints: None };
+        let route = client.query_route(route).await.unwrap().into_inner();
+        assert!(route.message_queues.iter().all(|q| q.topic == in_ns(namespace, "Orders")));
+        let request = ReceiveMessageRequest {
+            group: in_ns(namespace, "G"),
+            message_queue: Some(MessageQueue { topic: in_ns(namespace, "Orders"), ..Default::default() }),
+            ..receive_request("", "", Duration::from_secs(30), Duration::from_secs(3))
+        };
+        let (got, _) = receive_with(client, request).await;
+        assert_eq!(got.iter().map(body).collect::<Vec<_>>(), [namespace], "only its own namespace's");
+        assert_eq!(got[0].topic, in_ns(namespace, "Orders"));
+        let ack = AckMessageRequest {
+            group: in_ns(namespace, "G"),
+            topic: in_ns(namespace, "Orders"),
+            entries: vec![AckMessageEntry {
+                message_id: namespace.into(),
+                receipt_handle: got[0].system_properties.as_ref().unwrap().receipt_handle.clone().unwrap(),
+            }],
+        };
+        assert_eq!(code(&client.ack_message(ack).await.unwrap().into_inner().status), Code::Ok);
+    }
+    // Nothing in the default namespace, and no spelling of a wrapped name reaches one.
+    let (none, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_millis(500)).await;
+    assert!(none.is_empty());
+    let (_, status) = receive(client, "G", "shop%Orders", Duration::from_secs(30), Duration::ZERO).await;
+    assert_eq!(code(&Some(status)), Code::IllegalTopic);
+    server.stop().await;
+}

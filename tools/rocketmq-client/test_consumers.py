@@ -14,7 +14,9 @@ beyond test_serve.py's SimpleConsumer:
   `%DLQ%<group>`, naming its origin topic and message id;
 - FIFO: 3 message groups of 10 messages each, sent interleaved, are consumed
   by a PushConsumer in send order within each group, even where its listener
-  fails one once: the group's next message waits until the retry succeeded.
+  fails one once: the group's next message waits until the retry succeeded;
+- namespaces: clients of two namespaces use the same topic and group names,
+  and each receives only its own namespace's messages.
 
 Exit 0 when everything holds. Usage: test_consumers.py path/to/delaywheel
 """
@@ -191,6 +193,32 @@ def fifo(config, producer):
     print("FIFO: 3 message groups consumed in order, past a failure each in two of them", flush=True)
 
 
+def namespaces(endpoint):
+    for namespace in ("shop", "bank"):
+        config = ClientConfiguration(endpoint, Credentials(), namespace=namespace)
+        producer = Producer(config, ("Accounts",))
+        producer.startup()
+        try:
+            producer.send(message("Accounts", f"{namespace}-1"))
+        finally:
+            producer.shutdown()
+    for namespace in ("shop", "bank"):
+        config = ClientConfiguration(endpoint, Credentials(), namespace=namespace)
+        consumer = SimpleConsumer(config, "Auditors", {"Accounts": FilterExpression()}, await_duration=2)
+        consumer.startup()
+        try:
+            got = []
+            deadline = time.time() + 10
+            while time.time() < deadline and not got:
+                got = consumer.receive(16, 30)
+            bodies = [m.body.decode() for m in got]
+            check(bodies == [f"{namespace}-1"], f"namespace {namespace} receives only its own: {bodies}")
+            consumer.ack(got[0])
+        finally:
+            consumer.shutdown()
+    print("namespaces: two namespaces' Accounts topics kept apart", flush=True)
+
+
 def main(binary):
     logging.getLogger("rocketmq").setLevel(logging.ERROR)
     server = Server(binary, tempfile.mkdtemp(prefix="delaywheel-consumers-test-")).start()
@@ -202,6 +230,7 @@ def main(binary):
             push_consumer(config, producer)
             nack_and_dead_letters(config, producer)
             fifo(config, producer)
+            namespaces(server.endpoint)
         finally:
             producer.shutdown()
         check(server.stop() == 0, "the server stops cleanly")
