@@ -54,6 +54,14 @@ pub struct ServeArgs {
     /// same gRPC port (a connection that opens with a TLS handshake gets TLS).
     #[arg(long, requires = "tls_key", value_name = "FILE")]
     tls_cert: Option<PathBuf>,
+    /// Hand-outs of a message before it goes to its consumer group's
+    /// dead-letter topic (%DLQ%<group>) instead of coming back.
+    #[arg(long, default_value_t = delaywheel_server::receive::MAX_DELIVERY_ATTEMPTS, value_parser = clap::value_parser!(u32).range(1..=1000))]
+    max_delivery_attempts: u32,
+    /// GROUP=N: the hand-outs of one consumer group's messages, instead of
+    /// --max-delivery-attempts (a group in a namespace is NAMESPACE%GROUP). Repeatable.
+    #[arg(long, value_name = "GROUP=N", value_parser = group_attempts)]
+    group_max_delivery_attempts: Vec<(String, u32)>,
     /// The PEM private key of --tls-cert.
     #[arg(long, requires = "tls_cert", value_name = "FILE")]
     tls_key: Option<PathBuf>,
@@ -86,6 +94,8 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
             limits: limits(&args),
             max_topics: args.max_topics,
             tls,
+            max_delivery_attempts: args.max_delivery_attempts,
+            attempts_of_group: args.group_max_delivery_attempts.iter().cloned().collect(),
             ..ServeOptions::loopback(key)
         },
     )
@@ -103,6 +113,16 @@ async fn serve(args: ServeArgs) -> Result<(), Failure> {
     );
     server.run(stop_signal()).await?;
     Ok(())
+}
+
+/// `GROUP=N`, N from 1 to 1,000.
+fn group_attempts(text: &str) -> Result<(String, u32), String> {
+    let (group, attempts) = text.split_once('=').ok_or("expected GROUP=N")?;
+    let attempts: u32 = attempts.parse().map_err(|_| format!("{attempts:?} is not a number"))?;
+    if group.is_empty() || !(1..=1000).contains(&attempts) {
+        return Err("expected a group name and N from 1 to 1000".into());
+    }
+    Ok((group.to_string(), attempts))
 }
 
 /// What each listener allows.

@@ -32,7 +32,8 @@ pub(crate) fn group(resource: &Option<Resource>, field: &str) -> Result<String, 
 }
 
 fn qualified(resource: &Option<Resource>, field: &str, illegal: Code) -> Result<String, Refusal> {
-    let (namespace, name) = resource.as_ref().map_or(("", ""), |r| (r.resource_namespace.as_str(), r.name.as_str()));
+    let (namespace, name) =
+        resource.as_ref().map_or(("", ""), |r| (r.resource_namespace.as_str(), r.name.as_str()));
     let (dead_letters, own) = match name.strip_prefix(DLQ_PREFIX) {
         Some(group) => (true, group),
         None => (false, name),
@@ -97,7 +98,9 @@ mod tests {
 
     #[test]
     fn no_client_spells_another_namespaces_name() {
-        for (namespace, name) in [("", "shop%Orders"), ("other", "shop%Orders"), ("", "%RETRY%G|T"), ("", "%DLQ%a%b")] {
+        for (namespace, name) in
+            [("", "shop%Orders"), ("other", "shop%Orders"), ("", "%RETRY%G|T"), ("", "%DLQ%a%b")]
+        {
             let refused = topic(&named(namespace, name), "topic.name").unwrap_err();
             assert_eq!(refused.code, Code::IllegalTopic, "{name}");
             assert!(refused.message.starts_with("topic.name: "), "{}", refused.message);

@@ -356,6 +356,8 @@ impl Readers {
 /// The consumer groups this server knows, and their readers.
 pub struct Groups {
     max_delivery_attempts: u32,
+    /// Groups (by the store's name) with a number of their own.
+    attempts_of_group: HashMap<String, u32>,
     /// See [`IDLE_READERS`].
     idle_readers: Duration,
     /// Groups a client declared (by its settings or a heartbeat) or received for.
@@ -373,18 +375,21 @@ pub(crate) struct Lag {
 
 impl Groups {
     /// No groups yet; a message handed out `max_delivery_attempts` times
-    /// goes to the dead-letter topic instead of coming back again.
-    pub(crate) fn new(max_delivery_attempts: u32) -> Self {
+    /// (or as many as `attempts_of_group` says for its group) goes to the
+    /// dead-letter topic instead of coming back again.
+    pub(crate) fn new(max_delivery_attempts: u32, attempts_of_group: HashMap<String, u32>) -> Self {
         Self {
             max_delivery_attempts,
+            attempts_of_group,
             idle_readers: IDLE_READERS,
             known: Mutex::default(),
             readers: Mutex::default(),
         }
     }
 
-    pub(crate) fn max_delivery_attempts(&self) -> u32 {
-        self.max_delivery_attempts
+    /// Hand-outs of one message to `group` before it goes to the dead letters.
+    pub(crate) fn max_delivery_attempts(&self, group: &str) -> u32 {
+        self.attempts_of_group.get(group).copied().unwrap_or(self.max_delivery_attempts)
     }
 
     /// Records that a client of `group` exists.
@@ -496,7 +501,8 @@ impl Groups {
         for message in polled.into_iter().filter(|m| request.filter.wants(m)) {
             let origin = Origin::of(&message);
             let forwarded = blocks.take_forwarded(message.log_offset());
-            let timer = (!forwarded && origin.attempt <= self.max_delivery_attempts)
+            let attempts = self.max_delivery_attempts(&request.group);
+            let timer = (!forwarded && origin.attempt <= attempts)
                 .then(|| origin.retry_timer(&message, &retry, due))
                 .flatten();
             match timer {
@@ -508,7 +514,7 @@ impl Groups {
                     let reason = if forwarded {
                         "forwarded by its consumer".into()
                     } else {
-                        self.dead_reason(&origin)
+                        dead_reason(&origin, attempts)
                     };
                     copies.push(origin.dead_letter(&message, &request.group, &reason));
                     if origin.fifo {
@@ -546,15 +552,6 @@ impl Groups {
         Ok(received)
     }
 
-    /// Why a message that gets no invisibility timer goes to the dead-letter topic.
-    fn dead_reason(&self, origin: &Origin) -> String {
-        if origin.attempt > self.max_delivery_attempts {
-            format!("not acknowledged after {} hand-outs", self.max_delivery_attempts)
-        } else {
-            "its properties leave no room for a retry copy's".to_string()
-        }
-    }
-
     /// How far each group is behind on each queue it reads.
     pub(crate) fn lags(&self) -> Vec<Lag> {
         let readers: Vec<_> = {
@@ -575,6 +572,16 @@ impl Groups {
             }
         }
         lags
+    }
+}
+
+/// Why a message that gets no invisibility timer goes to the dead-letter
+/// topic, its group allowing `attempts` hand-outs.
+fn dead_reason(origin: &Origin, attempts: u32) -> String {
+    if origin.attempt > attempts {
+        format!("not acknowledged after {attempts} hand-outs")
+    } else {
+        "its properties leave no room for a retry copy's".to_string()
     }
 }
 
@@ -688,7 +695,8 @@ mod tests {
     fn idle_readers_are_dropped_busy_ones_kept() {
         let dir = tempfile::tempdir().unwrap();
         let store = Store::open(delaywheel::Config::new(dir.path()).with_queues_per_topic(2)).unwrap();
-        let groups = Groups { idle_readers: Duration::ZERO, ..Groups::new(MAX_DELIVERY_ATTEMPTS) };
+        let groups =
+            Groups { idle_readers: Duration::ZERO, ..Groups::new(MAX_DELIVERY_ATTEMPTS, HashMap::new()) };
         let busy = groups.readers(&store, &request("G0", "T")).unwrap();
         for n in 1..100 {
             groups.readers(&store, &request(&format!("G{n}"), "T")).unwrap();

@@ -50,6 +50,9 @@ pub struct ServeOptions {
     /// Hand-outs of one message before it goes to its group's dead-letter
     /// topic instead ([`crate::receive::MAX_DELIVERY_ATTEMPTS`] is RocketMQ's default).
     pub max_delivery_attempts: u32,
+    /// Groups (by the store's name: `group`, or `namespace%group`) whose
+    /// messages get another number of hand-outs than `max_delivery_attempts`.
+    pub attempts_of_group: std::collections::HashMap<String, u32>,
     /// Whether the HTTP endpoint's `POST /timers/{handle}/cancel` and
     /// `/reschedule` act (the endpoint has no authentication yet): off, they answer 403.
     pub allow_cancel: bool,
@@ -74,6 +77,7 @@ impl ServeOptions {
             http: Some(any_port),
             key,
             max_delivery_attempts: MAX_DELIVERY_ATTEMPTS,
+            attempts_of_group: std::collections::HashMap::new(),
             allow_cancel: false,
             credentials: None,
             limits: ConnectionLimits::defaults(),
@@ -176,15 +180,17 @@ impl Shared {
             Some(settings::PubSub::Subscription(subscription)) => {
                 let group = crate::names::group(&subscription.group, "")
                     .and_then(|group| crate::receive::check_group(&group, "").map(|()| group));
-                if let Ok(group) = group {
-                    self.groups.know(&group);
+                if let Ok(group) = &group {
+                    self.groups.know(group);
                 }
+                // A group with no number of its own (or none well formed) gets the server's.
+                let attempts = self.groups.max_delivery_attempts(group.as_deref().unwrap_or(""));
                 subscription.fifo = Some(false);
                 subscription.receive_batch_size = Some(DEFAULT_BATCH as i32);
                 subscription.long_polling_timeout = Some(proto(DEFAULT_LONG_POLL));
                 let next = self.store.delay_levels().delays().map(proto).collect();
                 settings.backoff_policy = Some(RetryPolicy {
-                    max_attempts: self.groups.max_delivery_attempts() as i32,
+                    max_attempts: attempts as i32,
                     strategy: Some(retry_policy::Strategy::CustomizedBackoff(CustomizedBackoff { next })),
                 });
             }
@@ -222,7 +228,7 @@ impl Server {
         let shared = Arc::new(Shared {
             topics,
             store,
-            groups: Groups::new(options.max_delivery_attempts),
+            groups: Groups::new(options.max_delivery_attempts, options.attempts_of_group),
             metrics: Metrics::new(),
             renewals: Arc::new(Renewals::new(options.renew)),
             key: options.key,

@@ -10,6 +10,7 @@ use delaywheel::{CancelOutcome, Clock, RescheduleOutcome, SystemClock};
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
+use crate::names;
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
 use crate::receive::{
@@ -17,7 +18,6 @@ use crate::receive::{
     check_readable_topic,
 };
 use crate::renewal::CLIENT_ID;
-use crate::names;
 use crate::send::{self, timestamp};
 use crate::server::Shared;
 use crate::status::{Refusal, ok, status_of};
@@ -112,7 +112,8 @@ impl MessagingService for Service {
         let request = request.into_inner();
         let mut result = Ok(());
         if request.group.as_ref().is_some_and(|g| !g.name.is_empty()) {
-            result = consumer_group(&request.group, "group.name").map(|group| self.shared.groups.know(&group));
+            result =
+                consumer_group(&request.group, "group.name").map(|group| self.shared.groups.know(&group));
         }
         Ok(Response::new(HeartbeatResponse { status: Some(status_of(result)) }))
     }
@@ -185,7 +186,10 @@ impl MessagingService for Service {
         let (group, topic) = match checked {
             Ok(names) => names,
             Err(refusal) => {
-                return Ok(Response::new(AckMessageResponse { status: Some(refusal.status()), entries: vec![] }));
+                return Ok(Response::new(AckMessageResponse {
+                    status: Some(refusal.status()),
+                    entries: vec![],
+                }));
             }
         };
         let answer = self
@@ -704,23 +708,20 @@ impl Shared {
         receipt: &str,
         invisible: Duration,
     ) -> ChangeInvisibleDurationResponse {
-        let result =
-            self.key.open_receipt(group, topic, receipt).map_err(bad_receipt).and_then(
-                |timer| {
-                    // The client takes the timer over from the renewer (see `renewal`).
-                    let _exclusive = self.renewals.exclusive();
-                    self.renewals.release(client, timer);
-                    let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
-                    match self.store.reschedule(timer, due)? {
-                        RescheduleOutcome::Rescheduled => Ok(()),
-                        RescheduleOutcome::AlreadyDelivered => {
-                            Err(bad_receipt("expired: the message was handed out again"))
-                        }
-                        RescheduleOutcome::Cancelled => Err(bad_receipt("the message was acked")),
-                        RescheduleOutcome::NotFound => Err(bad_receipt("names no received message")),
-                    }
-                },
-            );
+        let result = self.key.open_receipt(group, topic, receipt).map_err(bad_receipt).and_then(|timer| {
+            // The client takes the timer over from the renewer (see `renewal`).
+            let _exclusive = self.renewals.exclusive();
+            self.renewals.release(client, timer);
+            let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
+            match self.store.reschedule(timer, due)? {
+                RescheduleOutcome::Rescheduled => Ok(()),
+                RescheduleOutcome::AlreadyDelivered => {
+                    Err(bad_receipt("expired: the message was handed out again"))
+                }
+                RescheduleOutcome::Cancelled => Err(bad_receipt("the message was acked")),
+                RescheduleOutcome::NotFound => Err(bad_receipt("names no received message")),
+            }
+        });
         // The timer keeps its handle when rescheduled, so the receipt stays the same.
         let receipt_handle = if result.is_ok() { receipt.to_string() } else { String::new() };
         ChangeInvisibleDurationResponse { status: Some(status_of(result)), receipt_handle }

@@ -244,3 +244,37 @@ async fn a_message_groups_messages_come_one_at_a_time_in_send_order() {
     assert_eq!(bodies(&orders(client, short, Duration::from_secs(5)).await), ["f5"]);
     server.stop().await;
 }
+
+/// The settings answer's retry policy for a consumer of `group`.
+async fn max_attempts_of(client: &mut MessagingServiceClient<Channel>, group: &str) -> i32 {
+    consumer_settings(client, group).await.backoff_policy.unwrap().max_attempts
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_group_may_have_its_own_number_of_attempts() {
+    let dir = tempfile::tempdir().unwrap();
+    let options = ServeOptions {
+        attempts_of_group: [("Strict".to_string(), 1)].into(),
+        ..ServeOptions::loopback(HandleKey::from_bytes([3; 32]))
+    };
+    let mut server = start_with(dir.path(), options).await;
+    let client = &mut server.client;
+    assert_eq!(max_attempts_of(client, "Strict").await, 1);
+    assert_eq!(max_attempts_of(client, "Lenient").await, 16, "the server's own number");
+    send(client, vec![message("Jobs", "j1", "once only", None)]).await;
+    let second = Duration::from_secs(1);
+    let (got, _) = receive(client, "Strict", "Jobs", second, Duration::from_secs(5)).await;
+    assert_eq!(bodies(&got), ["once only"]);
+    // Not acked: its one attempt is spent, so it goes to the dead letters, not back.
+    let (none, _) = receive(client, "Strict", "Jobs", second, Duration::from_secs(3)).await;
+    assert!(none.is_empty());
+    let (letters, _) =
+        receive(client, "Ops", "%DLQ%Strict", Duration::from_secs(30), Duration::from_secs(5)).await;
+    assert_eq!(bodies(&letters), ["once only"]);
+    // Another group of the same topic still gets its 16.
+    let (got, _) = receive(client, "Lenient", "Jobs", second, Duration::from_secs(5)).await;
+    assert_eq!(bodies(&got), ["once only"]);
+    let (again, _) = receive(client, "Lenient", "Jobs", second, Duration::from_secs(5)).await;
+    assert_eq!(again[0].system_properties.as_ref().unwrap().delivery_attempt, Some(2));
+    server.stop().await;
+}
