@@ -34,6 +34,8 @@ const INVISIBLE_RANGE: std::ops::RangeInclusive<Duration> =
 const CHANGE_RANGE: std::ops::RangeInclusive<Duration> = Duration::ZERO..=Duration::from_secs(12 * 3600);
 /// Most messages one receive hands out.
 const MAX_BATCH: i32 = 1024;
+/// What a long poll leaves of its call's deadline for the answer to reach the client.
+const DEADLINE_RESERVE: Duration = Duration::from_millis(100);
 
 /// The service over one store.
 pub(crate) struct Service {
@@ -65,6 +67,23 @@ fn unimplemented<T>(rpc: &str, why: &str) -> Answer<T> {
 fn client_of<T>(request: &Request<T>) -> Option<String> {
     let id = request.metadata().get(CLIENT_ID)?.to_str().ok()?;
     (!id.is_empty()).then(|| id.to_string())
+}
+
+/// How long the client waits for the answer to `request` (its `grpc-timeout`:
+/// up to 8 digits and a unit, H M S m u n), if it says.
+fn deadline_of<T>(request: &Request<T>) -> Option<Duration> {
+    let value = request.metadata().get("grpc-timeout")?.to_str().ok()?;
+    let (amount, unit) = value.split_at_checked(value.len().checked_sub(1)?)?;
+    let amount: u64 = amount.parse().ok().filter(|_| (1..=8).contains(&amount.len()))?;
+    Some(match unit {
+        "H" => Duration::from_secs(amount * 3600),
+        "M" => Duration::from_secs(amount * 60),
+        "S" => Duration::from_secs(amount),
+        "m" => Duration::from_millis(amount),
+        "u" => Duration::from_micros(amount),
+        "n" => Duration::from_nanos(amount),
+        _ => return None,
+    })
 }
 
 /// The store's name of the topic a consumer reads (`resource`), checked.
@@ -159,12 +178,17 @@ impl MessagingService for Service {
         request: Request<ReceiveMessageRequest>,
     ) -> Answer<Self::ReceiveMessageStream> {
         let client = client_of(&request);
+        let deadline = deadline_of(&request);
         let request = request.into_inner();
         let answers = match self.receive_request(&request) {
             Err(refusal) => vec![ReceiveMessageResponse {
                 content: Some(receive_message_response::Content::Status(refusal.status())),
             }],
-            Ok(receive) => {
+            Ok(mut receive) => {
+                // A client whose call ends with its long poll (Rust's) still hears "no message".
+                if let Some(deadline) = deadline {
+                    receive.wait = receive.wait.min(deadline.saturating_sub(DEADLINE_RESERVE));
+                }
                 let receive = Arc::new(receive);
                 let received = self.receive(&receive).await?;
                 if let (Ok(received), Some(client), true) = (&received, &client, request.auto_renew) {

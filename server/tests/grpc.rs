@@ -694,3 +694,22 @@ async fn namespaces_keep_their_topics_and_groups_apart() {
     assert_eq!(code(&Some(status)), Code::IllegalTopic);
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_long_poll_answers_before_its_calls_deadline() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    // Rust's official client sets the call's deadline to the long poll it asks for.
+    let mut request =
+        tonic::Request::new(receive_request("G", "T", Duration::from_secs(30), Duration::from_secs(20)));
+    request.set_timeout(Duration::from_secs(1));
+    let mut stream = server.client.receive_message(request).await.unwrap().into_inner();
+    let mut status = None;
+    while let Some(answer) = stream.message().await.expect("answered, not cut off by the deadline") {
+        if let Some(receive_message_response::Content::Status(s)) = answer.content {
+            status = Some(s);
+        }
+    }
+    assert_eq!(code(&status), Code::MessageNotFound, "a 'no message' answer, in the call's second");
+    server.stop().await;
+}
