@@ -26,6 +26,7 @@
 pub mod auth;
 mod codes;
 mod connections;
+mod copies;
 mod error;
 mod fifo;
 mod handles;
@@ -33,7 +34,9 @@ mod http;
 mod metrics;
 mod names;
 mod operators;
+mod produce;
 pub mod proto;
+mod receipts;
 pub mod receive;
 pub mod renewal;
 mod same_site;

@@ -6,7 +6,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use delaywheel::{CancelOutcome, Clock, RescheduleOutcome, SystemClock};
+use delaywheel::{Clock, SystemClock};
 use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
@@ -18,7 +18,7 @@ use crate::receive::{
     check_readable_topic,
 };
 use crate::renewal::CLIENT_ID;
-use crate::send::{self, timestamp};
+use crate::send::timestamp;
 use crate::server::Shared;
 use crate::status::{Refusal, ok, status_of};
 
@@ -494,11 +494,6 @@ impl Service {
     }
 }
 
-/// A receipt handle that acks or changes nothing, and why.
-fn bad_receipt(why: impl std::fmt::Display) -> Refusal {
-    Refusal::field(Code::InvalidReceiptHandle, "receipt_handle", why)
-}
-
 /// The body's MD5 in upper-case hex, as RocketMQ's proxy gives every
 /// received message: clients check it (the Node and C# ones refuse a message without one).
 fn md5_hex(body: &[u8]) -> String {
@@ -553,201 +548,5 @@ fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Messag
         user_properties,
         system_properties: Some(system),
         body: message.body().to_vec(),
-    }
-}
-
-impl Shared {
-    fn send(&self, messages: Vec<Message>) -> SendMessageResponse {
-        let levels = self.store.delay_levels().len();
-        let max_body = self.store.max_body_bytes();
-        let mut outgoing = Vec::with_capacity(messages.len());
-        for message in messages {
-            let queue = self.next_queue();
-            match send::to_store(message, max_body, levels, queue, self.store.queues_per_topic()) {
-                Ok(out) => outgoing.push(out),
-                Err(refusal) => {
-                    // Nothing of a request is stored unless all of it is.
-                    self.metrics.send_refusals.increment(1);
-                    return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
-                }
-            }
-        }
-        if outgoing.is_empty() {
-            let refusal = Refusal::field(Code::BadRequest, "messages", "empty");
-            return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
-        }
-        if let Err(refusal) = self.topics.admit(outgoing.iter().map(|o| o.topic.as_str()), "topic.name") {
-            self.metrics.send_refusals.increment(outgoing.len() as u64);
-            return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
-        }
-        let ids: Vec<_> = outgoing.iter().map(|o| (o.message_id.clone(), o.topic.clone(), o.timed)).collect();
-        let receipts = match self.store.put_batch(outgoing.into_iter().map(|o| o.message)) {
-            Ok(receipts) => receipts,
-            Err(e) => {
-                self.metrics.send_refusals.increment(ids.len() as u64);
-                return SendMessageResponse { status: Some(Refusal::from(e).status()), entries: vec![] };
-            }
-        };
-        let entries = ids.into_iter().zip(receipts).map(|((message_id, topic, timed), receipt)| {
-            self.metrics.sends.increment(1);
-            let recall_handle = match receipt.handle().filter(|_| timed) {
-                Some(handle) => {
-                    self.metrics.timed_sends.increment(1);
-                    self.key.recall_handle(&topic, handle, &message_id)
-                }
-                None => String::new(),
-            };
-            SendResultEntry {
-                status: Some(ok()),
-                message_id,
-                transaction_id: String::new(),
-                offset: receipt.offset() as i64,
-                recall_handle,
-            }
-        });
-        SendMessageResponse { status: Some(ok()), entries: entries.collect() }
-    }
-
-    fn recall(&self, request: &RecallMessageRequest) -> RecallMessageResponse {
-        let answer = |status, message_id| RecallMessageResponse { status: Some(status), message_id };
-        let topic = match names::topic(&request.topic, "topic.name")
-            .and_then(|topic| send::check_topic(&topic, "topic.name").map(|()| topic))
-        {
-            Ok(topic) => topic,
-            Err(refusal) => return answer(refusal.status(), String::new()),
-        };
-        let (handle, message_id) = match self.key.open_recall(&topic, &request.recall_handle) {
-            Ok(opened) => opened,
-            Err(why) => {
-                return answer(
-                    Refusal::field(Code::BadRequest, "recall_handle", why).status(),
-                    String::new(),
-                );
-            }
-        };
-        let status = match self.store.cancel(handle) {
-            Ok(CancelOutcome::Cancelled) => {
-                self.metrics.recalls.increment(1);
-                ok()
-            }
-            Ok(CancelOutcome::AlreadyDelivered) => {
-                Refusal::field(Code::PreconditionFailed, "recall_handle", "the message was already delivered")
-                    .status()
-            }
-            Ok(CancelOutcome::NotFound) => {
-                Refusal::field(Code::NotFound, "recall_handle", "names no timed message").status()
-            }
-            Err(e) => Refusal::from(e).status(),
-        };
-        answer(status, message_id)
-    }
-
-    fn ack(
-        &self,
-        client: Option<&str>,
-        group: &str,
-        topic: &str,
-        entries: Vec<AckMessageEntry>,
-    ) -> AckMessageResponse {
-        // Every receipt is checked first; the valid ones are cancelled in one batch (one wait for the disk).
-        let opened: Vec<_> = entries
-            .iter()
-            .map(|e| self.key.open_receipt(group, topic, &e.receipt_handle).map_err(bad_receipt))
-            .collect();
-        let timers: Vec<_> = opened.iter().filter_map(|o| o.as_ref().ok().copied()).collect();
-        timers.iter().for_each(|&timer| self.renewals.release(client, timer));
-        let mut outcomes = match self.store.cancel_batch(&timers) {
-            Ok(outcomes) => outcomes.into_iter(),
-            Err(e) => {
-                let refusal = Refusal::from(e);
-                return AckMessageResponse { status: Some(refusal.status()), entries: vec![] };
-            }
-        };
-        let mut all_ok = true;
-        let results: Vec<_> = entries
-            .into_iter()
-            .zip(opened)
-            .map(|(entry, opened)| {
-                let acked = opened.and_then(|timer| {
-                    let outcome = outcomes.next().expect("one outcome per timer");
-                    if outcome == CancelOutcome::Cancelled {
-                        self.groups.acked(group, topic, timer);
-                    }
-                    self.ack_outcome(outcome)
-                });
-                let status = status_of(acked);
-                all_ok &= status.code == Code::Ok as i32;
-                AckMessageResultEntry {
-                    message_id: entry.message_id,
-                    receipt_handle: entry.receipt_handle,
-                    status: Some(status),
-                }
-            })
-            .collect();
-        let status = if all_ok || results.len() == 1 {
-            results.first().and_then(|r| r.status.clone()).unwrap_or_else(ok)
-        } else {
-            Refusal::new(Code::MultipleResults, "some entries were not acked: see each entry's status")
-                .status()
-        };
-        AckMessageResponse { status: Some(status), entries: results }
-    }
-
-    fn ack_outcome(&self, outcome: CancelOutcome) -> Result<(), Refusal> {
-        match outcome {
-            CancelOutcome::Cancelled => {
-                self.metrics.acks.increment(1);
-                Ok(())
-            }
-            CancelOutcome::AlreadyDelivered => {
-                Err(bad_receipt("expired: the invisible duration ended and the message was handed out again"))
-            }
-            CancelOutcome::NotFound => Err(bad_receipt("names no received message")),
-        }
-    }
-
-    /// Sends the message of `receipt` to the group's dead-letter topic: its
-    /// timer comes due now, marked so that its copy becomes a dead letter (see `fifo`).
-    fn forward(&self, group: &str, topic: &str, receipt: &str) -> Result<(), Refusal> {
-        let timer = self.key.open_receipt(group, topic, receipt).map_err(bad_receipt)?;
-        if !self.groups.forward(group, topic, timer) {
-            return Err(bad_receipt("names no message this server handed out since it started"));
-        }
-        let _exclusive = self.renewals.exclusive();
-        self.renewals.release(None, timer);
-        match self.store.reschedule(timer, SystemClock.now_ms())? {
-            RescheduleOutcome::Rescheduled => Ok(()),
-            RescheduleOutcome::AlreadyDelivered => {
-                Err(bad_receipt("expired: the message was handed out again"))
-            }
-            RescheduleOutcome::Cancelled => Err(bad_receipt("the message was acked")),
-            RescheduleOutcome::NotFound => Err(bad_receipt("names no received message")),
-        }
-    }
-
-    fn change_invisible(
-        &self,
-        client: Option<&str>,
-        (group, topic): (&str, &str),
-        receipt: &str,
-        invisible: Duration,
-    ) -> ChangeInvisibleDurationResponse {
-        let result = self.key.open_receipt(group, topic, receipt).map_err(bad_receipt).and_then(|timer| {
-            // The client takes the timer over from the renewer (see `renewal`).
-            let _exclusive = self.renewals.exclusive();
-            self.renewals.release(client, timer);
-            let due = SystemClock.now_ms().saturating_add(invisible.as_millis() as u64);
-            match self.store.reschedule(timer, due)? {
-                RescheduleOutcome::Rescheduled => Ok(()),
-                RescheduleOutcome::AlreadyDelivered => {
-                    Err(bad_receipt("expired: the message was handed out again"))
-                }
-                RescheduleOutcome::Cancelled => Err(bad_receipt("the message was acked")),
-                RescheduleOutcome::NotFound => Err(bad_receipt("names no received message")),
-            }
-        });
-        // The timer keeps its handle when rescheduled, so the receipt stays the same.
-        let receipt_handle = if result.is_ok() { receipt.to_string() } else { String::new() };
-        ChangeInvisibleDurationResponse { status: Some(status_of(result)), receipt_handle }
     }
 }
