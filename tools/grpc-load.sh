@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The cost of the network layer, measured side by side on one machine:
 # timed sends through `delaywheel serve` from concurrent gRPC clients
-# (`delaywheel grpc-load`), and the same workload in-process (`delaywheel perf`).
+# (`delaywheel grpc-load`), and the same workload in-process (`delaywheel perf`);
+# then end to end at 20k/s, received SimpleConsumer-style and PushConsumer-style.
 # Each workload runs on a fresh store. Usage: tools/grpc-load.sh [RUNS]
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -39,4 +40,9 @@ for run in $(seq "$runs"); do
   local=$($bin perf --dir "$work/perf" --messages 200000 --flush sync --rate 20000 --producers 8 --delay-ms 1000..3000 \
     --json 2>/dev/null | field '(lateness_ms["p50"], lateness_ms["p99"], lateness_ms["max"], lost)')
   echo "run $run: lateness ms (p50, p99, max, lost[, duplicated]) at 20k/s offered: grpc $grpc, in-process $local"
+  serve
+  push=$($bin grpc-load --endpoint "$endpoint" --messages 200000 --batch 16 --rate 20000 --delay-ms 1000..3000 --push --json \
+    | field '(lateness_ms["p50"], lateness_ms["p99"], lateness_ms["max"], lost, duplicated)')
+  stop
+  echo "run $run: lateness ms (p50, p99, max, lost, duplicated) at 20k/s offered to PushConsumer-style receivers: $push"
 done

@@ -54,6 +54,11 @@ pub struct GrpcLoadArgs {
     /// Only send (the timers stay pending): the send rate alone.
     #[arg(long)]
     no_receive: bool,
+    /// Receive as the official PushConsumers do: each receiver a client of its
+    /// own with its telemetry stream open, receiving with `auto_renew`, no
+    /// invisible duration and no batch size (the server's 60 s and 32).
+    #[arg(long, conflicts_with = "no_receive")]
+    push: bool,
     /// Print one JSON object as the last line.
     #[arg(long)]
     json: bool,
@@ -103,11 +108,19 @@ async fn load(args: GrpcLoadArgs) -> Result<(), Failure> {
     let sent_all = Arc::new(AtomicBool::new(false));
     let received = Arc::new(AtomicU64::new(0));
     let mut receivers = Vec::new();
-    for _ in 0..if args.no_receive { 0 } else { args.receivers } {
+    for receiver in 0..if args.no_receive { 0 } else { args.receivers } {
         let (args, topic, group) = (Arc::clone(&args), topic.clone(), group.clone());
         let (sent_all, received) = (Arc::clone(&sent_all), Arc::clone(&received));
-        let client = connect(&args.endpoint).await?;
-        receivers.push(tokio::spawn(receive(client, args, topic, group, sent_all, received)));
+        let mut client = connect(&args.endpoint).await?;
+        let client_id = format!("grpc-load-{}-{receiver}", std::process::id());
+        // A PushConsumer's messages are renewed while its telemetry stream is open.
+        let telemetry =
+            if args.push { Some(open_telemetry(&mut client, &client_id, &group).await?) } else { None };
+        receivers.push(tokio::spawn(async move {
+            let seen = receive(client, args, topic, group, &client_id, sent_all, received).await;
+            drop(telemetry);
+            seen
+        }));
     }
 
     let started = Instant::now();
@@ -226,12 +239,48 @@ async fn send(
     Ok(())
 }
 
+/// A request from the client `client_id`, as the official clients mark theirs.
+fn from<T>(client_id: &str, message: T) -> Result<tonic::Request<T>, Failure> {
+    let mut request = tonic::Request::new(message);
+    let id = client_id.parse().map_err(|_| Failure::Run(format!("{client_id:?} is not a header value")))?;
+    request.metadata_mut().insert("x-mq-client-id", id);
+    Ok(request)
+}
+
+/// Opens `client_id`'s telemetry stream with a PushConsumer's settings for
+/// `group`, and waits for the answer; the stream stays open while the returned sender lives.
+async fn open_telemetry(
+    client: &mut MessagingServiceClient<Channel>,
+    client_id: &str,
+    group: &str,
+) -> Result<tokio::sync::mpsc::Sender<TelemetryCommand>, Failure> {
+    let settings = Settings {
+        client_type: Some(ClientType::PushConsumer as i32),
+        pub_sub: Some(settings::PubSub::Subscription(Subscription {
+            group: resource(group),
+            ..Default::default()
+        })),
+        ..Default::default()
+    };
+    let command =
+        TelemetryCommand { status: None, command: Some(telemetry_command::Command::Settings(settings)) };
+    let (commands, outbound) = tokio::sync::mpsc::channel(1);
+    commands.send(command).await.map_err(|_| Failure::Run("telemetry: closed at once".into()))?;
+    let request = from(client_id, tokio_stream::wrappers::ReceiverStream::new(outbound))?;
+    let mut replies = client.telemetry(request).await?.into_inner();
+    replies.message().await?.ok_or_else(|| Failure::Run("telemetry: no settings answer".into()))?;
+    // Replies are read (and dropped) so the server's side of the stream never waits.
+    tokio::spawn(async move { while let Ok(Some(_)) = replies.message().await {} });
+    Ok(commands)
+}
+
 /// Receives and acks until everything sent came or nothing came for a while after the last send.
 async fn receive(
     mut client: MessagingServiceClient<Channel>,
     args: Arc<GrpcLoadArgs>,
     topic: String,
     group: String,
+    client_id: &str,
     sent_all: Arc<AtomicBool>,
     received: Arc<AtomicU64>,
 ) -> Result<Seen, Failure> {
@@ -247,17 +296,18 @@ async fn receive(
         if sent_all.load(Ordering::Acquire) && quiet_since.elapsed() > quiet_limit {
             break;
         }
+        let invisible = prost_types::Duration { seconds: args.invisible_secs, nanos: 0 };
         let request = ReceiveMessageRequest {
             group: resource(&group),
             message_queue: Some(MessageQueue { topic: resource(&topic), ..Default::default() }),
             filter_expression: None,
-            batch_size: 1024,
-            invisible_duration: Some(prost_types::Duration { seconds: args.invisible_secs, nanos: 0 }),
-            auto_renew: false,
+            batch_size: if args.push { 0 } else { 1024 },
+            invisible_duration: (!args.push).then_some(invisible),
+            auto_renew: args.push,
             long_polling_timeout: Some(prost_types::Duration { seconds: 1, nanos: 0 }),
             attempt_id: None,
         };
-        let mut stream = client.receive_message(request).await?.into_inner();
+        let mut stream = client.receive_message(from(client_id, request)?).await?.into_inner();
         let mut entries = Vec::new();
         while let Some(answer) = stream.message().await? {
             let Some(receive_message_response::Content::Message(m)) = answer.content else { continue };
@@ -284,7 +334,8 @@ async fn receive(
             continue;
         }
         quiet_since = Instant::now();
-        let ack = AckMessageRequest { group: resource(&group), topic: resource(&topic), entries };
+        let ack =
+            from(client_id, AckMessageRequest { group: resource(&group), topic: resource(&topic), entries })?;
         let mut acker = client.clone();
         // Acks go on while the next receive waits.
         tokio::spawn(async move { acker.ack_message(ack).await });
