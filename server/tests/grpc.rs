@@ -584,7 +584,7 @@ async fn what_every_consumer_needs_digest_defaults_and_a_nack() {
     let Some(settings::PubSub::Subscription(subscription)) = &settings.pub_sub else {
         panic!("{settings:?}")
     };
-    assert_eq!(subscription.receive_batch_size, Some(32));
+    assert_eq!(subscription.receive_batch_size, Some(128));
     assert_eq!(subscription.long_polling_timeout.map(|d| d.seconds), Some(20));
     let policy = settings.backoff_policy.unwrap();
     assert_eq!(policy.max_attempts, 16);

@@ -9,7 +9,7 @@
  *    answered; two more timed ones (due in 1 h and in 5 s) are recalled, the
  *    recall answered OK with the sent message id, and the 1-hour timer gone
  *    from /pending;
- *  - the settings the server answers the PushConsumer: receive batch 32,
+ *  - the settings the server answers the PushConsumer: receive batch 128,
  *    long polling 20 s, backoff 1 s, 5 s, 10 s, 30 s, ...;
  *  - the SimpleConsumer receives exactly the 400 (never a recalled one), none
  *    corrupted (body digest), no timed one before its delivery timestamp (no
@@ -209,9 +209,9 @@ async function main() {
   console.log(`producer and both consumers started (${elapsed()})`);
   const sub = pushSettings?.subscription;
   const backoff = (pushSettings?.backoffPolicy?.customizedBackoff?.nextList ?? []).map(d => d.seconds);
-  check(sub?.receiveBatchSize === 32 && sub?.longPollingTimeout?.seconds === 20 &&
+  check(sub?.receiveBatchSize === 128 && sub?.longPollingTimeout?.seconds === 20 &&
     backoff.slice(0, 4).join() === '1,5,10,30',
-  'settings answer: receive batch 32, long polling 20 s, backoff 1 s, 5 s, 10 s, 30 s, ...',
+  'settings answer: receive batch 128, long polling 20 s, backoff 1 s, 5 s, 10 s, 30 s, ...',
   JSON.stringify({ batch: sub?.receiveBatchSize, poll: sub?.longPollingTimeout, backoff }));
 
   // --- Producer ---
