@@ -91,8 +91,13 @@ pub(crate) fn sync_data(file: &File, path: &Path) -> Result<()> {
 
 /// `fsync` of the directory holding `path`, so a create, rename or delete is durable.
 pub(crate) fn sync_parent_dir(path: &Path) -> Result<()> {
-    let dir = path.parent().unwrap_or_else(|| Path::new("."));
-    sync_dir(dir)
+    sync_dir(parent_dir(path))
+}
+
+/// The directory holding `path`: a path of one relative component (`data`)
+/// has the empty path as its parent, which names no directory; it is `.`.
+fn parent_dir(path: &Path) -> &Path {
+    path.parent().filter(|parent| !parent.as_os_str().is_empty()).unwrap_or_else(|| Path::new("."))
 }
 
 /// `fsync` of a directory: its entries (files created, renamed or removed) are durable.

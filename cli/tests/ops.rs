@@ -74,3 +74,19 @@ fn drain_gives_up_at_its_timeout() {
     assert!(stderr.contains("timed out after 2 s with 1 timers pending"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(30));
 }
+
+/// The README's own examples name the store `data`, relative to where they
+/// run: a path of one component, whose parent is the empty path (the store
+/// used to fail with "fsync directory : No such file or directory").
+#[test]
+fn a_store_named_by_one_relative_component_opens() {
+    let cwd = tempfile::tempdir().unwrap();
+    let in_cwd = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_delaywheel")).args(args).current_dir(cwd.path()).output().unwrap()
+    };
+    let perf = in_cwd(&["perf", "--dir", "data", "--messages", "100", "--delay-ms", "0..10", "--json"]);
+    assert!(perf.status.success(), "perf --dir data: {}", String::from_utf8_lossy(&perf.stderr));
+    assert!(cwd.path().join("data/commitlog").is_dir());
+    let recovered = in_cwd(&["recover", "--dir", "data", "--json"]);
+    assert!(recovered.status.success(), "recover --dir data: {}", String::from_utf8_lossy(&recovered.stderr));
+}
