@@ -29,18 +29,8 @@ struct Telemetry {
 
 /// Opens client `id`'s telemetry stream with its consumer settings for `group`.
 async fn telemetry(client: &mut MessagingServiceClient<Channel>, id: &str, group: &str) -> Telemetry {
-    let settings = Settings {
-        client_type: Some(ClientType::PushConsumer as i32),
-        pub_sub: Some(settings::PubSub::Subscription(Subscription {
-            group: resource(group),
-            ..Default::default()
-        })),
-        ..Default::default()
-    };
-    let command =
-        TelemetryCommand { status: None, command: Some(telemetry_command::Command::Settings(settings)) };
     let (commands, inbound) = tokio::sync::mpsc::channel(1);
-    commands.send(command).await.unwrap();
+    commands.send(consumer_settings_command(group)).await.unwrap();
     let request = from(id, tokio_stream::wrappers::ReceiverStream::new(inbound));
     let mut replies = client.telemetry(request).await.unwrap().into_inner();
     replies.message().await.unwrap().expect("the settings answer");

@@ -155,8 +155,8 @@ pub fn body(m: &Message) -> &str {
     std::str::from_utf8(&m.body).unwrap()
 }
 
-/// The settings a consumer of `group` gets back on its telemetry stream.
-pub async fn consumer_settings(client: &mut MessagingServiceClient<Channel>, group: &str) -> Settings {
+/// What a PushConsumer of `group` first sends on its telemetry stream: its settings.
+pub fn consumer_settings_command(group: &str) -> TelemetryCommand {
     let settings = Settings {
         client_type: Some(ClientType::PushConsumer as i32),
         pub_sub: Some(settings::PubSub::Subscription(Subscription {
@@ -165,10 +165,13 @@ pub async fn consumer_settings(client: &mut MessagingServiceClient<Channel>, gro
         })),
         ..Default::default()
     };
-    let command =
-        TelemetryCommand { status: None, command: Some(telemetry_command::Command::Settings(settings)) };
+    TelemetryCommand { status: None, command: Some(telemetry_command::Command::Settings(settings)) }
+}
+
+/// The settings a consumer of `group` gets back on its telemetry stream.
+pub async fn consumer_settings(client: &mut MessagingServiceClient<Channel>, group: &str) -> Settings {
     let (sender, commands) = tokio::sync::mpsc::channel(1);
-    sender.send(command).await.unwrap();
+    sender.send(consumer_settings_command(group)).await.unwrap();
     let mut replies =
         client.telemetry(tokio_stream::wrappers::ReceiverStream::new(commands)).await.unwrap().into_inner();
     let reply = replies.message().await.unwrap().unwrap();
