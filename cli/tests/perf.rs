@@ -41,3 +41,31 @@ fn consumers_must_be_at_least_one() {
     assert_eq!(output.status.code(), Some(2), "a usage error");
     assert!(String::from_utf8_lossy(&output.stderr).contains("--consumers"));
 }
+
+/// `--no-wait` with cancels reports once the timers not cancelled are in
+/// the wheel: cancelled timers are neither pending nor delivered, and the
+/// wait used to run its whole 600 s for them.
+#[test]
+fn no_wait_with_cancels_reports_once_the_rest_are_indexed() {
+    let mut child = Command::new(env!("CARGO_BIN_EXE_delaywheel"))
+        .args(["perf", "--messages", "2000", "--delay-ms", "3600000..3700000", "--no-wait"])
+        .args(["--cancel-ratio", "0.5", "--json"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if started.elapsed() > std::time::Duration::from_secs(120) {
+            child.kill().unwrap();
+            panic!("perf --no-wait --cancel-ratio 0.5 still waiting after 120 s");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+    let output = child.wait_with_output().unwrap();
+    assert!(output.status.success());
+    let stdout = String::from_utf8(output.stdout).unwrap();
+    let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+    let (pending, cancelled) = (report["pending"].as_u64().unwrap(), report["cancelled"].as_u64().unwrap());
+    assert!(cancelled > 0, "{report}");
+    assert_eq!(pending + cancelled, 2000, "{report}");
+}

@@ -217,7 +217,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     ledger.puts_done_ms.store(SystemClock.now_ms(), Ordering::Release);
     let acked = args.messages;
     if args.no_wait {
-        wait_for_indexing(&store, acked);
+        wait_for_indexing(&store, acked - ledger.cancelled_count.load(Ordering::Acquire));
     } else {
         wait_for_deliveries(&ledger, acked, latest_due, args.json);
     }
@@ -406,11 +406,14 @@ fn wait_for_deliveries(ledger: &Ledger, acked: u64, latest_due_ms: u64, quiet: b
 
 /// Waits (up to 10 minutes) until every put is indexed: the dispatcher has
 /// caught up and the wheel's refreshed gauges count every timer as pending or delivered.
-fn wait_for_indexing(store: &Store, acked: u64) {
+/// Waits until the wheel holds every timer put and not cancelled
+/// (`settled_by_puts`: puts minus this run's cancels, which count as
+/// neither pending nor delivered), or 600 s.
+fn wait_for_indexing(store: &Store, settled_by_puts: u64) {
     let deadline = Instant::now() + Duration::from_secs(600);
     while Instant::now() < deadline {
         let stats = store.stats();
-        if stats.dispatch_lag_bytes == 0 && stats.pending + stats.delivered >= acked {
+        if stats.dispatch_lag_bytes == 0 && stats.pending + stats.delivered >= settled_by_puts {
             return;
         }
         std::thread::sleep(Duration::from_millis(50));
