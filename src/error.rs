@@ -169,6 +169,17 @@ pub enum Error {
         used: u64,
     },
 
+    /// The ticking thread did not answer within the put timeout: it is
+    /// waiting for disk space (see `Store::health`), rebuilding the wheel, or
+    /// has a long backlog. Nothing is lost; retry later.
+    #[error(
+        "the ticking thread did not answer within {waited_ms} ms (waiting for disk space, or busy); retry"
+    )]
+    TickerBusy {
+        /// How long the call waited.
+        waited_ms: u64,
+    },
+
     /// The store is closed or closing.
     #[error("store is closed")]
     Closed,

@@ -285,8 +285,9 @@ impl Store {
     /// In sync flush mode `Cancelled` is answered once the cancel record is
     /// on disk, so a power loss cannot bring the timer back.
     ///
-    /// Errors: [`Error::Closed`] after close (or if the ticking thread did
-    /// not answer within the put timeout); [`Error::Poisoned`] after a failed
+    /// Errors: [`Error::Closed`] after close; [`Error::TickerBusy`] if the
+    /// ticking thread did not answer within the put timeout (waiting for disk
+    /// space, say: retry); [`Error::Poisoned`] after a failed
     /// flush; an I/O error if the cancel record could not be written. In
     /// sync mode, [`Error::NotYetDurable`] if the cancel record was not on
     /// disk within the put timeout: the timer will not fire, unless a power

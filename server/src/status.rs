@@ -56,7 +56,7 @@ fn code_of(e: &delaywheel::Error) -> Code {
             _ => Code::BadRequest,
         },
         E::InBatch { source, .. } => code_of(source),
-        E::Busy { .. } | E::Exhausted { .. } => Code::TooManyRequests,
+        E::Busy { .. } | E::TickerBusy { .. } | E::Exhausted { .. } => Code::TooManyRequests,
         E::NotYetDurable { .. } => Code::MasterPersistenceTimeout,
         _ => Code::InternalServerError,
     }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use crossbeam_channel::Sender;
+use crossbeam_channel::{RecvTimeoutError, Sender};
 
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
@@ -43,7 +43,18 @@ impl WheelFront {
     fn ask<T>(&self, command: impl FnOnce(Sender<T>) -> WheelCommand) -> Result<T> {
         let (reply, answer) = crossbeam_channel::bounded(1);
         self.send(command(reply)).map_err(|_| Error::Closed)?;
-        answer.recv_timeout(self.timeout).map_err(|_| Error::Closed)
+        answer.recv_timeout(self.timeout).map_err(|e| unanswered(e, self.timeout))
+    }
+}
+
+/// What a call the ticking thread did not answer means: the thread is gone
+/// ([`Error::Closed`]), or it has not answered yet ([`Error::TickerBusy`]:
+/// stalled on a full disk, say, and the caller may wait; this used to be
+/// `Closed` too, and `delaywheel drain` gave up at once on a full disk).
+fn unanswered(e: RecvTimeoutError, waited: Duration) -> Error {
+    match e {
+        RecvTimeoutError::Timeout => Error::TickerBusy { waited_ms: waited.as_millis() as u64 },
+        RecvTimeoutError::Disconnected => Error::Closed,
     }
 }
 
@@ -117,5 +128,21 @@ impl SchedulerFront for WheelFront {
 
     fn pending_counts(&self, bounds_ms: Vec<u64>) -> Result<Vec<u64>> {
         self.ask(|reply| WheelCommand::PendingCounts { bounds_ms, reply })?
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_ticker_that_does_not_answer_yet_is_busy_and_one_that_is_gone_is_closed() {
+        let wait = Duration::from_millis(20);
+        let (reply, answer) = crossbeam_channel::bounded::<()>(1);
+        let late = answer.recv_timeout(wait).map_err(|e| unanswered(e, wait));
+        assert!(matches!(late, Err(Error::TickerBusy { waited_ms: 20 })), "{late:?}");
+        drop(reply);
+        let gone = answer.recv_timeout(wait).map_err(|e| unanswered(e, wait));
+        assert!(matches!(gone, Err(Error::Closed)), "{gone:?}");
     }
 }
