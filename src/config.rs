@@ -22,13 +22,22 @@ pub enum FlushMode {
     Sync,
 }
 
-/// What recovery does with a damaged record that is not at the tail.
+/// What the store does with damage to the commit log that is not a torn
+/// tail: a record once known durable that no longer checks out, a damaged
+/// segment header. (A torn tail, the unsynced end a crash leaves, is cut in
+/// either mode: that is normal.)
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum RecoveryMode {
-    /// Refuse to open: a record that was once known durable is damaged.
-    #[default]
+    /// Refuse: the open (or the read that meets it) fails with
+    /// [`Error::Corruption`](crate::Error::Corruption) naming file and offset.
     Strict,
-    /// Treat the damaged record as the end of the log and drop everything after it.
+    /// Damage costs only what it damaged (the default): a damaged stretch of
+    /// records is skipped to the next record that checks out, logged with
+    /// its file, offset and length, and counted (`Stats::damaged_log_bytes`);
+    /// a segment header that does not check out is written again from what
+    /// the file's name and size say; everything before and after is kept.
+    /// The rule is `wheel-format.md`'s "Recovery rules".
+    #[default]
     Lenient,
 }
 
@@ -124,7 +133,7 @@ impl Config {
             max_body_bytes: None,
             flush_mode: FlushMode::Async,
             flush_interval: Duration::from_millis(200),
-            recovery_mode: RecoveryMode::Strict,
+            recovery_mode: RecoveryMode::Lenient,
             clock: Arc::new(SystemClock),
             delay_levels: DEFAULT_DELAY_LEVELS.to_string(),
             timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
@@ -307,8 +316,8 @@ impl Config {
         self
     }
 
-    /// What recovery does with a damaged record below the durable end (default
-    /// [`RecoveryMode::Strict`]: refuse to open).
+    /// What the store does with damage to the commit log (default
+    /// [`RecoveryMode::Lenient`]: skip what is damaged, keep the rest).
     pub fn with_recovery_mode(mut self, mode: RecoveryMode) -> Self {
         self.recovery_mode = mode;
         self

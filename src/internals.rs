@@ -12,7 +12,7 @@ pub use crate::format::{
     FORMAT_VERSION, FileHeader, HeaderProblem, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC,
     SEGMENT_PENDING_MAGIC, TAILS_MAGIC, TIMER_LOG_MAGIC, WHEEL_MAGIC, chain, checkpoint, layout,
     numbered_file_name, parse_numbered_file_name, queue_entry, record, recorded_per_file, relocation,
-    segment_counts, slot, tail, timer_entry, versions,
+    segment_counts, segment_size_on_disk, slot, tail, timer_entry, versions,
 };
 pub use crate::message::validate_topic;
 pub use crate::timer::geometry;

@@ -96,16 +96,22 @@ struct CommittedOffset {
 /// segment and offset (a positions message whose body is not positions);
 /// [`Error::UnsupportedVersion`] for a file of a newer version.
 pub(crate) fn open(path: &Path, log: &CommitLog) -> Result<OffsetStore> {
-    let (store, covers) = OffsetStore::load(path)?;
+    let (mut store, mut covers) = OffsetStore::load(path)?;
+    if let Covers::Log(from) = covers
+        && !starts_a_record(log, from)
+    {
+        covers = garbled(path, &format!("covers_log_to {from} is not where a commit-log record starts"));
+        store = OffsetStore::new(path, BTreeMap::new());
+    }
     let replayed = match covers {
-        Covers::Missing => replay(log, &store, 0)?,
+        Covers::Missing | Covers::Garbled => replay(log, &store, 0)?,
         Covers::Version1 => Replayed::default(),
         Covers::Log(from) => replay(log, &store, from)?,
     };
     // A new checkpoint spares the next open this replay (a fresh store's
     // empty log needs none), and replaces an older version.
     let rescan = replayed.applied > 0 || (covers == Covers::Missing && replayed.records > 0);
-    if rescan || covers == Covers::Version1 {
+    if rescan || covers == Covers::Version1 || covers == Covers::Garbled {
         // What was replayed lies below the end: on disk before the file counts it.
         log.flush()?;
         store.write(&store.snapshot_now(log.write_end()))?;
@@ -118,6 +124,10 @@ pub(crate) fn open(path: &Path, log: &CommitLog) -> Result<OffsetStore> {
 enum Covers {
     /// No file: none is reflected.
     Missing,
+    /// A file that is not a consumer-offsets file (garbled): rebuilt from
+    /// every positions message in the log, like a missing one, and written
+    /// again at once.
+    Garbled,
     /// A version 1 file: none was written.
     Version1,
     /// Those from this offset on are not reflected.
@@ -138,8 +148,6 @@ struct Replayed {
 fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<Replayed> {
     let mut replayed = Replayed::default();
     let mut at = from.max(log.start());
-    // A `from` inside the log must be where a record starts: else the file is wrong, not the log.
-    let mut checking_from = from >= log.start();
     while at < log.write_end() {
         let visited = log.visit_trusted(at, |offset, kind, bytes| {
             if kind != RecordKind::Message {
@@ -162,14 +170,7 @@ fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<Replayed> {
                 })
                 .map(|()| true)
         });
-        let (found, next) = match visited {
-            Err(e) if checking_from => {
-                let why = format!("covers_log_to {from} is not where a commit-log record starts ({e})");
-                return Err(Error::corruption(&store.path, 0, CorruptionKind::BadFrame(why)));
-            }
-            visited => visited?,
-        };
-        checking_from = false;
+        let (found, next) = visited?;
         replayed.applied += u64::from(found?);
         replayed.records += 1;
         at = next;
@@ -177,21 +178,45 @@ fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<Replayed> {
     Ok(replayed)
 }
 
+/// Whether a record starts at `from` (or `from` lies outside the log's
+/// records): else the file's `covers_log_to` is wrong, not the log, and a
+/// walk from there would take the record it cuts for damage.
+fn starts_a_record(log: &CommitLog, from: u64) -> bool {
+    from < log.start() || from >= log.write_end() || log.visit_checked(from, |_, _, _| ()).is_ok()
+}
+
+/// The file's bytes, never through a symbolic link (a link planted in the
+/// store directory is refused, as for every other file of the store).
+fn read_no_follow(path: &Path) -> std::io::Result<Vec<u8>> {
+    use std::io::Read;
+    let mut bytes = Vec::new();
+    crate::fs::file_options(path).read(true).open(path)?.read_to_end(&mut bytes)?;
+    Ok(bytes)
+}
+
+/// A consumer-offsets file that is not one: an index, rebuilt from the
+/// positions messages in the log (positions committed only to the file since
+/// the last `sync_offsets` go back to that one: their messages come again).
+fn garbled(path: &Path, why: &str) -> Covers {
+    tracing::warn!(file = %path.display(), why, "consumer_offsets.json is damaged; rebuilding it from the positions messages in the log");
+    Covers::Garbled
+}
+
 impl OffsetStore {
     fn load(path: &Path) -> Result<(Self, Covers)> {
         let mut by_queue = BTreeMap::new();
-        let covers = match std::fs::read(path) {
+        let covers = match read_no_follow(path) {
             Ok(bytes) => {
-                let file: OffsetsFile = serde_json::from_slice(&bytes).map_err(|e| {
-                    let why = format!("not a consumer-offsets file: {e}");
-                    Error::corruption(path, e.column() as u64, CorruptionKind::BadFrame(why))
-                })?;
+                let file = match serde_json::from_slice::<OffsetsFile>(&bytes) {
+                    Ok(file) => file,
+                    Err(e) => return Ok((Self::new(path, BTreeMap::new()), garbled(path, &e.to_string()))),
+                };
                 let covers = match (file.version, file.covers_log_to) {
                     (1, _) => Covers::Version1,
                     (FILE_VERSION, Some(end)) => Covers::Log(end),
                     (FILE_VERSION, None) => {
-                        let why = "version 2 without covers_log_to".to_string();
-                        return Err(Error::corruption(path, 0, CorruptionKind::BadFrame(why)));
+                        let covers = garbled(path, "version 2 without covers_log_to");
+                        return Ok((Self::new(path, BTreeMap::new()), covers));
                     }
                     (found, _) => {
                         let (file, supported) = (path.to_path_buf(), FILE_VERSION);
@@ -206,13 +231,16 @@ impl OffsetStore {
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => Covers::Missing,
             Err(e) => return Err(Error::io("read", path, e)),
         };
-        let store = Self {
+        Ok((Self::new(path, by_queue), covers))
+    }
+
+    fn new(path: &Path, by_queue: BTreeMap<Key, u64>) -> Self {
+        Self {
             path: path.to_path_buf(),
             offsets: Mutex::new(Offsets { by_queue, ..Offsets::default() }),
             dirty: AtomicBool::new(false),
             written: Mutex::new(None),
-        };
-        Ok((store, covers))
+        }
     }
 
     pub fn get(&self, group: &str, topic: &str, queue_id: u32) -> Option<u64> {
@@ -424,11 +452,28 @@ mod tests {
         assert!(matches!(err, Error::UnsupportedVersion { found: 3, supported: 2, .. }), "{err}");
     }
 
+    /// A garbled file is an index to rebuild from the log, not an outage
+    /// (the open used to be refused).
     #[test]
-    fn a_damaged_offsets_file_is_named() {
+    fn a_garbled_offsets_file_is_rebuilt() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("consumer_offsets.json");
-        std::fs::write(&path, b"{not json").unwrap();
+        for garbage in [&b"{not json"[..], br#"{"version":2,"offsets":[]}"#, b"", &[0xFF; 40]] {
+            std::fs::write(&path, garbage).unwrap();
+            let (store, covers) = OffsetStore::load(&path).unwrap();
+            assert_eq!((store.get("g", "T", 0), covers), (None, Covers::Garbled));
+        }
+    }
+
+    /// A link planted where the file goes is refused, as for every other
+    /// file of the store (it used to be read through).
+    #[test]
+    fn the_file_is_never_read_through_a_symbolic_link() {
+        let dir = tempfile::tempdir().unwrap();
+        let elsewhere = dir.path().join("elsewhere.json");
+        std::fs::write(&elsewhere, r#"{"version":2,"covers_log_to":32,"offsets":[]}"#).unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        std::os::unix::fs::symlink(&elsewhere, &path).unwrap();
         let err = OffsetStore::load(&path).err().unwrap();
         assert!(err.to_string().contains("consumer_offsets.json"), "{err}");
     }

@@ -3,7 +3,7 @@
 //! clean flag, and start the background threads in order.
 
 use std::fs::{File, TryLockError};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 
@@ -13,7 +13,7 @@ use crate::buckets::{BucketFront, DelayOffsets, Poller, SCHEDULE_TOPIC, Schedule
 use crate::checkpoint::CheckpointFile;
 use crate::commitlog::{CommitLog, LogReader};
 use crate::committer::Committer;
-use crate::config::{Config, FlushMode, Scheduler};
+use crate::config::{Config, FlushMode, RecoveryMode, Scheduler};
 use crate::consume_queue::QueueRegistry;
 use crate::dispatcher::{DispatchPlan, Dispatcher};
 use crate::durable::FlushSignal;
@@ -103,9 +103,16 @@ impl Store {
         let lock = lock_dir(&layout)?;
         let _span = tracing::info_span!("open", dir = %layout.dir().display()).entered();
         check_scheduler(&layout, config.scheduler)?;
-        let Recovered { log, report, checkpoint, timers } = recover(&config, &layout)?;
+        let mut rebuilt = Vec::new();
+        let (mut report, timers, (parts, inboxes, counts, checkpoint)) = loop {
+            let Recovered { log, report, checkpoint, timers } = recover(&config, &layout)?;
+            match Parts::assemble(config.clone(), layout.clone(), log, &timers, checkpoint) {
+                Ok(assembled) => break (report, timers, assembled),
+                Err(e) => remove_damaged_index(&config, &layout, e, &mut rebuilt)?,
+            }
+        };
+        report.rebuilt_indexes = rebuilt;
         let replay_from = timers.replay_from;
-        let (parts, inboxes, counts, checkpoint) = Parts::assemble(config, layout, log, &timers, checkpoint)?;
         let Started { scheduler, retainer, threads } =
             parts.start(timers, counts, checkpoint, inboxes, &levels)?;
         tracing::info!(end = report.end, replay_from, scheduler = ?parts.config.scheduler, "store open");
@@ -452,6 +459,35 @@ fn check_scheduler(layout: &Layout, scheduler: Scheduler) -> Result<()> {
 pub(crate) struct DirLock {
     _dir: File,
     _file: File,
+}
+
+/// An index that does not check out at open (a consume queue, the key
+/// index, the wheel's files) is rebuilt from the commit log in lenient mode:
+/// the directory or file holding it is removed, with a warning naming it, and
+/// the open starts over (without it, every index resumes from the first
+/// segment). Only the truth (the log and the relocated copies) can refuse
+/// an open; so can an index that is damaged again after its rebuild.
+fn remove_damaged_index(
+    config: &Config,
+    layout: &Layout,
+    e: Error,
+    rebuilt: &mut Vec<PathBuf>,
+) -> Result<()> {
+    let Error::Corruption { file, .. } = &e else { return Err(e) };
+    let Some(index) = layout.index_holding(file).filter(|i| !rebuilt.contains(i)) else { return Err(e) };
+    if config.recovery_mode == RecoveryMode::Strict {
+        return Err(e);
+    }
+    tracing::warn!(index = %index.display(), error = %e,
+        "an index does not check out: removing it, to rebuild it from the commit log");
+    if index.is_dir() {
+        std::fs::remove_dir_all(&index).map_err(|io| Error::io("remove", &index, io))?;
+    } else {
+        crate::fs::remove_file(&index)?;
+    }
+    crate::fs::sync_parent_dir(&index)?;
+    rebuilt.push(index);
+    Ok(())
 }
 
 /// Locks the store directory itself (a lock file can be unlinked from under

@@ -38,7 +38,7 @@ fn open_checkpoint(config: &Config, layout: &Layout) -> Result<CheckpointFile> {
     for (i, cp) in slots.iter().enumerate() {
         let proven = match slots.get(i + 1) {
             Some(older) if older.dispatched < cp.dispatched => {
-                leads_to(&dir, size, older.dispatched, cp.dispatched)?
+                leads_to(&dir, size, older.dispatched, cp.dispatched, config.recovery_mode)?
             }
             _ => true,
         };

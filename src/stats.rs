@@ -65,6 +65,13 @@ pub struct Stats {
     /// offset: records the dispatcher could not index, and due timers not
     /// delivered because their message does not check out.
     pub quarantined: u64,
+    /// Damaged stretches of the commit log that readers walking it stepped
+    /// over since open (lenient mode), each logged with its file, offset and
+    /// length: the records in them are lost. Recovery's own are in
+    /// [`RecoveryReport::skipped`](crate::RecoveryReport::skipped).
+    pub damaged_log_spans: u64,
+    /// Their bytes.
+    pub damaged_log_bytes: u64,
     /// How many times the wheel gauges have been refreshed since open.
     pub refreshes: u64,
     /// How many times the ticking thread rebuilt the wheel from the commit

@@ -134,21 +134,31 @@ fn an_offsets_file_of_version_1_still_opens_and_is_rewritten() {
     store.close().unwrap();
 }
 
+/// A file whose `covers_log_to` is no record boundary, or that is not JSON
+/// at all, is rebuilt from the positions messages in the log (the open used
+/// to be refused): the positions `sync_offsets` made durable come back.
 #[test]
-fn an_offsets_file_covering_the_log_to_no_record_boundary_is_named() {
-    let dir = tempfile::tempdir().unwrap();
-    let store = Store::open(no_periodic_flush(dir.path())).unwrap();
-    put_numbered(&store, "T", 0..5);
-    store.close().unwrap();
-    let path = dir.path().join("consumer_offsets.json");
-    // 33: one byte into the first record, past the segment's 32-byte header.
-    std::fs::write(&path, r#"{"version":2,"covers_log_to":33,"offsets":[]}"#).unwrap();
-    let err = Store::open(no_periodic_flush(dir.path())).err().unwrap();
-    let text = err.to_string();
-    assert!(text.contains("consumer_offsets.json") && text.contains("covers_log_to 33"), "{text}");
-    // Deleting the file rebuilds it from the log.
-    std::fs::remove_file(&path).unwrap();
-    Store::open(no_periodic_flush(dir.path())).unwrap().close().unwrap();
+fn a_damaged_offsets_file_is_rebuilt_from_the_positions_in_the_log() {
+    for garbage in [r#"{"version":2,"covers_log_to":33,"offsets":[]}"#, "{\"version\":2,\"offs"] {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(no_periodic_flush(dir.path())).unwrap();
+        put_numbered(&store, "T", 0..5);
+        let mut consumer = store.consumer_in_group("g", "T", 0).unwrap();
+        assert_eq!(drain(&mut consumer, 3).len(), 3);
+        consumer.commit();
+        store.sync_offsets().unwrap();
+        drop(consumer);
+        store.close().unwrap();
+        let path = dir.path().join("consumer_offsets.json");
+        // 33: one byte into the first record, past the segment's 32-byte header.
+        std::fs::write(&path, garbage).unwrap();
+        let store = Store::open(no_periodic_flush(dir.path())).unwrap();
+        assert_eq!(store.consumer_in_group("g", "T", 0).unwrap().position(), 3, "{garbage}");
+        assert_eq!(store.stats().damaged_log_spans, 0, "the file was wrong, not the log: {garbage}");
+        let rewritten = std::fs::read_to_string(&path).unwrap();
+        assert!(rewritten.contains("covers_log_to"), "rebuilt at once: {rewritten}");
+        store.close().unwrap();
+    }
 }
 
 #[test]

@@ -100,7 +100,8 @@ fn a_flipped_bit_in_a_durable_record_is_corruption_naming_file_and_offset() {
     let victim = offsets[50];
     patch(&segment(dir.path(), 0), victim + 20, |b| b[0] ^= 0x10);
 
-    let err = Store::open(small_config(dir.path())).err().expect("strict recovery refuses");
+    let strict = || small_config(dir.path()).with_recovery_mode(RecoveryMode::Strict);
+    let err = Store::open(strict()).err().expect("strict recovery refuses");
     match &err {
         Error::Corruption { file, offset, kind: CorruptionKind::ChecksumMismatch { .. } } => {
             assert_eq!((file.clone(), *offset), (segment(dir.path(), 0), victim));
@@ -110,9 +111,9 @@ fn a_flipped_bit_in_a_durable_record_is_corruption_naming_file_and_offset() {
     let text = err.to_string();
     assert!(text.contains("00000000000000000000") && text.contains(&format!("offset {victim}")), "{text}");
 
-    // Lenient recovery opens and loses only the damaged record: it is
-    // marked skipped, and the records after it are kept.
-    let store = Store::open(small_config(dir.path()).with_recovery_mode(RecoveryMode::Lenient)).unwrap();
+    // Lenient recovery (the default) opens and loses only the damaged
+    // record: it is marked skipped, and the records after it are kept.
+    let store = Store::open(small_config(dir.path())).unwrap();
     let len = record_len(dir.path(), offsets[51]);
     assert_eq!(store.recovery_report().skipped, [(victim, offsets[51] - victim)], "{len}");
     let mut consumer = store.consumer("T", 0).unwrap();
@@ -121,7 +122,7 @@ fn a_flipped_bit_in_a_durable_record_is_corruption_naming_file_and_offset() {
     assert_eq!(bodies(&drain(&mut consumer, 100)), want);
     store.close().unwrap();
     // Strict recovery opens it now: the skip is on disk.
-    let store = Store::open(small_config(dir.path())).unwrap();
+    let store = Store::open(strict()).unwrap();
     assert!(store.recovery_report().skipped.is_empty());
     store.close().unwrap();
 }
@@ -140,7 +141,8 @@ fn without_a_checkpoint_a_damaged_record_followed_by_valid_ones_is_refused_not_c
     let victim = receipts[10].offset();
     patch(&segment(dir.path(), 0), victim + 30, |b| b[0] ^= 0x01);
 
-    let err = Store::open(small_config(dir.path())).err().expect("strict recovery refuses");
+    let strict = small_config(dir.path()).with_recovery_mode(RecoveryMode::Strict);
+    let err = Store::open(strict).err().expect("strict recovery refuses");
     assert!(
         matches!(&err, Error::Corruption { file, offset, .. } if *file == segment(dir.path(), 0) && *offset == victim),
         "{err}"
@@ -150,7 +152,7 @@ fn without_a_checkpoint_a_damaged_record_followed_by_valid_ones_is_refused_not_c
         "{err}"
     );
 
-    let store = Store::open(small_config(dir.path()).with_recovery_mode(RecoveryMode::Lenient)).unwrap();
+    let store = Store::open(small_config(dir.path())).unwrap();
     let mut consumer = store.consumer("T", 0).unwrap();
     let mut want = numbered(0..10);
     want.extend(numbered(11..40));
@@ -228,9 +230,14 @@ fn an_unknown_format_version_is_refused() {
         "{err}"
     );
 
+    // A damaged magic is damage, not a version: refused in strict mode; the
+    // default writes the header again, in a version it knows (its field's 99 is not).
     patch(&path, 0, |h| h[0] = b'X');
-    let err = Store::open(small_config(dir.path())).err().unwrap();
+    let strict = small_config(dir.path()).with_recovery_mode(RecoveryMode::Strict);
+    let err = Store::open(strict).err().unwrap();
     assert!(matches!(&err, Error::Corruption { kind: CorruptionKind::BadMagic, .. }), "{err}");
+    let store = Store::open(small_config(dir.path())).unwrap();
+    assert_eq!(store.recovery_report().repaired_headers, [path]);
 }
 
 #[test]

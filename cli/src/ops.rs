@@ -4,9 +4,9 @@ use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
 use clap::Args;
+use delaywheel::internals;
 use delaywheel::internals::layout::Layout;
-use delaywheel::internals::{self, COMMITLOG_MAGIC};
-use delaywheel::{Config, Stats, Store};
+use delaywheel::{Config, RecoveryMode, RecoveryReport, Stats, Store};
 
 use crate::Failure;
 
@@ -17,6 +17,10 @@ pub struct DrainArgs {
     /// Give up (exit 1) if timers are still pending after this long.
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
+    /// Refuse to open a store whose commit log is damaged (not a torn
+    /// tail), instead of skipping the damaged records and going on.
+    #[arg(long)]
+    strict: bool,
 }
 
 #[derive(Args, Debug)]
@@ -28,22 +32,30 @@ pub struct RecoverArgs {
     /// Give up (exit 1) if the replay of the commit log takes longer than this.
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
+    /// Refuse to open a store whose commit log is damaged (not a torn
+    /// tail), instead of skipping the damaged records and going on.
+    #[arg(long)]
+    strict: bool,
 }
 
-/// A configuration with the segment size the commit log was made with, read
-/// from its oldest segment's header (indexes keep their own files' sizes on
-/// their own), so the operator commands open any store.
-fn config_for(dir: &Path) -> Config {
-    let config = Config::new(dir);
-    match internals::recorded_per_file(&Layout::new(dir).commit_log(), COMMITLOG_MAGIC) {
+/// A configuration with the segment size the commit log was made with, as
+/// the library reads it off the oldest segment (indexes keep their own
+/// files' sizes on their own), so the operator commands open any store.
+fn config_for(dir: &Path, strict: bool) -> Config {
+    let mode = if strict { RecoveryMode::Strict } else { RecoveryMode::Lenient };
+    let config = Config::new(dir).with_recovery_mode(mode);
+    match internals::segment_size_on_disk(&Layout::new(dir).commit_log()) {
         Some(size) => config.with_segment_size(size),
         None => config,
     }
 }
 
 fn existing_store(dir: &std::path::Path) -> Result<(), Failure> {
-    if !Layout::new(dir).commit_log().is_dir() {
-        return Err(Failure::Run(format!("{} is not a delaywheel store (no commitlog/)", dir.display())));
+    if !Layout::new(dir).is_store() {
+        return Err(Failure::Run(format!(
+            "{} is not a delaywheel store (no commitlog/, no LOCK)",
+            dir.display()
+        )));
     }
     Ok(())
 }
@@ -76,7 +88,10 @@ fn fresh_stats(store: &Store, deadline: Instant, waiting: Waiting) -> Result<Sta
     loop {
         match store.fresh_stats() {
             Ok(stats) => return Ok(stats),
-            Err(delaywheel::Error::Busy { .. }) => still_working(store, deadline, waiting)?,
+            // Indexes behind, or the ticker waiting for disk space: wait, up to the deadline.
+            Err(delaywheel::Error::Busy { .. } | delaywheel::Error::TickerBusy { .. }) => {
+                still_working(store, deadline, waiting)?
+            }
             Err(e) => return Err(e.into()),
         }
     }
@@ -86,7 +101,7 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
     existing_store(&args.dir)?;
     let started = Instant::now();
     let deadline = started + Duration::from_secs(args.timeout_secs);
-    let store = Store::open(config_for(&args.dir))?;
+    let store = Store::open(config_for(&args.dir, args.strict))?;
     let waiting = |s: &Stats| format!("after {} s with {} timers pending", args.timeout_secs, s.pending);
     wait_caught_up(&store, deadline, &waiting)?;
     let at_start = fresh_stats(&store, deadline, &waiting)?;
@@ -109,6 +124,8 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
         },
         "recovered_end": recovery.end,
         "truncated_bytes": recovery.truncated_bytes,
+        "quarantined": stats.quarantined,
+        "damage": damage(&recovery, &stats),
     });
     println!("{report}");
     Ok(())
@@ -117,7 +134,7 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
 pub fn recover(args: RecoverArgs) -> Result<(), Failure> {
     existing_store(&args.dir)?;
     let started = Instant::now();
-    let store = Store::open(config_for(&args.dir).with_delivery(false))?;
+    let store = Store::open(config_for(&args.dir, args.strict).with_delivery(false))?;
     let opened = Instant::now();
     let deadline = started + Duration::from_secs(args.timeout_secs);
     let waiting = |s: &Stats| {
@@ -139,6 +156,8 @@ pub fn recover(args: RecoverArgs) -> Result<(), Failure> {
         "scanned_bytes": report.scanned_bytes,
         "end": report.end,
         "discarded_segments": report.discarded.len(),
+        "quarantined": stats.quarantined,
+        "damage": damage(&report, &stats),
     });
     if args.json {
         println!("{json}");
@@ -148,4 +167,16 @@ pub fn recover(args: RecoverArgs) -> Result<(), Failure> {
         }
     }
     Ok(())
+}
+
+/// What damage to the commit log cost: the stretches recovery marked
+/// skipped, the ones the readers stepped over, and the segment headers
+/// written again (all empty on an undamaged store).
+fn damage(report: &RecoveryReport, stats: &Stats) -> serde_json::Value {
+    serde_json::json!({
+        "skipped_at_recovery": report.skipped.iter().map(|&(offset, len)| [offset, len]).collect::<Vec<_>>(),
+        "spans_skipped_by_readers": stats.damaged_log_spans,
+        "bytes_skipped_by_readers": stats.damaged_log_bytes,
+        "repaired_segment_headers": report.repaired_headers,
+    })
 }

@@ -90,3 +90,50 @@ fn a_store_named_by_one_relative_component_opens() {
     let recovered = in_cwd(&["recover", "--dir", "data", "--json"]);
     assert!(recovered.status.success(), "recover --dir data: {}", String::from_utf8_lossy(&recovered.stderr));
 }
+
+/// A zeroed page inside the durable log of a cleanly closed store: every
+/// open used to fail ("zero bytes where a record should be"), since the
+/// open's scan for settled timers walks those records. `recover` now steps
+/// over it, reports the stretch and exits 0; `--strict` refuses, naming the
+/// segment.
+#[test]
+fn recover_steps_over_a_zeroed_page_and_strict_refuses_it() {
+    use std::io::{Seek, SeekFrom, Write};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("store");
+    let path = path.to_str().unwrap();
+    let perf =
+        run(&["perf", "--dir", path, "--messages", "3000", "--delay-ms", "3600000..3700000", "--no-wait"]);
+    assert!(perf.status.success(), "{}", String::from_utf8_lossy(&perf.stderr));
+    let segment = dir.path().join("store/commitlog").join(format!("{:020}", 0));
+    let mut file = std::fs::OpenOptions::new().write(true).open(&segment).unwrap();
+    file.seek(SeekFrom::Start(200 * 1024)).unwrap();
+    file.write_all(&[0; 4096]).unwrap();
+    drop(file);
+
+    let strict = run(&["recover", "--dir", path, "--json", "--strict"]);
+    let stderr = String::from_utf8_lossy(&strict.stderr);
+    assert_eq!(strict.status.code(), Some(1), "{stderr}");
+    assert!(stderr.contains("00000000000000000000 at offset 2048"), "{stderr}");
+
+    let out = run(&["recover", "--dir", path, "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["damage"]["spans_skipped_by_readers"], 1, "{report}");
+    // From the first record boundary in the page to the first record after it.
+    assert!(report["damage"]["bytes_skipped_by_readers"].as_u64().unwrap() > 4096 - 256, "{report}");
+}
+
+/// A power loss during the very first open can leave the directory with its
+/// `LOCK` and no `commitlog/`: the library opens it as a fresh store, and
+/// so does `recover` now (it used to refuse it: "no commitlog/").
+#[test]
+fn recover_opens_a_store_whose_first_open_lost_power() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("LOCK"), b"").unwrap();
+    let out = run(&["recover", "--dir", dir.path().to_str().unwrap(), "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let empty = tempfile::tempdir().unwrap();
+    let refused = run(&["recover", "--dir", empty.path().to_str().unwrap()]);
+    assert_eq!(refused.status.code(), Some(1), "an empty directory is no store");
+}

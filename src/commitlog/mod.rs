@@ -7,6 +7,7 @@
 //! Appends write through the map under one mutex; readers see a record once the
 //! append has published it. Everything else on disk is an index rebuilt from here.
 
+mod damage;
 mod reader;
 mod recovery;
 pub(crate) mod relocated;
@@ -38,6 +39,15 @@ use relocated::RelocationArea;
 enum Verify {
     Checksum,
     HeaderOnly,
+}
+
+/// Why a record is visited: as one step of a walk over the log, which goes
+/// on past a damaged stretch (visited as a skipped record, see `damage`), or
+/// as the record some index named, which must be there.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Walk {
+    Steps,
+    Lookup,
 }
 pub(crate) use reader::LogReader;
 pub use recovery::RecoveryReport;
@@ -88,6 +98,8 @@ pub(crate) struct CommitLog {
     /// records (kind 7): every segment this build creates is, so it turns
     /// true at the first roll of a store written by an older build.
     holds_deliveries: AtomicBool,
+    /// Damaged stretches walkers met below the recovered end.
+    damage: damage::DamagedSpans,
 }
 
 /// The segment being appended to.
@@ -142,6 +154,7 @@ impl CommitLog {
             relocated,
             size_cap: AtomicU64::new(0),
             holds_deliveries: AtomicBool::new(holds_deliveries),
+            damage: damage::DamagedSpans::new(plan.mode),
         };
         log.refuse_unindexed_copies()?;
         Ok((log, recovered.report))
@@ -161,8 +174,13 @@ impl CommitLog {
             copies.iter().map(|c| ((c.crc, c.len), c)).collect();
         let mut at = self.start();
         while at < self.write_end() && !unmatched.is_empty() {
-            let (key, next) = self.visit_trusted(at, |_, _, bytes| (get_u32(bytes, 0), bytes.len()))?;
-            unmatched.remove(&key);
+            // A damaged stretch (shorter than a CRC, maybe) is no record a copy was made of.
+            let (key, next) = self.visit_trusted(at, |_, kind, bytes| {
+                (kind != RecordKind::Skipped).then(|| (get_u32(bytes, 0), bytes.len()))
+            })?;
+            if let Some(key) = key {
+                unmatched.remove(&key);
+            }
             at = next;
         }
         match unmatched.values().min_by_key(|c| (&c.file, c.position)) {
@@ -425,7 +443,7 @@ impl CommitLog {
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
         let at = self.normalize(offset);
-        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::HeaderOnly, f)
+        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::HeaderOnly, Walk::Steps, f)
     }
 
     /// Like [`visit_trusted`](Self::visit_trusted), checking the checksum too:
@@ -436,7 +454,7 @@ impl CommitLog {
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
         let at = self.normalize(offset);
-        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::Checksum, f)
+        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::Checksum, Walk::Lookup, f)
     }
 
     /// Visits the record at `at` (normalized) in `seg`, the segment holding it
@@ -446,11 +464,22 @@ impl CommitLog {
         seg: Option<&Arc<Mapped>>,
         at: u64,
         verify: Verify,
+        walk: Walk,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
         let (local, frame) = match self.locate(seg, at, verify) {
             Ok(found) => found,
             Err(e) => {
+                let base = self.base_of(at);
+                if walk == Walk::Steps
+                    && matches!(e, Error::Corruption { .. })
+                    && let Some(seg) = seg
+                    && let Some(span) = self.damage.span(seg, base, self.segment_size, at)
+                {
+                    let bytes =
+                        seg.read((at - base) as usize, span.len).expect("a span lies in published bytes");
+                    return Ok((f(at, RecordKind::Skipped, bytes), self.normalize(span.next)));
+                }
                 let record = self.read_relocated(at, e)?;
                 let next = self.normalize(record.offset + record.bytes.len() as u64);
                 return Ok((f(record.offset, record.kind, &record.bytes), next));
@@ -490,6 +519,11 @@ impl CommitLog {
             return Err(Error::corruption(path, entry.position, CorruptionKind::BadFrame(why)));
         }
         Ok(Record { offset: at, kind: frame.kind, bytes })
+    }
+
+    /// Damaged stretches walkers stepped over since open, and their bytes.
+    pub fn damaged_spans(&self) -> (u64, u64) {
+        self.damage.totals()
     }
 
     /// The relocation area.

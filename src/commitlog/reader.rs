@@ -27,7 +27,7 @@ use std::sync::atomic::Ordering;
 
 use bytes::Bytes;
 
-use super::{CommitLog, Record, RecordKind, SegmentList, Verify};
+use super::{CommitLog, Record, RecordKind, SegmentList, Verify, Walk};
 use crate::error::Result;
 use crate::mmap::Mapped;
 
@@ -82,7 +82,7 @@ impl LogReader {
         offset: u64,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        self.visit(offset, Verify::HeaderOnly, f)
+        self.visit(offset, Verify::HeaderOnly, Walk::Steps, f)
     }
 
     /// [`visit_checked`](Self::visit_checked) if `checksum`, else
@@ -93,7 +93,7 @@ impl LogReader {
         checksum: bool,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        self.visit(offset, if checksum { Verify::Checksum } else { Verify::HeaderOnly }, f)
+        self.visit(offset, if checksum { Verify::Checksum } else { Verify::HeaderOnly }, Walk::Lookup, f)
     }
 
     /// Like [`CommitLog::visit_checked`].
@@ -102,19 +102,20 @@ impl LogReader {
         offset: u64,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
-        self.visit(offset, Verify::Checksum, f)
+        self.visit(offset, Verify::Checksum, Walk::Lookup, f)
     }
 
     fn visit<R>(
         &mut self,
         offset: u64,
         verify: Verify,
+        walk: Walk,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
         let segments = current(&self.log, &mut self.table);
         let at = self.log.normalize(offset);
         let seg = find(segments, self.log.base_of(at));
-        self.log.visit_in(seg, at, verify, f)
+        self.log.visit_in(seg, at, verify, walk, f)
     }
 
     /// Loads the first bytes of the record at `offset`, if it is in a loaded

@@ -14,12 +14,12 @@ use std::sync::Arc;
 
 use crate::config::RecoveryMode;
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::{FILE_HEADER_LEN, parse_numbered_file_name};
+use crate::format::{COMMITLOG_VERSION, FILE_HEADER_LEN, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
 use super::segment;
 use crate::format::record::{
-    FrameError, RECORD_HEADER_LEN, RECORD_VERSION, RecordKind, check_frame, check_header, encode_padding,
+    self, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding,
     encode_skipped,
 };
 
@@ -51,6 +51,11 @@ pub struct RecoveryReport {
     /// Stretches of damaged bytes lenient recovery marked skipped, the log
     /// going on after them: (log offset, length).
     pub skipped: Vec<(u64, u64)>,
+    /// Segments whose damaged header lenient recovery wrote again.
+    pub repaired_headers: Vec<PathBuf>,
+    /// Indexes that did not check out at open, removed and rebuilt from
+    /// the log (lenient recovery): their directories or files.
+    pub rebuilt_indexes: Vec<PathBuf>,
 }
 
 pub(super) struct Recovered {
@@ -74,10 +79,8 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
     let Some(&first) = bases.first() else {
         return start_fresh(dir, size, plan);
     };
-    let mut writers = BTreeMap::new();
-    for &base in &bases {
-        writers.insert(base, segment::open(dir, base, size)?);
-    }
+    let mut report = RecoveryReport::default();
+    let mut writers = open_segments(dir, size, &bases, plan.mode, &mut report)?;
     let header = FILE_HEADER_LEN as u64;
     let start = plan.start.unwrap_or(first + header).max(first + header);
     let last = bases[bases.len() - 1];
@@ -91,7 +94,6 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
         ));
     }
 
-    let mut report = RecoveryReport::default();
     let end = find_end(dir, &mut writers, size, plan, start, &mut report)?;
     report.end = end;
     report.scanned_bytes = end.saturating_sub(start);
@@ -134,6 +136,47 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
     Ok(Recovered { segments, tail, tail_base, end, report })
 }
 
+/// Opens every segment. A header that does not check out (a bad magic or
+/// checksum, a size or base other than the file's) is refused in strict
+/// mode; in lenient mode it is written again, in the format version its
+/// version field names if this build knows it, else that of the nearest
+/// segment whose header checks out (the next one, else the one before),
+/// else this build's, and reported. A version this build does not
+/// know is always refused: that is no damage.
+fn open_segments(
+    dir: &Path,
+    size: u64,
+    bases: &[u64],
+    mode: RecoveryMode,
+    report: &mut RecoveryReport,
+) -> Result<BTreeMap<u64, MapWriter>> {
+    let mut writers = BTreeMap::new();
+    let mut versions = BTreeMap::new();
+    let mut damaged = Vec::new();
+    for &base in bases {
+        let (writer, header) = segment::open_unchecked(dir, base, size)?;
+        match header {
+            Ok(version) => {
+                versions.insert(base, version);
+            }
+            Err(e @ Error::Corruption { .. }) if mode == RecoveryMode::Lenient => damaged.push((base, e)),
+            Err(e) => return Err(e),
+        }
+        writers.insert(base, writer);
+    }
+    for (base, problem) in damaged {
+        let writer = writers.get_mut(&base).expect("opened above");
+        let nearest = versions.range(base..).next().or_else(|| versions.range(..base).next_back());
+        let recorded = Some(segment::version(writer)).filter(|v| (1..=COMMITLOG_VERSION).contains(v));
+        let version = recorded.or(nearest.map(|(_, &v)| v)).unwrap_or(COMMITLOG_VERSION);
+        segment::rewrite_header(writer, base, size, version)?;
+        let path = segment::segment_path(dir, base);
+        tracing::error!(file = %path.display(), %problem, version, "a damaged segment header was written again");
+        report.repaired_headers.push(path);
+    }
+    Ok(writers)
+}
+
 fn start_fresh(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Recovered> {
     let header = FILE_HEADER_LEN as u64;
     if plan.durable > header {
@@ -162,8 +205,15 @@ pub(crate) fn files_end(dir: &Path, size: u64) -> Result<u64> {
 /// log reaches, which the previous checkpoint's proves. Only frame headers
 /// are checked: a record whose body is damaged is still a step (recovery and
 /// the readers judge it), where a failed checksum here would throw away a
-/// checkpoint that is right.
-pub(crate) fn leads_to(dir: &Path, size: u64, from: u64, to: u64) -> Result<bool> {
+/// checkpoint that is right. A frame that does not check out between the
+/// two is damage to durable records (both marks lie below the newer
+/// checkpoint's `log durable`) if a record that checks out follows it in
+/// its segment: `Corruption` in strict mode; in lenient mode the walk steps
+/// over it as every reader does, and a `to` inside the damaged stretch is
+/// taken as reached, since nothing there can be checked (distrusting the
+/// checkpoint would make its durable records a torn tail). With nothing
+/// valid after it, it is where the log ends: `to` is not reached.
+pub(crate) fn leads_to(dir: &Path, size: u64, from: u64, to: u64, mode: RecoveryMode) -> Result<bool> {
     let mut writers = BTreeMap::new();
     let (mut at, to) = (super::normalize(from, size), super::normalize(to, size));
     while at < to {
@@ -174,17 +224,43 @@ pub(crate) fn leads_to(dir: &Path, size: u64, from: u64, to: u64) -> Result<bool
                 if !segment::segment_path(dir, base).exists() {
                     return Ok(false);
                 }
-                e.insert(segment::open(dir, base, size)?)
+                // Its header is recovery's to judge (and, lenient, to write again).
+                e.insert(segment::open_unchecked(dir, base, size)?.0)
             }
         };
         let local = (at - base) as usize;
         match check_header(writer.view(local, size as usize - local)) {
             Ok(frame) if frame.kind == RecordKind::Padding => at = base + size + FILE_HEADER_LEN as u64,
             Ok(frame) => at = super::normalize(at + frame.len as u64, size),
-            Err(_) => return Ok(false),
+            Err(problem) if mode == RecoveryMode::Strict && followed_by_a_record(writer, base, local) => {
+                let kind = match problem {
+                    FrameError::Empty => {
+                        CorruptionKind::BadFrame("zeros where a durable record should be".into())
+                    }
+                    FrameError::Invalid(kind) => kind,
+                };
+                return Err(Error::corruption(segment::segment_path(dir, base), local as u64, kind));
+            }
+            Err(_) => {
+                // Nothing valid after it in its segment: the log's end, not damage.
+                let Some(valid) = record::next_valid_record(writer.view(0, size as usize), base, local + 1)
+                else {
+                    return Ok(false);
+                };
+                let next = base + valid as u64;
+                if to < next {
+                    return Ok(true);
+                }
+                at = next;
+            }
         }
     }
     Ok(at == to)
+}
+
+fn followed_by_a_record(writer: &MapWriter, base: u64, local: usize) -> bool {
+    let size = writer.shared().len();
+    record::next_valid_record(writer.view(0, size), base, local + 1).is_some()
 }
 
 /// Segment bases in order, checked to be contiguous; leftover `.tmp` files from
@@ -328,29 +404,14 @@ fn damaged(
 }
 
 /// The first offset after `after` where a valid record (its CRC checked)
-/// starts, in this segment or a later one. Costs a few comparisons per byte
-/// of the stretch it searches: only damage makes it run.
+/// starts, in this segment or a later one.
 fn next_valid_record(writers: &BTreeMap<u64, MapWriter>, size: u64, after: u64) -> Option<u64> {
     let header = FILE_HEADER_LEN as u64;
-    for (&base, writer) in writers.range(after - after % size..) {
+    writers.range(after - after % size..).find_map(|(&base, writer)| {
         let first = if base <= after { after + 1 } else { base + header };
         let view = writer.view(0, size as usize);
-        for at in first..base + size - RECORD_HEADER_LEN as u64 {
-            let local = (at - base) as usize;
-            if plausible_header(&view[local..]) && check_frame(&view[local..], at).is_ok() {
-                return Some(at);
-            }
-        }
-    }
-    None
-}
-
-/// A cheap filter before a CRC: a known kind, this version, a length that fits.
-fn plausible_header(bytes: &[u8]) -> bool {
-    let len = u32::from_le_bytes([bytes[4], bytes[5], bytes[6], bytes[7]]) as usize;
-    (RECORD_HEADER_LEN..=bytes.len()).contains(&len)
-        && bytes[9] == RECORD_VERSION
-        && check_header(bytes).is_ok()
+        record::next_valid_record(view, base, (first - base) as usize).map(|local| base + local as u64)
+    })
 }
 
 /// Marks `[from, to)` skipped: padding to the end of each segment it leaves,

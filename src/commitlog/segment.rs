@@ -17,15 +17,33 @@ pub(crate) fn create(dir: &Path, base: u64, segment_size: u64) -> Result<MapWrit
     Mapped::create(&segment_path(dir, base), segment_size, &header)
 }
 
-/// The format version of a segment whose header was checked (see `open`).
+/// The format version field of a segment's header (checked by `open`, or
+/// not: a damaged header's field is read as it is).
 pub(crate) fn version(writer: &MapWriter) -> u32 {
     crate::format::get_u32(writer.view(0, FILE_HEADER_LEN), 8)
 }
 
-/// Opens an existing segment and checks its size and header against `base` and `segment_size`.
-pub(crate) fn open(dir: &Path, base: u64, segment_size: u64) -> Result<MapWriter> {
+/// Opens an existing segment of the right size; the second result is the
+/// check of its header against `base` and `segment_size` (its version, or
+/// why it does not check out: recovery decides what that costs).
+pub(crate) fn open_unchecked(dir: &Path, base: u64, segment_size: u64) -> Result<(MapWriter, Result<u32>)> {
     let path = segment_path(dir, base);
     let writer = Mapped::open(&path, segment_size)?;
-    check_file_header(&path, writer.view(0, FILE_HEADER_LEN), COMMITLOG_MAGIC, segment_size, base)?;
-    Ok(writer)
+    let header =
+        check_file_header(&path, writer.view(0, FILE_HEADER_LEN), COMMITLOG_MAGIC, segment_size, base);
+    Ok((writer, header))
+}
+
+/// Writes a damaged header again, synced, before anything is published:
+/// all it holds is known without it (the magic, the size the file has, the
+/// base its name says, and `version`, the format of the segments beside it).
+pub(crate) fn rewrite_header(
+    writer: &mut MapWriter,
+    base: u64,
+    segment_size: u64,
+    version: u32,
+) -> Result<()> {
+    let header = FileHeader { magic: COMMITLOG_MAGIC, version, a: segment_size, b: base }.encode();
+    writer.unpublished_mut(0, FILE_HEADER_LEN).copy_from_slice(&header);
+    writer.shared().flush(0, FILE_HEADER_LEN)
 }

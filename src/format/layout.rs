@@ -172,6 +172,23 @@ impl Layout {
         self.dir.join(CONSUMER_OFFSETS_FILE)
     }
 
+    /// Whether `dir` holds a store: a commit log, or the `LOCK` file alone
+    /// (the first open lost power before it made `commitlog/`; nothing was
+    /// acknowledged, and opening it makes a fresh store).
+    pub fn is_store(&self) -> bool {
+        self.commit_log().is_dir() || self.lock().is_file()
+    }
+
+    /// The index holding `file`, as the directory or file that is removed to
+    /// rebuild it from the log: the consume queues, the key index, the
+    /// per-topic counts, or the wheel's files. `None` for the truth (the
+    /// commit log and its relocated copies) and anything else.
+    pub fn index_holding(&self, file: &Path) -> Option<PathBuf> {
+        [self.consume_queues(), self.key_index(), self.topic_pending(), self.timer()]
+            .into_iter()
+            .find(|index| file.starts_with(index))
+    }
+
     /// Whether every index a checkpoint vouches for is present (the consume
     /// queues' directory and the wheel file): only then do the indexes
     /// resume at the checkpoint; otherwise each is rebuilt from the start of

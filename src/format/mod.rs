@@ -186,6 +186,20 @@ pub fn recorded_per_file(dir: &Path, magic: [u8; 8]) -> Option<u64> {
     FileHeader::decode(&header, magic).ok().map(|h| h.a).filter(|&a| a > 0)
 }
 
+/// The segment size of the commit log in `dir`: what its oldest segment's
+/// header says, or, if that header does not check out (lenient recovery
+/// writes it again), that file's length: segments are made at full size.
+pub fn segment_size_on_disk(dir: &Path) -> Option<u64> {
+    recorded_per_file(dir, COMMITLOG_MAGIC).or_else(|| {
+        let oldest = std::fs::read_dir(dir)
+            .ok()?
+            .flatten()
+            .filter(|e| parse_numbered_file_name(&e.file_name().to_string_lossy()).is_some())
+            .min_by_key(|e| e.file_name())?;
+        oldest.metadata().ok().map(|m| m.len()).filter(|&len| len > 0)
+    })
+}
+
 /// The entries per file an existing index in `dir` was made with, else
 /// `configured`; logged when the two differ.
 pub fn adopted_per_file(dir: &Path, magic: [u8; 8], configured: u64) -> u64 {

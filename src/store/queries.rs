@@ -33,8 +33,8 @@ impl Store {
     /// recover` prints.
     ///
     /// Errors: [`Error::Busy`] if the indexes do not catch up within the put
-    /// timeout; [`Error::Closed`] if the ticking thread does not answer in
-    /// that time; the poison if the store is poisoned.
+    /// timeout; [`Error::TickerBusy`] if the ticking thread does not answer
+    /// in that time (waiting for disk space, say); the poison if the store is poisoned.
     pub fn fresh_stats(&self) -> Result<Stats> {
         self.wait_indexed_to(self.log.write_end())?;
         self.wait_topics_counted()?;
@@ -97,7 +97,7 @@ impl Store {
     /// ```
     ///
     /// Errors: [`Error::Busy`] if the indexes do not take in what was put
-    /// before the call within the put timeout; [`Error::Closed`] if the
+    /// before the call within the put timeout; [`Error::TickerBusy`] if the
     /// ticking thread does not answer in that time; a corruption error if a
     /// slot's chain does not check out; [`Error::Invalid`] with the bucket
     /// scheduler, which cannot list its timers.
@@ -197,6 +197,7 @@ impl Store {
             key_index: self.keys.disk_bytes(),
         };
         let counter = |c: &std::sync::atomic::AtomicU64| c.load(Ordering::Relaxed);
+        let (damaged_log_spans, damaged_log_bytes) = self.log.damaged_spans();
         let retention = RetentionStats {
             oldest_retained_offset: self.log.start(),
             segments_deleted: counter(&self.retention.segments_deleted),
@@ -238,6 +239,8 @@ impl Store {
             // Read after the end: the dispatcher may have passed the end read first.
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.indexed_below()),
             quarantined: self.retention.quarantined.load(Ordering::Relaxed),
+            damaged_log_spans,
+            damaged_log_bytes,
             refreshes: timers.refreshes,
             wheel_rebuilds: timers.rebuilds,
             disk,
