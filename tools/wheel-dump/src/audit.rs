@@ -49,7 +49,7 @@ use std::collections::HashMap;
 
 use serde::Serialize;
 
-use crate::commitlog::{CommitLog, LogFacts};
+use crate::commitlog::{CommitLog, LogEnd, LogFacts};
 use crate::error::{DumpError, Result};
 use crate::indexes::{CheckpointFile, TimerLogs, WheelFile};
 use crate::output::{SCHEMA_VERSION, Table, thousands};
@@ -74,6 +74,11 @@ pub struct AuditCounts {
     pub early: u64,
     /// Relocated timers that fired and whose delivery record retention deleted.
     pub reclaimed: u64,
+    /// Damaged stretches of the commit log the audit could not read (the
+    /// store skips them too): the timers in them cannot be accounted for.
+    pub unreadable_log_stretches: u64,
+    /// Their bytes.
+    pub unreadable_log_bytes: u64,
     /// Timer messages with at least one reschedule record.
     pub rescheduled: u64,
     /// Rescheduled messages delivered by a timer a reschedule had replaced.
@@ -82,7 +87,11 @@ pub struct AuditCounts {
 
 impl AuditCounts {
     pub fn failed(&self) -> bool {
-        self.lost > 0 || self.duplicated > 0 || self.early > 0 || self.fired_after_reschedule > 0
+        self.lost > 0
+            || self.duplicated > 0
+            || self.early > 0
+            || self.fired_after_reschedule > 0
+            || self.unreadable_log_stretches > 0
     }
 }
 
@@ -113,6 +122,8 @@ pub struct Audit {
     pub damaged_copies: u64,
     /// The pending timers: their messages' offsets, ascending, and when each is due now.
     pub pending: Vec<(u64, u64)>,
+    /// The unreadable stretches of the log, each named by file and position.
+    pub unreadable: Vec<String>,
 }
 
 /// One message worth naming.
@@ -139,7 +150,8 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
     }
     let checkpoint = CheckpointFile::read(files)?;
     let resume = Resume::new(files, &checkpoint);
-    let log = CommitLog::open(files)?;
+    let durable = checkpoint.newest().map_or(0, |(_, cp)| cp.log_durable);
+    let log = CommitLog::open(files)?.with_durable(durable);
     let mut facts = if keep_keys { LogFacts::gather_with_keys(&log)? } else { LogFacts::gather(&log)? };
     let clean = resume.checkpoint.is_some_and(|(_, cp)| cp.clean);
     let relocated = Relocated::gather(files, &log, &mut facts, clean, false)?;
@@ -179,7 +191,9 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         window_deleted: relocated.window_deleted,
         damaged_copies: relocated.damaged,
         pending: Vec::new(),
+        unreadable: Vec::new(),
     };
+    note_unreadable(&mut a, &facts, durable);
     // Each rescheduled message's timers after its own: (record offset, deliver time), in log order.
     let mut reschedules: HashMap<u64, Vec<(u64, u64)>> = HashMap::new();
     for (&record, r) in &facts.reschedules {
@@ -271,6 +285,32 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
     Ok((a, facts))
 }
 
+/// The stretches of the log the scan stepped over, and a log that ends in
+/// damage below the checkpoint's `log durable` (nothing readable after it).
+fn note_unreadable(a: &mut Audit, facts: &LogFacts, durable: u64) {
+    for d in &facts.damaged {
+        a.counts.unreadable_log_bytes += d.len;
+        a.unreadable.push(format!(
+            "{} at offset {}: {} bytes ({})",
+            d.file.display(),
+            d.position,
+            d.len,
+            d.kind
+        ));
+    }
+    if let LogEnd::Invalid { offset, file, position, kind } = &facts.end
+        && *offset < durable
+    {
+        a.counts.unreadable_log_bytes += durable - offset;
+        a.unreadable.push(format!(
+            "{} at offset {position}: {} bytes to the checkpoint's log durable ({kind})",
+            file.display(),
+            durable - offset
+        ));
+    }
+    a.counts.unreadable_log_stretches = a.unreadable.len() as u64;
+}
+
 /// Which timers the live slots hold; `None` (with why) if the next open
 /// rebuilds the wheel anyway: no wheel, no checkpoint to resume from, or a
 /// wheel that does not check out (the store then rebuilds it from the log).
@@ -353,6 +393,17 @@ impl Audit {
                  were due long ago): not audited\n",
                 self.window_deleted
             );
+        }
+        if !self.unreadable.is_empty() {
+            out += &format!(
+                "\nunreadable: {} damaged stretches of the commit log ({} bytes); the timers in them cannot \
+                 be accounted for (the store skips them: they are lost)\n",
+                self.unreadable.len(),
+                thousands(c.unreadable_log_bytes)
+            );
+            for line in self.unreadable.iter().take(EXAMPLES) {
+                out += &format!("  {line}\n");
+            }
         }
         if self.damaged_copies > 0 {
             out += &format!(

@@ -46,6 +46,8 @@ pub fn decode_record(bytes: &[u8], offset: u64, frame: Frame) -> Result<Record<'
 pub struct CommitLog {
     segments: Vec<SequenceFile>,
     pub segment_size: u64,
+    /// The checkpoint's `log durable` (0: no checkpoint), which tells damage from a torn tail.
+    durable: u64,
 }
 
 /// Where and why a scan stopped.
@@ -84,7 +86,13 @@ pub struct RecordCounts {
 impl CommitLog {
     pub fn open(files: &StoreFiles) -> Result<Self> {
         let (segments, size) = open_sequence(&files.segments, FileKind::CommitLog, |a| a, |a| a)?;
-        Ok(Self { segments, segment_size: size.unwrap_or(0) })
+        Ok(Self { segments, segment_size: size.unwrap_or(0), durable: 0 })
+    }
+
+    /// The log as the store judges it against a checkpoint's `log durable`.
+    pub fn with_durable(mut self, durable: u64) -> Self {
+        self.durable = durable;
+        self
     }
 
     pub fn segments(&self) -> impl Iterator<Item = &SequenceFile> {
@@ -112,13 +120,19 @@ impl CommitLog {
     }
 
     /// Visits every record (padding excluded) in log order, from the first
-    /// segment to the end of the log.
-    pub fn scan(&self, mut visit: impl FnMut(u64, usize, Record<'_>) -> Result<()>) -> Result<LogEnd> {
+    /// segment to the end of the log, stepping over damaged stretches by the
+    /// store's rule (see [`Self::damage_ends_at`]); returns where the log
+    /// ends and the stretches stepped over.
+    pub fn scan(
+        &self,
+        mut visit: impl FnMut(u64, usize, Record<'_>) -> Result<()>,
+    ) -> Result<(LogEnd, Vec<Damaged>)> {
         let header_len = internals::FILE_HEADER_LEN as u64;
+        let mut damaged = Vec::new();
         let mut end = self.segments.first().map_or(header_len, |s| s.first + header_len);
         // `end` is where the next record would start: after the last segment
         // read, the start of the one that would follow it.
-        for segment in &self.segments {
+        for (i, segment) in self.segments.iter().enumerate() {
             let mut reader = ChunkReader::new(&segment.file);
             let mut local = header_len;
             loop {
@@ -127,28 +141,94 @@ impl CommitLog {
                 if room < record::RECORD_HEADER_LEN {
                     break;
                 }
-                let invalid =
-                    |kind| LogEnd::Invalid { offset, file: segment.file.path.clone(), position: local, kind };
                 let header = reader.get(local, record::RECORD_HEADER_LEN)?;
-                let frame = match frame_at(header, room) {
-                    Ok(Some(frame)) => frame,
-                    Ok(None) => return Ok(LogEnd::Clean { offset }),
-                    Err(kind) => return Ok(invalid(kind)),
+                let checked = match frame_at(header, room) {
+                    Ok(Some(frame)) => {
+                        let read_len =
+                            if frame.kind.is_filler() { record::RECORD_HEADER_LEN } else { frame.len };
+                        decode_record(reader.get(local, read_len)?, offset, frame)
+                            .map(|r| (frame, r))
+                            .map_err(Some)
+                    }
+                    Ok(None) => Err(None),
+                    Err(kind) => Err(Some(kind)),
                 };
-                let read_len = if frame.kind.is_filler() { record::RECORD_HEADER_LEN } else { frame.len };
-                let bytes = reader.get(local, read_len)?;
-                match decode_record(bytes, offset, frame) {
-                    Err(kind) => return Ok(invalid(kind)),
-                    Ok(Record::Padding) => break,
-                    Ok(record) => visit(offset, frame.len, record)?,
+                let problem = match checked {
+                    Ok((_, Record::Padding)) => break,
+                    Ok((frame, record)) => {
+                        visit(offset, frame.len, record)?;
+                        local += frame.len as u64;
+                        continue;
+                    }
+                    Err(problem) => problem,
+                };
+                let is_last = i + 1 == self.segments.len();
+                match self.damage_ends_at(segment, local, problem.is_none(), is_last)? {
+                    Some(next) => {
+                        let kind = problem.unwrap_or_else(|| {
+                            CorruptionKind::BadFrame("zeros where a durable record should be".into())
+                        });
+                        let (file, position) = (segment.file.path.clone(), local);
+                        damaged.push(Damaged { offset, len: next - local, file, position, kind });
+                        local = next;
+                    }
+                    None => {
+                        let file = segment.file.path.clone();
+                        let end = match problem {
+                            None => LogEnd::Clean { offset },
+                            Some(kind) => LogEnd::Invalid { offset, file, position: local, kind },
+                        };
+                        return Ok((end, damaged));
+                    }
                 }
-                local += frame.len as u64;
             }
             // The next record starts the next segment.
             end = segment.first + self.segment_size + header_len;
         }
-        Ok(LogEnd::Clean { offset: end })
+        Ok((LogEnd::Clean { offset: end }, damaged))
     }
+
+    /// Where a damaged stretch starting at byte `local` of `segment` ends, by
+    /// the store's rule; `None` if the log ends there instead. Below the
+    /// checkpoint's `log durable` a record that does not check out (zeros
+    /// included) is damage; with no checkpoint, one that is not zeros is
+    /// damage if a record that checks out follows. Past the durable mark
+    /// it is a torn tail. The stretch runs to the next record that checks
+    /// out (the library's own search), else to the end of its segment, if
+    /// another segment follows.
+    fn damage_ends_at(
+        &self,
+        segment: &SequenceFile,
+        local: u64,
+        zeros: bool,
+        is_last: bool,
+    ) -> Result<Option<u64>> {
+        let offset = segment.first + local;
+        let damage = if self.durable > 0 { offset < self.durable } else { !zeros };
+        if !damage {
+            return Ok(None);
+        }
+        // Only damage reads this far: the rest of the segment, once per stretch.
+        let rest = segment.file.read(local, (self.segment_size - local) as usize)?;
+        match record::next_valid_record(&rest, offset, 1) {
+            Some(next) => Ok(Some(local + next as u64)),
+            None if !is_last => Ok(Some(self.segment_size)),
+            None => Ok(None),
+        }
+    }
+}
+
+/// A damaged stretch the scan stepped over: its records are unreadable.
+#[derive(Debug, Clone)]
+pub struct Damaged {
+    /// Its log offset.
+    pub offset: u64,
+    pub len: u64,
+    pub file: PathBuf,
+    /// Its byte position in `file`.
+    pub position: u64,
+    /// Why its first bytes are not a record.
+    pub kind: CorruptionKind,
 }
 
 /// Facts about the log that several commands need, from one scan.
@@ -168,6 +248,8 @@ pub struct LogFacts {
     pub reschedules: std::collections::BTreeMap<u64, RescheduleView>,
     /// Skipped records (damaged stretches lenient recovery left): (offset, length).
     pub skipped: Vec<(u64, u64)>,
+    /// Damaged stretches the scan stepped over, as the store does: their records are unreadable.
+    pub damaged: Vec<Damaged>,
     pub topics: Vec<String>,
     topic_ids: std::collections::HashMap<String, u32>,
     pub counts: RecordCounts,
@@ -224,6 +306,7 @@ impl LogFacts {
             relocations: Vec::new(),
             reschedules: Default::default(),
             skipped: Vec::new(),
+            damaged: Vec::new(),
             topics: Vec::new(),
             topic_ids: Default::default(),
             counts: RecordCounts::default(),
@@ -232,7 +315,7 @@ impl LogFacts {
             oldest_time_ms: None,
             keys: keep_keys.then(Default::default),
         };
-        facts.end = log.scan(|offset, len, record| {
+        (facts.end, facts.damaged) = log.scan(|offset, len, record| {
             facts.note(offset, len, record);
             Ok(())
         })?;

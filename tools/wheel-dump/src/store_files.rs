@@ -99,8 +99,8 @@ impl StoreFiles {
         }
         let layout = Layout::new(dir);
         let commitlog = layout.commit_log();
-        if !commitlog.is_dir() {
-            return Err(not_a_store("it has no commitlog/ directory"));
+        if !layout.is_store() {
+            return Err(not_a_store("it has no commitlog/ directory (nor the LOCK of a first open)"));
         }
         let mut queues = Vec::new();
         let queue_root = layout.consume_queues();
@@ -121,7 +121,8 @@ impl StoreFiles {
         Ok(Self {
             dir: dir.to_path_buf(),
             checkpoint: layout.checkpoint(),
-            segments: numbered_files(&commitlog)?,
+            // A first open that lost power before it made commitlog/: an empty store.
+            segments: if commitlog.is_dir() { numbered_files(&commitlog)? } else { BTreeMap::new() },
             queues,
             wheel: layout.wheel(),
             timer_logs: [numbered_files(&layout.timer_log(0))?, numbered_files(&layout.timer_log(1))?],

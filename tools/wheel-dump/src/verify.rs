@@ -212,10 +212,11 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
     let newest = checkpoint.newest().map(|(_, cp)| cp);
     let clean = newest.is_some_and(|cp| cp.clean);
 
-    let log = CommitLog::open(files)?;
+    let durable = newest.map_or(0, |cp| cp.log_durable);
+    let log = CommitLog::open(files)?.with_durable(durable);
     checked.file_headers += log.segments().count() as u64;
     let mut facts = LogFacts::gather(&log)?;
-    check_log_end(&log, &facts, newest.map_or(0, |cp| cp.log_durable), &mut checked)?;
+    check_log_end(&log, &facts, durable, &mut checked)?;
     let relocated = Relocated::gather(files, &log, &mut facts, clean, true)?;
     note_relocated(&relocated, &facts, &mut checked);
     check_relocation_records(&log, &facts, &relocated)?;
@@ -294,6 +295,10 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
 
 fn check_checkpoint_file(files: &StoreFiles, checked: &mut Checked) -> Result<CheckpointFile> {
     let file = CheckpointFile::read(files)?;
+    // No segment either: a first open that did not finish, which the store opens afresh.
+    if !file.exists && files.segments.is_empty() {
+        return Ok(file);
+    }
     if !file.exists {
         return Err(DumpError::corruption(&file.path, 0, delaywheel::CorruptionKind::MissingFile));
     }
@@ -327,6 +332,15 @@ fn check_log_end(log: &CommitLog, facts: &LogFacts, durable: u64, checked: &mut 
             "note: {} at offset {position}: {len} damaged bytes that lenient recovery left in place (skipped)",
             file.display()
         );
+    }
+    if let Some(d) = facts.damaged.first() {
+        let why = format!(
+            "{} ({} damaged bytes, {} stretches in all; the store skips them and their records are lost)",
+            d.kind,
+            d.len,
+            facts.damaged.len()
+        );
+        return Err(DumpError::corruption(&d.file, d.position, CorruptionKind::BadFrame(why)));
     }
     checked.log_end = facts.end.offset();
     match &facts.end {

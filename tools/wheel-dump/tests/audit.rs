@@ -19,8 +19,8 @@ fn every_timer_delivered_passes() {
     let dir = all_delivered(300);
     let (code, doc) = audit_json(dir.path());
     let expected = json!({"schema_version": 1, "timer_messages": 300, "delivered": 300, "cancelled": 0,
-        "pending": 0, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "rescheduled": 0,
-        "fired_after_reschedule": 0});
+        "pending": 0, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
     assert_eq!((code, doc), (0, expected));
 }
 
@@ -29,8 +29,8 @@ fn delivered_cancelled_and_pending_are_told_apart() {
     let h = healthy();
     let (code, doc) = audit_json(h.path());
     let expected = json!({"schema_version": 1, "timer_messages": 5, "delivered": 2, "cancelled": 1,
-        "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "rescheduled": 0,
-        "fired_after_reschedule": 0});
+        "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
     assert_eq!((code, doc), (0, expected));
 }
 
@@ -198,4 +198,31 @@ fn twice_timer(dir: &std::path::Path) -> u64 {
     let (records, _) = records(dir);
     let last = records.iter().rev().find(|(at, b)| matches!(decoded(*at, b), Record::Reschedule(_)));
     last.expect("a reschedule record").0
+}
+
+/// A zeroed page in the middle of the log: the audit reads past it as the
+/// store does, accounts for everything after it, names the stretch it could
+/// not read, and fails (it used to stop at the page, count only the timers
+/// before it, and pass).
+#[test]
+fn a_log_it_cannot_read_whole_fails_the_audit_and_names_the_stretch() {
+    let dir = all_delivered(3_000);
+    let segment = dir.path().join("commitlog").join(format!("{:020}", 0));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[40 * 1024..44 * 1024].fill(0);
+    std::fs::write(&segment, bytes).unwrap();
+
+    let (code, doc) = audit_json(dir.path());
+    assert_eq!((code, &doc["unreadable_log_stretches"]), (1, &json!(1)), "{doc}");
+    assert!(doc["unreadable_log_bytes"].as_u64().unwrap() >= 4096, "{doc}");
+    let (timers, delivered) = (doc["timer_messages"].as_u64().unwrap(), doc["delivered"].as_u64().unwrap());
+    assert!(timers > 2_900 && timers < 3_000, "every timer outside the page is read: {doc}");
+    assert_eq!(delivered, timers, "and their deliveries after it: {doc}");
+    let text = stdout(&dump(dir.path(), &["audit"]));
+    assert!(
+        text.contains("unreadable: 1 damaged stretches")
+            && text.contains("00000000000000000000 at offset 409"),
+        "{text}"
+    );
+    assert!(text.contains("AUDIT FAILED"), "{text}");
 }

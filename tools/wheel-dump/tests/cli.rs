@@ -34,9 +34,10 @@ fn bad_arguments_get_one_line_and_exit_2() {
 fn a_directory_that_is_not_a_store_is_a_clear_error() {
     let empty = tempfile::tempdir().unwrap();
     let missing = empty.path().join("nope");
-    for (dir, why) in
-        [(empty.path(), "it has no commitlog/ directory"), (missing.as_path(), "no such directory")]
-    {
+    for (dir, why) in [
+        (empty.path(), "it has no commitlog/ directory (nor the LOCK of a first open)"),
+        (missing.as_path(), "no such directory"),
+    ] {
         for cmd in ["summary", "verify", "audit"] {
             let out = dump(dir, &[cmd]);
             assert_eq!(out.status.code(), Some(1), "{cmd}");
@@ -45,6 +46,19 @@ fn a_directory_that_is_not_a_store_is_a_clear_error() {
         }
     }
     assert!(!missing.exists(), "nothing is created");
+}
+
+/// A power loss during the very first open can leave `LOCK` and no
+/// `commitlog/`: the store opens that as a fresh store, and the tool judges
+/// it the same way, an empty store (it used to refuse it).
+#[test]
+fn a_first_open_that_lost_power_is_an_empty_store() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("LOCK"), b"").unwrap();
+    for cmd in ["summary", "verify", "audit"] {
+        let out = dump(dir.path(), &[cmd]);
+        assert_eq!(out.status.code(), Some(0), "{cmd}: {}", stderr(&out));
+    }
 }
 
 /// Every file under `dir` with its bytes and modification time.
