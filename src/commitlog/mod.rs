@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 
+use crate::config::RecoveryMode;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::{FILE_HEADER_LEN, get_u32};
 use crate::mmap::{MapWriter, Mapped, PREFAULT_CHUNK};
@@ -128,10 +129,19 @@ impl CommitLog {
     ) -> Result<(Self, RecoveryReport)> {
         crate::fs::create_dir(dir)?;
         let recovered = recovery::recover(dir, segment_size, plan)?;
-        let relocated = RelocationArea::open(
-            &dir.join(crate::format::layout::RELOCATED_DIR),
-            recovered.segments_start(),
-        )?;
+        let relocated_dir = dir.join(crate::format::layout::RELOCATED_DIR);
+        let mut report = recovered.report.clone();
+        let relocated = match plan.mode {
+            RecoveryMode::Strict => RelocationArea::open(&relocated_dir, recovered.segments_start())?,
+            RecoveryMode::Lenient => {
+                let (area, repaired) =
+                    RelocationArea::open_repairing(&relocated_dir, recovered.segments_start())?;
+                if repaired {
+                    report.repaired_headers.push(area.index_path());
+                }
+                area
+            }
+        };
         let durable = plan.durable.clamp(recovered.segments_start(), recovered.end);
         let holds_deliveries = segment::version(&recovered.tail) >= 2;
         let log = Self {
@@ -157,7 +167,7 @@ impl CommitLog {
             damage: damage::DamagedSpans::new(plan.mode),
         };
         log.refuse_unindexed_copies()?;
-        Ok((log, recovered.report))
+        Ok((log, report))
     }
 
     /// Refuses to open if a window file holds a copy that no index entry

@@ -114,6 +114,17 @@ impl RelocationArea {
     /// the oldest segment still on disk: index entries at or after it are
     /// leftovers of an unfinished pass and are cut.
     pub fn open(dir: &Path, log_start: u64) -> Result<Self> {
+        Self::open_with(dir, log_start, false).map(|(area, _)| area)
+    }
+
+    /// [`open`](Self::open), writing the index's header again if it does not
+    /// check out (lenient recovery): everything in it is a constant of the
+    /// format, so nothing is lost. Also answers whether it did.
+    pub fn open_repairing(dir: &Path, log_start: u64) -> Result<(Self, bool)> {
+        Self::open_with(dir, log_start, true)
+    }
+
+    fn open_with(dir: &Path, log_start: u64, repair: bool) -> Result<(Self, bool)> {
         crate::fs::create_dir(dir)?;
         let path = dir.join(RELOCATION_INDEX_FILE);
         let index = crate::fs::file_options(&path)
@@ -124,17 +135,32 @@ impl RelocationArea {
             .open(&path)
             .map_err(|e| Error::io("open", &path, e))?;
         let len = index.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+        let header = FileHeader::new(RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS).encode();
+        let mut repaired = false;
         if len < FILE_HEADER_LEN as u64 {
-            let header =
-                FileHeader::new(RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS).encode();
             index.write_all_at(&header, 0).map_err(|e| Error::io("write", &path, e))?;
             index.set_len(FILE_HEADER_LEN as u64).map_err(|e| Error::io("truncate", &path, e))?;
             crate::fs::sync_all(&index, &path)?;
             sync_dir(dir)?;
         } else {
-            let mut header = [0u8; FILE_HEADER_LEN];
-            index.read_exact_at(&mut header, 0).map_err(|e| Error::io("read", &path, e))?;
-            check_file_header(&path, &header, RELOCATION_INDEX_MAGIC, INDEX_ENTRY_LEN as u64, WINDOW_SECS)?;
+            let mut found = [0u8; FILE_HEADER_LEN];
+            index.read_exact_at(&mut found, 0).map_err(|e| Error::io("read", &path, e))?;
+            match check_file_header(
+                &path,
+                &found,
+                RELOCATION_INDEX_MAGIC,
+                INDEX_ENTRY_LEN as u64,
+                WINDOW_SECS,
+            ) {
+                Ok(_) => {}
+                Err(problem @ Error::Corruption { .. }) if repair => {
+                    tracing::error!(file = %path.display(), %problem, "a damaged relocation index header was written again");
+                    index.write_all_at(&header, 0).map_err(|e| Error::io("write", &path, e))?;
+                    crate::fs::sync_all(&index, &path)?;
+                    repaired = true;
+                }
+                Err(e) => return Err(e),
+            }
         }
         let area = Self {
             dir: dir.to_path_buf(),
@@ -142,10 +168,10 @@ impl RelocationArea {
             writer: Mutex::new(()),
         };
         area.cut_unfinished(len.max(FILE_HEADER_LEN as u64), log_start)?;
-        Ok(area)
+        Ok((area, repaired))
     }
 
-    fn index_path(&self) -> PathBuf {
+    pub fn index_path(&self) -> PathBuf {
         self.dir.join(RELOCATION_INDEX_FILE)
     }
 
