@@ -114,6 +114,29 @@ impl Mapped {
         Self::open_reserved(path, len, len as usize)
     }
 
+    /// Opens an existing file that must be `len` bytes long, but may have
+    /// been cut short (damage): the missing end is reserved again (zeros,
+    /// synced) and its old length returned, for the caller to judge what was
+    /// lost. A longer file is refused like a wrong size.
+    pub fn open_restoring(path: &Path, len: u64) -> Result<(MapWriter, Option<u64>)> {
+        let file = crate::fs::file_options(path)
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| Error::io("open", path, e))?;
+        let found = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+        if found > len {
+            return Err(Error::corruption(path, 0, CorruptionKind::WrongSize { expected: len, found }));
+        }
+        let short = (found < len).then_some(found);
+        if short.is_some() {
+            file.set_len(len).map_err(|e| Error::io("set the length of", path, e))?;
+            reserve(&file, path, found, len)?;
+            crate::fs::sync_all(&file, path)?;
+        }
+        Ok((Self::map(path.to_path_buf(), file, len as usize)?, short))
+    }
+
     /// Opens an existing growing file (see [`create_growing`](Self::create_growing)):
     /// what is reserved past its entries is not known, so its writer
     /// reserves again from the start (`fallocate` of reserved space is cheap).

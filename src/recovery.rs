@@ -8,8 +8,10 @@
 use std::sync::Arc;
 
 use crate::checkpoint::CheckpointFile;
-use crate::commitlog::{CommitLog, RecoveryPlan, RecoveryReport, files_end, leads_to};
-use crate::config::Config;
+use crate::commitlog::{
+    CommitLog, RecoveryPlan, RecoveryReport, files_end, leads_to, restore_short_segments,
+};
+use crate::config::{Config, RecoveryMode};
 use crate::error::Result;
 use crate::format::layout::Layout;
 use crate::timer::restart::{RestartPlan, Restarted, restart_wheel};
@@ -55,6 +57,10 @@ fn open_checkpoint(config: &Config, layout: &Layout) -> Result<CheckpointFile> {
 
 /// Recovers the commit log and decides where the indexes resume.
 pub(crate) fn recover(config: &Config, layout: &Layout) -> Result<Recovered> {
+    let restored = match config.recovery_mode {
+        RecoveryMode::Lenient => restore_short_segments(&layout.commit_log(), config.segment_size)?,
+        RecoveryMode::Strict => Vec::new(),
+    };
     let checkpoint = open_checkpoint(config, layout)?;
     let last = checkpoint.last();
     let resume_at = layout.resume_point(last);
@@ -64,8 +70,9 @@ pub(crate) fn recover(config: &Config, layout: &Layout) -> Result<Recovered> {
         clean_end: last.filter(|cp| cp.clean).map(|cp| cp.log_durable),
         mode: config.recovery_mode,
     };
-    let (log, report) =
+    let (log, mut report) =
         CommitLog::open(&layout.commit_log(), config.segment_size, config.disk_reserve(), &plan)?;
+    report.restored_segments = restored;
     let log = Arc::new(log);
     // Records the recovery validated may still be only in the page cache.
     log.flush()?;

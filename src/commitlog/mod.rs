@@ -52,7 +52,7 @@ enum Walk {
 }
 pub(crate) use reader::LogReader;
 pub use recovery::RecoveryReport;
-pub(crate) use recovery::{RecoveryPlan, files_end, leads_to};
+pub(crate) use recovery::{RecoveryPlan, files_end, leads_to, restore_short_segments};
 
 pub(crate) use crate::format::record::record_start as normalize;
 

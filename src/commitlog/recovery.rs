@@ -53,6 +53,9 @@ pub struct RecoveryReport {
     pub skipped: Vec<(u64, u64)>,
     /// Segments whose damaged header lenient recovery wrote again.
     pub repaired_headers: Vec<PathBuf>,
+    /// Segments found cut short, made whole again by lenient recovery (the
+    /// records past their old end are lost; what follows is kept).
+    pub restored_segments: Vec<PathBuf>,
     /// Indexes that did not check out at open, removed and rebuilt from
     /// the log (lenient recovery): their directories or files.
     pub rebuilt_indexes: Vec<PathBuf>,
@@ -261,6 +264,22 @@ pub(crate) fn leads_to(dir: &Path, size: u64, from: u64, to: u64, mode: Recovery
 fn followed_by_a_record(writer: &MapWriter, base: u64, local: usize) -> bool {
     let size = writer.shared().len();
     record::next_valid_record(writer.view(0, size), base, local + 1).is_some()
+}
+
+/// Lenient recovery's first step, before the checkpoint is checked against
+/// the log: every segment cut short is made whole again (see
+/// `segment::restore_if_short`). Returns their paths.
+pub(crate) fn restore_short_segments(dir: &Path, size: u64) -> Result<Vec<PathBuf>> {
+    if !dir.is_dir() {
+        return Ok(Vec::new());
+    }
+    let mut restored = Vec::new();
+    for base in list_segments(dir, size)? {
+        if segment::restore_if_short(dir, base, size)? {
+            restored.push(segment::segment_path(dir, base));
+        }
+    }
+    Ok(restored)
 }
 
 /// Segment bases in order, checked to be contiguous; leftover `.tmp` files from

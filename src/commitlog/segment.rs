@@ -1,9 +1,10 @@
 //! One commit-log segment file: a fixed-size, preallocated, mapped file named
 //! by the 20-digit offset of its first byte, starting with a [`FileHeader`].
 
+use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::format::{COMMITLOG_MAGIC, FILE_HEADER_LEN, FileHeader, check_file_header, numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
@@ -32,6 +33,33 @@ pub(crate) fn open_unchecked(dir: &Path, base: u64, segment_size: u64) -> Result
     let header =
         check_file_header(&path, writer.view(0, FILE_HEADER_LEN), COMMITLOG_MAGIC, segment_size, base);
     Ok((writer, header))
+}
+
+/// Makes the segment at `base` whole again if it was cut short (lenient
+/// recovery): its missing end reads as zeros, which recovery and the
+/// readers judge as damage or a torn tail, so the records past its old end
+/// are lost and what follows is kept. Returns whether it was short.
+pub(crate) fn restore_if_short(dir: &Path, base: u64, segment_size: u64) -> Result<bool> {
+    let path = segment_path(dir, base);
+    // Only a segment whose own header says it is of this size was cut short;
+    // any other is a store opened with the wrong size, refused as such.
+    let file =
+        crate::fs::file_options(&path).read(true).open(&path).map_err(|e| Error::io("open", &path, e))?;
+    let found = file.metadata().map_err(|e| Error::io("stat", &path, e))?.len();
+    let mut header = [0u8; FILE_HEADER_LEN];
+    let recorded = file
+        .read_exact_at(&mut header, 0)
+        .ok()
+        .and_then(|()| FileHeader::decode(&header, COMMITLOG_MAGIC).ok());
+    if found >= segment_size || recorded.is_none_or(|h| h.a != segment_size || h.b != base) {
+        return Ok(false);
+    }
+    let (_, short) = Mapped::open_restoring(&path, segment_size)?;
+    if let Some(found) = short {
+        tracing::error!(file = %path.display(), found, expected = segment_size,
+            "a segment cut short was made whole again: the records past its old end are lost");
+    }
+    Ok(short.is_some())
 }
 
 /// Writes a damaged header again, synced, before anything is published:
