@@ -169,11 +169,12 @@ pub enum Error {
         used: u64,
     },
 
-    /// The ticking thread did not answer within the put timeout: it is
-    /// waiting for disk space (see `Store::health`), rebuilding the wheel, or
-    /// has a long backlog. Nothing is lost; retry later.
+    /// The ticking thread did not answer: it is waiting for disk space (see
+    /// `Store::health`), rebuilding the wheel from the log (it dropped the
+    /// question when answering it met damage), or has a long backlog within
+    /// the put timeout. Nothing is lost; ask again.
     #[error(
-        "the ticking thread did not answer within {waited_ms} ms (waiting for disk space, or busy); retry"
+        "the ticking thread did not answer after {waited_ms} ms (waiting for room, rebuilding, or busy); retry"
     )]
     TickerBusy {
         /// How long the call waited.

@@ -454,3 +454,40 @@ fn the_key_index_follows_retention() {
     assert_eq!(counted(&store), [("T".to_string(), 2)], "recounted with the relocated timers");
     store.close().unwrap();
 }
+
+/// A damaged record in the oldest segment costs its own timer, not the
+/// retention of the whole log: the copy pass steps over it as every walker
+/// does (it used to fail at it at every pass, and the segment stayed).
+#[test]
+fn a_damaged_record_does_not_stop_retention() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let open = || Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+    let store = open();
+    let far: Vec<_> = (0..5)
+        .map(|i| {
+            store.put(Message::new("T", format!("far{i}")).queue_id(0).deliver_at_ms(T0 + YEAR)).unwrap()
+        })
+        .collect();
+    for round in 0..3 {
+        fill(&store, round);
+    }
+    settle();
+    store.close().unwrap();
+    let victim = far[2].offset();
+    let segment = dir.path().join("commitlog").join(format!("{:020}", 0));
+    let mut bytes = std::fs::read(&segment).unwrap();
+    bytes[victim as usize + 30] ^= 0x01;
+    std::fs::write(&segment, bytes).unwrap();
+
+    let store = open();
+    clock.set_ms(T0 + DAY);
+    let stats = reclaim_until(&store, &clock, |s| s.retention.segments_deleted > 0);
+    assert!(stats.retention.segments_deleted > 0, "{:?}", stats.retention);
+    assert_eq!(
+        stats.retention.relocated_timers, 4,
+        "every pending timer but the damaged one: {:?}",
+        stats.retention
+    );
+    assert_eq!(stats.damaged_log_spans, 1);
+}

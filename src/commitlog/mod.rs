@@ -50,6 +50,7 @@ enum Walk {
     Steps,
     Lookup,
 }
+
 pub(crate) use reader::LogReader;
 pub use recovery::RecoveryReport;
 pub(crate) use recovery::{RecoveryPlan, files_end, leads_to, restore_short_segments};
@@ -465,6 +466,20 @@ impl CommitLog {
     ) -> Result<(R, u64)> {
         let at = self.normalize(offset);
         self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::Checksum, Walk::Lookup, f)
+    }
+
+    /// Like [`visit_checked`](Self::visit_checked), as one step of a walk:
+    /// a record that does not check out (its CRC included) starts a damaged
+    /// stretch, visited as a skipped record (lenient mode), like
+    /// [`visit_trusted`](Self::visit_trusted)'s. For retention's copy pass,
+    /// which must not stop for good at one damaged record.
+    pub fn walk_checked<R>(
+        &self,
+        offset: u64,
+        f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
+    ) -> Result<(R, u64)> {
+        let at = self.normalize(offset);
+        self.visit_in(self.segment(self.base_of(at)).as_ref(), at, Verify::Checksum, Walk::Steps, f)
     }
 
     /// Visits the record at `at` (normalized) in `seg`, the segment holding it

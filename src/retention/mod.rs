@@ -235,7 +235,9 @@ impl Retainer {
         let (guard, mut pass) = self.log.relocated().begin();
         let mut at = base + FILE_HEADER_LEN as u64;
         while at < base + size && at < self.log.write_end() {
-            let (copied, next) = self.log.visit_checked(at, |offset, kind, bytes| {
+            // A damaged record is skipped (its timer is lost; the ticker
+            // reports it when due): one must not keep the segment forever.
+            let (copied, next) = self.log.walk_checked(at, |offset, kind, bytes| {
                 let corrupt = |kind| self.log.corruption_at(offset, kind);
                 let pending_at = match kind {
                     RecordKind::Message => MessageView::parse(bytes)
