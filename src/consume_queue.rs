@@ -47,6 +47,9 @@ pub(crate) struct ConsumeQueue {
     waiters: Mutex<Vec<Sender<()>>>,
     /// Tasks of async callers waiting for an append (see [`QueueWatch`](crate::QueueWatch)).
     wakers: Mutex<Vec<Waker>>,
+    /// Entries whose bytes were damaged, made again from the log
+    /// ([`repair`](Self::repair)); read only when an entry's bytes do not.
+    repaired: Mutex<HashMap<u64, Entry>>,
 }
 
 impl ConsumeQueue {
@@ -63,6 +66,7 @@ impl ConsumeQueue {
             flushed: Mutex::new(0),
             waiters: Mutex::new(Vec::new()),
             wakers: Mutex::new(Vec::new()),
+            repaired: Mutex::new(HashMap::new()),
         }
     }
 
@@ -250,15 +254,41 @@ impl ConsumeQueue {
             let why = format!("entry {index} is not written");
             Error::corruption(path(), at as u64, CorruptionKind::BadReference(why))
         })?;
-        Entry::decode(bytes, index).map_err(|problem| {
+        Entry::decode(bytes, index).or_else(|problem| {
+            if let Some(entry) = self.repaired.lock().unwrap_or_else(|e| e.into_inner()).get(&index) {
+                return Ok(*entry);
+            }
             let kind = match problem {
                 EntryProblem::Empty => CorruptionKind::BadFrame("empty consume-queue entry".into()),
                 EntryProblem::Checksum { stored, computed } => {
                     CorruptionKind::ChecksumMismatch { stored, computed }
                 }
             };
-            Error::corruption(path(), at as u64, kind)
+            Err(Error::corruption(path(), at as u64, kind))
         })
+    }
+
+    /// Whether `error`, from reading an entry of this queue, is damage to the
+    /// entry's own bytes (not to the record it points at), which
+    /// [`repair`](Self::repair) can make good.
+    pub fn is_damaged_entry(&self, error: &Error) -> bool {
+        matches!(
+            error,
+            Error::Corruption {
+                file,
+                kind: CorruptionKind::ChecksumMismatch { .. } | CorruptionKind::BadFrame(_),
+                ..
+            } if file.starts_with(&self.dir)
+        )
+    }
+
+    /// Reads the entries from `from` on as `entries`, which the caller made
+    /// again from the log for entries whose bytes are damaged. The bytes stay
+    /// as they are (readers may hold them); after a reopen the repair is made
+    /// again when the entries are met.
+    pub fn repair(&self, from: u64, entries: &[Entry]) {
+        let mut repaired = self.repaired.lock().unwrap_or_else(|e| e.into_inner());
+        repaired.extend((from..).zip(entries.iter().copied()));
     }
 
     /// Index of the oldest entry still on disk (retention deletes whole

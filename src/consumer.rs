@@ -127,6 +127,12 @@ impl Consumer {
                         Error::Reclaimed { offset } => self.skip_reclaimed(index, offset),
                         // Retention deleted its queue file since we looked.
                         _ if index < self.queue.first_index() => self.skip_reclaimed(index, 0),
+                        // The entry's own bytes are damaged: the log still
+                        // holds what it pointed at, so read it again, repaired.
+                        e if self.queue.is_damaged_entry(&e) && self.repair_entries(index) => {
+                            self.next = index;
+                            continue;
+                        }
                         // The good ones first; the next poll starts at the bad one.
                         e => {
                             self.next = index;
@@ -178,6 +184,18 @@ impl Consumer {
         });
         self.entries = entries;
         read.and(failed.map_or(Ok(()), Err))
+    }
+
+    /// Makes the damaged run of entries from `index` again from the log
+    /// (see `queue_repair`); whether it could.
+    fn repair_entries(&self, index: u64) -> bool {
+        match crate::queue_repair::repair_run(&self.log, &self.queue, index) {
+            Ok(repaired) => repaired > 0,
+            Err(e) => {
+                tracing::error!(topic = %self.topic, index, error = %e, "could not repair consume-queue entries");
+                false
+            }
+        }
     }
 
     fn bad_entry(&self, position: u64, source: Error) -> Error {

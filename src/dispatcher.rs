@@ -239,8 +239,7 @@ impl Dispatcher {
                     self.note_count(view.topic, 1);
                     return Ok(queue);
                 }
-                if view.topic == POSITIONS_TOPIC {
-                    // Consumer positions: replayed at open, read by no consumer.
+                if !readable_as_sent(&view) {
                     return Ok(None);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
@@ -313,13 +312,8 @@ impl Dispatcher {
             let (step, _) = originals.visit_checking(named, checksum, |at, kind, record| match kind {
                 RecordKind::Message => {
                     let view = self.message(at, record)?;
-                    let queue = self.append_entry(
-                        &view,
-                        offset,
-                        DELIVERY_LEN,
-                        delivery.delivered_at_ms,
-                        FLAG_TIMER_DELIVERY,
-                    )?;
+                    let queue = self.queues.get_or_create(view.topic, view.queue_id);
+                    queue.append(&delivery_entry(&view, offset, &delivery))?;
                     self.note_count(view.topic, -1);
                     Ok(Ok(queue))
                 }
@@ -364,14 +358,7 @@ impl Dispatcher {
                 return None;
             }
             kept += 1;
-            let time_ms = view.delivered_at_ms;
-            let entry = Entry {
-                log_offset: offset,
-                record_len: len as u32,
-                tag_hash,
-                time_ms,
-                flags: batch_flags(i),
-            };
+            let entry = deliveries_entry(offset, len, view, i, tag_hash);
             appended.is_none_or(|last| i > last).then_some(entry)
         });
         queue.append_all(entries)?;
@@ -451,8 +438,7 @@ impl Dispatcher {
         flags: u32,
     ) -> Result<Arc<ConsumeQueue>> {
         let queue = self.queues.get_or_create(view.topic, view.queue_id);
-        let tag_hash = tag_hash(view.tags);
-        queue.append(&Entry { log_offset, record_len: record_len as u32, tag_hash, time_ms, flags })?;
+        queue.append(&message_entry(view, log_offset, record_len, time_ms, flags))?;
         Ok(queue)
     }
 
@@ -495,5 +481,49 @@ impl Dispatcher {
             }
             let _ = wake.recv_timeout(Duration::from_millis(100));
         }
+    }
+}
+
+/// Whether a message record that is not timed gets an entry in its consume
+/// queue when it is indexed: every one but the consumers' positions, which
+/// are replayed at open and read by no consumer.
+pub(crate) fn readable_as_sent(view: &MessageView<'_>) -> bool {
+    view.topic != POSITIONS_TOPIC
+}
+
+/// The entry of the message `view`, made visible by the record at
+/// `log_offset` of `record_len` bytes (the message itself, or a delivery
+/// record) at `time_ms`.
+pub(crate) fn message_entry(
+    view: &MessageView<'_>,
+    log_offset: u64,
+    record_len: usize,
+    time_ms: u64,
+    flags: u32,
+) -> Entry {
+    Entry { log_offset, record_len: record_len as u32, tag_hash: tag_hash(view.tags), time_ms, flags }
+}
+
+/// The entry of the delivery record `delivery` at `offset`, which makes the
+/// message `view` visible.
+pub(crate) fn delivery_entry(view: &MessageView<'_>, offset: u64, delivery: &DeliveryView) -> Entry {
+    message_entry(view, offset, DELIVERY_LEN, delivery.delivered_at_ms, FLAG_TIMER_DELIVERY)
+}
+
+/// The entry of timer `i` (whose tags hash to `tag_hash`) of the deliveries
+/// record `view` at `offset` (`len` bytes).
+pub(crate) fn deliveries_entry(
+    offset: u64,
+    len: usize,
+    view: &DeliveriesView<'_>,
+    i: usize,
+    tag_hash: u32,
+) -> Entry {
+    Entry {
+        log_offset: offset,
+        record_len: len as u32,
+        tag_hash,
+        time_ms: view.delivered_at_ms,
+        flags: batch_flags(i),
     }
 }

@@ -51,6 +51,7 @@ mod offsets;
 mod open;
 mod pending;
 mod prefault;
+mod queue_repair;
 #[cfg(feature = "crash-recorder")]
 #[doc(hidden)]
 pub mod recorder;

@@ -124,12 +124,6 @@ fn every_file_of_a_store_damaged_four_ways_costs_only_what_it_damaged() {
     for file in files(pristine.path()) {
         let relative = file.strip_prefix(pristine.path()).unwrap().to_path_buf();
         for how in [Damage::HeaderByte, Damage::MiddleByte, Damage::ZeroedPage, Damage::Truncated] {
-            if relative.starts_with("consumequeue") && matches!(how, Damage::MiddleByte) {
-                // Not rebuilt yet: an entry in the middle of a queue is only
-                // checked when read, and the consumer gets `BadEntry` naming
-                // it (and where to seek past it); its message stays in the log.
-                continue;
-            }
             cases += 1;
             let dir = tempfile::tempdir().unwrap();
             crash_copy(pristine.path(), dir.path());
