@@ -323,7 +323,7 @@ fn wheel_membership(files: &StoreFiles, resume: &Resume) -> (Option<Membership>,
     }
     let read = || -> Result<Option<Membership>> {
         let Some(wheel) = WheelFile::read(files)? else { return Ok(None) };
-        let logs = TimerLogs::open(files)?.load()?;
+        let logs = TimerLogs::open(files)?.load([u64::MAX; 2])?;
         Ok(Some(Membership::of(files, &wheel, &logs, resume)?))
     };
     match read() {

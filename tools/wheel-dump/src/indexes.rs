@@ -317,15 +317,29 @@ impl TimerLog {
         Ok(Some(last.first + lo))
     }
 
-    /// Every written entry, CRCs checked.
-    pub fn load(&self) -> Result<LoadedLog> {
+    /// Every written entry, CRCs checked, up to the first that does not
+    /// check out at or past `doubtful_from`: there the log ends, torn (the
+    /// store's open cuts an entry a power loss left in doubt; see
+    /// [`LoadedLog::torn_at`]). Below it such an entry is an error.
+    pub fn load(&self, doubtful_from: u64) -> Result<LoadedLog> {
         let start = self.first().unwrap_or(1);
+        let from = start.max(1);
+        let layout = EntryLayout { per_file: self.per_file, len: timer_entry::ENTRY_LEN };
+        let torn_at = std::cell::Cell::new(None);
+        let decode = |bytes: &[u8], index: u64| match TimerEntry::decode(bytes, index) {
+            Err(_) if index >= doubtful_from => {
+                torn_at.set(Some(index));
+                Ok(None)
+            }
+            decoded => decoded,
+        };
         let mut entries = Vec::new();
-        self.scan(start, |_, entry| {
+        scan_entries(&self.files, layout, from, decode, |_, _, _, entry| {
             entries.push(entry);
             Ok(())
         })?;
-        Ok(LoadedLog { side: self.side, start, entries, has_files: !self.files.is_empty() })
+        let has_files = !self.files.is_empty();
+        Ok(LoadedLog { side: self.side, start, entries, has_files, torn_at: torn_at.get() })
     }
 }
 
@@ -336,9 +350,16 @@ pub struct LoadedLog {
     start: u64,
     entries: Vec<TimerEntry>,
     has_files: bool,
+    torn_at: Option<u64>,
 }
 
 impl LoadedLog {
+    /// The entry the log was read to that did not check out (at or past
+    /// where [`TimerLog::load`] was told entries may be in doubt), if any.
+    pub fn torn_at(&self) -> Option<u64> {
+        self.torn_at
+    }
+
     pub fn get(&self, index: u64) -> Option<TimerEntry> {
         index.checked_sub(self.start).and_then(|i| self.entries.get(i as usize)).copied()
     }
@@ -371,8 +392,9 @@ impl TimerLogs {
         &self.0[side.index()]
     }
 
-    pub fn load(&self) -> Result<LoadedLogs> {
-        Ok(LoadedLogs([self.0[0].load()?, self.0[1].load()?]))
+    /// Both logs, each read as [`TimerLog::load`] with its `doubtful_from`.
+    pub fn load(&self, doubtful_from: [u64; 2]) -> Result<LoadedLogs> {
+        Ok(LoadedLogs([self.0[0].load(doubtful_from[0])?, self.0[1].load(doubtful_from[1])?]))
     }
 }
 
@@ -525,12 +547,27 @@ impl CancelLedger {
     }
 
     /// Visits entries in order, with the file and byte position of each, to
-    /// the first unwritten one; returns the index past the last.
-    pub fn scan(&self, visit: impl FnMut(u64, &Path, u64, TimerEntry) -> Result<()>) -> Result<u64> {
+    /// the first unwritten one, or if `torn_ends` to the first that does not
+    /// check out; returns the index past the last, and the entry that did
+    /// not check out if the scan ended there.
+    pub fn scan(
+        &self,
+        torn_ends: bool,
+        visit: impl FnMut(u64, &Path, u64, TimerEntry) -> Result<()>,
+    ) -> Result<(u64, Option<u64>)> {
         let layout =
             EntryLayout { per_file: internals::LEDGER_ENTRIES_PER_FILE, len: timer_entry::ENTRY_LEN };
         let from = self.first().unwrap_or(1);
-        scan_entries(&self.files, layout, from, TimerEntry::decode, visit)
+        let torn_at = std::cell::Cell::new(None);
+        let decode = |bytes: &[u8], index: u64| match TimerEntry::decode(bytes, index) {
+            Err(_) if torn_ends => {
+                torn_at.set(Some(index));
+                Ok(None)
+            }
+            decoded => decoded,
+        };
+        let end = scan_entries(&self.files, layout, from, decode, visit)?;
+        Ok((end, torn_at.get()))
     }
 }
 

@@ -187,6 +187,19 @@ fn report_verify(files: &StoreFiles, json: bool, out: &mut impl Write) -> Result
 fn render_checked(c: &verify::Checked) -> String {
     use wheel_dump::output::thousands as n;
     let mut out = String::from("ok: every checksum and cross-reference checked\n");
+    if !c.needs_recovery.is_empty() || c.timer_log_torn_at.is_some() {
+        out.push_str("not closed cleanly: what the crash left needs the normal recovery (no damage):\n");
+    }
+    for what in &c.needs_recovery {
+        out.push_str(&format!("  - {what}\n"));
+    }
+    if let Some(torn) = c.timer_log_torn_at {
+        for (name, at) in ["timerlog/", "timerlog-far/"].iter().zip(torn) {
+            if let Some(at) = at {
+                out.push_str(&format!("  - {name} ends torn at entry {at}, past what the checkpoint vouches for: the next open cuts it\n"));
+            }
+        }
+    }
     let mut t = output::Table::new(&["checked", ">count"]);
     for (what, count) in [
         ("checkpoint slots", c.checkpoint_slots),

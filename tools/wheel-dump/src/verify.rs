@@ -51,6 +51,18 @@
 //! 8. the checkpoint against the file ends, and neither slot needs a record
 //!    below the oldest segment.
 //!
+//! A store that was not closed cleanly (crashed, lost power, or running)
+//! holds what the next open's normal recovery deals with; that is reported
+//! as such (`needs_recovery`, exit 0), not as a problem: a timer-log entry
+//! that does not check out at or past the end of its log the checkpoint
+//! vouches for ends that log (the open cuts it); a live slot whose chain
+//! starts past that end, or runs into such a torn end, and does not read
+//! (the wheel file was synced with a head its timer log had not: the open
+//! rebuilds the wheel from the log); a cancel-ledger entry that does not
+//! check out ends the ledger (the open cuts it, or rebuilds the wheel's
+//! files). The same found below what the checkpoint vouches for, or after a
+//! clean close, is damage.
+//!
 //! A store that was not closed cleanly may be running: index entries that
 //! point at records past the end of the log as read here (cancel-ledger
 //! entries by their cancel record) are then written after the scan, and
@@ -70,8 +82,8 @@ use serde::Serialize;
 use crate::commitlog::{CommitLog, LogEnd, LogFacts, MessageFacts};
 use crate::error::{DumpError, Result};
 use crate::indexes::{
-    CancelLedger, CheckpointFile, CheckpointSlot, ConsumeQueue, LoadedLog, LoadedLogs, LogSide, TailsFile,
-    TimerLogs, WheelFile,
+    CancelLedger, CheckpointFile, CheckpointSlot, ConsumeQueue, LoadedLog, LoadedLogs, LogSide, PlacedSlot,
+    TailsFile, TimerLogs, WheelFile,
 };
 use crate::relocated::{CopyKind, Relocated};
 use crate::store_files::{DataFile, FileKind, StoreFiles};
@@ -133,6 +145,15 @@ pub struct Checked {
     /// open resets them to unknown. In a cleanly closed store each is a problem.
     #[serde(skip_serializing_if = "is_zero")]
     pub chain_starts_torn: u64,
+    /// Timer-log entries (near, far) that end their log failing their
+    /// checksum at or past the checkpoint's end of that log, in a store not
+    /// closed cleanly: torn by the crash; the next open cuts them.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub timer_log_torn_at: Option<[Option<u64>; 2]>,
+    /// What the store's next open does about what a crash left, in a store
+    /// not closed cleanly: not damage, the normal recovery (empty otherwise).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub needs_recovery: Vec<String>,
     pub consume_queues: u64,
     pub queue_entries: u64,
     /// Index entries naming records past the log end read (a live store appending).
@@ -228,7 +249,12 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
     let wheel = WheelFile::read(files)?;
     let timer_logs = TimerLogs::open(files)?;
     check_log_files(&timer_logs, &mut checked)?;
-    let logs = timer_logs.load()?;
+    let doubtful_from = doubtful_timer_entries(newest.filter(|cp| !cp.clean).as_ref());
+    let logs = timer_logs.load(doubtful_from)?;
+    let torn = logs.0.each_ref().map(|log| log.torn_at());
+    if torn.iter().any(Option::is_some) {
+        checked.timer_log_torn_at = Some(torn);
+    }
     for log in &logs.0 {
         check_timer_entries(&timer_logs, log, &facts, &relocated, clean, &mut checked)?;
     }
@@ -240,7 +266,8 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
         if let Some(tails) = &tails {
             check_tails(tails, clean, &mut checked)?;
         }
-        check_wheel(files, &resume, wheel, (&logs, &relocated), tails.as_ref(), &mut checked)?;
+        let doubtful = (!clean).then_some(doubtful_from);
+        check_wheel(files, &resume, wheel, (&logs, &relocated), tails.as_ref(), doubtful, &mut checked)?;
     }
     let dispatched = newest.filter(|_| resume.resumes).map(|cp| cp.dispatched);
     check_queues(files, &log, &facts, &relocated, dispatched, clean, &mut checked)?;
@@ -291,6 +318,17 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
         }
     }
     Ok(checked)
+}
+
+/// Where each timer log's entries stop being vouched for (near, far): at
+/// the ends the checkpoint of a store not closed cleanly records, which were
+/// synced before it was written (a far end of 0 was not recorded: from entry
+/// 1). What lies past them a power loss may have torn or lost, and the
+/// store's open cuts it or rebuilds the wheel (`note_preindexed`,
+/// `chains_intact` in `src/timer/restart.rs`). Nothing is in doubt after a
+/// clean close, or without a checkpoint (the wheel is rebuilt then).
+fn doubtful_timer_entries(unclean: Option<&internals::checkpoint::Checkpoint>) -> [u64; 2] {
+    unclean.map_or([u64::MAX; 2], |cp| [cp.timer_log_end, cp.far_timer_log_end.max(1)])
 }
 
 fn check_checkpoint_file(files: &StoreFiles, checked: &mut Checked) -> Result<CheckpointFile> {
@@ -574,7 +612,7 @@ fn check_cancel_ledger(
     checked.file_headers += ledger.file_count() as u64;
     checked.cancel_ledger_first_entry = ledger.first();
     let mut last = None;
-    ledger.scan(|index, path, position, e| {
+    let (_, torn_at) = ledger.scan(!clean, |index, path, position, e| {
         checked.cancel_ledger_entries += 1;
         let bad = |why: String| DumpError::bad_reference(path, position, format!("entry {index}: {why}"));
         // A ledger entry has the timer-log layout: `prev` holds its record's
@@ -597,6 +635,14 @@ fn check_cancel_ledger(
         }
         ledger_entry_matches(facts, &e).map_err(bad)
     })?;
+    if let Some(at) = torn_at {
+        // The open cuts the ledger from the first entry of a record it
+        // replays, or rebuilds the wheel's files if its search meets this one.
+        checked.needs_recovery.push(format!(
+            "the cancel ledger ends at entry {at}, which does not check out: the next open cuts it there \
+             or rebuilds the wheel's files from the log"
+        ));
+    }
     Ok(())
 }
 
@@ -653,6 +699,7 @@ fn check_wheel(
     wheel: &WheelFile,
     (logs, relocated): (&LoadedLogs, &Relocated),
     tails: Option<&TailsFile>,
+    doubtful: Option<[u64; 2]>,
     checked: &mut Checked,
 ) -> Result<()> {
     let mut chains = LiveChains::new(files, resume);
@@ -663,7 +710,23 @@ fn check_wheel(
         if slot.slot.count == 0 || !resume.is_live(&slot) {
             continue; // stale: its chain may lead into deleted timer-log files
         }
-        let Some(chain) = chains.chain(wheel, &slot, logs)? else {
+        let chain = match chains.chain(wheel, &slot, logs) {
+            Ok(chain) => chain,
+            Err(e) => match slot_in_doubt(&slot, logs, doubtful) {
+                Some(end) => {
+                    // The wheel file was synced with a head the timer log had not: normal after a crash.
+                    checked.needs_recovery.push(format!(
+                        "slot {index}'s chain starts at entry {} of {}, past the {end} entries the checkpoint vouches for, \
+                         and does not read ({e}): the next open rebuilds the wheel from the log",
+                        slot.slot.head,
+                        LogSide::of_level(slot.level).name()
+                    ));
+                    return Ok(());
+                }
+                None => return Err(e),
+            },
+        };
+        let Some(chain) = chain else {
             checked.chains_gone_stale += 1;
             continue;
         };
@@ -724,6 +787,17 @@ fn check_wheel(
         }
     }
     Ok(())
+}
+
+/// For a live slot whose chain does not read, in a store not closed cleanly
+/// (`doubtful`: see [`doubtful_timer_entries`]): the end of its timer log
+/// the checkpoint vouches for, if the chain starts at or past it or runs
+/// into the log's torn end. `None`: the chain broke where nothing was in doubt.
+fn slot_in_doubt(slot: &PlacedSlot, logs: &LoadedLogs, doubtful: Option<[u64; 2]>) -> Option<u64> {
+    let side = LogSide::of_level(slot.level);
+    let end = doubtful?[side.index()];
+    let torn = logs.get(side).torn_at().is_some();
+    (slot.slot.head >= end || torn).then_some(end)
 }
 
 fn check_queues(
