@@ -603,6 +603,28 @@ impl ConsumeQueue {
         scan_entries(&self.files, layout, from, queue_entry::decode_entry, visit)
     }
 
+    /// The first written entry from `from` on, if any, with where entry
+    /// `from` is (file and byte position): a written entry after an
+    /// unwritten one means a stretch of the queue was zeroed.
+    pub fn written_after(&self, from: u64) -> Result<Option<(u64, PathBuf, u64)>> {
+        let len = queue_entry::ENTRY_LEN as u64;
+        let position =
+            |f: &SequenceFile, index: u64| internals::FILE_HEADER_LEN as u64 + (index - f.first) * len;
+        let Some(at) = self.files.iter().find(|f| (f.first..f.first + self.per_file).contains(&from)) else {
+            return Ok(None);
+        };
+        let (path, from_position) = (at.file.path.clone(), position(at, from));
+        for f in self.files.iter().filter(|f| f.first + self.per_file > from) {
+            let mut reader = ChunkReader::new(&f.file);
+            for index in from.max(f.first)..f.first + self.per_file {
+                if reader.get(position(f, index), len as usize)?.iter().any(|&b| b != 0) {
+                    return Ok(Some((index, path, from_position)));
+                }
+            }
+        }
+        Ok(None)
+    }
+
     /// The number of entries: entries are dense, so a binary search in the
     /// last file holding any. Files after it are spares the store made ahead
     /// of need (empty; the store's recovery removes them).

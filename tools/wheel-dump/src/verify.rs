@@ -819,12 +819,13 @@ fn check_queues(
     // Records that must be in a queue: ordinary messages and deliveries,
     // by (offset, index of the timer in a deliveries record).
     let mut referenced: HashSet<(u64, usize)> = HashSet::new();
+    let mut stretches: HashMap<(&str, u32), DumpError> = HashMap::new();
     for q in &files.queues {
         let queue = ConsumeQueue::open(q)?;
         checked.consume_queues += 1;
         checked.file_headers += queue.file_count() as u64;
         let mut last = (0, 0);
-        queue.scan(|index, path, position, e| {
+        let end = queue.scan(|index, path, position, e| {
             checked.queue_entries += 1;
             let bad = |why: String| DumpError::bad_reference(path, position, format!("entry {index}: {why}"));
             if !clean && e.log_offset >= facts.end.offset() {
@@ -895,6 +896,14 @@ fn check_queues(
             }
             Ok(())
         })?;
+        if let Some(stretch) = zeroed_stretch(&queue, end)? {
+            // Every entry is synced by a clean close; after a crash it may
+            // be entries the power loss took past `dispatched` (see below).
+            if clean {
+                return Err(stretch);
+            }
+            stretches.insert((q.topic.as_str(), q.queue_id), stretch);
+        }
     }
     let Some(dispatched) = dispatched else { return Ok(()) };
     // Positions messages are replayed at open, never indexed.
@@ -904,13 +913,49 @@ fn check_queues(
     needed.extend(deliveries.keys().map(|&at| (at, 0)));
     needed.extend(facts.runs.iter().flat_map(|(&at, run)| (0..run.timers.len()).map(move |i| (at, i))));
     needed.sort_unstable();
-    if let Some(&(missing, _)) = needed.iter().find(|&&at| at.0 < dispatched && !referenced.contains(&at)) {
+    if let Some(&(missing, timer)) = needed.iter().find(|&&at| at.0 < dispatched && !referenced.contains(&at))
+    {
+        // Its entry lay in a zeroed stretch of its queue: name the queue.
+        if let Some(stretch) = queue_of(facts, relocated, missing, timer).and_then(|q| stretches.remove(&q)) {
+            return Err(stretch);
+        }
         let (file, position) = log.locate(missing);
         let why =
             format!("below the checkpoint's dispatched {dispatched} but no consume-queue entry points at it");
         return Err(DumpError::bad_reference(file, position, why));
     }
     Ok(())
+}
+
+/// The entries of a queue are dense: an unwritten entry at `end` (where
+/// the scan stopped) followed by a written one is a zeroed stretch, named by
+/// the queue file and position. In a store not closed cleanly it is damage
+/// only if a record below the checkpoint's `dispatched` lost its entry to
+/// it: past `dispatched` it is what the power loss took, which the open cuts
+/// and the replay writes again.
+fn zeroed_stretch(queue: &ConsumeQueue, end: u64) -> Result<Option<DumpError>> {
+    let Some((written, path, position)) = queue.written_after(end)? else { return Ok(None) };
+    let why = format!(
+        "entry {end} is unwritten (all zeros) but entry {written} after it is written: a stretch of the queue was zeroed \
+         (a consumer that meets it gets its entries made again from the log)"
+    );
+    Ok(Some(DumpError::bad_reference(path, position, why)))
+}
+
+/// The queue (topic, queue id) whose entry the record at `at` (timer
+/// `timer` of a deliveries record) makes, where the facts tell.
+fn queue_of<'a>(facts: &'a LogFacts, relocated: &Relocated, at: u64, timer: usize) -> Option<(&'a str, u32)> {
+    if let Some(run) = facts.runs.get(&at) {
+        return run.timers.get(timer).map(|_| (run.topic.as_str(), run.queue_id));
+    }
+    let message = match facts.deliveries.iter().find(|(d, _, _)| *d == at) {
+        Some(&(_, _, timer)) => match named(facts, relocated, timer) {
+            Named::Timer(m, _) => m,
+            _ => return None,
+        },
+        None => facts.messages.get(&at)?,
+    };
+    Some((facts.topic(message), message.queue_id))
 }
 
 /// An entry of the bucket scheduler's level queues (`SCHEDULE_TOPIC_XXXX`):

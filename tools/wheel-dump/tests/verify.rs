@@ -81,6 +81,18 @@ fn a_flipped_bit_in_a_consume_queue_entry_is_named() {
     assert_eq!(problem(copy.path()), (1, file, 64));
 }
 
+/// A zeroed entry followed by written ones (a zeroed page of a queue file)
+/// is named in the queue file; it used to be named as a log record with no
+/// entry, in the commit log.
+#[test]
+fn a_zeroed_stretch_of_a_consume_queue_is_named_in_the_queue() {
+    let h = healthy();
+    let copy = copy_of(h.path());
+    let file = copy.path().join("consumequeue/Orders/0/00000000000000000000");
+    write_at(&file, 64, &[0; 32]);
+    assert_eq!(problem(copy.path()), (1, file, 64));
+}
+
 #[test]
 fn a_torn_checkpoint_slot_is_named() {
     let h = healthy();
