@@ -16,17 +16,14 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
-use serde::{Deserialize, Serialize};
-
 use crate::commitlog::CommitLog;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::consumer_offsets::{self, CommittedOffset, FILE_VERSION, OffsetsFile, OffsetsProblem};
 use crate::format::record::{MessageView, RecordKind, check_crc};
 use crate::fs::write_atomically;
 
 /// The topic of the positions messages: reserved, no queue indexes it.
 pub const POSITIONS_TOPIC: &str = "%POSITIONS%";
-/// The checkpoint file's version: 2 says up to where it covers the log.
-const FILE_VERSION: u32 = 2;
 /// Positions per message: with names of at most 127 bytes a message stays
 /// far below the smallest segment.
 const POSITIONS_PER_MESSAGE: usize = 32;
@@ -64,24 +61,6 @@ struct Offsets {
 pub(crate) struct OffsetSnapshot {
     generation: u64,
     bytes: Vec<u8>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct OffsetsFile {
-    version: u32,
-    /// Every positions message below this log offset is reflected here
-    /// (absent in version 1, which had no positions messages).
-    #[serde(default, skip_serializing_if = "Option::is_none")]
-    covers_log_to: Option<u64>,
-    offsets: Vec<CommittedOffset>,
-}
-
-#[derive(Serialize, Deserialize)]
-struct CommittedOffset {
-    group: String,
-    topic: String,
-    queue_id: u32,
-    offset: u64,
 }
 
 /// Opens the checkpoint at `path` and replays the positions messages of
@@ -207,22 +186,17 @@ impl OffsetStore {
         let mut by_queue = BTreeMap::new();
         let covers = match read_no_follow(path) {
             Ok(bytes) => {
-                let file = match serde_json::from_slice::<OffsetsFile>(&bytes) {
+                let file = match consumer_offsets::decode(&bytes) {
                     Ok(file) => file,
-                    Err(e) => return Ok((Self::new(path, BTreeMap::new()), garbled(path, &e.to_string()))),
-                };
-                let covers = match (file.version, file.covers_log_to) {
-                    (1, _) => Covers::Version1,
-                    (FILE_VERSION, Some(end)) => Covers::Log(end),
-                    (FILE_VERSION, None) => {
-                        let covers = garbled(path, "version 2 without covers_log_to");
-                        return Ok((Self::new(path, BTreeMap::new()), covers));
+                    Err(OffsetsProblem::Garbled(why)) => {
+                        return Ok((Self::new(path, BTreeMap::new()), garbled(path, &why)));
                     }
-                    (found, _) => {
+                    Err(OffsetsProblem::UnsupportedVersion(found)) => {
                         let (file, supported) = (path.to_path_buf(), FILE_VERSION);
                         return Err(Error::UnsupportedVersion { file, found, supported });
                     }
                 };
+                let covers = file.covers_log_to.map_or(Covers::Version1, Covers::Log);
                 for o in file.offsets {
                     by_queue.insert((o.group, o.topic, o.queue_id), o.offset);
                 }

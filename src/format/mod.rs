@@ -10,6 +10,7 @@ use crate::error::{CorruptionKind, Error, Result};
 
 pub mod chain;
 pub mod checkpoint;
+pub mod consumer_offsets;
 pub mod key_index;
 pub mod layout;
 pub mod queue_entry;

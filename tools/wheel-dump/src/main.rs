@@ -224,6 +224,9 @@ fn render_checked(c: &verify::Checked) -> String {
         ("  torn by the crash (reset at the next open)", c.chain_starts_torn),
         ("consume queues", c.consume_queues),
         ("  entries", c.queue_entries),
+        ("key-index entries (index/keys/)", c.key_index_entries),
+        ("topics counted (index/topic_pending)", c.topic_pending_topics),
+        ("positions (consumer_offsets.json)", c.consumer_offsets),
     ] {
         // Skipped records exist only where lenient recovery met damage, torn
         // chain starts only after a crash.

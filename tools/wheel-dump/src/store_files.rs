@@ -32,6 +32,8 @@ pub enum FileKind {
     SegmentPending,
     /// `timer/tails`: where each wheel slot's chain begins.
     Tails,
+    /// `index/keys/<first message offset>`: timed messages by topic and key.
+    KeyIndex,
 }
 
 impl FileKind {
@@ -46,6 +48,7 @@ impl FileKind {
             Self::RelocationIndex => internals::RELOCATION_INDEX_MAGIC,
             Self::SegmentPending => internals::SEGMENT_PENDING_MAGIC,
             Self::Tails => internals::TAILS_MAGIC,
+            Self::KeyIndex => internals::KEY_INDEX_MAGIC,
         }
     }
 }

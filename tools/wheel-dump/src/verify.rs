@@ -49,7 +49,9 @@
 //!    exactly one entry (when the next open resumes at the checkpoint); an
 //!    entry pointing below the oldest segment names a deleted record (counted);
 //! 8. the checkpoint against the file ends, and neither slot needs a record
-//!    below the oldest segment.
+//!    below the oldest segment;
+//! 9. the key index, `index/topic_pending` and `consumer_offsets.json`
+//!    (see `side_indexes.rs`).
 //!
 //! A store that was not closed cleanly (crashed, lost power, or running)
 //! holds what the next open's normal recovery deals with; that is reported
@@ -156,6 +158,12 @@ pub struct Checked {
     pub needs_recovery: Vec<String>,
     pub consume_queues: u64,
     pub queue_entries: u64,
+    /// Entries of the key index (`index/keys/`), checked.
+    pub key_index_entries: u64,
+    /// Topics counted in `index/topic_pending`.
+    pub topic_pending_topics: u64,
+    /// Positions in `consumer_offsets.json`.
+    pub consumer_offsets: u64,
     /// Index entries naming records past the log end read (a live store appending).
     pub past_log_end: u64,
     /// Start offset of the oldest segment: retention deleted every record below it.
@@ -317,6 +325,7 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
             }
         }
     }
+    crate::side_indexes::check(files, &facts, log.start(), clean, &mut checked)?;
     Ok(checked)
 }
 

@@ -229,3 +229,40 @@ fn positions_messages_need_no_queue_entry() {
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
     assert_eq!(json(&out)["checked"]["records"], 4, "three messages and one positions message");
 }
+
+/// The indexes beside the wheel and the queues are checked too (they were
+/// not read at all): a flipped bit in a key-index entry or in
+/// `index/topic_pending`, a garbled `consumer_offsets.json` and one planted
+/// as a symbolic link are each named.
+#[test]
+fn the_key_index_the_topic_counts_and_the_consumer_offsets_are_checked() {
+    let h = healthy();
+    let healthy_report = json(&dump(h.path(), &["verify", "--json"]));
+    assert_eq!(healthy_report["ok"], true, "{healthy_report}");
+    assert!(healthy_report["checked"]["key_index_entries"].as_u64().unwrap() > 0, "{healthy_report}");
+
+    let copy = copy_of(h.path());
+    let keys = std::fs::read_dir(copy.path().join("index/keys")).unwrap().next().unwrap().unwrap().path();
+    let header = std::fs::read(&keys).unwrap();
+    let per_file = internals::FileHeader::decode(&header, internals::KEY_INDEX_MAGIC).unwrap().a;
+    let entry0 = internals::key_index::entry_position(per_file, 0) as u64;
+    flip_bit(&keys, entry0 + 3);
+    assert_eq!(problem(copy.path()), (1, keys, entry0));
+
+    let copy = copy_of(h.path());
+    let counts = copy.path().join("index/topic_pending");
+    assert!(counts.exists(), "a closed store has its counts");
+    flip_bit(&counts, 40);
+    assert_eq!(problem(copy.path()), (1, counts, 0));
+
+    let copy = copy_of(h.path());
+    let offsets = copy.path().join("consumer_offsets.json");
+    std::fs::write(&offsets, b"{\"version\": 2, \"offs").unwrap();
+    assert_eq!(problem(copy.path()), (1, offsets.clone(), 0));
+    let elsewhere = copy.path().join("../planted.json");
+    std::fs::write(&elsewhere, b"{\"version\": 2, \"covers_log_to\": 32, \"offsets\": []}").unwrap();
+    std::fs::remove_file(&offsets).unwrap();
+    std::os::unix::fs::symlink(&elsewhere, &offsets).unwrap();
+    assert_eq!(problem(copy.path()), (1, offsets, 0));
+    std::fs::remove_file(elsewhere).unwrap();
+}
