@@ -119,12 +119,7 @@ impl Mapped {
     /// synced) and its old length returned, for the caller to judge what was
     /// lost. A longer file is refused like a wrong size.
     pub fn open_restoring(path: &Path, len: u64) -> Result<(MapWriter, Option<u64>)> {
-        let file = crate::fs::file_options(path)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::io("open", path, e))?;
-        let found = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+        let (file, found) = open_existing(path)?;
         if found > len {
             return Err(Error::corruption(path, 0, CorruptionKind::WrongSize { expected: len, found }));
         }
@@ -145,12 +140,7 @@ impl Mapped {
     }
 
     fn open_reserved(path: &Path, len: u64, reserved: usize) -> Result<MapWriter> {
-        let file = crate::fs::file_options(path)
-            .read(true)
-            .write(true)
-            .open(path)
-            .map_err(|e| Error::io("open", path, e))?;
-        let found = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+        let (file, found) = open_existing(path)?;
         if found != len {
             return Err(Error::corruption(path, 0, CorruptionKind::WrongSize { expected: len, found }));
         }
@@ -443,6 +433,18 @@ impl MapWriter {
 
 /// Reserves real disk space (not a sparse hole) for bytes `[from, to)` of
 /// `file`, which becomes `path`. A full disk is [`Error::DiskFull`].
+/// Opens an existing file of the store for reading and writing (never
+/// through a symbolic link), with its length.
+fn open_existing(path: &Path) -> Result<(File, u64)> {
+    let file = crate::fs::file_options(path)
+        .read(true)
+        .write(true)
+        .open(path)
+        .map_err(|e| Error::io("open", path, e))?;
+    let found = file.metadata().map_err(|e| Error::io("stat", path, e))?.len();
+    Ok((file, found))
+}
+
 fn reserve(file: &File, path: &Path, from: u64, to: u64) -> Result<()> {
     #[cfg(test)]
     if FAIL_RESERVE.applies_to(path) {
