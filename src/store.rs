@@ -557,6 +557,13 @@ impl Store {
         self.config.max_body_bytes()
     }
 
+    /// How long a put waits for its record to be durable, or for room
+    /// ([`Config::with_put_timeout`]): for a caller that waits on
+    /// [`PutTicket`]s itself, as `put` would.
+    pub fn put_timeout(&self) -> Duration {
+        self.config.put_timeout
+    }
+
     /// Makes every consumer offset committed before the call durable before
     /// it returns (the flusher otherwise checkpoints them with its next
     /// cycle): they are appended to the commit log as a positions message

@@ -2,7 +2,9 @@
 //! whole or not at all (`send.rs` turns each message into a store message);
 //! `RecallMessage` cancels a timed message's timer.
 
-use delaywheel::CancelOutcome;
+use std::time::Duration;
+
+use delaywheel::{CancelOutcome, PutTicket, Written};
 
 use crate::names;
 use crate::proto::*;
@@ -10,8 +12,35 @@ use crate::send;
 use crate::server::Shared;
 use crate::status::{Refusal, ok};
 
+/// A send's messages, appended (all of them) and not yet durable: the
+/// request waits for its tickets without holding a thread, then
+/// [`Shared::sent`] answers.
+pub(crate) struct Submitted {
+    /// Each message's id, topic and whether it is timed, in input order.
+    ids: Vec<(String, String, bool)>,
+    tickets: Vec<PutTicket>,
+}
+
+impl Submitted {
+    /// Waits until the batch is durable (one sync covers it: its tickets
+    /// share its end), for at most `timeout`.
+    pub(crate) async fn durable(&mut self, timeout: Duration) -> Result<(), delaywheel::Error> {
+        let Some(last) = self.tickets.last_mut() else { return Ok(()) };
+        match tokio::time::timeout(timeout, last).await {
+            Ok(durable) => durable.map(drop),
+            Err(_) => Err(delaywheel::Error::NotYetDurable {
+                written: Written::Batch(self.tickets.iter().map(PutTicket::receipt).collect()),
+                waited_ms: timeout.as_millis() as u64,
+            }),
+        }
+    }
+}
+
 impl Shared {
-    pub(crate) fn send(&self, messages: Vec<Message>) -> SendMessageResponse {
+    /// Checks and appends a send's messages, whole or not at all (run on
+    /// the blocking pool: an append may wait for room); the refusal to
+    /// answer if it does not.
+    pub(crate) fn submit_send(&self, messages: Vec<Message>) -> Result<Submitted, SendMessageResponse> {
         let levels = self.store.delay_levels().len();
         let max_body = self.store.max_body_bytes();
         let mut outgoing = Vec::with_capacity(messages.len());
@@ -22,27 +51,39 @@ impl Shared {
                 Err(refusal) => {
                     // Nothing of a request is stored unless all of it is.
                     self.metrics.send_refusals.increment(1);
-                    return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
+                    return Err(refused(refusal));
                 }
             }
         }
         if outgoing.is_empty() {
-            let refusal = Refusal::field(Code::BadRequest, "messages", "empty");
-            return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
+            return Err(refused(Refusal::field(Code::BadRequest, "messages", "empty")));
         }
         if let Err(refusal) = self.topics.admit(outgoing.iter().map(|o| o.topic.as_str()), "topic.name") {
             self.metrics.send_refusals.increment(outgoing.len() as u64);
-            return SendMessageResponse { status: Some(refusal.status()), entries: vec![] };
+            return Err(refused(refusal));
         }
         let ids: Vec<_> = outgoing.iter().map(|o| (o.message_id.clone(), o.topic.clone(), o.timed)).collect();
-        let receipts = match self.store.put_batch(outgoing.into_iter().map(|o| o.message)) {
-            Ok(receipts) => receipts,
+        match self.store.submit_batch(outgoing.into_iter().map(|o| o.message)) {
+            Ok(tickets) => Ok(Submitted { ids, tickets }),
             Err(e) => {
                 self.metrics.send_refusals.increment(ids.len() as u64);
-                return SendMessageResponse { status: Some(Refusal::from(e).status()), entries: vec![] };
+                Err(refused(Refusal::from(e)))
             }
-        };
-        let entries = ids.into_iter().zip(receipts).map(|((message_id, topic, timed), receipt)| {
+        }
+    }
+
+    /// The answer to a send once [`Submitted::durable`] says how it went.
+    pub(crate) fn sent(
+        &self,
+        submitted: Submitted,
+        durable: Result<(), delaywheel::Error>,
+    ) -> SendMessageResponse {
+        if let Err(e) = durable {
+            self.metrics.send_refusals.increment(submitted.ids.len() as u64);
+            return refused(Refusal::from(e));
+        }
+        let receipts = submitted.tickets.iter().map(PutTicket::receipt);
+        let entries = submitted.ids.into_iter().zip(receipts).map(|((message_id, topic, timed), receipt)| {
             self.metrics.sends.increment(1);
             let recall_handle = match receipt.handle().filter(|_| timed) {
                 Some(handle) => {
@@ -95,4 +136,9 @@ impl Shared {
         };
         answer(status, message_id)
     }
+}
+
+/// A send refused whole.
+fn refused(refusal: Refusal) -> SendMessageResponse {
+    SendMessageResponse { status: Some(refusal.status()), entries: vec![] }
 }

@@ -139,7 +139,15 @@ impl MessagingService for Service {
 
     async fn send_message(&self, request: Request<SendMessageRequest>) -> Answer<SendMessageResponse> {
         let request = request.into_inner();
-        let answer = self.blocking(move |shared| shared.send(request.messages)).await?;
+        let answer = match self.blocking(move |shared| shared.submit_send(request.messages)).await? {
+            Ok(mut submitted) => {
+                // Waited for here, not on the blocking pool: a thread per
+                // request asleep until the sync cost more than the send.
+                let durable = submitted.durable(self.shared.store.put_timeout()).await;
+                self.shared.sent(submitted, durable)
+            }
+            Err(refused) => refused,
+        };
         Ok(Response::new(answer))
     }
 
