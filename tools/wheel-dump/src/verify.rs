@@ -758,8 +758,13 @@ fn check_wheel(
                     why,
                 ));
             }
-            // A pending timer whose segment retention deleted must have a copy.
-            let copied = matches!(relocated.by_offset.get(&e.message_offset), Some(CopyKind::Timer));
+            // A pending timer whose segment retention deleted must have a
+            // copy: of its message, or of the reschedule record that names
+            // it now (the store restores either as a timer).
+            let copied = matches!(
+                relocated.by_offset.get(&e.message_offset),
+                Some(CopyKind::Timer | CopyKind::Reschedule)
+            );
             if !e.cancel && e.message_offset < relocated.log_start && !copied {
                 let why = format!(
                     "slot {index} holds a pending timer (timer-log entry {entry}) of log offset {}, \

@@ -357,3 +357,29 @@ fn a_relocated_timer_due_just_after_the_oldest_retained_record_is_reclaimed_not_
     let doc = json(&out);
     assert_eq!((&doc["lost"], &doc["reclaimed"]), (&0.into(), &1.into()), "{doc}");
 }
+
+/// A timer rescheduled before retention deleted its segments is named by
+/// its reschedule record, whose copy retention relocates: `verify` accepts
+/// that copy for a live slot's pending timer (it accepted only a message's
+/// copy and called the timer deleted without one).
+#[test]
+fn verify_accepts_a_relocated_reschedule_for_a_pending_timer() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(retention_config(dir.path(), &clock)).unwrap();
+    let timer = store.put(delaywheel::Message::new(TOPIC, "far").deliver_at_ms(T0 + DECADE)).unwrap();
+    wait_until(|| store.stats().dispatch_lag_bytes == 0);
+    let moved = store.reschedule(timer.handle().unwrap(), T0 + DECADE + 1_000).unwrap();
+    assert_eq!(moved, delaywheel::RescheduleOutcome::Rescheduled);
+    for round in 0..3 {
+        fill(&store, round);
+    }
+    settle();
+    clock.set_ms(T0 + 2 * HOUR);
+    reclaim_until(&store, |s| s.stats().retention.oldest_retained_offset > timer.offset() + 4_096);
+    store.close().unwrap();
+    let (code, doc) = verify(dir.path());
+    assert_eq!((code, &doc["ok"]), (0, &json!(true)), "{doc}");
+    let audit = json(&dump(dir.path(), &["audit", "--json"]));
+    assert_eq!((&audit["pending"], &audit["lost"]), (&json!(1), &json!(0)), "{audit}");
+}

@@ -140,19 +140,19 @@ pub fn retention_config(dir: &Path, clock: &ManualClock) -> Config {
 }
 
 /// 100 messages of 1,000 bytes: about 1.5 segments.
-fn fill(store: &Store, round: usize) {
+pub fn fill(store: &Store, round: usize) {
     for i in 0..100 {
         store.put(Message::new("Filler", format!("f{round}-{i}-{}", "x".repeat(1_000)))).unwrap();
     }
 }
 
 /// Lets the flusher checkpoint what was put, so retention's floor moves past it.
-fn settle() {
+pub fn settle() {
     std::thread::sleep(Duration::from_millis(60));
 }
 
 /// Reclaims until `done` says so (the floor needs checkpoints after the last put).
-fn reclaim_until(store: &Store, mut done: impl FnMut(&Store) -> bool) {
+pub fn reclaim_until(store: &Store, mut done: impl FnMut(&Store) -> bool) {
     let started = Instant::now();
     loop {
         settle();
