@@ -3,13 +3,12 @@
 //! `open.rs`; the layout of a store directory is `format/layout.rs`.
 
 use std::path::Path;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use crossbeam_channel::Sender;
 
-use crate::buckets::SCHEDULE_TOPIC;
 use crate::commitlog::{CommitLog, RecoveryReport};
 use crate::config::{Config, FlushMode};
 use crate::consume_queue::QueueRegistry;
@@ -19,16 +18,16 @@ use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind, Timing, encode_message};
 use crate::message::{CancelOutcome, Handle, Message, Receipt, RescheduleOutcome, Written, validate_topic};
 use crate::offsets::{OffsetStore, POSITIONS_TOPIC};
-use crate::retention::{ReclaimReport, Retainer, is_size_cap};
+use crate::retention::{ReclaimReport, Retainer};
 use crate::scheduler::SchedulerFront;
 use crate::sealed::SealedHandle;
 use crate::stats::RetentionCounters;
 use crate::threads::Threads;
-use crate::ticket::PutTicket;
 use crate::timer::Timer;
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::WheelShared;
 
+mod puts;
 mod queries;
 
 /// The consumer group of [`Store::consumer`].
@@ -73,210 +72,6 @@ pub(crate) struct Wakes {
 }
 
 impl Store {
-    /// Appends a message. In async flush mode it returns once the message is in
-    /// the page cache (a killed process loses nothing); in sync mode once it is
-    /// on disk. A timed message is delivered into its topic when due, never
-    /// before; its receipt's [`handle`](Receipt::handle) cancels it.
-    ///
-    /// Errors, with nothing written: [`Error::Invalid`] naming the field of a
-    /// message that is not acceptable (topic, body, key, tags, properties,
-    /// timing, queue id); [`Error::Busy`] if the indexes stayed behind for the
-    /// put timeout; [`Error::DiskFull`] or [`Error::SizeCap`] when a new
-    /// segment does not fit; [`Error::Closed`] after close;
-    /// [`Error::Poisoned`] after a failed flush (reopen the store).
-    ///
-    /// One error means the message *was* written: in sync mode, a record
-    /// appended but not yet on disk when the put timeout passes answers
-    /// [`Error::NotYetDurable`] with the receipt. The message stands and is
-    /// delivered (unless a power loss takes it first): do not put it again;
-    /// [`wait_durable`](Self::wait_durable) waits for it.
-    pub fn put(&self, message: Message) -> Result<Receipt> {
-        let (receipt, end) = self.append_message(&message)?;
-        if self.config.flush_mode == FlushMode::Sync {
-            self.wait_durable_for(end, Written::Put(receipt))?;
-        }
-        Ok(receipt)
-    }
-
-    /// Appends a message and returns at once, with a ticket that resolves
-    /// once it is on disk (see [`PutTicket`]): a producer keeps many puts in
-    /// flight, and each sync of the log covers all of them. In sync flush
-    /// mode the committer is woken now; in async mode the ticket resolves at
-    /// the next periodic flush. The message stands as soon as this returns:
-    /// it is delivered, and its handle cancels it, whatever becomes of the ticket.
-    ///
-    /// It never waits for the disk, but like `put` it waits (up to the put
-    /// timeout) while the indexes lag: async code that must never block
-    /// calls it from `spawn_blocking`, and awaits the ticket anywhere.
-    ///
-    /// Errors, with nothing written: those of [`put`](Self::put), but never
-    /// [`Error::NotYetDurable`] (the ticket tells).
-    ///
-    /// ```
-    /// use std::time::Duration;
-    /// use delaywheel::{Config, FlushMode, Message, Store};
-    /// # let dir = tempfile::tempdir()?;
-    /// let store = Store::open(Config::new(dir.path()).with_flush_mode(FlushMode::Sync))?;
-    /// // Thousands in flight from one thread; every sync covers all appended so far.
-    /// let tickets: Vec<_> = (0..1_000)
-    ///     .map(|i| store.submit(Message::new("Retry", format!("job-{i}")).delay(Duration::from_secs(5))))
-    ///     .collect::<Result<_, _>>()?;
-    /// for ticket in &tickets {
-    ///     ticket.wait(Duration::from_secs(10))?; // or `ticket.await` in async code
-    /// }
-    /// # store.close()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn submit(&self, message: Message) -> Result<PutTicket> {
-        let (receipt, end) = self.append_message(&message)?;
-        if self.config.flush_mode == FlushMode::Sync {
-            let _ = self.wakes.commit.try_send(());
-        }
-        Ok(PutTicket::new(receipt, end, Arc::clone(&self.log)))
-    }
-
-    /// Checks and appends one message; returns its receipt and where its record ends.
-    fn append_message(&self, message: &Message) -> Result<(Receipt, u64)> {
-        let queue_id = self.check_message(message)?;
-        self.wait_for_indexes()?;
-        let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
-        if !*accepting {
-            return Err(Error::Closed);
-        }
-        let store_time_ms = self.config.clock.now_ms();
-        let (deliver_at_ms, delay_level) = message.resolve_timing(store_time_ms, &self.levels)?;
-        let fields = message.fields(queue_id, store_time_ms, Timing { deliver_at_ms, delay_level });
-        let len = fields.record_len();
-        let append = || self.log.append(len, |buf, offset| encode_message(buf, offset, &fields));
-        let (offset, prefault) = match append() {
-            Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
-            appended => appended?,
-        };
-        drop(accepting);
-        self.wake_after_append(prefault);
-        let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
-        Ok((Receipt { offset, queue_id, store_time_ms, deliver_at_ms }, offset + len as u64))
-    }
-
-    /// Appends a batch of messages together: all of them or none. In sync
-    /// flush mode it returns once the whole batch is on disk, made durable
-    /// by one sync (shared, like every sync, with whatever else was put
-    /// meanwhile). Receipts come in input order; the records lie one after
-    /// the other in the commit log, in one segment.
-    ///
-    /// Errors, with nothing of the batch written: [`Error::InBatch`] naming
-    /// the position of the first message that is not acceptable and why;
-    /// [`Error::Invalid`] (`"batch"`) for a batch larger than a segment;
-    /// else those of [`put`](Self::put). [`Error::NotYetDurable`] carries
-    /// every receipt ([`Written::Batch`]): the batch stands.
-    ///
-    /// ```
-    /// use delaywheel::{Config, FlushMode, Message, Store};
-    /// # let dir = tempfile::tempdir()?;
-    /// let store = Store::open(Config::new(dir.path()).with_flush_mode(FlushMode::Sync))?;
-    /// let orders = (0..100).map(|i| Message::new("OrderTimeout", format!("order-{i}")).delay_level(16));
-    /// let receipts = store.put_batch(orders)?; // on disk, all 100, after one sync
-    /// assert_eq!(receipts.len(), 100);
-    /// store.cancel(receipts[42].handle().expect("a timer"))?; // order-42 was paid
-    /// # store.close()?;
-    /// # Ok::<(), Box<dyn std::error::Error>>(())
-    /// ```
-    pub fn put_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<Receipt>> {
-        let (receipts, end) = self.append_batch(messages.into_iter().collect())?;
-        if self.config.flush_mode == FlushMode::Sync && !receipts.is_empty() {
-            self.wait_durable_for(end, Written::Batch(receipts.clone()))?;
-        }
-        Ok(receipts)
-    }
-
-    /// Appends a batch like [`put_batch`](Self::put_batch) and returns at
-    /// once, with one ticket per message, in input order (see
-    /// [`submit`](Self::submit)): all of the batch stands, and one sync makes
-    /// all of it durable.
-    ///
-    /// Errors, with nothing of the batch written: those of `put_batch`, but
-    /// never [`Error::NotYetDurable`] (the tickets tell).
-    pub fn submit_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<PutTicket>> {
-        let (receipts, end) = self.append_batch(messages.into_iter().collect())?;
-        if self.config.flush_mode == FlushMode::Sync && !receipts.is_empty() {
-            let _ = self.wakes.commit.try_send(());
-        }
-        // Every ticket waits for the batch's end: the batch is synced as one.
-        let tickets = receipts.into_iter().map(|r| PutTicket::new(r, end, Arc::clone(&self.log)));
-        Ok(tickets.collect())
-    }
-
-    /// Checks and appends a batch, all or nothing; returns the receipts and
-    /// where the batch's last record ends (0 for an empty batch).
-    fn append_batch(&self, messages: Vec<Message>) -> Result<(Vec<Receipt>, u64)> {
-        let in_batch = |index: usize| move |e: Error| Error::InBatch { index, source: Box::new(e) };
-        let queue_ids = (messages.iter().enumerate())
-            .map(|(i, m)| self.check_message(m).map_err(in_batch(i)))
-            .collect::<Result<Vec<u32>>>()?;
-        if messages.is_empty() {
-            return Ok((Vec::new(), 0));
-        }
-        self.wait_for_indexes()?;
-        let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
-        if !*accepting {
-            return Err(Error::Closed);
-        }
-        let store_time_ms = self.config.clock.now_ms();
-        let timings = (messages.iter().enumerate())
-            .map(|(i, m)| m.resolve_timing(store_time_ms, &self.levels).map_err(in_batch(i)))
-            .collect::<Result<Vec<(u64, u16)>>>()?;
-        let fields: Vec<_> = (messages.iter().zip(&queue_ids).zip(&timings))
-            .map(|((m, &queue_id), &(deliver_at_ms, delay_level))| {
-                m.fields(queue_id, store_time_ms, Timing { deliver_at_ms, delay_level })
-            })
-            .collect();
-        let lens: Vec<usize> = fields.iter().map(|f| f.record_len()).collect();
-        let append =
-            || self.log.append_batch(&lens, |i, buf, offset| encode_message(buf, offset, &fields[i]));
-        let (offsets, prefault) = match append() {
-            Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
-            appended => appended?,
-        };
-        drop(accepting);
-        self.wake_after_append(prefault);
-        let receipts: Vec<Receipt> = (offsets.iter().zip(&queue_ids).zip(&timings))
-            .map(|((&offset, &queue_id), &(deliver_at_ms, _))| Receipt {
-                offset,
-                queue_id,
-                store_time_ms,
-                deliver_at_ms: (deliver_at_ms != 0).then_some(deliver_at_ms),
-            })
-            .collect();
-        let end = offsets[offsets.len() - 1] + lens[lens.len() - 1] as u64;
-        Ok((receipts, end))
-    }
-
-    /// Checks a message before it is put: its fields, its topic, its queue.
-    fn check_message(&self, message: &Message) -> Result<u32> {
-        message.validate(self.config.max_body_bytes())?;
-        if message.topic() == SCHEDULE_TOPIC {
-            return Err(Error::invalid(
-                "topic",
-                format!("{SCHEDULE_TOPIC} is reserved for the bucket scheduler"),
-            ));
-        }
-        if message.topic() == POSITIONS_TOPIC {
-            return Err(Error::invalid(
-                "topic",
-                format!("{POSITIONS_TOPIC} is reserved for consumer positions"),
-            ));
-        }
-        message.resolve_queue(self.config.queues_per_topic)
-    }
-
-    /// After an append: the dispatcher indexes it, the prefaulter keeps ahead.
-    fn wake_after_append(&self, prefault: bool) {
-        let _ = self.wakes.dispatch.try_send(());
-        if prefault {
-            let _ = self.wakes.prefault.try_send(());
-        }
-    }
-
     /// Cancels the timer `handle` names. `Cancelled`: it will never fire (a
     /// cancel record is in the commit log), also when asked again, at any
     /// later time; `AlreadyDelivered`: it has fired; `NotFound`: no timed
@@ -478,60 +273,6 @@ impl Store {
                     .is_ok_and(|v| v.timer_deliver_at_ms() == Some(handle.deliver_at_ms))
         });
         matches!(found, Ok((true, _)))
-    }
-
-    /// Back-pressure: waits while the indexes are more than the configured lag
-    /// behind the commit log, up to the put timeout, then answers `Busy`
-    /// (or `DiskFull` at once if an index waits for room). The lag is the
-    /// dispatcher's, which hands timers on to the wheel through a queue of
-    /// up to 65,536; while a full disk stalls an index it runs to what the
-    /// wheel holds, so a wheel stopped for want of room stops puts too.
-    /// (Counting the wheel's queue always cost a fifth of the async put
-    /// rate on the 1 M burst.)
-    ///
-    /// In sync flush mode the indexes take only what is on disk, so the lag
-    /// runs from the durable end: records not yet synced are the committer's
-    /// to catch up (pipelined puts keep many in flight), not the indexes'.
-    fn wait_for_indexes(&self) -> Result<()> {
-        let indexable = || match self.config.flush_mode {
-            FlushMode::Sync => self.log.durable_end(),
-            FlushMode::Async => self.log.write_end(),
-        };
-        let indexed = || match self.stall.is_stalled() {
-            true => self.indexed_below(),
-            false => self.dispatched.load(Ordering::Acquire),
-        };
-        let lag = || indexable().saturating_sub(indexed());
-        if lag() <= self.config.max_index_lag {
-            return Ok(());
-        }
-        let started = std::time::Instant::now();
-        while lag() > self.config.max_index_lag {
-            self.stall.check()?;
-            if started.elapsed() >= self.config.put_timeout {
-                let waited_ms = started.elapsed().as_millis() as u64;
-                return Err(Error::Busy { lag_bytes: lag(), waited_ms });
-            }
-            self.log.check_poison()?;
-            let _ = self.wakes.dispatch.try_send(());
-            std::thread::sleep(Duration::from_micros(500));
-        }
-        Ok(())
-    }
-
-    /// Back-pressure at the size cap: wakes retention and retries `append`
-    /// until it fits or the put timeout passes, then returns the cap error.
-    fn wait_for_retention<T>(&self, append: impl Fn() -> Result<T>, mut last: Error) -> Result<T> {
-        let started = std::time::Instant::now();
-        while started.elapsed() < self.config.put_timeout {
-            let _ = self.wakes.retention.try_send(());
-            std::thread::sleep(Duration::from_millis(2));
-            match append() {
-                Err(e) if is_size_cap(&e) => last = e,
-                appended => return appended,
-            }
-        }
-        Err(last)
     }
 
     /// `Ok` while the store works. Once a background failure stopped it (a
