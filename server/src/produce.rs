@@ -12,6 +12,22 @@ use crate::send;
 use crate::server::Shared;
 use crate::status::{Refusal, ok};
 
+/// A send's messages, checked and made store messages: appended whole or
+/// not at all.
+pub(crate) struct Checked {
+    /// Each message's id, topic and whether it is timed, in input order.
+    ids: Vec<(String, String, bool)>,
+    messages: Vec<delaywheel::Message>,
+}
+
+impl Checked {
+    /// The send, appended: `tickets` are its messages'.
+    pub(crate) fn submitted(self, tickets: Vec<PutTicket>) -> Submitted {
+        debug_assert_eq!(tickets.len(), self.ids.len());
+        Submitted { ids: self.ids, tickets }
+    }
+}
+
 /// A send's messages, appended (all of them) and not yet durable: the
 /// request waits for its tickets without holding a thread, then
 /// [`Shared::sent`] answers.
@@ -37,10 +53,9 @@ impl Submitted {
 }
 
 impl Shared {
-    /// Checks and appends a send's messages, whole or not at all (run on
-    /// the blocking pool: an append may wait for room); the refusal to
-    /// answer if it does not.
-    pub(crate) fn submit_send(&self, messages: Vec<Message>) -> Result<Submitted, SendMessageResponse> {
+    /// Checks a send's messages, whole or not at all: the refusal to answer
+    /// if any is not acceptable or would pass the server's topic cap.
+    pub(crate) fn check_send(&self, messages: Vec<Message>) -> Result<Checked, SendMessageResponse> {
         let levels = self.store.delay_levels().len();
         let max_body = self.store.max_body_bytes();
         let mut outgoing = Vec::with_capacity(messages.len());
@@ -62,8 +77,29 @@ impl Shared {
             self.metrics.send_refusals.increment(outgoing.len() as u64);
             return Err(refused(refusal));
         }
-        let ids: Vec<_> = outgoing.iter().map(|o| (o.message_id.clone(), o.topic.clone(), o.timed)).collect();
-        match self.store.submit_batch(outgoing.into_iter().map(|o| o.message)) {
+        let (ids, messages) =
+            outgoing.into_iter().map(|o| ((o.message_id, o.topic, o.timed), o.message)).unzip();
+        Ok(Checked { ids, messages })
+    }
+
+    /// Appends a checked send if that takes no wait (on an async caller's
+    /// own thread): its tickets, or `None`, with nothing appended, where it
+    /// would wait.
+    pub(crate) fn try_submit_send(
+        &self,
+        checked: &Checked,
+    ) -> Result<Option<Vec<PutTicket>>, SendMessageResponse> {
+        self.store.try_submit_batch(&checked.messages).map_err(|e| {
+            self.metrics.send_refusals.increment(checked.ids.len() as u64);
+            refused(Refusal::from(e))
+        })
+    }
+
+    /// Appends a checked send, waiting as long as the store makes a put wait
+    /// (run on the blocking pool: for room, for the indexes, for a new segment).
+    pub(crate) fn submit_send(&self, checked: Checked) -> Result<Submitted, SendMessageResponse> {
+        let Checked { ids, messages } = checked;
+        match self.store.submit_batch(messages) {
             Ok(tickets) => Ok(Submitted { ids, tickets }),
             Err(e) => {
                 self.metrics.send_refusals.increment(ids.len() as u64);

@@ -11,6 +11,7 @@ use tokio_stream::{Stream, StreamExt as _};
 use tonic::{Request, Response, Status as GrpcStatus, Streaming};
 
 use crate::names;
+use crate::produce::Checked;
 use crate::proto::messaging_service_server::MessagingService;
 use crate::proto::*;
 use crate::receive::{
@@ -56,6 +57,26 @@ impl Service {
         tokio::task::spawn_blocking(move || work(&shared))
             .await
             .map_err(|e| GrpcStatus::internal(format!("the store task failed: {e}")))
+    }
+
+    /// Appends a checked send and answers once it is durable. The append
+    /// runs here when it takes no wait (most do: a copy into the log's
+    /// mapped tail), else on the blocking pool; the durability is awaited
+    /// here, not on the pool (a thread asleep per request until the sync
+    /// cost more than the send).
+    async fn send(&self, checked: Checked) -> Result<SendMessageResponse, GrpcStatus> {
+        let submitted = match self.shared.try_submit_send(&checked) {
+            Ok(Some(tickets)) => Ok(checked.submitted(tickets)),
+            Ok(None) => self.blocking(move |shared| shared.submit_send(checked)).await?,
+            Err(refused) => Err(refused),
+        };
+        Ok(match submitted {
+            Ok(mut submitted) => {
+                let durable = submitted.durable(self.shared.store.put_timeout()).await;
+                self.shared.sent(submitted, durable)
+            }
+            Err(refused) => refused,
+        })
     }
 }
 
@@ -138,14 +159,8 @@ impl MessagingService for Service {
     }
 
     async fn send_message(&self, request: Request<SendMessageRequest>) -> Answer<SendMessageResponse> {
-        let request = request.into_inner();
-        let answer = match self.blocking(move |shared| shared.submit_send(request.messages)).await? {
-            Ok(mut submitted) => {
-                // Waited for here, not on the blocking pool: a thread per
-                // request asleep until the sync cost more than the send.
-                let durable = submitted.durable(self.shared.store.put_timeout()).await;
-                self.shared.sent(submitted, durable)
-            }
+        let answer = match self.shared.check_send(request.into_inner().messages) {
+            Ok(checked) => self.send(checked).await?,
             Err(refused) => refused,
         };
         Ok(Response::new(answer))

@@ -540,6 +540,51 @@ async fn one_receive_hands_out_a_bounded_number_of_bytes() {
     server.stop().await;
 }
 
+/// A send is appended on the async thread when that takes no wait, else
+/// on the blocking pool: sends that need new segments (file work, left to
+/// the pool) are stored like the rest, each message once. (Small segments:
+/// a receive's retry copies are one batch, which must fit in one.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sends_across_segment_rolls_are_each_stored_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = store_config(dir.path()).with_queues_per_topic(2).with_segment_size(256 << 10);
+    let mut server =
+        start_on(Store::open(config).unwrap(), ServeOptions::loopback(HandleKey::from_bytes([3; 32]))).await;
+    let sends = (0..8).map(|sender| {
+        let mut client = server.client.clone();
+        tokio::spawn(async move {
+            for request in 0..20 {
+                let batch = (0..4)
+                    .map(|i| {
+                        let mut m = message("Rolls", &format!("s{sender}r{request}m{i}"), "", None);
+                        m.body = format!("{sender}.{request}.{i}.{}", "z".repeat(1000)).into_bytes();
+                        m
+                    })
+                    .collect();
+                assert_eq!(code(&send(&mut client, batch).await.status), Code::Ok);
+            }
+        })
+    });
+    for sender in sends.collect::<Vec<_>>() {
+        sender.await.unwrap();
+    }
+    heartbeat(&mut server.client, "G").await;
+    let mut bodies = std::collections::BTreeSet::new();
+    let mut received = 0;
+    while received < 640 {
+        let (got, status) =
+            receive(&mut server.client, "G", "Rolls", Duration::from_secs(30), Duration::from_secs(5)).await;
+        assert!(!got.is_empty(), "{received} of 640 received: {status:?}");
+        received += got.len();
+        bodies
+            .extend(got.iter().map(|m| String::from_utf8_lossy(&m.body[..m.body.len() - 1001]).into_owned()));
+    }
+    assert_eq!((received, bodies.len()), (640, 640), "each of 8 x 20 x 4 once");
+    let segments = std::fs::read_dir(dir.path().join("commitlog")).unwrap().count();
+    assert!(segments >= 3, "640 KB of messages in 256 KiB segments: {segments} files");
+    server.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_request_over_the_size_limit_is_resource_exhausted() {
     let dir = tempfile::tempdir().unwrap();

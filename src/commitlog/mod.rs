@@ -17,7 +17,7 @@ use std::borrow::Borrow;
 use std::collections::{BTreeMap, HashMap};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, RwLock};
+use std::sync::{Arc, Condvar, Mutex, RwLock, TryLockError};
 use std::task::Waker;
 use std::time::Duration;
 
@@ -268,20 +268,39 @@ impl CommitLog {
         self.append_batch_inner(lens, encode, true)
     }
 
+    /// Like [`append_batch`](Self::append_batch), but only if that takes no
+    /// wait: `None`, with nothing written, if another append holds the tail
+    /// or the batch needs a new segment (making one is file work). For an
+    /// async caller, which appends on its own thread when it can and hands
+    /// the batch to a thread that may block when it cannot.
+    pub fn try_append_batch(
+        &self,
+        lens: &[usize],
+        encode: impl FnMut(usize, &mut [u8], u64),
+    ) -> Result<Option<(Vec<u64>, bool)>> {
+        let total = self.batch_len(lens)?;
+        self.check_poison()?;
+        let mut tail = match self.tail.try_lock() {
+            Ok(tail) => tail,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        if tail.end + total > tail.base + self.segment_size {
+            return Ok(None);
+        }
+        Ok(Some(self.write_batch(&mut tail, lens, encode)))
+    }
+
     fn append_batch_inner(
         &self,
         lens: &[usize],
-        mut encode: impl FnMut(usize, &mut [u8], u64),
+        encode: impl FnMut(usize, &mut [u8], u64),
         reserved: bool,
     ) -> Result<(Vec<u64>, bool)> {
-        let total: u64 = lens.iter().map(|&len| len as u64).sum();
-        let room = self.segment_size - FILE_HEADER_LEN as u64;
-        if total > room {
-            return Err(Error::invalid(
-                "batch",
-                format!("{total} bytes of records do not fit in one segment ({room} bytes): split the batch"),
-            ));
-        }
+        let total = self.batch_len(lens)?;
         self.check_poison()?;
         let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
         if self.closed.load(Ordering::Acquire) {
@@ -290,7 +309,32 @@ impl CommitLog {
         if tail.end + total > tail.base + self.segment_size {
             self.roll(&mut tail, reserved)?;
         }
+        Ok(self.write_batch(&mut tail, lens, encode))
+    }
+
+    /// The bytes of a batch of records of `lens`, if they fit in one segment.
+    fn batch_len(&self, lens: &[usize]) -> Result<u64> {
+        let total: u64 = lens.iter().map(|&len| len as u64).sum();
+        let room = self.segment_size - FILE_HEADER_LEN as u64;
+        if total > room {
+            return Err(Error::invalid(
+                "batch",
+                format!("{total} bytes of records do not fit in one segment ({room} bytes): split the batch"),
+            ));
+        }
+        Ok(total)
+    }
+
+    /// Writes and publishes a batch that fits in the tail segment; returns
+    /// the offsets and whether the prefaulter should be woken.
+    fn write_batch(
+        &self,
+        tail: &mut Tail,
+        lens: &[usize],
+        mut encode: impl FnMut(usize, &mut [u8], u64),
+    ) -> (Vec<u64>, bool) {
         let (base, mut at) = (tail.base, tail.end);
+        debug_assert!(at + lens.iter().map(|&len| len as u64).sum::<u64>() <= base + self.segment_size);
         let mut offsets = Vec::with_capacity(lens.len());
         for (i, &len) in lens.iter().enumerate() {
             encode(i, tail.writer.unpublished_mut((at - base) as usize, len), at);
@@ -300,7 +344,7 @@ impl CommitLog {
         tail.writer.publish((at - base) as usize);
         tail.end = at;
         self.write_end.store(at, Ordering::Release);
-        Ok((offsets, self.needs_prefault(&tail)))
+        (offsets, self.needs_prefault(tail))
     }
 
     fn append_inner(

@@ -2,15 +2,15 @@
 //! handing back tickets (`submit`), and the back-pressure a put meets when
 //! the indexes lag or the log is at its size cap.
 
-use std::sync::Arc;
 use std::sync::atomic::Ordering;
+use std::sync::{Arc, TryLockError};
 use std::time::Duration;
 
 use super::Store;
 use crate::buckets::SCHEDULE_TOPIC;
 use crate::config::FlushMode;
 use crate::error::{Error, Result};
-use crate::format::record::{Timing, encode_message};
+use crate::format::record::{MessageFields, Timing, encode_message};
 use crate::message::{Message, Receipt, Written};
 use crate::offsets::POSITIONS_TOPIC;
 use crate::retention::is_size_cap;
@@ -126,7 +126,8 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn put_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<Receipt>> {
-        let (receipts, end) = self.append_batch(messages.into_iter().collect())?;
+        let messages: Vec<Message> = messages.into_iter().collect();
+        let (receipts, end) = self.append_batch(&messages)?;
         if self.config.flush_mode == FlushMode::Sync && !receipts.is_empty() {
             self.wait_durable_for(end, Written::Batch(receipts.clone()))?;
         }
@@ -141,22 +142,72 @@ impl Store {
     /// Errors, with nothing of the batch written: those of `put_batch`, but
     /// never [`Error::NotYetDurable`] (the tickets tell).
     pub fn submit_batch(&self, messages: impl IntoIterator<Item = Message>) -> Result<Vec<PutTicket>> {
-        let (receipts, end) = self.append_batch(messages.into_iter().collect())?;
+        let messages: Vec<Message> = messages.into_iter().collect();
+        let (receipts, end) = self.append_batch(&messages)?;
+        Ok(self.tickets(receipts, end))
+    }
+
+    /// [`submit_batch`](Self::submit_batch), but only if it takes no wait:
+    /// `Ok(None)`, with nothing written, where `submit_batch` would wait —
+    /// for the indexes to catch up, for another append, for a new segment to
+    /// be made (file work), for close. For async code, which appends on its
+    /// own thread when it can and otherwise hands the batch to one that may
+    /// block (`spawn_blocking`), where `submit_batch` waits as long as it must.
+    ///
+    /// Errors, with nothing written: those of `submit_batch` that need no
+    /// wait to find (a message not acceptable, a closed or poisoned store).
+    ///
+    /// ```
+    /// use delaywheel::{Config, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let batch = vec![Message::new("Retry", "job-1").delay_level(1)];
+    /// let tickets = match store.try_submit_batch(&batch)? {
+    ///     Some(tickets) => tickets,
+    ///     None => store.submit_batch(batch)?, // from a thread that may block
+    /// };
+    /// assert_eq!(tickets.len(), 1);
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn try_submit_batch(&self, messages: &[Message]) -> Result<Option<Vec<PutTicket>>> {
+        let queue_ids = self.check_batch(messages)?;
+        if messages.is_empty() {
+            return Ok(Some(Vec::new()));
+        }
+        if self.index_lag() > self.config.max_index_lag {
+            return Ok(None);
+        }
+        let accepting = match self.accepting.try_read() {
+            Ok(accepting) => accepting,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return Ok(None),
+        };
+        if !*accepting {
+            return Err(Error::Closed);
+        }
+        let batch = self.encode_batch(messages, queue_ids)?;
+        let appended =
+            self.log.try_append_batch(&batch.lens, |i, buf, at| encode_message(buf, at, &batch.fields[i]));
+        drop(accepting);
+        let Some((offsets, prefault)) = appended? else { return Ok(None) };
+        let (receipts, end) = self.appended(&batch, &offsets, prefault);
+        Ok(Some(self.tickets(receipts, end)))
+    }
+
+    /// The tickets of a batch appended up to `end`, the committer woken.
+    fn tickets(&self, receipts: Vec<Receipt>, end: u64) -> Vec<PutTicket> {
         if self.config.flush_mode == FlushMode::Sync && !receipts.is_empty() {
             let _ = self.wakes.commit.try_send(());
         }
         // Every ticket waits for the batch's end: the batch is synced as one.
-        let tickets = receipts.into_iter().map(|r| PutTicket::new(r, end, Arc::clone(&self.log)));
-        Ok(tickets.collect())
+        receipts.into_iter().map(|r| PutTicket::new(r, end, Arc::clone(&self.log))).collect()
     }
 
     /// Checks and appends a batch, all or nothing; returns the receipts and
     /// where the batch's last record ends (0 for an empty batch).
-    fn append_batch(&self, messages: Vec<Message>) -> Result<(Vec<Receipt>, u64)> {
-        let in_batch = |index: usize| move |e: Error| Error::InBatch { index, source: Box::new(e) };
-        let queue_ids = (messages.iter().enumerate())
-            .map(|(i, m)| self.check_message(m).map_err(in_batch(i)))
-            .collect::<Result<Vec<u32>>>()?;
+    fn append_batch(&self, messages: &[Message]) -> Result<(Vec<Receipt>, u64)> {
+        let queue_ids = self.check_batch(messages)?;
         if messages.is_empty() {
             return Ok((Vec::new(), 0));
         }
@@ -165,34 +216,62 @@ impl Store {
         if !*accepting {
             return Err(Error::Closed);
         }
+        let batch = self.encode_batch(messages, queue_ids)?;
+        let append =
+            || self.log.append_batch(&batch.lens, |i, buf, at| encode_message(buf, at, &batch.fields[i]));
+        let (offsets, prefault) = match append() {
+            Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
+            appended => appended?,
+        };
+        drop(accepting);
+        Ok(self.appended(&batch, &offsets, prefault))
+    }
+
+    /// Each message's queue, or the first that is not acceptable ([`Error::InBatch`]).
+    fn check_batch(&self, messages: &[Message]) -> Result<Vec<u32>> {
+        (messages.iter().enumerate())
+            .map(|(index, m)| {
+                self.check_message(m).map_err(|e| Error::InBatch { index, source: Box::new(e) })
+            })
+            .collect()
+    }
+
+    /// A checked batch's records, ready to append: timed as of now.
+    fn encode_batch<'a>(&self, messages: &'a [Message], queue_ids: Vec<u32>) -> Result<Batch<'a>> {
         let store_time_ms = self.config.clock.now_ms();
         let timings = (messages.iter().enumerate())
-            .map(|(i, m)| m.resolve_timing(store_time_ms, &self.levels).map_err(in_batch(i)))
+            .map(|(index, m)| {
+                let timing = m.resolve_timing(store_time_ms, &self.levels);
+                timing.map_err(|e| Error::InBatch { index, source: Box::new(e) })
+            })
             .collect::<Result<Vec<(u64, u16)>>>()?;
         let fields: Vec<_> = (messages.iter().zip(&queue_ids).zip(&timings))
             .map(|((m, &queue_id), &(deliver_at_ms, delay_level))| {
                 m.fields(queue_id, store_time_ms, Timing { deliver_at_ms, delay_level })
             })
             .collect();
-        let lens: Vec<usize> = fields.iter().map(|f| f.record_len()).collect();
-        let append =
-            || self.log.append_batch(&lens, |i, buf, offset| encode_message(buf, offset, &fields[i]));
-        let (offsets, prefault) = match append() {
-            Err(e) if is_size_cap(&e) => self.wait_for_retention(append, e)?,
-            appended => appended?,
-        };
-        drop(accepting);
+        let lens = fields.iter().map(|f| f.record_len()).collect();
+        Ok(Batch { store_time_ms, queue_ids, timings, fields, lens })
+    }
+
+    /// After a batch was appended at `offsets`: wakes the indexes; returns
+    /// the receipts and where the batch ends.
+    fn appended(&self, batch: &Batch<'_>, offsets: &[u64], prefault: bool) -> (Vec<Receipt>, u64) {
+        debug_assert_eq!(offsets.len(), batch.lens.len());
         self.wake_after_append(prefault);
-        let receipts: Vec<Receipt> = (offsets.iter().zip(&queue_ids).zip(&timings))
+        let receipts: Vec<Receipt> = (offsets.iter().zip(&batch.queue_ids).zip(&batch.timings))
             .map(|((&offset, &queue_id), &(deliver_at_ms, _))| Receipt {
                 offset,
                 queue_id,
-                store_time_ms,
+                store_time_ms: batch.store_time_ms,
                 deliver_at_ms: (deliver_at_ms != 0).then_some(deliver_at_ms),
             })
             .collect();
-        let end = offsets[offsets.len() - 1] + lens[lens.len() - 1] as u64;
-        Ok((receipts, end))
+        let end = match (offsets.last(), batch.lens.last()) {
+            (Some(&offset), Some(&len)) => offset + len as u64,
+            _ => 0,
+        };
+        (receipts, end)
     }
 
     /// Checks a message before it is put: its fields, its topic, its queue.
@@ -234,15 +313,7 @@ impl Store {
     /// runs from the durable end: records not yet synced are the committer's
     /// to catch up (pipelined puts keep many in flight), not the indexes'.
     fn wait_for_indexes(&self) -> Result<()> {
-        let indexable = || match self.config.flush_mode {
-            FlushMode::Sync => self.log.durable_end(),
-            FlushMode::Async => self.log.write_end(),
-        };
-        let indexed = || match self.stall.is_stalled() {
-            true => self.indexed_below(),
-            false => self.dispatched.load(Ordering::Acquire),
-        };
-        let lag = || indexable().saturating_sub(indexed());
+        let lag = || self.index_lag();
         if lag() <= self.config.max_index_lag {
             return Ok(());
         }
@@ -260,6 +331,20 @@ impl Store {
         Ok(())
     }
 
+    /// How far the indexes are behind what they may index (see
+    /// [`wait_for_indexes`](Self::wait_for_indexes)).
+    fn index_lag(&self) -> u64 {
+        let indexable = match self.config.flush_mode {
+            FlushMode::Sync => self.log.durable_end(),
+            FlushMode::Async => self.log.write_end(),
+        };
+        let indexed = match self.stall.is_stalled() {
+            true => self.indexed_below(),
+            false => self.dispatched.load(Ordering::Acquire),
+        };
+        indexable.saturating_sub(indexed)
+    }
+
     /// Back-pressure at the size cap: wakes retention and retries `append`
     /// until it fits or the put timeout passes, then returns the cap error.
     fn wait_for_retention<T>(&self, append: impl Fn() -> Result<T>, mut last: Error) -> Result<T> {
@@ -274,4 +359,14 @@ impl Store {
         }
         Err(last)
     }
+}
+
+/// A checked batch, encoded as records to append.
+struct Batch<'a> {
+    store_time_ms: u64,
+    queue_ids: Vec<u32>,
+    /// Each message's deliver time (0 for none) and delay level.
+    timings: Vec<(u64, u16)>,
+    fields: Vec<MessageFields<'a>>,
+    lens: Vec<usize>,
 }

@@ -2,6 +2,7 @@ use std::time::Duration;
 
 use super::*;
 use crate::mmap::FAIL_FLUSH;
+use crate::ticket::PutTicket;
 
 /// Every outstanding ticket fails once a flush fails: blocking, as a
 /// future, and in a batch of thousands in flight.
@@ -101,6 +102,42 @@ fn put_once_there_is_room(store: &Store, message: Message) {
         assert!(started.elapsed() < Duration::from_secs(5), "still refused once room is back: {e}");
         std::thread::sleep(crate::stall::RETRY);
     }
+}
+
+/// `try_submit_batch` appends where nothing waits; a batch that needs a new
+/// segment (file work) it leaves whole, writing nothing, to `submit_batch`,
+/// which makes the segment; a message not acceptable is refused as by
+/// `submit_batch`.
+#[test]
+fn try_submit_batch_appends_without_waiting_and_leaves_a_roll_to_submit_batch() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config::new(dir.path())
+        .with_segment_size(crate::MIN_SEGMENT_SIZE)
+        .with_queues_per_topic(1)
+        .with_flush_mode(FlushMode::Sync);
+    let store = Store::open(config).unwrap();
+    let batch = |tag: &str| -> Vec<Message> {
+        (0..38).map(|i| Message::new("B", format!("{tag}{i:04}{}", "z".repeat(1000)))).collect()
+    };
+    let first = store.try_submit_batch(&batch("a")).unwrap().expect("the first batch fits the segment");
+    assert_eq!(first.len(), 38);
+    for ticket in &first {
+        ticket.wait(Duration::from_secs(10)).unwrap();
+    }
+    let end = store.log.write_end();
+    assert!(store.try_submit_batch(&batch("b")).unwrap().is_none(), "the second needs a new segment");
+    assert_eq!(store.log.write_end(), end, "nothing of it written");
+    let bad = [Message::new("B", "fine"), Message::new("not a topic", "x")];
+    let refused = store.try_submit_batch(&bad);
+    assert!(matches!(refused, Err(Error::InBatch { index: 1, .. })), "{refused:?}");
+    for ticket in store.submit_batch(batch("b")).unwrap() {
+        ticket.wait(Duration::from_secs(10)).unwrap();
+    }
+    let mut consumer = store.consumer("B", 0).unwrap();
+    let got = bodies_of(&mut consumer, 77, Duration::from_secs(2));
+    let tags: String = got.iter().map(|b| &b[..1]).collect();
+    assert_eq!(tags, format!("{}{}", "a".repeat(38), "b".repeat(38)), "each batch once, in order");
+    store.close().unwrap();
 }
 
 /// A batch that needs a new segment the disk has no room for fails

@@ -23,7 +23,10 @@ pub async fn start(dir: &std::path::Path) -> Running {
 
 pub async fn start_with(dir: &std::path::Path, options: ServeOptions) -> Running {
     let config = store_config(dir).with_queues_per_topic(2);
-    let store = Store::open(config).unwrap();
+    start_on(Store::open(config).unwrap(), options).await
+}
+
+pub async fn start_on(store: Store, options: ServeOptions) -> Running {
     let server = Server::bind(store, options).await.unwrap();
     let (grpc, http) = (server.grpc_addr(), server.http_addr().unwrap());
     let (stop, stopped) = tokio::sync::oneshot::channel();
