@@ -25,6 +25,7 @@ use crate::format::{
 };
 use crate::fs::sync_dir;
 use crate::mmap::{MapWriter, Mapped};
+use crate::sync::{Locked, ReadWrite};
 
 /// How far ahead of a queue's last entry the prefault thread keeps pages faulted in.
 const PREFAULT_AHEAD: usize = 256 << 10;
@@ -107,7 +108,7 @@ impl ConsumeQueue {
     /// next file) leaves the entries before it appended: see
     /// [`last`](Self::last).
     pub fn append_all(&self, entries: impl IntoIterator<Item = Entry>) -> Result<()> {
-        let mut slot = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let mut slot = self.writer.locked();
         for entry in entries {
             let index = self.len();
             let (file_no, at) = self.position(index);
@@ -126,7 +127,7 @@ impl ConsumeQueue {
     /// The file to append to from entry `file_no * per_file` on: the spare if
     /// it is that file, otherwise made now. Readers see it from here on.
     fn next_file(&self, file_no: u64) -> Result<MapWriter> {
-        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = self.spare.locked();
         let writer = match spare.take() {
             Some((no, writer)) if no == file_no => writer,
             other => {
@@ -134,7 +135,7 @@ impl ConsumeQueue {
                 self.create_file(file_no)?
             }
         };
-        self.files.write().unwrap_or_else(|e| e.into_inner()).insert(file_no, Arc::clone(writer.shared()));
+        self.files.writing().insert(file_no, Arc::clone(writer.shared()));
         Ok(writer)
     }
 
@@ -154,11 +155,11 @@ impl ConsumeQueue {
         }
         // The dispatcher takes this lock to move to another file, so while it
         // is held the file of the last entry stays the same.
-        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = self.spare.locked();
         let len = self.len();
         let file_no = len / self.per_file;
         // At a file boundary the next file is the dispatcher's to make.
-        let started = self.files.read().unwrap_or_else(|e| e.into_inner()).contains_key(&file_no);
+        let started = self.files.reading().contains_key(&file_no);
         if !started || len % self.per_file < (self.per_file / 4).max(1) {
             return Ok(false);
         }
@@ -181,7 +182,7 @@ impl ConsumeQueue {
 
     /// Removes the spare, if any (at close: nothing appends any more).
     fn discard_spare(&self) -> Result<()> {
-        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let spare = self.spare.locked().take();
         match spare {
             Some((file_no, writer)) => self.remove_spare(file_no, writer),
             None => Ok(()),
@@ -237,12 +238,12 @@ impl ConsumeQueue {
 
     /// Files on disk: the readable ones and the spare, if any.
     fn file_count(&self) -> u64 {
-        let spare = self.spare.lock().unwrap_or_else(|e| e.into_inner()).is_some();
-        self.files.read().unwrap_or_else(|e| e.into_inner()).len() as u64 + u64::from(spare)
+        let spare = self.spare.locked().is_some();
+        self.files.reading().len() as u64 + u64::from(spare)
     }
 
     fn file(&self, file_no: u64) -> Option<Arc<Mapped>> {
-        self.files.read().unwrap_or_else(|e| e.into_inner()).get(&file_no).cloned()
+        self.files.reading().get(&file_no).cloned()
     }
 
     /// Reads entry `index` from `file`, the file holding it if there is one.
@@ -255,7 +256,7 @@ impl ConsumeQueue {
             Error::corruption(path(), at as u64, CorruptionKind::BadReference(why))
         })?;
         Entry::decode(bytes, index).or_else(|problem| {
-            if let Some(entry) = self.repaired.lock().unwrap_or_else(|e| e.into_inner()).get(&index) {
+            if let Some(entry) = self.repaired.locked().get(&index) {
                 return Ok(*entry);
             }
             let kind = match problem {
@@ -287,14 +288,14 @@ impl ConsumeQueue {
     /// as they are (readers may hold them); after a reopen the repair is made
     /// again when the entries are met.
     pub fn repair(&self, from: u64, entries: &[Entry]) {
-        let mut repaired = self.repaired.lock().unwrap_or_else(|e| e.into_inner());
+        let mut repaired = self.repaired.locked();
         repaired.extend((from..).zip(entries.iter().copied()));
     }
 
     /// Index of the oldest entry still on disk (retention deletes whole
     /// files of entries whose records it deleted).
     pub fn first_index(&self) -> u64 {
-        let files = self.files.read().unwrap_or_else(|e| e.into_inner());
+        let files = self.files.reading();
         files.keys().next().map_or(self.len(), |file_no| file_no * self.per_file)
     }
 
@@ -302,9 +303,9 @@ impl ConsumeQueue {
     /// (records retention deleted), never the file being appended to.
     /// Returns how many it deleted.
     pub fn delete_files_below(&self, log_start: u64) -> Result<u64> {
-        let writing = self.writer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|(no, _)| *no);
+        let writing = self.writer.locked().as_ref().map(|(no, _)| *no);
         let candidates: Vec<(u64, Arc<Mapped>)> = {
-            let files = self.files.read().unwrap_or_else(|e| e.into_inner());
+            let files = self.files.reading();
             files.iter().map(|(no, file)| (*no, Arc::clone(file))).collect()
         };
         let mut deleted = 0;
@@ -321,7 +322,7 @@ impl ConsumeQueue {
             if !points_below {
                 break;
             }
-            self.files.write().unwrap_or_else(|e| e.into_inner()).remove(&file_no);
+            self.files.writing().remove(&file_no);
             let path = self.file_path(file_no);
             crate::fs::remove_file(&path)?;
             deleted += 1;
@@ -334,16 +335,16 @@ impl ConsumeQueue {
 
     /// Wakes every consumer waiting on this queue.
     pub fn notify(&self) {
-        let mut waiters = self.waiters.lock().unwrap_or_else(|e| e.into_inner());
+        let mut waiters = self.waiters.locked();
         waiters.retain(|w| !matches!(w.try_send(()), Err(TrySendError::Disconnected(()))));
         drop(waiters);
-        let woken = std::mem::take(&mut *self.wakers.lock().unwrap_or_else(|e| e.into_inner()));
+        let woken = std::mem::take(&mut *self.wakers.locked());
         woken.into_iter().for_each(Waker::wake);
     }
 
     /// Wakes the task of `waker` at the next append (once).
     pub fn wake_on_append(&self, waker: &Waker) {
-        let mut wakers = self.wakers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut wakers = self.wakers.locked();
         if !wakers.iter().any(|w| w.will_wake(waker)) {
             wakers.push(waker.clone());
         }
@@ -352,13 +353,13 @@ impl ConsumeQueue {
     /// A receiver that gets a token whenever entries are appended.
     pub fn subscribe(&self) -> Receiver<()> {
         let (tx, rx) = crossbeam_channel::bounded(1);
-        self.waiters.lock().unwrap_or_else(|e| e.into_inner()).push(tx);
+        self.waiters.locked().push(tx);
         rx
     }
 
     /// Syncs entries appended since the last flush.
     pub fn flush(&self) -> Result<()> {
-        let mut flushed = self.flushed.lock().unwrap_or_else(|e| e.into_inner());
+        let mut flushed = self.flushed.locked();
         let len = self.len();
         let mut index = *flushed;
         while index < len {
@@ -403,10 +404,10 @@ impl ConsumeQueue {
                 sync_dir(&queue.dir)?;
             }
         }
-        *queue.files.write().unwrap_or_else(|e| e.into_inner()) = files;
-        *queue.writer.lock().unwrap_or_else(|e| e.into_inner()) = tail;
+        *queue.files.writing() = files;
+        *queue.writer.locked() = tail;
         queue.len.store(len, Ordering::Release);
-        *queue.flushed.lock().unwrap_or_else(|e| e.into_inner()) = len;
+        *queue.flushed.locked() = len;
         Ok(queue)
     }
 
@@ -505,16 +506,11 @@ impl QueueRegistry {
     }
 
     pub fn get_or_create(&self, topic: &str, queue_id: u32) -> Arc<ConsumeQueue> {
-        let found = self
-            .queues
-            .read()
-            .unwrap_or_else(|e| e.into_inner())
-            .get(topic)
-            .and_then(|q| q.get(&queue_id).cloned());
+        let found = self.queues.reading().get(topic).and_then(|q| q.get(&queue_id).cloned());
         if let Some(queue) = found {
             return queue;
         }
-        let mut queues = self.queues.write().unwrap_or_else(|e| e.into_inner());
+        let mut queues = self.queues.writing();
         let dir = self.root.join(topic).join(queue_id.to_string());
         let per_file = self.per_file;
         let by_id = queues.entry(topic.to_string()).or_default();
@@ -527,11 +523,11 @@ impl QueueRegistry {
 
     /// The topics that have a queue (made by a put's indexing or a consumer).
     pub fn topics(&self) -> Vec<String> {
-        self.queues.read().unwrap_or_else(|e| e.into_inner()).keys().cloned().collect()
+        self.queues.reading().keys().cloned().collect()
     }
 
     pub fn all(&self) -> Vec<Arc<ConsumeQueue>> {
-        let queues = self.queues.read().unwrap_or_else(|e| e.into_inner());
+        let queues = self.queues.reading();
         queues.values().flat_map(|by_id| by_id.values().cloned()).collect()
     }
 

@@ -22,6 +22,7 @@ use crate::format::checkpoint::Checkpoint;
 use crate::fs::write_atomically;
 use crate::key_index::KeyIndex;
 use crate::offsets::OffsetStore;
+use crate::sync::Locked;
 use crate::timer::tick::{WheelCheckpoint, WheelShared, WheelSnapshot};
 use crate::topic_counts::TopicCounts;
 
@@ -83,7 +84,7 @@ impl Flusher {
     /// synced here may name a record appended after that sync, which
     /// recovery then finds past the log's end and rebuilds the index for.
     fn sync_wheel(&self, snapshot: Option<WheelSnapshot>) -> Result<(WheelCheckpoint, Arc<SegmentCounts>)> {
-        let mut synced = self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner());
+        let mut synced = self.wheel.synced.locked();
         if let Some(snapshot) = snapshot {
             let appended = snapshot.files.appended.iter().map(|(f, written)| f.flush_appended(0, *written));
             let in_place = snapshot.files.in_place.iter().map(|f| f.flush(0, f.len()));
@@ -133,8 +134,8 @@ impl Flusher {
             log_end: self.log.write_end(),
         };
         let counts = Arc::new(counts);
-        *self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()) = None;
-        *self.wheel.synced.lock().unwrap_or_else(|e| e.into_inner()) = (wheel, Arc::clone(&counts));
+        *self.wheel.to_sync.locked() = None;
+        *self.wheel.synced.locked() = (wheel, Arc::clone(&counts));
         let cp = Checkpoint {
             log_durable,
             dispatched: start,
@@ -158,7 +159,7 @@ impl Flusher {
         // records they vouch for are then all appended, so the log sync
         // below covers them. The log is synced before any index that points
         // into it (the wheel's files, the consume queues).
-        let snapshot = self.wheel.to_sync.lock().unwrap_or_else(|e| e.into_inner()).take();
+        let snapshot = self.wheel.to_sync.locked().take();
         let dispatched_now = self.dispatched.load(Ordering::Acquire);
         let offsets = self.offsets.snapshot(|| self.log.write_end());
         let log_durable = self.log.flush()?;

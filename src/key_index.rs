@@ -32,6 +32,7 @@ use crate::format::record::{MessageView, RecordKind};
 use crate::format::{FILE_HEADER_LEN, FileHeader, KEY_INDEX_MAGIC, check_file_header, get_u32, put_u32};
 use crate::format::{numbered_file_name, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
+use crate::sync::Locked;
 
 /// Entries per key-index file by default (1 Mi entries, 16 Ki buckets, 20 MiB).
 pub(crate) const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 20;
@@ -91,7 +92,7 @@ impl KeyIndex {
     }
 
     fn lock(&self) -> MutexGuard<'_, Files> {
-        self.files.lock().unwrap_or_else(|e| e.into_inner())
+        self.files.locked()
     }
 
     fn path(&self, first: u64) -> PathBuf {

@@ -62,6 +62,7 @@ mod sealed;
 mod stall;
 mod stats;
 mod store;
+mod sync;
 mod threads;
 mod ticket;
 mod timer;

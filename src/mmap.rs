@@ -37,6 +37,8 @@ use rustix::fs::FallocateFlags;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::fs::{sync_parent_dir, write_all_at};
+#[cfg(test)]
+use crate::sync::Locked;
 
 /// A mapped, fixed-size data file, shared by its readers.
 pub(crate) struct Mapped {
@@ -280,15 +282,15 @@ impl Injected {
     }
 
     pub fn add(&self, dir: &Path) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).push(dir.to_path_buf());
+        self.0.locked().push(dir.to_path_buf());
     }
 
     pub fn remove(&self, dir: &Path) {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).retain(|d| d != dir);
+        self.0.locked().retain(|d| d != dir);
     }
 
     pub fn applies_to(&self, path: &Path) -> bool {
-        self.0.lock().unwrap_or_else(|e| e.into_inner()).iter().any(|dir| path.starts_with(dir))
+        self.0.locked().iter().any(|dir| path.starts_with(dir))
     }
 }
 

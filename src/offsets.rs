@@ -21,6 +21,7 @@ use crate::error::{CorruptionKind, Error, Result};
 use crate::format::consumer_offsets::{self, CommittedOffset, FILE_VERSION, OffsetsFile, OffsetsProblem};
 use crate::format::record::{MessageView, RecordKind, check_crc};
 use crate::fs::write_atomically;
+use crate::sync::Locked;
 
 /// The topic of the positions messages: reserved, no queue indexes it.
 pub const POSITIONS_TOPIC: &str = "%POSITIONS%";
@@ -232,7 +233,7 @@ impl OffsetStore {
     }
 
     fn lock(&self) -> MutexGuard<'_, Offsets> {
-        self.offsets.lock().unwrap_or_else(|e| e.into_inner())
+        self.offsets.locked()
     }
 
     /// Appends the positions committed since the last call with `append`
@@ -319,7 +320,7 @@ impl OffsetStore {
     /// Writes a snapshot unless a newer one is on disk already; on failure
     /// the positions count as changed again.
     pub fn write(&self, snapshot: &OffsetSnapshot) -> Result<()> {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let mut written = self.written.locked();
         if written.is_some_and(|w| snapshot.generation <= w) {
             return Ok(());
         }

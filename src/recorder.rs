@@ -36,6 +36,8 @@ use std::os::unix::fs::MetadataExt;
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Mutex, MutexGuard};
 
+use crate::sync::Locked;
+
 /// The page size of the model.
 pub const PAGE: usize = 4096;
 
@@ -150,7 +152,7 @@ impl Recording {
 }
 
 fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
+    m.locked()
 }
 
 /// The recordings that watch `path` (canonical paths compare; a path that

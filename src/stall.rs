@@ -15,6 +15,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::sync::Locked;
 
 /// How long a stalled thread waits before it tries again.
 pub(crate) const RETRY: Duration = Duration::from_millis(200);
@@ -70,7 +71,7 @@ impl Stall {
     /// passes, and says whether it was (anything else is not back-pressure).
     pub fn hold(&self, thread: &'static str, error: &Error) -> bool {
         let Some(shortage) = Shortage::of(error) else { return false };
-        let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stalled = self.stalled.locked();
         self.any.store(true, Ordering::Release);
         if stalled.insert(thread, shortage).is_none() {
             tracing::warn!(thread, error = %error, "the indexes wait for the resource, puts are refused meanwhile");
@@ -80,7 +81,7 @@ impl Stall {
 
     /// `thread` got on again.
     pub fn release(&self, thread: &'static str) {
-        let mut stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stalled = self.stalled.locked();
         if stalled.remove(thread).is_some() {
             tracing::info!(thread, "the resource is back: the indexes go on");
         }
@@ -94,7 +95,7 @@ impl Stall {
 
     /// [`Error::DiskFull`] or [`Error::Exhausted`] while a thread is stalled.
     pub fn check(&self) -> Result<()> {
-        let stalled = self.stalled.lock().unwrap_or_else(|e| e.into_inner());
+        let stalled = self.stalled.locked();
         stalled.values().next().map_or(Ok(()), |shortage| Err(shortage.to_error()))
     }
 }

@@ -22,6 +22,7 @@ use crate::retention::{ReclaimReport, Retainer};
 use crate::scheduler::SchedulerFront;
 use crate::sealed::SealedHandle;
 use crate::stats::RetentionCounters;
+use crate::sync::ReadWrite;
 use crate::threads::Threads;
 use crate::timer::Timer;
 use crate::timer::levels::DelayLevels;
@@ -104,7 +105,7 @@ impl Store {
     ///
     /// Errors: those of `cancel`.
     pub fn cancel_batch(&self, handles: &[Handle]) -> Result<Vec<CancelOutcome>> {
-        if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
+        if !*self.accepting.reading() {
             return Err(Error::Closed);
         }
         let found: Vec<bool> = handles.iter().map(|&handle| self.is_timer(handle)).collect();
@@ -131,7 +132,7 @@ impl Store {
 
     /// A cancel whose record is appended, not yet waited for.
     fn cancel_unsynced(&self, handle: Handle) -> Result<CancelOutcome> {
-        if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
+        if !*self.accepting.reading() {
             return Err(Error::Closed);
         }
         if !self.is_timer(handle) {
@@ -173,7 +174,7 @@ impl Store {
     /// year 9999, or with the bucket scheduler (it cannot reschedule); else
     /// those of [`cancel`](Self::cancel), with [`Written::Reschedule`].
     pub fn reschedule(&self, handle: Handle, deliver_at_ms: u64) -> Result<RescheduleOutcome> {
-        if !*self.accepting.read().unwrap_or_else(|e| e.into_inner()) {
+        if !*self.accepting.reading() {
             return Err(Error::Closed);
         }
         if deliver_at_ms > crate::message::MAX_DELIVER_AT_MS {
@@ -415,7 +416,7 @@ impl Store {
         let Some(threads) = self.threads.take() else {
             return Ok(());
         };
-        *self.accepting.write().unwrap_or_else(|e| e.into_inner()) = false;
+        *self.accepting.writing() = false;
         // Retention first (it appends relocation records and deletes files),
         // then the dispatcher (it feeds the ticker), the buckets' poller, the
         // ticker (it appends deliveries), then the log, and the final flush.

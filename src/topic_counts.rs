@@ -25,6 +25,7 @@ use crate::format::record::{
 };
 use crate::format::topic_counts::{decode, encode};
 use crate::scheduler::SchedulerFront;
+use crate::sync::Locked;
 use crate::timer::Timer;
 
 /// The counts and the offset they are counted to.
@@ -81,7 +82,7 @@ impl TopicCounts {
     }
 
     fn lock(&self) -> MutexGuard<'_, State> {
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.locked()
     }
 
     /// Whether the counts must be recounted before the dispatcher starts.

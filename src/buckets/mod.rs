@@ -43,6 +43,7 @@ use crate::format::record::{MessageView, RecordKind, RescheduleView, Timing};
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
+use crate::sync::Locked;
 use crate::timer::levels::DelayLevels;
 use crate::timer::{Timer, WheelFront};
 
@@ -130,7 +131,7 @@ impl SchedulerFront for BucketFront {
     }
 
     fn stats(&self) -> TimerStats {
-        self.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.stats.locked().clone()
     }
 
     /// The buckets index a timed record as the dispatcher hands it over.

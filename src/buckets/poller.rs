@@ -19,6 +19,7 @@ use crate::format::record::{
 };
 use crate::message::CancelOutcome;
 use crate::stats::TimerStats;
+use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::timer::Timer;
 
@@ -212,7 +213,7 @@ impl Poller {
         self.log.append_reserved(original.bytes.len(), |buf, at| {
             encode_rescheduled(buf, at, &original.bytes, now_ms);
         })?;
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = self.stats.locked();
         stats.delivered += 1;
         if now_ms < deliver_at_ms {
             stats.early += 1;
@@ -228,7 +229,7 @@ impl Poller {
 
     fn publish_stats(&self) {
         let waiting: u64 = self.queues.iter().map(|(queue, next)| queue.len().saturating_sub(*next)).sum();
-        let mut stats = self.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = self.stats.locked();
         stats.pending = waiting.saturating_sub(self.cancelled.len() as u64);
         stats.refreshes += 1;
     }

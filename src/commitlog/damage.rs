@@ -20,6 +20,7 @@ use crate::config::RecoveryMode;
 use crate::format::FILE_HEADER_LEN;
 use crate::format::record::next_valid_record;
 use crate::mmap::Mapped;
+use crate::sync::Locked;
 
 /// A damaged stretch: its length, and where the next record starts.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -50,7 +51,7 @@ impl DamagedSpans {
         if !self.lenient || local >= published {
             return None;
         }
-        let mut found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        let mut found = self.found.locked();
         if let Some(&span) = found.get(&at) {
             return Some(span);
         }
@@ -76,7 +77,7 @@ impl DamagedSpans {
 
     /// How many damaged stretches were found since open, and their bytes.
     pub fn totals(&self) -> (u64, u64) {
-        let found = self.found.lock().unwrap_or_else(|e| e.into_inner());
+        let found = self.found.locked();
         (found.len() as u64, found.values().map(|s| s.len as u64).sum())
     }
 }

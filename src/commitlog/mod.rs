@@ -33,6 +33,7 @@ const PREFAULT_AHEAD: usize = 32 << 20;
 use crate::format::record::{
     Frame, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding,
 };
+use crate::sync::{Locked, ReadWrite};
 use relocated::RelocationArea;
 
 /// How much of a record a read checks.
@@ -221,7 +222,7 @@ impl CommitLog {
 
     /// Offset of the first record of the oldest segment.
     pub fn start(&self) -> u64 {
-        let segments = self.segments.read().unwrap_or_else(|e| e.into_inner());
+        let segments = self.segments.reading();
         segments.keys().next().map_or(FILE_HEADER_LEN as u64, |base| base + FILE_HEADER_LEN as u64)
     }
 
@@ -302,7 +303,7 @@ impl CommitLog {
     ) -> Result<(Vec<u64>, bool)> {
         let total = self.batch_len(lens)?;
         self.check_poison()?;
-        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = self.tail.locked();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -354,7 +355,7 @@ impl CommitLog {
         reserved: bool,
     ) -> Result<(u64, bool)> {
         self.check_poison()?;
-        let mut tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let mut tail = self.tail.locked();
         if self.closed.load(Ordering::Acquire) {
             return Err(Error::Closed);
         }
@@ -386,7 +387,7 @@ impl CommitLog {
             tail.writer.publish(self.segment_size as usize);
         }
         {
-            let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+            let mut segments = self.segments.writing();
             segments.insert(next_base, Arc::clone(next.shared()));
             self.publish_table(&segments);
         }
@@ -439,12 +440,12 @@ impl CommitLog {
     /// Replaces the readers' shared table after `segments` changed (called
     /// with its write lock held, so tables are published in order).
     fn publish_table(&self, segments: &BTreeMap<u64, Arc<Mapped>>) {
-        *self.table.write().unwrap_or_else(|e| e.into_inner()) = Arc::new(segment_list(segments));
+        *self.table.writing() = Arc::new(segment_list(segments));
         self.table_version.fetch_add(1, Ordering::Release);
     }
 
     fn segment(&self, base: u64) -> Option<Arc<Mapped>> {
-        self.segments.read().unwrap_or_else(|e| e.into_inner()).get(&base).cloned()
+        self.segments.reading().get(&base).cloned()
     }
 
     /// Where the record at or after `offset` starts: see [`normalize`].
@@ -602,7 +603,7 @@ impl CommitLog {
 
     /// Base offsets of the segments on disk, oldest first.
     pub fn segment_bases(&self) -> Vec<u64> {
-        self.segments.read().unwrap_or_else(|e| e.into_inner()).keys().copied().collect()
+        self.segments.reading().keys().copied().collect()
     }
 
     pub fn segment_size(&self) -> u64 {
@@ -619,9 +620,9 @@ impl CommitLog {
     /// one being appended to. Readers holding its map keep reading it; new
     /// reads of its records go to the relocation area.
     pub fn delete_oldest_segment(&self, base: u64) -> Result<()> {
-        let _tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let _tail = self.tail.locked();
         {
-            let mut segments = self.segments.write().unwrap_or_else(|e| e.into_inner());
+            let mut segments = self.segments.writing();
             let oldest = segments.keys().next().copied();
             if oldest != Some(base) || base + self.segment_size > self.tail_base() {
                 let why = format!("segment {base} is not the oldest full segment (oldest {oldest:?})");
@@ -726,7 +727,7 @@ impl CommitLog {
             }
             // Two flushes may overlap (the flusher's and retention's): the
             // durable end only moves forward.
-            let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+            let mut durable = self.durable.locked();
             *durable = (*durable).max(end);
             self.durable_end.store(*durable, Ordering::Release);
             #[cfg(feature = "crash-recorder")]
@@ -742,14 +743,14 @@ impl CommitLog {
     /// flush moves the durable end before it wakes, so either the look
     /// sees the new end or the flush sees the waker.
     pub fn wake_when_durable(&self, end: u64, waker: &Waker) {
-        let mut wakers = self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner());
+        let mut wakers = self.durable_wakers.locked();
         wakers.entry(end).or_default().push(waker.clone());
     }
 
     /// Wakes the tasks awaiting a durable end at or below `durable`.
     fn wake_durable(&self, durable: u64) {
         let ready = {
-            let mut wakers = self.durable_wakers.lock().unwrap_or_else(|e| e.into_inner());
+            let mut wakers = self.durable_wakers.locked();
             let waiting = match durable.checked_add(1) {
                 Some(above) => wakers.split_off(&above),
                 None => BTreeMap::new(),
@@ -776,7 +777,7 @@ impl CommitLog {
     /// waiter), or the log is poisoned, or `timeout` passes: `Ok(false)`.
     pub fn wait_durable(&self, offset: u64, timeout: Duration) -> Result<bool> {
         let deadline = std::time::Instant::now() + timeout;
-        let mut durable = self.durable.lock().unwrap_or_else(|e| e.into_inner());
+        let mut durable = self.durable.locked();
         while *durable < offset {
             self.check_poison()?;
             let left = deadline.saturating_duration_since(std::time::Instant::now());
@@ -795,13 +796,13 @@ impl CommitLog {
 
     /// Refuses further appends; returns once no append is in progress.
     pub fn close(&self) {
-        let _tail = self.tail.lock().unwrap_or_else(|e| e.into_inner());
+        let _tail = self.tail.locked();
         self.closed.store(true, Ordering::Release);
     }
 
     pub fn poison(&self, reason: &str) {
         tracing::error!(reason, "poisoning the store: writes are refused until it is reopened");
-        *self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()) = reason.to_string();
+        *self.poison_reason.locked() = reason.to_string();
         self.poisoned.store(true, Ordering::Release);
         self.durable_changed.notify_all();
         self.wake_durable(u64::MAX);
@@ -809,7 +810,7 @@ impl CommitLog {
 
     pub fn check_poison(&self) -> Result<()> {
         if self.poisoned.load(Ordering::Acquire) {
-            let reason = self.poison_reason.lock().unwrap_or_else(|e| e.into_inner()).clone();
+            let reason = self.poison_reason.locked().clone();
             return Err(Error::Poisoned { reason });
         }
         Ok(())
@@ -817,7 +818,7 @@ impl CommitLog {
 
     /// Total bytes of the segment files.
     pub fn disk_bytes(&self) -> u64 {
-        self.segments.read().unwrap_or_else(|e| e.into_inner()).len() as u64 * self.segment_size
+        self.segments.reading().len() as u64 * self.segment_size
     }
 }
 

@@ -30,6 +30,7 @@ use bytes::Bytes;
 use super::{CommitLog, Record, RecordKind, SegmentList, Verify, Walk};
 use crate::error::Result;
 use crate::mmap::Mapped;
+use crate::sync::ReadWrite;
 
 /// How much of a record [`LogReader::touch`] loads: a typical message.
 const TOUCHED: usize = 256;
@@ -163,7 +164,7 @@ fn share(
 fn current<'a>(log: &CommitLog, held: &'a mut Option<(u64, Arc<SegmentList>)>) -> &'a SegmentList {
     let version = log.table_version.load(Ordering::Acquire);
     if held.as_ref().is_none_or(|(v, _)| *v != version) {
-        let table = Arc::clone(&log.table.read().unwrap_or_else(|e| e.into_inner()));
+        let table = Arc::clone(&log.table.reading());
         *held = Some((version, table));
     }
     &held.as_ref().expect("just taken").1

@@ -46,6 +46,7 @@ use crate::format::{
     numbered_file_name, parse_numbered_file_name,
 };
 use crate::fs::{sync_dir, write_atomically};
+use crate::sync::{Locked, ReadWrite};
 
 /// The relocation area of one store.
 pub(crate) struct RelocationArea {
@@ -191,7 +192,7 @@ impl RelocationArea {
     /// are 32-byte aligned, so a write torn at sector granularity leaves
     /// whole entries or zeros): refused, since cutting it would lose a timer.
     fn cut_unfinished(&self, file_len: u64, log_start: u64) -> Result<()> {
-        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.index.writing();
         let header = FILE_HEADER_LEN as u64;
         let whole = header + (file_len - header) / INDEX_ENTRY_LEN as u64 * INDEX_ENTRY_LEN as u64;
         let path = self.index_path();
@@ -224,7 +225,7 @@ impl RelocationArea {
     }
 
     fn index(&self) -> std::sync::RwLockReadGuard<'_, IndexFile> {
-        self.index.read().unwrap_or_else(|e| e.into_inner())
+        self.index.reading()
     }
 
     /// Number of copies indexed (fired ones included, until their window goes).
@@ -311,7 +312,7 @@ impl RelocationArea {
 
     /// Starts a relocation pass. Only one runs at a time.
     pub fn begin(&self) -> (std::sync::MutexGuard<'_, ()>, Pass<'_>) {
-        let guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let guard = self.writer.locked();
         let pass =
             Pass { area: self, windows: BTreeMap::new(), entries: Vec::new(), copied: Copied::default() };
         (guard, pass)
@@ -383,7 +384,7 @@ impl RelocationArea {
     /// `before_sec`, then compacts the index; `log_end` is the commit log's
     /// end now (see [`RELOCATION_COMPACTED_FILE`]). Returns how many files and their bytes.
     pub fn delete_windows_before(&self, before_sec: u64, log_end: u64) -> Result<(u64, u64)> {
-        let _guard = self.writer.lock().unwrap_or_else(|e| e.into_inner());
+        let _guard = self.writer.locked();
         let mut deleted = (0, 0);
         for (window, len) in self.windows()? {
             if window + WINDOW_SECS > before_sec {
@@ -436,7 +437,7 @@ impl RelocationArea {
         };
         let file = write().map_err(|e| Error::io("write", &tmp, e))?;
         crate::fs::sync_all(&file, &tmp)?;
-        let mut index = self.index.write().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.index.writing();
         crate::fs::rename(&tmp, &path)?;
         sync_dir(&self.dir)?;
         tracing::info!(
@@ -501,7 +502,7 @@ impl Pass<'_> {
         }
         sync_dir(&self.area.dir)?;
         let path = self.area.index_path();
-        let mut index = self.area.index.write().unwrap_or_else(|e| e.into_inner());
+        let mut index = self.area.index.writing();
         let from = index.len;
         let mut at = from;
         let mut bytes = Vec::with_capacity(self.entries.len() * INDEX_ENTRY_LEN);

@@ -10,6 +10,7 @@ pub(crate) mod segment_counts;
 use std::sync::{Arc, Mutex};
 
 use crate::format::checkpoint::Checkpoint;
+use crate::sync::Locked;
 pub(crate) use pins::{Pin, Pins};
 pub(crate) use segment_counts::SegmentCounts;
 
@@ -70,7 +71,7 @@ impl Floor {
     /// Records a checkpoint that is on disk, with the log end at its wheel
     /// snapshot and the snapshot's segment counts (the log was synced after it).
     pub fn record(&self, cp: &Checkpoint, log_end: u64, counts: Arc<SegmentCounts>) {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let mut written = self.written.locked();
         if written.len() == HISTORY {
             written.pop_front();
         }
@@ -81,7 +82,7 @@ impl Floor {
     /// The floor, once two checkpoints are known. A torn checkpoint falls
     /// back to the previous one, so the lower of the last two counts.
     pub fn get(&self) -> Option<Mark> {
-        let mut written = self.written.lock().unwrap_or_else(|e| e.into_inner());
+        let mut written = self.written.locked();
         let [.., older, newer] = written.make_contiguous() else { return None };
         let (older, newer) = (older.clone(), newer.clone());
         let log_offset = newer.log_offset.min(older.log_offset);

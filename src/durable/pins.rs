@@ -17,6 +17,8 @@ use std::collections::BTreeMap;
 use std::ops::Range;
 use std::sync::{Mutex, MutexGuard};
 
+use crate::sync::Locked;
+
 /// The timer a pinned message's handle reaches now.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Pin {
@@ -40,7 +42,7 @@ struct Inner {
 
 impl Pins {
     fn inner(&self) -> MutexGuard<'_, Inner> {
-        self.0.lock().unwrap_or_else(|e| e.into_inner())
+        self.0.locked()
     }
 
     /// Every pin, read whole from the ledger.

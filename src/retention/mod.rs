@@ -33,6 +33,7 @@ use crate::format::record::{
 };
 use crate::key_index::KeyIndex;
 use crate::stats::RetentionCounters;
+use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::topic_counts::TopicCounts;
 
@@ -92,7 +93,7 @@ impl Retainer {
 
     /// Deletes every segment and relocation window that may go now.
     pub fn pass(&self) -> Result<ReclaimReport> {
-        let _running = self.running.lock().unwrap_or_else(|e| e.into_inner());
+        let _running = self.running.locked();
         let Some(floor) = self.floor.get() else { return Ok(ReclaimReport::default()) };
         // Until the ticking thread has read the pins, a pinned message looks
         // unneeded; until the topic counts are made, a recount reads the log.

@@ -14,6 +14,7 @@ use crate::format::record::{MessageFields, Timing, encode_message};
 use crate::message::{Message, Receipt, Written};
 use crate::offsets::POSITIONS_TOPIC;
 use crate::retention::is_size_cap;
+use crate::sync::ReadWrite;
 use crate::ticket::PutTicket;
 
 impl Store {
@@ -83,7 +84,7 @@ impl Store {
     fn append_message(&self, message: &Message) -> Result<(Receipt, u64)> {
         let queue_id = self.check_message(message)?;
         self.wait_for_indexes()?;
-        let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
+        let accepting = self.accepting.reading();
         if !*accepting {
             return Err(Error::Closed);
         }
@@ -212,7 +213,7 @@ impl Store {
             return Ok((Vec::new(), 0));
         }
         self.wait_for_indexes()?;
-        let accepting = self.accepting.read().unwrap_or_else(|e| e.into_inner());
+        let accepting = self.accepting.reading();
         if !*accepting {
             return Err(Error::Closed);
         }

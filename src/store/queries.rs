@@ -9,6 +9,7 @@ use super::Store;
 use crate::error::{Error, Result};
 use crate::pending::{MAX_COUNT_BOUNDS, PendingTimer};
 use crate::stats::{DiskUsage, Lateness, RetentionStats, Stats};
+use crate::sync::Locked;
 
 impl Store {
     /// Everything below this offset is indexed: in its consume queue, or
@@ -188,7 +189,7 @@ impl Store {
     /// [`fresh_stats`](Self::fresh_stats) waits for fresh ones.
     pub fn stats(&self) -> Stats {
         let timers = self.scheduler.stats();
-        let wheel_files = self.wheel.stats.lock().unwrap_or_else(|e| e.into_inner()).disk_bytes;
+        let wheel_files = self.wheel.stats.locked().disk_bytes;
         let disk = DiskUsage {
             commit_log: self.log.disk_bytes(),
             relocated: self.log.relocated().disk_bytes().unwrap_or(0),
@@ -206,14 +207,7 @@ impl Store {
             windows_deleted: counter(&self.retention.windows_deleted),
             queue_files_deleted: counter(&self.retention.queue_files_deleted),
             deleted_unread: counter(&self.retention.deleted_unread),
-            pending_by_segment: self
-                .wheel
-                .synced
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .1
-                .iter()
-                .collect(),
+            pending_by_segment: self.wheel.synced.locked().1.iter().collect(),
             consumer_skipped: counter(&self.retention.consumer_skipped),
         };
         let (pending_by_topic, pending_other_topics) =

@@ -14,6 +14,7 @@ use crate::format::record::{MessageView, RescheduleView};
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
+use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::tick::{Control, WheelCommand, WheelShared};
 use crate::timer::window::PendingEntry;
@@ -102,7 +103,7 @@ impl SchedulerFront for WheelFront {
     }
 
     fn stats(&self) -> TimerStats {
-        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).clone()
+        self.shared.stats.locked().clone()
     }
 
     fn held_below(&self, dispatched: u64) -> u64 {

@@ -20,6 +20,7 @@ use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deli
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
+use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::timer::Timer;
 use crate::timer::restart::{RestartPlan, restart_wheel};
@@ -276,7 +277,7 @@ impl Ticker {
         self.counts = counts;
         self.index_timers(start, through)?;
         self.indexed_log_ends = self.wheel.timer_log_ends();
-        self.shared.stats.lock().unwrap_or_else(|e| e.into_inner()).rebuilds += 1;
+        self.shared.stats.locked().rebuilds += 1;
         tracing::info!(timers = self.wheel.pending(), "the wheel is rebuilt");
         Ok(())
     }
@@ -465,7 +466,7 @@ impl Ticker {
         };
         if !due.is_empty() {
             let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
-            let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+            let mut stats = self.shared.stats.locked();
             let batches = self.log.holds_deliveries();
             for chunk in due.chunks(DELIVERY_CHUNK) {
                 let planned = self.routes.plan(chunk, batches);
@@ -514,8 +515,7 @@ impl Ticker {
         }
         self.counts.forget_below(self.log.start());
         let counts = Arc::new(self.counts.clone());
-        *self.shared.to_sync.lock().unwrap_or_else(|e| e.into_inner()) =
-            Some(WheelSnapshot { checkpoint: snapshot, files, counts });
+        *self.shared.to_sync.locked() = Some(WheelSnapshot { checkpoint: snapshot, files, counts });
         Ok(())
     }
 
@@ -552,7 +552,7 @@ impl Ticker {
         };
         let mut horizon = [0u64; 6];
         horizon.copy_from_slice(&by_due_time);
-        let mut stats = self.shared.stats.lock().unwrap_or_else(|e| e.into_inner());
+        let mut stats = self.shared.stats.locked();
         stats.pending = pending;
         stats.pending_per_level = per_level;
         stats.pending_by_horizon = horizon;
