@@ -301,7 +301,7 @@ impl Store {
 
     /// How long a put waits for its record to be durable, or for room
     /// ([`Config::with_put_timeout`]): for a caller that waits on
-    /// [`PutTicket`]s itself, as `put` would.
+    /// [`PutTicket`](crate::PutTicket)s itself, as `put` would.
     pub fn put_timeout(&self) -> Duration {
         self.config.put_timeout
     }
