@@ -184,3 +184,36 @@ pub(crate) fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
     rename(&tmp, path)?;
     sync_parent_dir(path)
 }
+
+/// The store's exclusive hold on its directory, for as long as it is open.
+pub(crate) struct DirLock {
+    _dir: File,
+    _file: File,
+}
+
+impl DirLock {
+    /// Locks the directory `dir` itself (a lock file can be unlinked from
+    /// under a running store, and a second process would then lock a new
+    /// one), and its lock file `lock` too, which is what earlier versions
+    /// lock. [`Error::Locked`] if another process holds either.
+    pub(crate) fn acquire(dir: &Path, lock: &Path) -> Result<Self> {
+        let held = File::open(dir).map_err(|e| Error::io("open", dir, e))?;
+        try_lock(&held, dir, dir)?;
+        let file = file_options(lock)
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(lock)
+            .map_err(|e| Error::io("open", lock, e))?;
+        try_lock(&file, lock, dir)?;
+        Ok(Self { _dir: held, _file: file })
+    }
+}
+
+fn try_lock(file: &File, path: &Path, dir: &Path) -> Result<()> {
+    match file.try_lock() {
+        Ok(()) => Ok(()),
+        Err(std::fs::TryLockError::WouldBlock) => Err(Error::Locked { dir: dir.to_path_buf() }),
+        Err(std::fs::TryLockError::Error(e)) => Err(Error::io("lock", path, e)),
+    }
+}

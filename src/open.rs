@@ -2,8 +2,7 @@
 //! written with, recover (`recovery.rs`), build the components, clear the
 //! clean flag, and start the background threads in order.
 
-use std::fs::{File, TryLockError};
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::sync::atomic::AtomicU64;
 use std::sync::{Arc, RwLock};
 
@@ -100,7 +99,7 @@ impl Store {
         let levels = DelayLevels::parse(&config.delay_levels)?;
         let layout = Layout::new(config.dir.clone());
         crate::fs::create_store_dir(layout.dir(), config.dir_mode)?;
-        let lock = lock_dir(&layout)?;
+        let lock = crate::fs::DirLock::acquire(layout.dir(), &layout.lock())?;
         let _span = tracing::info_span!("open", dir = %layout.dir().display()).entered();
         check_scheduler(&layout, config.scheduler)?;
         let mut rebuilt = Vec::new();
@@ -455,12 +454,6 @@ fn check_scheduler(layout: &Layout, scheduler: Scheduler) -> Result<()> {
     Ok(())
 }
 
-/// The store's exclusive hold on its directory, for as long as it is open.
-pub(crate) struct DirLock {
-    _dir: File,
-    _file: File,
-}
-
 /// An index that does not check out at open (a consume queue, the key
 /// index, the wheel's files) is rebuilt from the commit log in lenient mode:
 /// the directory or file holding it is removed, with a warning naming it, and
@@ -488,29 +481,4 @@ fn remove_damaged_index(
     crate::fs::sync_parent_dir(&index)?;
     rebuilt.push(index);
     Ok(())
-}
-
-/// Locks the store directory itself (a lock file can be unlinked from under
-/// a running store, and a second process would then lock a new one), and
-/// its `LOCK` file too, which is what earlier versions lock.
-fn lock_dir(layout: &Layout) -> Result<DirLock> {
-    let dir = File::open(layout.dir()).map_err(|e| Error::io("open", layout.dir(), e))?;
-    try_lock(&dir, layout.dir(), layout.dir())?;
-    let path = layout.lock();
-    let file = crate::fs::file_options(&path)
-        .create(true)
-        .truncate(false)
-        .write(true)
-        .open(&path)
-        .map_err(|e| Error::io("open", &path, e))?;
-    try_lock(&file, &path, layout.dir())?;
-    Ok(DirLock { _dir: dir, _file: file })
-}
-
-fn try_lock(file: &File, path: &Path, dir: &Path) -> Result<()> {
-    match file.try_lock() {
-        Ok(()) => Ok(()),
-        Err(TryLockError::WouldBlock) => Err(Error::Locked { dir: dir.to_path_buf() }),
-        Err(TryLockError::Error(e)) => Err(Error::io("lock", path, e)),
-    }
 }

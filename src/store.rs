@@ -59,7 +59,7 @@ pub struct Store {
     pub(crate) retention: Arc<RetentionCounters>,
     /// Threads waiting for disk space: `put` answers `DiskFull` meanwhile.
     pub(crate) stall: Arc<crate::stall::Stall>,
-    pub(crate) _lock: crate::open::DirLock,
+    pub(crate) _lock: crate::fs::DirLock,
 }
 
 /// Senders that wake background threads (each a channel of capacity 1).
