@@ -20,16 +20,15 @@ pub(crate) struct CheckpointFile {
     path: PathBuf,
     file: File,
     last: Option<Checkpoint>,
-    /// The valid slots `judge` accepted at open, newest first.
-    candidates: Vec<Checkpoint>,
+    /// The valid slots read at open, newest first.
+    slots: Vec<Checkpoint>,
 }
 
 impl CheckpointFile {
-    /// Opens or creates `path` and reads its valid slots, newest first, each
-    /// one `judge` finds a contradiction in left out (logged with the file,
-    /// the slot and the reason: a damaged checkpoint, not trusted).
-    /// [`last`](Self::last) is the newest left.
-    pub fn open(path: &Path, judge: impl Fn(&Checkpoint) -> Option<String>) -> Result<Self> {
+    /// Opens or creates `path` and reads its valid slots, newest first;
+    /// [`last`](Self::last) is the newest until recovery says which it
+    /// trusts ([`trust`](Self::trust)).
+    pub fn open(path: &Path) -> Result<Self> {
         let existed = path.exists();
         let file = crate::fs::file_options(path)
             .read(true)
@@ -43,31 +42,22 @@ impl CheckpointFile {
             crate::fs::sync_all(&file, path)?;
             sync_parent_dir(path)?;
         }
-        let mut candidates = Vec::new();
-        for (position, cp) in read_slots(&file) {
-            match judge(&cp) {
-                None => candidates.push(cp),
-                Some(why) => {
-                    tracing::error!(file = %path.display(), slot = position, sequence = cp.sequence, why,
-                    "a checkpoint slot the store cannot have written: not trusted")
-                }
-            }
-        }
-        candidates.sort_by_key(|cp| std::cmp::Reverse(cp.sequence));
-        let last = candidates.first().copied();
+        let mut slots: Vec<Checkpoint> = read_slots(&file).into_iter().map(|(_, cp)| cp).collect();
+        slots.sort_by_key(|cp| std::cmp::Reverse(cp.sequence));
+        let last = slots.first().copied();
         if existed && last.is_none() {
             tracing::warn!(file = %path.display(), "no valid checkpoint slot, recovering from the start of the log");
         }
-        Ok(Self { path: path.to_path_buf(), file, last, candidates })
+        Ok(Self { path: path.to_path_buf(), file, last, slots })
     }
 
     pub fn last(&self) -> Option<Checkpoint> {
         self.last
     }
 
-    /// The slots accepted at open, newest first.
-    pub fn candidates(&self) -> &[Checkpoint] {
-        &self.candidates
+    /// The valid slots read at open, newest first.
+    pub fn slots(&self) -> &[Checkpoint] {
+        &self.slots
     }
 
     /// Recovery trusts `cp` (one of the candidates, or none: a full replay).
@@ -106,17 +96,17 @@ mod tests {
     fn a_torn_slot_falls_back_to_the_previous_checkpoint() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("checkpoint");
-        let mut file = CheckpointFile::open(&path, |_| None).unwrap();
+        let mut file = CheckpointFile::open(&path).unwrap();
         assert_eq!(file.last(), None);
         file.write(Checkpoint { log_durable: 100, ..Default::default() }).unwrap();
         let second = file.write(Checkpoint { log_durable: 200, ..Default::default() }).unwrap();
         assert_eq!(second.sequence, 2);
-        assert_eq!(CheckpointFile::open(&path, |_| None).unwrap().last().unwrap().log_durable, 200);
+        assert_eq!(CheckpointFile::open(&path).unwrap().last().unwrap().log_durable, 200);
 
         // Tear the newest slot (sequence 2 lives in slot 0).
         let raw = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
         write_all_at(&raw, &[0xFF; 10], SLOT_POSITIONS[0] + 20).unwrap();
-        let reopened = CheckpointFile::open(&path, |_| None).unwrap().last().unwrap();
+        let reopened = CheckpointFile::open(&path).unwrap().last().unwrap();
         assert_eq!((reopened.sequence, reopened.log_durable), (1, 100));
     }
 }

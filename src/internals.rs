@@ -13,7 +13,7 @@ pub use crate::format::{
     SEGMENT_PENDING_MAGIC, TAILS_MAGIC, TIMER_LOG_MAGIC, TOPIC_PENDING_MAGIC, WHEEL_MAGIC, chain, checkpoint,
     consumer_offsets, key_index, layout, numbered_file_name, parse_numbered_file_name, queue_entry, record,
     recorded_per_file, relocation, segment_counts, segment_size_on_disk, slot, tail, timer_entry,
-    topic_counts, versions,
+    topic_counts, versions, walk,
 };
 pub use crate::message::validate_topic;
 pub use crate::timer::geometry;

@@ -13,6 +13,7 @@ use crate::commitlog::{
 };
 use crate::config::{Config, RecoveryMode};
 use crate::error::Result;
+use crate::format::checkpoint;
 use crate::format::layout::Layout;
 use crate::timer::restart::{RestartPlan, Restarted, restart_wheel};
 
@@ -25,32 +26,22 @@ pub(crate) struct Recovered {
     pub timers: Restarted,
 }
 
-/// The checkpoint file, trusting the newest slot the store can have written:
-/// nothing in it contradicts itself or the log's files, and its
-/// `dispatched` is where the records from the previous slot's lead (a
-/// record boundary, not a hole). A slot that fails is a damaged checkpoint:
-/// logged, and the previous slot, or a replay of the whole log, is used.
-/// (A lone slot has no previous one to check its `dispatched` against.)
+/// The checkpoint file, trusting the slot [`checkpoint::trusted`] picks: the
+/// newest the store can have written. A slot passed over is a damaged
+/// checkpoint: logged, and the previous slot, or a replay of the whole log,
+/// is used.
 fn open_checkpoint(config: &Config, layout: &Layout) -> Result<CheckpointFile> {
-    let (dir, size) = (layout.commit_log(), config.segment_size);
-    let end = files_end(&dir, size)?;
-    let mut file = CheckpointFile::open(&layout.checkpoint(), |cp| cp.contradiction(end))?;
-    let slots = file.candidates().to_vec();
-    let mut trusted = None;
-    for (i, cp) in slots.iter().enumerate() {
-        let proven = match slots.get(i + 1) {
-            Some(older) if older.dispatched < cp.dispatched => {
-                leads_to(&dir, size, older.dispatched, cp.dispatched, config.recovery_mode)?
-            }
-            _ => true,
-        };
-        if proven {
-            trusted = Some(*cp);
-            break;
-        }
-        tracing::error!(file = %layout.checkpoint().display(), sequence = cp.sequence, dispatched = cp.dispatched,
-            "a checkpoint whose dispatched offset the log's records do not lead to: not trusted");
-    }
+    let (dir, size, path) = (layout.commit_log(), config.segment_size, layout.checkpoint());
+    let mut file = CheckpointFile::open(&path)?;
+    let trusted = checkpoint::trusted(
+        file.slots(),
+        (files_end(&dir, size)?, size),
+        |from, to| leads_to(&dir, size, from, to, config.recovery_mode),
+        |cp, why| {
+            tracing::error!(file = %path.display(), sequence = cp.sequence, dispatched = cp.dispatched, why,
+                "a checkpoint slot the store cannot have written: not trusted")
+        },
+    )?;
     file.trust(trusted);
     Ok(file)
 }
@@ -73,6 +64,7 @@ pub(crate) fn recover(config: &Config, layout: &Layout) -> Result<Recovered> {
     let (log, mut report) =
         CommitLog::open(&layout.commit_log(), config.segment_size, config.disk_reserve(), &plan)?;
     report.restored_segments = restored;
+    report.trusted_checkpoint = last.map(|cp| cp.sequence);
     let log = Arc::new(log);
     // Records the recovery validated may still be only in the page cache.
     log.flush()?;

@@ -8,19 +8,21 @@
 //! after the end are zeroed (so they can never be mistaken for records later)
 //! and any later segment is set aside as `*.discarded`.
 
+use std::borrow::Cow;
 use std::collections::BTreeMap;
+use std::collections::btree_map::Entry;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use crate::config::RecoveryMode;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::walk::{self, Lead, SegmentReader};
 use crate::format::{COMMITLOG_VERSION, FILE_HEADER_LEN, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 
 use super::segment;
 use crate::format::record::{
-    self, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, check_header, encode_padding,
-    encode_skipped,
+    self, FrameError, RECORD_HEADER_LEN, RecordKind, check_frame, encode_padding, encode_skipped,
 };
 
 /// What the checkpoint tells recovery.
@@ -59,6 +61,10 @@ pub struct RecoveryReport {
     /// Indexes that did not check out at open, removed and rebuilt from
     /// the log (lenient recovery): their directories or files.
     pub rebuilt_indexes: Vec<PathBuf>,
+    /// The sequence number of the checkpoint slot recovery trusted (the
+    /// newest the store can have written); `None` if none stood, and the
+    /// whole log was replayed.
+    pub trusted_checkpoint: Option<u64>,
 }
 
 pub(super) struct Recovered {
@@ -192,78 +198,49 @@ fn start_fresh(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Recovered> 
     Ok(Recovered { segments, tail, tail_base: 0, end: header, report })
 }
 
-/// Where the log's files end: past the last segment on disk (the first
-/// record of a segment not made yet, which a checkpoint may name), or at
-/// the first record of segment 0 if there is none.
+/// Where the log's files end (see [`walk::files_end`]).
 pub(crate) fn files_end(dir: &Path, size: u64) -> Result<u64> {
-    let header = FILE_HEADER_LEN as u64;
-    if !dir.is_dir() {
-        return Ok(header);
-    }
-    Ok(list_segments(dir, size)?.last().map_or(header, |&last| last + size + header))
+    let last = if dir.is_dir() { list_segments(dir, size)?.last().copied() } else { None };
+    Ok(walk::files_end(last, size))
 }
 
-/// Whether the records from `from` on, stepped over by their lengths, lead
-/// exactly to `to`: a checkpoint's `dispatched` is a record boundary the
-/// log reaches, which the previous checkpoint's proves. Only frame headers
-/// are checked: a record whose body is damaged is still a step (recovery and
-/// the readers judge it), where a failed checksum here would throw away a
-/// checkpoint that is right. A frame that does not check out between the
-/// two is damage to durable records (both marks lie below the newer
-/// checkpoint's `log durable`) if a record that checks out follows it in
-/// its segment: `Corruption` in strict mode; in lenient mode the walk steps
-/// over it as every reader does, and a `to` inside the damaged stretch is
-/// taken as reached, since nothing there can be checked (distrusting the
-/// checkpoint would make its durable records a torn tail). With nothing
-/// valid after it, it is where the log ends: `to` is not reached.
+/// Whether the records from `from` lead exactly to `to`, by the rule of
+/// [`walk::leads_to`], over the segments' maps; in strict mode damage
+/// between them is `Corruption` naming the segment and offset.
 pub(crate) fn leads_to(dir: &Path, size: u64, from: u64, to: u64, mode: RecoveryMode) -> Result<bool> {
-    let mut writers = BTreeMap::new();
-    let (mut at, to) = (super::normalize(from, size), super::normalize(to, size));
-    while at < to {
-        let base = at - at % size;
-        let writer = match writers.entry(base) {
-            std::collections::btree_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::btree_map::Entry::Vacant(e) => {
-                if !segment::segment_path(dir, base).exists() {
-                    return Ok(false);
-                }
-                // Its header is recovery's to judge (and, lenient, to write again).
-                e.insert(segment::open_unchecked(dir, base, size)?.0)
-            }
-        };
-        let local = (at - base) as usize;
-        match check_header(writer.view(local, size as usize - local)) {
-            Ok(frame) if frame.kind == RecordKind::Padding => at = base + size + FILE_HEADER_LEN as u64,
-            Ok(frame) => at = super::normalize(at + frame.len as u64, size),
-            Err(problem) if mode == RecoveryMode::Strict && followed_by_a_record(writer, base, local) => {
-                let kind = match problem {
-                    FrameError::Empty => {
-                        CorruptionKind::BadFrame("zeros where a durable record should be".into())
-                    }
-                    FrameError::Invalid(kind) => kind,
-                };
-                return Err(Error::corruption(segment::segment_path(dir, base), local as u64, kind));
-            }
-            Err(_) => {
-                // Nothing valid after it in its segment: the log's end, not damage.
-                let Some(valid) = record::next_valid_record(writer.view(0, size as usize), base, local + 1)
-                else {
-                    return Ok(false);
-                };
-                let next = base + valid as u64;
-                if to < next {
-                    return Ok(true);
-                }
-                at = next;
-            }
+    let mut segments = Maps { dir, size, open: BTreeMap::new() };
+    match walk::leads_to(&mut segments, size, from, to, mode == RecoveryMode::Strict)? {
+        Lead::Reached => Ok(true),
+        Lead::NotReached => Ok(false),
+        Lead::Damaged { base, local, kind } => {
+            Err(Error::corruption(segment::segment_path(dir, base), local as u64, kind))
         }
     }
-    Ok(at == to)
 }
 
-fn followed_by_a_record(writer: &MapWriter, base: u64, local: usize) -> bool {
-    let size = writer.shared().len();
-    record::next_valid_record(writer.view(0, size), base, local + 1).is_some()
+/// The segments a walk reads, mapped as it reaches them.
+struct Maps<'a> {
+    dir: &'a Path,
+    size: u64,
+    open: BTreeMap<u64, MapWriter>,
+}
+
+impl SegmentReader for Maps<'_> {
+    type Error = Error;
+
+    fn read(&mut self, base: u64, local: usize, len: usize) -> Result<Option<Cow<'_, [u8]>>> {
+        let writer = match self.open.entry(base) {
+            Entry::Occupied(e) => e.into_mut(),
+            Entry::Vacant(e) => {
+                if !segment::segment_path(self.dir, base).exists() {
+                    return Ok(None);
+                }
+                // Its header is recovery's to judge (and, lenient, to write again).
+                e.insert(segment::open_unchecked(self.dir, base, self.size)?.0)
+            }
+        };
+        Ok(Some(Cow::Borrowed(writer.view(local, len))))
+    }
 }
 
 /// Lenient recovery's first step, before the checkpoint is checked against

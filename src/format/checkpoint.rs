@@ -3,6 +3,7 @@
 //! `checkpoint.rs`). `wheel-format.md` ("Checkpoint") is the byte ruler.
 
 use crate::error::CorruptionKind;
+use crate::format::record::record_start;
 use crate::format::{get_u32, get_u64, put_u32, put_u64};
 
 const MAGIC: [u8; 8] = *b"DWCKPT\0\0";
@@ -61,27 +62,34 @@ pub struct Checkpoint {
 impl Checkpoint {
     /// Why the store cannot have written this checkpoint, naming the field;
     /// `None` if nothing contradicts it. `files_end` is where the commit
-    /// log's files end (past the last segment). A writer keeps `dispatched`
+    /// log's files end (past the last segment), in segments of `segment_size` bytes. A writer keeps `dispatched`
     /// and the delivery scan at or below the durable mark, the durable mark
     /// within the log's files, and the tick second at most two seconds past
     /// the clock when it writes (the wheel loads the next second while the
     /// current one runs, and its tick second is the one after the last
     /// loaded; a clock moved back between them is the one honest way to
     /// break that, and it costs a replay of the whole log).
-    pub fn contradiction(&self, files_end: u64) -> Option<String> {
+    pub fn contradiction(&self, files_end: u64, segment_size: u64) -> Option<String> {
+        // Offsets compared as the records they name: a close that ends in
+        // the last bytes of a segment records its durable end there, and
+        // `dispatched` as the next segment's first record, the same place.
+        let record = |offset: u64| match segment_size {
+            0 => offset,
+            size => record_start(offset, size),
+        };
         if self.log_durable > files_end {
             return Some(format!(
                 "log durable {} lies past the log's files (they end at {files_end})",
                 self.log_durable
             ));
         }
-        if self.dispatched > self.log_durable {
+        if record(self.dispatched) > record(self.log_durable) {
             return Some(format!(
                 "dispatched {} lies past log durable {}",
                 self.dispatched, self.log_durable
             ));
         }
-        if self.delivery_scan_from > self.log_durable {
+        if record(self.delivery_scan_from) > record(self.log_durable) {
             let (from, durable) = (self.delivery_scan_from, self.log_durable);
             return Some(format!("delivery scan from {from} lies past log durable {durable}"));
         }
@@ -155,6 +163,44 @@ impl Checkpoint {
             clean: get_u32(slot, FLAGS_OFFSET) & FLAG_CLEAN != 0,
         })
     }
+}
+
+/// The checkpoint recovery trusts, of a checkpoint file's valid `slots`:
+/// the newest that nothing contradicts (see [`Checkpoint::contradiction`]:
+/// `files_end`, [`walk::files_end`](super::walk::files_end), and the segment size)
+/// and whose `dispatched` the records from the next older such slot's lead
+/// to (`leads_to(from, to)`, a walk of the log only the caller can make:
+/// [`walk::leads_to`](super::walk::leads_to)). A lone slot has none to
+/// check its `dispatched` against. `distrusted` hears of each slot passed
+/// over, and why. `None`: no slot stands, and the whole log is replayed.
+pub fn trusted<E>(
+    slots: &[Checkpoint],
+    (files_end, segment_size): (u64, u64),
+    mut leads_to: impl FnMut(u64, u64) -> Result<bool, E>,
+    mut distrusted: impl FnMut(&Checkpoint, &str),
+) -> Result<Option<Checkpoint>, E> {
+    let mut candidates = Vec::with_capacity(slots.len());
+    for cp in slots {
+        match cp.contradiction(files_end, segment_size) {
+            None => candidates.push(*cp),
+            Some(why) => distrusted(cp, &why),
+        }
+    }
+    candidates.sort_by_key(|cp| std::cmp::Reverse(cp.sequence));
+    for (i, cp) in candidates.iter().enumerate() {
+        let proven = match candidates.get(i + 1) {
+            Some(older) if older.dispatched < cp.dispatched => leads_to(older.dispatched, cp.dispatched)?,
+            _ => true,
+        };
+        if proven {
+            return Ok(Some(*cp));
+        }
+        distrusted(
+            cp,
+            "its dispatched offset is not where the log's records from the previous checkpoint's lead",
+        );
+    }
+    Ok(None)
 }
 
 #[cfg(test)]

@@ -21,6 +21,7 @@ pub mod slot;
 pub mod tail;
 pub mod timer_entry;
 pub mod topic_counts;
+pub mod walk;
 
 /// Size of the header at the start of every commit-log segment and consume-queue file.
 pub const FILE_HEADER_LEN: usize = 32;

@@ -24,8 +24,7 @@ pub use delivery::{
     deliveries_timer, encode_deliveries, encode_delivery,
 };
 pub use message::{
-    FLAG_RESCHEDULED, MESSAGE_FIXED_LEN, MessageFields, MessageView, Timing, encode_message,
-    encode_rescheduled, properties_len,
+    MESSAGE_FIXED_LEN, MessageFields, MessageView, Timing, encode_message, encode_rescheduled, properties_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 

@@ -149,8 +149,8 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         return Err(DumpError::BucketStore { dir: files.dir.clone(), marker });
     }
     let checkpoint = CheckpointFile::read(files)?;
-    let resume = Resume::new(files, &checkpoint);
-    let durable = checkpoint.newest().map_or(0, |(_, cp)| cp.log_durable);
+    let resume = Resume::new(files, &checkpoint)?;
+    let durable = resume.checkpoint.map_or(0, |(_, cp)| cp.log_durable);
     let log = CommitLog::open(files)?.with_durable(durable);
     let mut facts = if keep_keys { LogFacts::gather_with_keys(&log)? } else { LogFacts::gather(&log)? };
     let clean = resume.checkpoint.is_some_and(|(_, cp)| cp.clean);

@@ -7,6 +7,7 @@
 //! live store) or damage in the middle is the caller's call: the store calls
 //! it damage when it lies below the checkpoint's `log durable`.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 
 use delaywheel::CorruptionKind;
@@ -117,6 +118,22 @@ impl CommitLog {
                 .map_or_else(PathBuf::new, |s| s.file.path.with_file_name(format!("{base:020}"))),
         };
         (path, offset - base)
+    }
+
+    /// Where the log's files end, by the library's rule.
+    pub fn files_end(&self) -> u64 {
+        internals::walk::files_end(self.segments.last().map(|s| s.first), self.segment_size)
+    }
+
+    /// Whether the records from `from` lead exactly to `to`: the library's
+    /// walk ([`internals::walk::leads_to`]) over these segments, lenient
+    /// as a store opens by default.
+    pub fn leads_to(&self, from: u64, to: u64) -> Result<bool> {
+        if self.segment_size == 0 {
+            return Ok(false);
+        }
+        let lead = internals::walk::leads_to(&mut Reads(self), self.segment_size, from, to, false)?;
+        Ok(lead == internals::walk::Lead::Reached)
     }
 
     /// Visits every record (padding excluded) in log order, from the first
@@ -427,5 +444,17 @@ impl LogFacts {
     /// The timed message at `offset`, if that is one.
     pub fn timed(&self, offset: u64) -> Option<&MessageFacts> {
         self.messages.get(&offset).filter(|m| m.deliver_at_ms != 0)
+    }
+}
+
+/// The segments as a walk reads them: plain reads of the bytes it asks for.
+struct Reads<'a>(&'a CommitLog);
+
+impl internals::walk::SegmentReader for Reads<'_> {
+    type Error = crate::error::DumpError;
+
+    fn read(&mut self, base: u64, local: usize, len: usize) -> Result<Option<Cow<'_, [u8]>>> {
+        let Some(segment) = self.0.segments.iter().find(|s| s.first == base) else { return Ok(None) };
+        Ok(Some(Cow::Owned(segment.file.read(local as u64, len)?)))
     }
 }

@@ -13,6 +13,7 @@ use delaywheel::internals::slot::Slot;
 use delaywheel::internals::timer_entry::{self, TimerEntry};
 use delaywheel::internals::{self, geometry, queue_entry, tail};
 
+use crate::commitlog::CommitLog;
 use crate::error::{DumpError, Result};
 use crate::store_files::{
     ChunkReader, DataFile, FileKind, QueueFiles, SequenceFile, StoreFiles, open_sequence,
@@ -69,6 +70,14 @@ pub enum CheckpointSlot {
     Invalid(CorruptionKind),
 }
 
+/// Which slot a store trusts, and those it passes over.
+pub struct Judged {
+    /// (position, checkpoint).
+    pub trusted: Option<(u64, Checkpoint)>,
+    /// (position, why), in the order the rule met them.
+    pub passed_over: Vec<(u64, String)>,
+}
+
 /// Both slots of the checkpoint file.
 pub struct CheckpointFile {
     pub path: PathBuf,
@@ -100,15 +109,43 @@ impl CheckpointFile {
         Ok(Self { path, exists: true, len: file.len, slots })
     }
 
+    /// The slot a store opening `log` trusts, by the library's own rule
+    /// ([`internals::checkpoint::trusted`]): the newest valid one that
+    /// nothing contradicts and whose `dispatched` the log's records lead to
+    /// from the previous one's. (position, checkpoint); `None` if none stands.
+    pub fn trusted(&self, log: &CommitLog) -> Result<Option<(u64, Checkpoint)>> {
+        Ok(self.judge(log)?.trusted)
+    }
+
+    /// [`trusted`](Self::trusted), and the valid slots the store passes
+    /// over on the way, with the library's reason: (position, why).
+    pub fn judge(&self, log: &CommitLog) -> Result<Judged> {
+        let valid: Vec<Checkpoint> = self.valid().map(|(_, cp)| cp).collect();
+        let mut passed_over = Vec::new();
+        let trusted = internals::checkpoint::trusted(
+            &valid,
+            (log.files_end(), log.segment_size),
+            |from, to| log.leads_to(from, to),
+            |cp, why| passed_over.push((cp.sequence, why.to_string())),
+        )?;
+        let position = |sequence: u64| self.valid().find(|(_, cp)| cp.sequence == sequence);
+        let passed_over = (passed_over.into_iter())
+            .filter_map(|(sequence, why)| position(sequence).map(|(at, _)| (at, why)))
+            .collect();
+        Ok(Judged { trusted: trusted.and_then(|t| position(t.sequence)), passed_over })
+    }
+
+    /// The valid slots: (position, checkpoint).
+    pub fn valid(&self) -> impl Iterator<Item = (u64, Checkpoint)> + '_ {
+        self.slots.iter().filter_map(|(position, slot)| match slot {
+            CheckpointSlot::Valid(cp) => Some((*position, *cp)),
+            _ => None,
+        })
+    }
+
     /// The valid slot with the highest sequence, as the store reads it: (position, checkpoint).
     pub fn newest(&self) -> Option<(u64, Checkpoint)> {
-        self.slots
-            .iter()
-            .filter_map(|(position, slot)| match slot {
-                CheckpointSlot::Valid(cp) => Some((*position, *cp)),
-                _ => None,
-            })
-            .max_by_key(|(_, cp)| cp.sequence)
+        self.valid().max_by_key(|(_, cp)| cp.sequence)
     }
 }
 

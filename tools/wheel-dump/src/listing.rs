@@ -71,7 +71,7 @@ pub fn slots(
     format: Format,
     out: &mut impl Write,
 ) -> Result<()> {
-    let resume = Resume::new(files, &CheckpointFile::read(files)?);
+    let resume = Resume::new(files, &CheckpointFile::read(files)?)?;
     let mut slots = Vec::new();
     if let Some(wheel) = WheelFile::read(files)? {
         for slot in wheel.slots() {
@@ -176,7 +176,7 @@ struct EntryLine {
 /// the level-1 and level-2 slots whose windows hold it. A stale slot's chain
 /// is listed as far as the timer log still holds it.
 pub fn slot(files: &StoreFiles, second: u64, format: Format, out: &mut impl Write) -> Result<()> {
-    let resume = Resume::new(files, &CheckpointFile::read(files)?);
+    let resume = Resume::new(files, &CheckpointFile::read(files)?)?;
     let wheel = WheelFile::read(files)?;
     let logs = TimerLogs::open(files)?;
     let mut chains = LiveChains::new(files, &resume);
@@ -385,8 +385,12 @@ struct CheckpointDoc {
     exists: bool,
     bytes: u64,
     slots: Vec<SlotDoc>,
-    /// Byte position of the slot a store would use, if any is valid.
+    /// Byte position of the newest valid slot, if any.
     newest: Option<u64>,
+    /// Byte position of the slot a store would trust and use (by the
+    /// library's rule: the newest that nothing contradicts and whose
+    /// `dispatched` the log's records lead to), if any.
+    trusted: Option<u64>,
 }
 
 #[derive(Serialize)]
@@ -402,6 +406,7 @@ struct SlotDoc {
 pub fn checkpoint(files: &StoreFiles, json: bool, out: &mut impl Write) -> Result<()> {
     let file = CheckpointFile::read(files)?;
     let newest = file.newest().map(|(position, _)| position);
+    let trusted = file.trusted(&CommitLog::open(files)?)?.map(|(position, _)| position);
     let slots: Vec<SlotDoc> = file
         .slots
         .iter()
@@ -421,6 +426,7 @@ pub fn checkpoint(files: &StoreFiles, json: bool, out: &mut impl Write) -> Resul
         bytes: file.len,
         slots,
         newest,
+        trusted,
     };
     if json {
         return Ok(json_line(out, &doc)?);
@@ -431,8 +437,11 @@ pub fn checkpoint(files: &StoreFiles, json: bool, out: &mut impl Write) -> Resul
     }
     writeln!(out, "{}  {} bytes", doc.path, thousands(doc.bytes))?;
     for slot in &doc.slots {
-        let mark =
-            if Some(slot.position) == doc.newest { "  (newest valid: the one a store uses)" } else { "" };
+        let mark = match (Some(slot.position) == doc.trusted, Some(slot.position) == doc.newest) {
+            (true, _) => "  (trusted: the one a store uses)",
+            (false, true) => "  (newest valid, not trusted: a store passes it over)",
+            (false, false) => "",
+        };
         writeln!(out, "\nslot at {}: {}{mark}", slot.position, slot.state)?;
         if let Some(problem) = &slot.problem {
             writeln!(out, "  {problem}")?;
@@ -441,8 +450,8 @@ pub fn checkpoint(files: &StoreFiles, json: bool, out: &mut impl Write) -> Resul
             write!(out, "{}", render_checkpoint(cp))?;
         }
     }
-    if doc.newest.is_none() {
-        writeln!(out, "\nno valid slot: the next open rebuilds every index from the commit log")?;
+    if doc.trusted.is_none() {
+        writeln!(out, "\nno slot a store trusts: the next open rebuilds every index from the commit log")?;
     }
     Ok(())
 }

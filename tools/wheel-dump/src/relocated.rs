@@ -29,6 +29,7 @@ use crate::commitlog::{CommitLog, LogFacts, decode_record, frame_at};
 use crate::error::{DumpError, Result};
 use crate::indexes::CheckpointFile;
 use crate::store_files::{DataFile, FileKind, StoreFiles};
+use crate::wheel_view::Resume;
 
 /// The index file, every whole entry decoded (or why not).
 pub struct RelocationIndex {
@@ -461,9 +462,10 @@ impl Relocated {
     }
 }
 
-/// The tick second of the newest valid checkpoint, read now.
+/// The tick second of the checkpoint a store would trust, read now.
 fn newest_tick_second(files: &StoreFiles) -> Option<u64> {
-    CheckpointFile::read(files).ok()?.newest().map(|(_, cp)| cp.tick_second)
+    let checkpoint = CheckpointFile::read(files).ok()?;
+    Resume::new(files, &checkpoint).ok()?.checkpoint.map(|(_, cp)| cp.tick_second)
 }
 
 /// What a record is, in words.

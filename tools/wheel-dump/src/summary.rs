@@ -156,7 +156,7 @@ struct QueueInfo {
 impl Summary {
     pub fn gather(files: &StoreFiles, reference_ms: u64) -> Result<Self> {
         let checkpoint = CheckpointFile::read(files)?;
-        let resume = Resume::new(files, &checkpoint);
+        let resume = Resume::new(files, &checkpoint)?;
         let wheel = WheelFile::read(files)?;
         let logs = TimerLogs::open(files)?;
         let live = match &wheel {

@@ -237,8 +237,8 @@ fn named_message<'a>(facts: &'a LogFacts, relocated: &Relocated, message: u64) -
 pub fn verify(files: &StoreFiles) -> Result<Checked> {
     let mut checked = Checked::default();
     let checkpoint = check_checkpoint_file(files, &mut checked)?;
-    let resume = Resume::new(files, &checkpoint);
-    let newest = checkpoint.newest().map(|(_, cp)| cp);
+    let resume = Resume::new(files, &checkpoint)?;
+    let newest = resume.checkpoint.map(|(_, cp)| cp);
     let clean = newest.is_some_and(|cp| cp.clean);
 
     let durable = newest.map_or(0, |cp| cp.log_durable);
@@ -296,7 +296,7 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
             }
         }
     }
-    if let Some((position, cp)) = checkpoint.newest() {
+    if let Some((position, cp)) = resume.checkpoint {
         let bad = |why: String| DumpError::bad_reference(&checkpoint.path, position, why);
         let log_end = facts.end.offset();
         for (name, value) in [("dispatched", cp.dispatched), ("delivery scan from", cp.delivery_scan_from)] {
@@ -361,6 +361,11 @@ fn check_checkpoint_file(files: &StoreFiles, checked: &mut Checked) -> Result<Ch
         if let CheckpointSlot::Invalid(kind) = slot {
             return Err(DumpError::corruption(&file.path, *position, kind.clone()));
         }
+    }
+    // A valid slot the store passes over, by the library's own rule, is damage too.
+    if let Some((position, why)) = file.judge(&CommitLog::open(files)?)?.passed_over.into_iter().next() {
+        let why = format!("a slot the store cannot have written, which it passes over: {why}");
+        return Err(DumpError::bad_reference(&file.path, position, why));
     }
     Ok(file)
 }

@@ -19,6 +19,7 @@ use delaywheel::internals::checkpoint::Checkpoint;
 use delaywheel::internals::geometry;
 use delaywheel::internals::timer_entry::TimerEntry;
 
+use crate::commitlog::CommitLog;
 use crate::error::Result;
 use crate::indexes::{CheckpointFile, Entries, LoadedLogs, PlacedSlot, WheelFile, read_chain, whole_chain};
 use crate::store_files::StoreFiles;
@@ -26,7 +27,7 @@ use crate::store_files::StoreFiles;
 /// What the next open would resume from.
 #[derive(Debug, Clone, Copy)]
 pub struct Resume {
-    /// The newest valid checkpoint and its byte position, if any.
+    /// The checkpoint the next open trusts and its byte position, if any.
     pub checkpoint: Option<(u64, Checkpoint)>,
     /// Whether the next open resumes the indexes at the checkpoint (a valid
     /// checkpoint, `consumequeue/` and `timer/wheel` all present); otherwise
@@ -35,11 +36,11 @@ pub struct Resume {
 }
 
 impl Resume {
-    pub fn new(files: &StoreFiles, checkpoint: &CheckpointFile) -> Self {
-        let newest = checkpoint.newest();
+    pub fn new(files: &StoreFiles, checkpoint: &CheckpointFile) -> Result<Self> {
+        let trusted = checkpoint.trusted(&CommitLog::open(files)?)?;
         // The store's own rule: the indexes resume only if all of them are present.
-        let resumes = files.layout.resume_point(newest.map(|(_, cp)| cp)).is_some();
-        Self { checkpoint: newest, resumes }
+        let resumes = files.layout.resume_point(trusted.map(|(_, cp)| cp)).is_some();
+        Ok(Self { checkpoint: trusted, resumes })
     }
 
     /// The tick second live slots are judged by, if the wheel is resumed.
@@ -98,7 +99,7 @@ impl<'a> LiveChains<'a> {
         let chain = read_chain(wheel, slot, logs)?;
         if chain.deleted_from.is_some() && !self.resume.clean() {
             if self.later.is_none() {
-                self.later = Some(Resume::new(self.files, &CheckpointFile::read(self.files)?));
+                self.later = Some(Resume::new(self.files, &CheckpointFile::read(self.files)?)?);
             }
             if self.later.as_ref().is_some_and(|later| !later.is_live(slot)) {
                 return Ok(None);

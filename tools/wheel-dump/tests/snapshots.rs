@@ -163,7 +163,7 @@ end of the far timer log (timer/timerlog-far/) at index 2
 
 const CHECKPOINT_TEXT: &str = r#"checkpoint  1,024 bytes
 
-slot at 0: valid  (newest valid: the one a store uses)
+slot at 0: valid  (trusted: the one a store uses)
   field                      value  meaning
   clean                        yes  written by a clean close
   position                       0  byte position of the slot
@@ -190,7 +190,7 @@ slot at 512: valid
   far timer-log end              1  far timer log (timerlog-far/) end at the same; 0 = unknown
 "#;
 
-const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists":true,"bytes":1024,"slots":[{"position":0,"state":"valid","problem":null,"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2}},{"position":512,"state":"valid","problem":null,"checkpoint":{"position":512,"sequence":1,"clean":false,"log_durable":32,"dispatched":32,"written_at_ms":1700000000000,"tick_second":1700000000,"delivery_scan_from":32,"timer_log_end":1,"far_timer_log_end":1}}],"newest":0}
+const CHECKPOINT_JSON: &str = r#"{"schema_version":1,"path":"checkpoint","exists":true,"bytes":1024,"slots":[{"position":0,"state":"valid","problem":null,"checkpoint":{"position":0,"sequence":2,"clean":true,"log_durable":469,"dispatched":469,"written_at_ms":1700000011000,"tick_second":1700000013,"delivery_scan_from":469,"timer_log_end":6,"far_timer_log_end":2}},{"position":512,"state":"valid","problem":null,"checkpoint":{"position":512,"sequence":1,"clean":false,"log_durable":32,"dispatched":32,"written_at_ms":1700000000000,"tick_second":1700000000,"delivery_scan_from":32,"timer_log_end":1,"far_timer_log_end":1}}],"newest":0,"trusted":0}
 "#;
 
 const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked

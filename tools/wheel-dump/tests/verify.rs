@@ -106,6 +106,50 @@ fn a_torn_checkpoint_slot_is_named() {
     assert_eq!((doc["slots"][0]["state"].as_str(), doc["newest"].as_u64()), (Some("invalid"), Some(512)));
 }
 
+/// Writes `liar` (with a valid checksum) over the checkpoint slot at 512,
+/// where the fixture's older slot is.
+fn plant_slot(dir: &Path, liar: &internals::checkpoint::Checkpoint) {
+    write_at(&dir.join("checkpoint"), 512, &liar.encode());
+}
+
+/// wheel-dump and the store trust the same checkpoint, by the library's one
+/// rule, where the newest valid slot is one the store cannot have written:
+/// it names log offsets past the log's files, or a `dispatched` the log's
+/// records do not lead to. wheel-dump used to take the newest valid slot,
+/// and verify passed both.
+#[test]
+fn wheel_dump_trusts_the_checkpoint_the_store_trusts() {
+    let h = healthy();
+    let doc = json(&dump(h.path(), &["checkpoint", "--json"]));
+    let real: internals::checkpoint::Checkpoint =
+        internals::checkpoint::Checkpoint::decode(&std::fs::read(h.path().join("checkpoint")).unwrap())
+            .unwrap();
+    assert_eq!((doc["trusted"].as_u64(), real.sequence), (Some(0), 2), "close wrote slot 0, the second");
+    let contradicts = internals::checkpoint::Checkpoint { sequence: 3, log_durable: 1 << 40, ..real };
+    let no_lead = internals::checkpoint::Checkpoint {
+        sequence: 3,
+        clean: false,
+        log_durable: real.log_durable + 100,
+        dispatched: real.dispatched + 1,
+        ..real
+    };
+    for (liar, why) in [(contradicts, "lies past the log's files"), (no_lead, "do not lead|not where")] {
+        let copy = copy_of(h.path());
+        plant_slot(copy.path(), &liar);
+        let doc = json(&dump(copy.path(), &["checkpoint", "--json"]));
+        assert_eq!((doc["newest"].as_u64(), doc["trusted"].as_u64()), (Some(512), Some(0)), "{liar:?}");
+        let out = dump(copy.path(), &["verify"]);
+        assert_eq!(out.status.code(), Some(1), "verify names the slot: {}", stdout(&out));
+        let report = format!("{}{}", stdout(&out), stderr(&out));
+        assert!(report.contains("at offset 512") || report.contains("512"), "{report}");
+        assert!(why.split('|').any(|w| report.contains(w)), "{report}");
+        let clock = delaywheel::ManualClock::new(T0 + 20_000);
+        let store = delaywheel::Store::open(config(copy.path(), &clock)).unwrap();
+        assert_eq!(store.recovery_report().trusted_checkpoint, Some(real.sequence), "the store: {liar:?}");
+        store.close().unwrap();
+    }
+}
+
 #[test]
 fn the_text_report_names_file_and_offset() {
     let h = healthy();
@@ -208,6 +252,18 @@ fn a_clean_close_in_the_last_bytes_of_a_segment_passes() {
     store.close().unwrap();
     let out = dump(dir.path(), &["verify", "--json"]);
     assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    // The store trusts that close's checkpoint too (its dispatched is the
+    // next segment's first record, its log durable the same place unrounded).
+    let written = json(&dump(dir.path(), &["checkpoint", "--json"]));
+    let sequence = written["slots"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter_map(|s| s["checkpoint"]["sequence"].as_u64())
+        .max();
+    let store = Store::open(config(dir.path(), &clock)).unwrap();
+    assert_eq!(store.recovery_report().trusted_checkpoint, sequence);
+    store.close().unwrap();
 }
 
 #[test]
