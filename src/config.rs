@@ -300,6 +300,7 @@ impl Config {
     /// The largest body a message may have: as set, or 4 MiB, or what a
     /// segment can hold beside the largest metadata, whichever is smaller.
     pub fn max_body_bytes(&self) -> usize {
+        // Saturating for a segment size not yet validated (`validate` refuses it).
         let room = (self.segment_size as usize).saturating_sub(FILE_HEADER_LEN + MAX_FIXED_MESSAGE_LEN);
         self.max_body_bytes.unwrap_or((4 << 20).min(room))
     }

@@ -401,6 +401,7 @@ impl MapWriter {
     /// bytes past a recovered end can never be read as data, and syncs them.
     /// A growing file's are punched out, so that they take no space again.
     pub fn zero_tail(&mut self, offset: usize) -> Result<()> {
+        // An end at or past the file's length leaves nothing to zero.
         let len = self.shared.map.len().saturating_sub(offset);
         if len == 0 {
             return Ok(());

@@ -70,6 +70,7 @@ pub(crate) fn bucket_for(levels: &DelayLevels, store_time_ms: u64, timing: Timin
     let level = if timing.delay_level != 0 {
         timing.delay_level
     } else {
+        // A deliver time already past wants the shortest level.
         let wanted = timing.deliver_at_ms.saturating_sub(store_time_ms);
         round_up_to_level(levels, wanted)
     };

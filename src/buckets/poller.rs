@@ -85,6 +85,7 @@ impl Poller {
                 last_persist = Instant::now();
             }
             self.publish_stats();
+            // A cycle longer than the interval polls again at once.
             match commands.recv_timeout(POLL_INTERVAL.saturating_sub(cycle.elapsed())) {
                 Ok(command) => self.handle(command)?,
                 Err(RecvTimeoutError::Timeout) => {}
@@ -218,6 +219,7 @@ impl Poller {
         if now_ms < deliver_at_ms {
             stats.early += 1;
         }
+        // Early (counted above) is no lateness.
         stats.record_lateness(now_ms, now_ms.saturating_sub(deliver_at_ms));
         Ok(())
     }
@@ -228,8 +230,15 @@ impl Poller {
     }
 
     fn publish_stats(&self) {
-        let waiting: u64 = self.queues.iter().map(|(queue, next)| queue.len().saturating_sub(*next)).sum();
+        let waiting: u64 = (self.queues.iter())
+            .map(|(queue, next)| {
+                debug_assert!(*next <= queue.len(), "the poller is past its queue's end");
+                queue.len() - next
+            })
+            .sum();
         let mut stats = self.stats.locked();
+        // Saturating: restored from the oldest queue's position, the set may
+        // also hold cancels of messages another queue has already passed.
         stats.pending = waiting.saturating_sub(self.cancelled.len() as u64);
         stats.refreshes += 1;
     }

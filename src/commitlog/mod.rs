@@ -441,6 +441,7 @@ impl CommitLog {
     fn locate(&self, seg: Option<&Arc<Mapped>>, at: u64, verify: Verify) -> Result<(usize, Frame)> {
         let seg = seg.ok_or_else(|| self.missing(at))?;
         let local = (at - self.base_of(at)) as usize;
+        // An offset past what is published reads as missing, below.
         let visible = seg.published().saturating_sub(local);
         let bytes = seg.read(local, visible).ok_or_else(|| self.missing(at))?;
         let frame = match verify {

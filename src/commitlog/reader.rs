@@ -129,6 +129,7 @@ impl LogReader {
         let at = self.log.normalize(offset);
         let Some(seg) = find(segments, self.log.base_of(at)) else { return 0 };
         let local = (at - self.log.base_of(at)) as usize;
+        // An offset past what is published (not yet appended) shows nothing.
         let visible = seg.published().saturating_sub(local).min(TOUCHED);
         let Some(bytes) = seg.read(local, visible) else { return 0 };
         bytes.iter().step_by(CACHE_LINE).fold(0, |acc, b| acc ^ b)

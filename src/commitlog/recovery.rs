@@ -105,6 +105,7 @@ pub(super) fn recover(dir: &Path, size: u64, plan: &RecoveryPlan) -> Result<Reco
 
     let end = find_end(dir, &mut writers, size, plan, start, &mut report)?;
     report.end = end;
+    // An end below the start (a start the torn tail took) scanned nothing.
     report.scanned_bytes = end.saturating_sub(start);
 
     let tail_base = end - end % size;

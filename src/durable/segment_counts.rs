@@ -88,6 +88,9 @@ impl SegmentCounts {
 
     fn settled_in(&mut self, base: u64, n: u64) {
         if let Some(pending) = self.counts.get_mut(&base) {
+            // Saturating by design (a test pins it): one settlement may reach
+            // the counts more than once, and a count only steers retention's
+            // scans (see the module's doc), so it stops at zero.
             pending.count = pending.count.saturating_sub(n);
         }
     }

@@ -128,6 +128,7 @@ impl Retainer {
     /// retention time ago (after downtime they fire at the open, late).
     fn needed_from_ms(&self, floor: &Mark) -> u64 {
         let keep_ms = self.policy.keep_for.map_or(0, |keep| keep.as_millis() as u64);
+        // Saturating: a floor nearer the epoch than the retention time keeps everything.
         let from = floor.settled_before_second.saturating_mul(1000).saturating_sub(keep_ms);
         if self.clock.now_ms() < self.opened_at_ms.saturating_add(keep_ms) {
             return from.min(self.open_tick_second.saturating_mul(1000));

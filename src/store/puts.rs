@@ -343,6 +343,7 @@ impl Store {
             true => self.indexed_below(),
             false => self.dispatched.load(Ordering::Acquire),
         };
+        // Read at two moments: the dispatcher may pass the end read first.
         indexable.saturating_sub(indexed)
     }
 

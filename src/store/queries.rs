@@ -229,7 +229,7 @@ impl Store {
                 + disk.timer_index
                 + disk.key_index,
             timer_log_entries: timers.timer_log_entries,
-            log_bytes: self.log.write_end().saturating_sub(self.log.start()),
+            log_bytes: self.log.write_end() - self.log.start(),
             // Read after the end: the dispatcher may have passed the end read first.
             dispatch_lag_bytes: self.log.write_end().saturating_sub(self.indexed_below()),
             quarantined: self.retention.quarantined.load(Ordering::Relaxed),

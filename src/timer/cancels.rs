@@ -103,7 +103,7 @@ impl Cancels {
         }
         if !repeat {
             debug_assert!(self.cancelled_loaded > 0, "a cancelled loaded timer was not counted");
-            self.cancelled_loaded = self.cancelled_loaded.saturating_sub(1);
+            self.cancelled_loaded -= 1;
         }
         true
     }
@@ -250,7 +250,7 @@ impl Wheel {
     pub(super) fn cascade_cancel(&mut self, level: usize, timer: Timer, with_its_timer: bool) -> Result<()> {
         let offset = timer.message_offset;
         debug_assert!(self.cancels.entries[level] > 0, "level {level} counts fewer cancel entries");
-        self.cancels.entries[level] = self.cancels.entries[level].saturating_sub(1);
+        self.cancels.entries[level] -= 1;
         self.cancels.slot_cancels.remove(&offset);
         if with_its_timer {
             self.cancels.cancelled.insert(offset);

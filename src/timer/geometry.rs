@@ -121,6 +121,7 @@ pub fn is_live(level: usize, window: u64, loaded_through: u64) -> bool {
 /// [`is_live`] for a wheel resumed at `tick_second` (a checkpoint's): it
 /// has loaded every second before it.
 pub fn slot_is_live(level: usize, window: u64, tick_second: u64) -> bool {
+    // At second 0 nothing has been loaded: saturating, as for every tick second below.
     is_live(level, window, tick_second.saturating_sub(1))
 }
 

@@ -431,6 +431,7 @@ impl Ticker {
         // Without delivery, a due timer waits for nothing: the next second's loading.
         let due = self.wheel.next_due_ms().filter(|_| self.deliver);
         let next = due.map_or(next_second, |due| due.min(next_second));
+        // Something already due: no sleep.
         Duration::from_millis(next.saturating_sub(now_ms)).min(MAX_SLEEP)
     }
 
