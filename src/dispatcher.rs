@@ -21,13 +21,12 @@ use crossbeam_channel::Receiver;
 use crate::commitlog::{CommitLog, LogReader};
 use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::queue_entry::{Entry, FLAG_TIMER_DELIVERY, batch_flags, tag_hash};
+use crate::format::queue_entry::{self, Entry, FLAG_TIMER_DELIVERY, batch_flags, tag_hash};
 use crate::format::record::{
     CancelView, DELIVERY_LEN, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView,
 };
 use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
-use crate::offsets::POSITIONS_TOPIC;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
@@ -239,7 +238,7 @@ impl Dispatcher {
                     self.note_count(view.topic, 1);
                     return Ok(queue);
                 }
-                if !readable_as_sent(&view) {
+                if !queue_entry::indexed_as_sent(view.topic, false) {
                     return Ok(None);
                 }
                 self.append_entry(&view, offset, bytes.len(), view.store_time_ms, 0).map(Some)
@@ -482,13 +481,6 @@ impl Dispatcher {
             let _ = wake.recv_timeout(Duration::from_millis(100));
         }
     }
-}
-
-/// Whether a message record that is not timed gets an entry in its consume
-/// queue when it is indexed: every one but the consumers' positions, which
-/// are replayed at open and read by no consumer.
-pub(crate) fn readable_as_sent(view: &MessageView<'_>) -> bool {
-    view.topic != POSITIONS_TOPIC
 }
 
 /// The entry of the message `view`, made visible by the record at

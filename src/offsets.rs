@@ -23,8 +23,7 @@ use crate::format::record::{MessageView, RecordKind, check_crc};
 use crate::fs::write_atomically;
 use crate::sync::Locked;
 
-/// The topic of the positions messages: reserved, no queue indexes it.
-pub const POSITIONS_TOPIC: &str = "%POSITIONS%";
+pub use crate::format::queue_entry::POSITIONS_TOPIC;
 /// Positions per message: with names of at most 127 bytes a message stays
 /// far below the smallest segment.
 const POSITIONS_PER_MESSAGE: usize = 32;

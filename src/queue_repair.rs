@@ -15,9 +15,9 @@ use std::sync::Arc;
 
 use crate::commitlog::CommitLog;
 use crate::consume_queue::ConsumeQueue;
-use crate::dispatcher::{deliveries_entry, delivery_entry, message_entry, readable_as_sent};
+use crate::dispatcher::{deliveries_entry, delivery_entry, message_entry};
 use crate::error::Result;
-use crate::format::queue_entry::Entry;
+use crate::format::queue_entry::{self, Entry};
 use crate::format::record::{DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView};
 
 /// Where an entry sorts in its queue: entries follow the log, and the
@@ -112,8 +112,7 @@ fn entries_of(
     match kind {
         RecordKind::Message => {
             if let Ok(view) = MessageView::parse(bytes)
-                && view.timer_deliver_at_ms().is_none()
-                && readable_as_sent(&view)
+                && queue_entry::indexed_as_sent(view.topic, view.timer_deliver_at_ms().is_some())
                 && ours(view.topic, view.queue_id)
             {
                 made.push(message_entry(&view, offset, bytes.len(), view.store_time_ms, 0));

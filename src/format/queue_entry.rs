@@ -12,6 +12,18 @@ pub const FLAG_TIMER_DELIVERY: u32 = 1;
 pub const FLAG_IN_BATCH: u32 = 2;
 const BATCH_INDEX_SHIFT: u32 = 16;
 
+/// The topic of the consumers' positions messages: reserved, no queue indexes it.
+pub const POSITIONS_TOPIC: &str = "%POSITIONS%";
+
+/// Whether a message record gets an entry, where it lies, in its topic's
+/// queue: every message that is not `timed` (a timed one gets its entry
+/// from the record that delivers it), but the consumers' positions, which
+/// the open replays and no consumer reads. The dispatcher indexes by it,
+/// a consumer repairing its queue and `wheel-dump verify` judge by it.
+pub fn indexed_as_sent(topic: &str, timed: bool) -> bool {
+    !timed && topic != POSITIONS_TOPIC
+}
+
 /// The flags of the entry for timer `index` of a deliveries record.
 pub fn batch_flags(index: usize) -> u32 {
     debug_assert!(index <= u16::MAX as usize, "a deliveries record names at most 65,535 timers");

@@ -925,8 +925,8 @@ fn check_queues(
         }
     }
     let Some(dispatched) = dispatched else { return Ok(()) };
-    // Positions messages are replayed at open, never indexed.
-    let indexed = |m: &&MessageFacts| m.deliver_at_ms == 0 && facts.topic(m) != delaywheel::POSITIONS_TOPIC;
+    // The library's rule: which message records get an entry where they lie.
+    let indexed = |m: &&MessageFacts| queue_entry::indexed_as_sent(facts.topic(m), m.deliver_at_ms != 0);
     let mut needed: Vec<(u64, usize)> =
         facts.messages.iter().filter(|(_, m)| indexed(m)).map(|(&at, _)| (at, 0)).collect();
     needed.extend(deliveries.keys().map(|&at| (at, 0)));
