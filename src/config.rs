@@ -7,8 +7,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
-use crate::message::MAX_FIXED_MESSAGE_LEN;
-use crate::timer::levels::DEFAULT_DELAY_LEVELS;
+use crate::format::record::MAX_FIXED_MESSAGE_LEN;
 
 /// When a `put` may return relative to its bytes reaching the disk.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -121,6 +120,9 @@ const SMALL_FILES_RESERVE: u64 = 64 << 10;
 /// The smallest segment size accepted (tests use it to roll segments quickly).
 pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
 
+/// RocketMQ's default delay-level table: levels 1 to 18.
+pub const DEFAULT_DELAY_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
+
 impl Config {
     /// Defaults: 1 GiB segments, 300,000 entries per consume-queue file, 4 queues
     /// per topic, 4 MiB bodies, async flush every 200 ms, strict recovery, system clock.
@@ -136,8 +138,8 @@ impl Config {
             recovery_mode: RecoveryMode::Lenient,
             clock: Arc::new(SystemClock),
             delay_levels: DEFAULT_DELAY_LEVELS.to_string(),
-            timer_log_file_entries: crate::timer::log::DEFAULT_ENTRIES_PER_FILE,
-            key_index_file_entries: crate::key_index::DEFAULT_ENTRIES_PER_FILE,
+            timer_log_file_entries: crate::format::timer_entry::DEFAULT_ENTRIES_PER_FILE,
+            key_index_file_entries: crate::format::key_index::DEFAULT_ENTRIES_PER_FILE,
             disk_reserve: None,
             deliver: true,
             scheduler: Scheduler::Wheel,

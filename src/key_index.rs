@@ -34,9 +34,6 @@ use crate::format::{numbered_file_name, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 use crate::sync::Locked;
 
-/// Entries per key-index file by default (1 Mi entries, 16 Ki buckets, 20 MiB).
-pub(crate) const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 20;
-
 /// The key index of one store.
 pub(crate) struct KeyIndex {
     dir: PathBuf,

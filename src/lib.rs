@@ -71,7 +71,9 @@ mod topic_counts;
 pub use buckets::SCHEDULE_TOPIC;
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use commitlog::RecoveryReport;
-pub use config::{Config, FlushMode, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler};
+pub use config::{
+    Config, DEFAULT_DELAY_LEVELS, FlushMode, MIN_SEGMENT_SIZE, RecoveryMode, Retention, Scheduler,
+};
 pub use consumer::{Consumer, QueueWatch, poll_any};
 pub use error::{CorruptionKind, Error, Result};
 pub use message::{
@@ -85,4 +87,4 @@ pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, STATS_TOPICS, Stats};
 pub use store::{DEFAULT_GROUP, Store};
 pub use ticket::PutTicket;
-pub use timer::levels::{DEFAULT_DELAY_LEVELS, DelayLevels};
+pub use timer::levels::DelayLevels;

@@ -6,20 +6,10 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::format::record::{MESSAGE_FIXED_LEN, MessageFields, Timing, properties_len};
+use crate::format::record::{MessageFields, Timing, properties_len};
 use crate::timer::levels::DelayLevels;
 
-/// The largest topic name in bytes.
-pub const MAX_TOPIC_LEN: usize = 127;
-/// Longest message key, in bytes.
-pub const MAX_KEY_LEN: usize = 1024;
-/// Longest tags string, in bytes.
-pub const MAX_TAGS_LEN: usize = 1024;
-/// Largest encoded property block, in bytes.
-pub const MAX_PROPERTIES_LEN: usize = 16 * 1024;
-/// Bytes of a message record other than its body, at the largest topic, key, tags and properties.
-pub(crate) const MAX_FIXED_MESSAGE_LEN: usize =
-    MESSAGE_FIXED_LEN + MAX_TOPIC_LEN + MAX_KEY_LEN + MAX_TAGS_LEN + MAX_PROPERTIES_LEN;
+pub use crate::format::record::{MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN};
 
 /// A message to put: a topic, a body, and optional routing and metadata.
 #[derive(Debug, Clone)]

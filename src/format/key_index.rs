@@ -14,6 +14,9 @@
 
 use crate::format::{FILE_HEADER_LEN, crc_at, get_u32, get_u64, put_u32, put_u64};
 
+/// Entries per key-index file by default (1 Mi entries, 16 Ki buckets, 20 MiB).
+pub const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 20;
+
 /// Bytes per entry.
 pub const ENTRY_LEN: usize = 20;
 const MESSAGE_OFFSET: usize = 0;

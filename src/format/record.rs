@@ -24,7 +24,8 @@ pub use delivery::{
     deliveries_timer, encode_deliveries, encode_delivery,
 };
 pub use message::{
-    MESSAGE_FIXED_LEN, MessageFields, MessageView, Timing, encode_message, encode_rescheduled, properties_len,
+    MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN, MESSAGE_FIXED_LEN,
+    MessageFields, MessageView, Timing, encode_message, encode_rescheduled, properties_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 

@@ -8,6 +8,9 @@
 use crate::error::CorruptionKind;
 use crate::format::{crc_at, get_u32, get_u64, put_u32, put_u64};
 
+/// Entries per timer-log file by default (2 Mi entries, 56 MiB).
+pub const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 21;
+
 /// Bytes per timer-log entry.
 pub const ENTRY_LEN: usize = 28;
 const MESSAGE_OFFSET: usize = 0;

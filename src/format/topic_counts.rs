@@ -8,8 +8,8 @@
 
 use std::collections::HashMap;
 
+use crate::format::record::MAX_TOPIC_LEN;
 use crate::format::{FILE_HEADER_LEN, FileHeader, TOPIC_PENDING_MAGIC, get_u64};
-use crate::message::MAX_TOPIC_LEN;
 
 /// The file's bytes.
 pub fn encode(through: u64, by_topic: &HashMap<String, u64>) -> Vec<u8> {

@@ -3,10 +3,8 @@
 
 use std::time::Duration;
 
+use crate::config::DEFAULT_DELAY_LEVELS;
 use crate::error::{Error, Result};
-
-/// RocketMQ's default table: levels 1 to 18.
-pub const DEFAULT_DELAY_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
 
 /// A parsed level table.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -22,9 +22,6 @@ use crate::format::{
 };
 use crate::mmap::{MapWriter, Mapped};
 
-/// Entries per timer-log file by default (2 Mi entries, 56 MiB).
-pub(crate) const DEFAULT_ENTRIES_PER_FILE: u64 = 1 << 21;
-
 /// The timer log, owned by the wheel.
 pub(crate) struct TimerLog {
     dir: PathBuf,

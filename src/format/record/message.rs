@@ -19,6 +19,18 @@ const M_BODY_LEN: usize = M_PROPS_LEN + 4;
 /// Where the variable part of a message record begins.
 pub const MESSAGE_FIXED_LEN: usize = M_BODY_LEN + 4;
 
+/// The largest topic name in bytes (its length is one byte in the record).
+pub const MAX_TOPIC_LEN: usize = 127;
+/// Longest message key, in bytes.
+pub const MAX_KEY_LEN: usize = 1024;
+/// Longest tags string, in bytes.
+pub const MAX_TAGS_LEN: usize = 1024;
+/// Largest encoded property block, in bytes.
+pub const MAX_PROPERTIES_LEN: usize = 16 * 1024;
+/// Bytes of a message record other than its body, at the largest topic, key, tags and properties.
+pub const MAX_FIXED_MESSAGE_LEN: usize =
+    MESSAGE_FIXED_LEN + MAX_TOPIC_LEN + MAX_KEY_LEN + MAX_TAGS_LEN + MAX_PROPERTIES_LEN;
+
 /// The timing fields a message record carries (zero for an ordinary message).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Timing {
