@@ -30,14 +30,14 @@ pub(crate) struct Cancels {
     /// forgotten from `cancelled` once that second is loaded.
     cancelled_ahead: BTreeMap<u64, Vec<u64>>,
     /// Cancel entries in slots not yet loaded, per level (for the pending count).
-    pub entries: [u64; LEVEL_COUNT],
+    entries: [u64; LEVEL_COUNT],
     /// Every cancel answered `Cancelled`, on disk: answers a repeated cancel
     /// once the timer's second is handed out and forgotten (also after a restart).
-    pub ledger: CancelLedger,
+    ledger: CancelLedger,
     /// Timers cancelled by an entry in a slot not yet loaded (a second cancel is a no-op).
     slot_cancels: HashSet<u64>,
     /// Loaded timers cancelled and not yet come up (still counted by `loaded`).
-    pub cancelled_loaded: u64,
+    cancelled_loaded: u64,
 }
 
 /// Where a cancel finds its timer.
@@ -69,6 +69,73 @@ impl Cancels {
             ledger,
             slot_cancels: HashSet::new(),
             cancelled_loaded: 0,
+        }
+    }
+
+    /// Cancel entries in slots not yet loaded, per level.
+    pub fn entries(&self) -> [u64; LEVEL_COUNT] {
+        self.entries
+    }
+
+    /// Loaded timers cancelled and not yet come up.
+    pub fn cancelled_loaded(&self) -> u64 {
+        self.cancelled_loaded
+    }
+
+    /// The cancel ledger.
+    pub fn ledger(&self) -> &CancelLedger {
+        &self.ledger
+    }
+
+    /// The cancel ledger, to record in or reclaim.
+    pub fn ledger_mut(&mut self) -> &mut CancelLedger {
+        &mut self.ledger
+    }
+
+    /// A live slot of `level` read at open holds `n` cancel entries.
+    pub(super) fn count_entries(&mut self, level: usize, n: u64) {
+        self.entries[level] += n;
+    }
+
+    /// A cancel entry for the timer of `offset` went into a slot of `level`
+    /// not loaded yet.
+    fn entered_in_slot(&mut self, level: usize, offset: u64) {
+        self.entries[level] += 1;
+        self.slot_cancels.insert(offset);
+    }
+
+    /// The timer of `offset`, loaded (or being read in), is cancelled: it is
+    /// dropped when it comes up. `loaded`: it is counted among the loaded.
+    fn cancelled_in_memory(&mut self, offset: u64, loaded: bool) {
+        self.cancelled.insert(offset);
+        if loaded {
+            self.cancelled_loaded += 1;
+        }
+    }
+
+    /// A cascade from `level` took a cancel entry for the timer of
+    /// `offset` out of its slot; with its timer dropped beside it, that
+    /// timer (due in `second`) is remembered as cancelled until its second
+    /// is loaded.
+    fn cascaded_entry(&mut self, level: usize, offset: u64, dropped_due_second: Option<u64>) {
+        debug_assert!(self.entries[level] > 0, "level {level} counts fewer cancel entries");
+        self.entries[level] -= 1;
+        self.slot_cancels.remove(&offset);
+        if let Some(second) = dropped_due_second {
+            self.cancelled.insert(offset);
+            self.cancelled_ahead.entry(second).or_default().push(offset);
+        }
+    }
+
+    /// Forgets the cascade-dropped cancelled timers whose second is at or
+    /// before `loaded_through`.
+    fn forget_behind(&mut self, loaded_through: u64, restart: &mut Restart) {
+        while let Some(entry) = self.cancelled_ahead.first_entry()
+            && *entry.key() <= loaded_through
+        {
+            for offset in entry.remove() {
+                self.forget(offset, restart);
+            }
         }
     }
 
@@ -114,7 +181,7 @@ impl Cancels {
         let mut timers = prefetch.timers;
         let applied = u64::from(prefetch.cancel_entries);
         debug_assert!(self.entries[0] >= applied, "level 0 counts fewer cancel entries");
-        self.entries[0] -= applied.min(self.entries[0]);
+        self.entries[0] -= applied;
         if !prefetch.cancels.is_empty() {
             timers.retain(|t| !prefetch.cancels.contains(&t.message_offset));
             for offset in &prefetch.cancels {
@@ -160,7 +227,7 @@ impl Wheel {
             // only the ledger remembers: a second cancel record would settle
             // the timer twice in the log. This session's cancels are all in
             // memory, and a lookup costs a cancel 2.5x (`timer_control`).
-            if self.restart.before_open(offset) && self.cancels.ledger.contains(offset)? {
+            if self.restart.before_open(offset) && self.cancels.ledger().contains(offset)? {
                 return Ok(CancelTarget::AlreadyCancelled);
             }
             return Ok(if prefetching { CancelTarget::Prefetching } else { CancelTarget::Slot });
@@ -171,7 +238,7 @@ impl Wheel {
         }
         // Handed out or dropped: only the ledger still knows which (read only
         // here, where the memory of this session has nothing to say).
-        if self.cancels.ledger.contains(offset)? {
+        if self.cancels.ledger().contains(offset)? {
             return Ok(CancelTarget::AlreadyCancelled);
         }
         Ok(CancelTarget::AlreadyDelivered)
@@ -185,27 +252,27 @@ impl Wheel {
 
     /// Enters a cancel or a reschedule in the ledger (records come in log order).
     pub fn record_in_ledger(&mut self, entry: LedgerEntry) -> Result<()> {
-        self.cancels.ledger.record(entry)
+        self.cancels.ledger_mut().record(entry)
     }
 
     /// The pins (see `durable/pins.rs`), read from the ledger, to share with retention.
     pub fn pins(&self) -> Arc<Pins> {
-        self.cancels.ledger.pins()
+        self.cancels.ledger().pins()
     }
 
     /// Reads the pins from the ledger, into `pins` if given (the ones
     /// retention reads, kept across a rebuild).
     pub fn load_pins(&mut self, pins: Option<Arc<Pins>>) -> Result<()> {
         match pins {
-            Some(pins) => self.cancels.ledger.share_pins(pins),
-            None => self.cancels.ledger.load_pins(),
+            Some(pins) => self.cancels.ledger_mut().share_pins(pins),
+            None => self.cancels.ledger_mut().load_pins(),
         }
     }
 
     /// The timer of the message a handle names now: the message's own
     /// (`timer`), or that of its latest reschedule record.
     pub fn current_timer(&self, timer: Timer) -> Result<Timer> {
-        let latest = self.cancels.ledger.latest_reschedule(timer.message_offset)?;
+        let latest = self.cancels.ledger().latest_reschedule(timer.message_offset)?;
         Ok(latest.map_or(timer, |entry| entry.rescheduled_timer()))
     }
 
@@ -220,8 +287,7 @@ impl Wheel {
                 let (level, window) = self.place(sec).expect("a second not yet loaded");
                 self.append_to_slot(level, window, timer, true)?;
                 self.unloaded[level] += 1;
-                self.cancels.entries[level] += 1;
-                self.cancels.slot_cancels.insert(offset);
+                self.cancels.entered_in_slot(level, offset);
             }
             CancelTarget::Prefetching => {
                 // Being read in: the walk started below any entry appended now,
@@ -232,12 +298,9 @@ impl Wheel {
                     debug_assert!(prefetch.held > 0, "a cancel of a timer the prefetch does not hold");
                     prefetch.held -= 1;
                 }
-                self.cancels.cancelled.insert(offset);
+                self.cancels.cancelled_in_memory(offset, false);
             }
-            CancelTarget::Loaded => {
-                self.cancels.cancelled.insert(offset);
-                self.cancels.cancelled_loaded += 1;
-            }
+            CancelTarget::Loaded => self.cancels.cancelled_in_memory(offset, true),
         }
         Ok(CancelState::Cancelled)
     }
@@ -248,29 +311,14 @@ impl Wheel {
     /// later cancel still answers `Cancelled` (and adds no entry); otherwise
     /// the timer is coarser still and the cancel moves down with it.
     pub(super) fn cascade_cancel(&mut self, level: usize, timer: Timer, with_its_timer: bool) -> Result<()> {
-        let offset = timer.message_offset;
-        debug_assert!(self.cancels.entries[level] > 0, "level {level} counts fewer cancel entries");
-        self.cancels.entries[level] -= 1;
-        self.cancels.slot_cancels.remove(&offset);
-        if with_its_timer {
-            self.cancels.cancelled.insert(offset);
-            let second = timer.deliver_at_ms / 1000;
-            self.cancels.cancelled_ahead.entry(second).or_default().push(offset);
-            Ok(())
-        } else {
-            self.cancel(timer).map(drop)
-        }
+        let dropped_due_second = with_its_timer.then_some(timer.deliver_at_ms / 1000);
+        self.cancels.cascaded_entry(level, timer.message_offset, dropped_due_second);
+        if with_its_timer { Ok(()) } else { self.cancel(timer).map(drop) }
     }
 
     /// Forgets the cascade-dropped cancelled timers whose second is loaded:
     /// they can no longer be in a slot, and the ledger answers for them.
     pub(super) fn forget_cancelled_behind(&mut self) {
-        while let Some(entry) = self.cancels.cancelled_ahead.first_entry()
-            && *entry.key() <= self.loaded_through
-        {
-            for offset in entry.remove() {
-                self.cancels.forget(offset, &mut self.restart);
-            }
-        }
+        self.cancels.forget_behind(self.loaded_through, &mut self.restart);
     }
 }

@@ -18,8 +18,8 @@ impl Wheel {
         // cancel entries are still among the level's until it is loaded.
         let mut entries = self.unloaded;
         entries[0] += self.prefetch.as_ref().map_or(0, |p| u64::from(p.held));
-        let mut counts = net_pending(entries, self.cancels.entries);
-        let (loaded, cancelled) = (self.loaded.pending() as u64, self.cancels.cancelled_loaded);
+        let mut counts = net_pending(entries, self.cancels.entries());
+        let (loaded, cancelled) = (self.loaded.pending() as u64, self.cancels.cancelled_loaded());
         debug_assert!(loaded >= cancelled, "{cancelled} cancelled of {loaded} loaded timers");
         counts[0] += loaded - cancelled.min(loaded);
         counts
@@ -71,10 +71,10 @@ impl Wheel {
         debug_assert!(self.unloaded[0] >= entries, "level 0 counts fewer entries than its slots");
         let cancels = cancels + prefetch_cancels;
         debug_assert!(
-            self.cancels.entries[0] >= cancels,
+            self.cancels.entries()[0] >= cancels,
             "level 0 counts fewer cancel entries than its slots"
         );
-        let rest = (self.unloaded[0] - entries) as i64 - 2 * (self.cancels.entries[0] - cancels) as i64;
+        let rest = (self.unloaded[0] - entries) as i64 - 2 * (self.cancels.entries()[0] - cancels) as i64;
         net[bucket(cutoff_ms.max(first * 1000))] += rest;
         self.count_coarse_by_due_time(bucket, &mut net);
         Ok(carry_cancels_back(net))

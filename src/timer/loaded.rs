@@ -136,12 +136,15 @@ impl Loaded {
                 }
             }
         }
-        debug_assert!(cancels.cancelled_loaded >= cancelled_elsewhere, "cancelled loaded timers miscounted");
         debug_assert!(
-            counts[0] >= cancels.cancelled_loaded - cancelled_elsewhere,
+            cancels.cancelled_loaded() >= cancelled_elsewhere,
             "cancelled loaded timers miscounted"
         );
-        counts[0] -= cancels.cancelled_loaded - cancelled_elsewhere;
+        debug_assert!(
+            counts[0] >= cancels.cancelled_loaded() - cancelled_elsewhere,
+            "cancelled loaded timers miscounted"
+        );
+        counts[0] -= cancels.cancelled_loaded() - cancelled_elsewhere;
     }
 
     /// The loaded timers not yet handed out, cancelled ones included.

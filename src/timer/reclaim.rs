@@ -77,6 +77,6 @@ impl Wheel {
     /// Deletes the ledger files no handle can ask about any more (see
     /// [`CancelLedger::reclaim`](crate::timer::ledger::CancelLedger::reclaim)).
     pub fn reclaim_ledger(&mut self, log_start: u64, relocated_from_ms: u64) -> Result<u64> {
-        self.cancels.ledger.reclaim(log_start, relocated_from_ms)
+        self.cancels.ledger_mut().reclaim(log_start, relocated_from_ms)
     }
 }

@@ -309,7 +309,7 @@ impl Wheel {
     /// ledger (after any relocated ones: the ledger is in log order).
     fn record_recovered_cancels(&mut self) -> Result<()> {
         for entry in std::mem::take(&mut self.restart.settled.ledger_records) {
-            self.cancels.ledger.record(entry)?;
+            self.cancels.ledger_mut().record(entry)?;
         }
         Ok(())
     }

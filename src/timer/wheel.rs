@@ -214,7 +214,7 @@ impl Wheel {
                     SlotCount { window: slot.window, count: slot.count, cancels: slot.cancels };
                 if slot.count > 0 && self.is_live(level, slot.window) {
                     self.unloaded[level] += u64::from(slot.count);
-                    self.cancels.entries[level] += u64::from(slot.cancels);
+                    self.cancels.count_entries(level, u64::from(slot.cancels));
                 }
             }
         }
@@ -680,7 +680,7 @@ impl Wheel {
     pub fn files_to_sync(&self) -> FilesToSync {
         let mut appended = self.logs[0].written_files();
         appended.extend(self.logs[1].written_files());
-        appended.extend(self.cancels.ledger.files());
+        appended.extend(self.cancels.ledger().files());
         let in_place = vec![Arc::clone(self.tails.shared()), Arc::clone(self.file.shared())];
         FilesToSync { appended, in_place }
     }
@@ -691,7 +691,7 @@ impl Wheel {
         self.file.shared().len() as u64
             + self.tails.shared().len() as u64
             + logs
-            + self.cancels.ledger.disk_bytes()
+            + self.cancels.ledger().disk_bytes()
     }
 }
 
