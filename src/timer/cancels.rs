@@ -214,10 +214,10 @@ impl Wheel {
     /// caller writes the cancel record before [`apply_cancel`](Self::apply_cancel).
     pub fn locate_for_cancel(&self, timer: &Timer) -> Result<CancelTarget> {
         let offset = timer.message_offset;
-        if self.restart.settled.cancelled.contains(&offset) || self.cancels.knows_cancelled(offset) {
+        if self.restart.cancelled_before(offset) || self.cancels.knows_cancelled(offset) {
             return Ok(CancelTarget::AlreadyCancelled);
         }
-        if self.restart.settled.delivered.contains(&offset) {
+        if self.restart.delivered_before(offset) {
             return Ok(CancelTarget::AlreadyDelivered);
         }
         let sec = timer.deliver_at_ms / 1000;

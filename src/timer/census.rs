@@ -88,7 +88,7 @@ impl Wheel {
     /// among `cancelled` (those the caller read) or this session cancelled
     /// it, or it is a replayed copy whose twin was handed out.
     pub(super) fn is_gone(&self, offset: u64, cancelled: &HashSet<u64>) -> bool {
-        self.restart.settled.contains(&offset)
+        self.restart.settled_before(offset)
             || cancelled.contains(&offset)
             || self.cancels.knows_cancelled(offset)
             || self.restart.handed_out(offset)

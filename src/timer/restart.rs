@@ -56,7 +56,7 @@ impl Settled {
 pub(crate) struct Restart {
     /// Delivered or cancelled before a restart (from the commit log's records
     /// after the checkpoint); dropped when loaded again.
-    pub settled: Settled,
+    settled: Settled,
     /// Commit-log offsets the dispatcher replays after a restart: their timers
     /// may be indexed twice, in slots of different seconds (a late timer sits
     /// in the slot of a later second), so the copies need not come up together.
@@ -75,6 +75,21 @@ pub(crate) struct Restart {
 }
 
 impl Restart {
+    /// Whether the timer of `offset` was cancelled before the restart.
+    pub fn cancelled_before(&self, offset: u64) -> bool {
+        self.settled.cancelled.contains(&offset)
+    }
+
+    /// Whether the timer of `offset` was delivered before the restart.
+    pub fn delivered_before(&self, offset: u64) -> bool {
+        self.settled.delivered.contains(&offset)
+    }
+
+    /// Whether the timer of `offset` was delivered or cancelled before the restart.
+    pub fn settled_before(&self, offset: u64) -> bool {
+        self.settled.contains(&offset)
+    }
+
     pub fn new(resume: Option<Resume>, now_ms: u64, settled: Settled, mark: u64) -> Self {
         Self {
             settled,

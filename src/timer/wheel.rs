@@ -561,7 +561,7 @@ impl Wheel {
             let entry = self.logs[0].read_linked(prefetch.cursor)?;
             if entry.cancel {
                 prefetch.cancels.insert(entry.message_offset);
-            } else if !self.restart.settled.contains(&entry.message_offset) {
+            } else if !self.restart.settled_before(entry.message_offset) {
                 prefetch
                     .timers
                     .push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
