@@ -18,7 +18,7 @@
 //!   entries stay: such a copy is gone, and no longer needed.
 
 use std::collections::{BTreeMap, HashMap};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 
 use delaywheel::CorruptionKind;
 use delaywheel::internals;
@@ -244,27 +244,63 @@ impl Relocated {
         };
         let mut r = Self { log_start: log.start(), compacted_at, ..Self::default() };
         let mut windows = Windows::new(files);
-        let check = |r: &mut Self, e: DumpError| -> Result<()> {
-            if strict {
-                return Err(e);
-            }
-            r.damaged += 1;
-            Ok(())
-        };
         let index = match RelocationIndex::read(files) {
             Ok(index) => index,
             Err(e) => {
-                check(&mut r, e)?;
+                r.check(strict, e)?;
                 None
             }
         };
         if strict {
             windows.check_all()?;
         }
-        let Some(index) = index else {
-            r.window_files = windows.headers_checked;
-            return Ok(r);
-        };
+        if let Some(index) = index {
+            let mut reading =
+                Reading { files, facts, windows: &mut windows, clean, strict, tick_second: None };
+            reading.entries(&mut r, &index, log.segment_size.max(1))?;
+        }
+        r.window_files = windows.headers_checked;
+        Ok(r)
+    }
+
+    /// `e` is a problem: the error if `strict`, else counted as damage.
+    fn check(&mut self, strict: bool, e: DumpError) -> Result<()> {
+        if strict {
+            return Err(e);
+        }
+        self.damaged += 1;
+        Ok(())
+    }
+
+    /// Counts a relocated entry's copy, of `kind`, in its segment.
+    fn count_relocated(&mut self, entry: &IndexEntry, kind: CopyKind, segment_size: u64) {
+        self.by_offset.insert(entry.original_offset, kind);
+        let base = entry.original_offset - entry.original_offset % segment_size;
+        let s = self.per_segment.entry(base).or_default();
+        s.entries += 1;
+        s.bytes += u64::from(entry.len);
+        match kind {
+            CopyKind::Timer | CopyKind::Reschedule => s.timers += 1,
+            CopyKind::Cancel => s.cancels += 1,
+            CopyKind::WindowDeleted | CopyKind::Damaged => s.unread += 1,
+        }
+    }
+}
+
+/// One read of the relocation index's entries and the copies they name.
+struct Reading<'a, 'w> {
+    files: &'a StoreFiles,
+    facts: &'w mut LogFacts,
+    windows: &'w mut Windows<'a>,
+    clean: bool,
+    strict: bool,
+    /// The trusted checkpoint's tick second, read once a window is found missing.
+    tick_second: Option<Option<u64>>,
+}
+
+impl Reading<'_, '_> {
+    /// Reads every entry of `index` and its copy into `r`.
+    fn entries(&mut self, r: &mut Relocated, index: &RelocationIndex, segment_size: u64) -> Result<()> {
         r.index_exists = true;
         r.index_entries = index.entries.len() as u64;
         // The tail a recovery would cut: entries that fail their checksum or
@@ -280,39 +316,29 @@ impl Relocated {
             let position = internals::FILE_HEADER_LEN as u64
                 + index.entries.len() as u64 * relocation::INDEX_ENTRY_LEN as u64;
             let kind = CorruptionKind::BadFrame(format!("a partial entry of {} bytes", index.partial));
-            if clean {
-                check(&mut r, DumpError::corruption(&index.path, position, kind))?;
-            } else {
-                r.torn += 1;
-                r.first_torn.get_or_insert((index.path.clone(), position, kind));
-            }
+            self.torn_or_damaged(r, &index.path, position, kind)?;
         }
-        let segment_size = log.segment_size.max(1);
-        // The newest checkpoint's tick second, read once a window is found missing.
-        let mut tick_second: Option<Option<u64>> = None;
         let mut previous: Option<u64> = None;
         let mut placed: BTreeMap<u64, Vec<(u64, u64, u64)>> = BTreeMap::new();
         for (i, (position, decoded)) in index.entries.iter().enumerate() {
             let position = *position;
             let entry = match decoded {
                 Ok(entry) => *entry,
-                Err(kind) if i >= tail_start && !clean => {
-                    r.torn += 1;
-                    r.first_torn.get_or_insert((index.path.clone(), position, kind.clone()));
+                Err(kind) if i >= tail_start => {
+                    self.torn_or_damaged(r, &index.path, position, kind.clone())?;
                     continue;
                 }
                 Err(kind) => {
-                    check(&mut r, DumpError::corruption(&index.path, position, kind.clone()))?;
+                    r.check(self.strict, DumpError::corruption(&index.path, position, kind.clone()))?;
                     continue;
                 }
             };
-            let bad = |why: String| DumpError::bad_reference(&index.path, position, why);
             if let Some(prev) = previous.filter(|&p| entry.original_offset <= p) {
                 let why = format!(
                     "original offset {} is not after the previous entry's {prev}",
                     entry.original_offset
                 );
-                check(&mut r, bad(why))?;
+                r.check(self.strict, DumpError::bad_reference(&index.path, position, why))?;
                 continue;
             }
             previous = Some(entry.original_offset);
@@ -321,145 +347,175 @@ impl Relocated {
             if !relocated {
                 r.unfinished += 1;
             }
-            let copy = match windows.read(&entry) {
-                Ok(copy) => copy,
-                Err(e) => {
-                    check(&mut r, e)?;
-                    if relocated {
-                        r.by_offset.insert(entry.original_offset, CopyKind::Damaged);
-                    }
-                    continue;
+            let Some(kind) = self.copy(r, &index.path, position, &entry, relocated)? else {
+                // Unreadable: no copy to count in its segment.
+                if relocated {
+                    r.by_offset.insert(entry.original_offset, CopyKind::Damaged);
                 }
-            };
-            let kind = match copy {
-                None => {
-                    // Retention deletes a window once it ends at or before the
-                    // time every timer before which has fired (at most the tick
-                    // second of the checkpoints written by then).
-                    let window_end = entry.window().saturating_add(relocation::WINDOW_SECS);
-                    // The checkpoint is read after the window was found missing
-                    // (again before blaming it), so a live store cannot have
-                    // deleted it on the word of a newer checkpoint than ours.
-                    let mut tick = *tick_second.get_or_insert_with(|| newest_tick_second(files));
-                    if tick.is_some_and(|tick| window_end > tick) {
-                        tick = newest_tick_second(files);
-                        tick_second = Some(tick);
-                    }
-                    if let Some(tick) = tick.filter(|&tick| window_end > tick) {
-                        let why = format!(
-                            "the copy of log offset {} due at {} is in window file {}, which is missing, \
-                             but that window ends at second {window_end}, after the checkpoint's tick second {tick}",
-                            entry.original_offset,
-                            entry.deliver_at_ms,
-                            files.relocation_window(entry.window()).display()
-                        );
-                        check(&mut r, bad(why))?;
-                    }
-                    r.window_deleted += 1;
-                    CopyKind::WindowDeleted
-                }
-                Some(copy) => {
-                    let wrong = |what: String| {
-                        let why = format!(
-                            "the copy of log offset {} is {what}, where the index says a timer or a cancel due at {}",
-                            entry.original_offset, entry.deliver_at_ms
-                        );
-                        DumpError::bad_reference(&copy.path, entry.position, why)
-                    };
-                    match &copy.record() {
-                        // The copy of a rescheduled timer's message is filed by
-                        // its new deliver time, later than its own.
-                        Record::Message(m)
-                            if m.timer_deliver_at_ms().is_some_and(|own| own <= entry.deliver_at_ms) =>
-                        {
-                            if relocated {
-                                facts.add_relocated_timer(entry.original_offset, entry.len as usize, m);
-                            }
-                            r.timers += 1;
-                            CopyKind::Timer
-                        }
-                        Record::Cancel(c)
-                            if c.deliver_at_ms == entry.deliver_at_ms
-                                && c.message_offset < entry.original_offset =>
-                        {
-                            r.cancels += 1;
-                            if relocated {
-                                r.cancel_copies.push(CancelCopy {
-                                    original_offset: entry.original_offset,
-                                    message_offset: c.message_offset,
-                                    deliver_at_ms: c.deliver_at_ms,
-                                    path: copy.path.clone(),
-                                    position: entry.position,
-                                });
-                            }
-                            CopyKind::Cancel
-                        }
-                        Record::Reschedule(s)
-                            if s.deliver_at_ms == entry.deliver_at_ms
-                                && s.message_offset < entry.original_offset =>
-                        {
-                            if relocated {
-                                facts.reschedules.insert(entry.original_offset, *s);
-                            }
-                            r.timers += 1;
-                            CopyKind::Reschedule
-                        }
-                        Record::Message(m) if m.timer_deliver_at_ms().is_some() => {
-                            let due = m.timing.deliver_at_ms;
-                            check(&mut r, wrong(format!("a timer message due at {due}")))?;
-                            CopyKind::Damaged
-                        }
-                        Record::Message(_) => {
-                            check(&mut r, wrong("a message that is not a timer".into()))?;
-                            CopyKind::Damaged
-                        }
-                        Record::Cancel(c) => {
-                            let what = format!(
-                                "a cancel of log offset {} due at {}",
-                                c.message_offset, c.deliver_at_ms
-                            );
-                            check(&mut r, wrong(what))?;
-                            CopyKind::Damaged
-                        }
-                        other => {
-                            check(&mut r, wrong(format!("a {} record", record_name(other))))?;
-                            CopyKind::Damaged
-                        }
-                    }
-                }
+                continue;
             };
             if kind != CopyKind::WindowDeleted && kind != CopyKind::Damaged {
                 r.copies += 1;
             }
             if relocated {
-                r.by_offset.insert(entry.original_offset, kind);
-                let base = entry.original_offset - entry.original_offset % segment_size;
-                let s = r.per_segment.entry(base).or_default();
-                s.entries += 1;
-                s.bytes += u64::from(entry.len);
-                match kind {
-                    CopyKind::Timer | CopyKind::Reschedule => s.timers += 1,
-                    CopyKind::Cancel => s.cancels += 1,
-                    CopyKind::WindowDeleted | CopyKind::Damaged => s.unread += 1,
-                }
+                r.count_relocated(&entry, kind, segment_size);
             }
         }
-        // Copies never overlap: each pass appends after what is in the file.
-        for (window, mut copies) in placed {
-            copies.sort_unstable();
-            for pair in copies.windows(2) {
-                let ((a_at, a_len, _), (b_at, _, b_position)) = (pair[0], pair[1]);
-                if b_at < a_at + a_len {
-                    let why = format!(
-                        "its copy at {b_at} of window file {window:020} overlaps the copy at {a_at} ({a_len} bytes)"
-                    );
-                    check(&mut r, DumpError::bad_reference(&index.path, b_position, why))?;
-                }
-            }
-        }
-        r.window_files = windows.headers_checked;
-        Ok(r)
+        check_no_overlaps(r, self.strict, &index.path, placed)
     }
+
+    /// A torn entry at the tail of a store not closed cleanly (a pass cut
+    /// short, which the open cuts), or damage in a clean one.
+    fn torn_or_damaged(
+        &mut self,
+        r: &mut Relocated,
+        path: &Path,
+        position: u64,
+        kind: CorruptionKind,
+    ) -> Result<()> {
+        if self.clean {
+            return r.check(self.strict, DumpError::corruption(path, position, kind));
+        }
+        r.torn += 1;
+        r.first_torn.get_or_insert((path.to_path_buf(), position, kind));
+        Ok(())
+    }
+
+    /// What the copy `entry` names is, read and checked (`Damaged` if it
+    /// does not check out); `None` if it could not be read.
+    fn copy(
+        &mut self,
+        r: &mut Relocated,
+        index_path: &Path,
+        position: u64,
+        entry: &IndexEntry,
+        relocated: bool,
+    ) -> Result<Option<CopyKind>> {
+        match self.windows.read(entry) {
+            Ok(None) => self.missing_window(r, index_path, position, entry).map(Some),
+            Ok(Some(copy)) => self.read_copy(r, &copy, entry, relocated).map(Some),
+            Err(e) => r.check(self.strict, e).map(|()| None),
+        }
+    }
+
+    /// The copy's window file is gone: what retention does once a window
+    /// ends at or before the time every timer before which has fired (at
+    /// most the tick second of the checkpoints written by then).
+    fn missing_window(
+        &mut self,
+        r: &mut Relocated,
+        index_path: &Path,
+        position: u64,
+        entry: &IndexEntry,
+    ) -> Result<CopyKind> {
+        let window_end = entry.window().saturating_add(relocation::WINDOW_SECS);
+        // The checkpoint is read after the window was found missing (again
+        // before blaming it), so a live store cannot have deleted it on the
+        // word of a newer checkpoint than ours.
+        let files = self.files;
+        let mut tick = *self.tick_second.get_or_insert_with(|| newest_tick_second(files));
+        if tick.is_some_and(|tick| window_end > tick) {
+            tick = newest_tick_second(files);
+            self.tick_second = Some(tick);
+        }
+        if let Some(tick) = tick.filter(|&tick| window_end > tick) {
+            let why = format!(
+                "the copy of log offset {} due at {} is in window file {}, which is missing, \
+                 but that window ends at second {window_end}, after the checkpoint's tick second {tick}",
+                entry.original_offset,
+                entry.deliver_at_ms,
+                files.relocation_window(entry.window()).display()
+            );
+            r.check(self.strict, DumpError::bad_reference(index_path, position, why))?;
+        }
+        r.window_deleted += 1;
+        Ok(CopyKind::WindowDeleted)
+    }
+
+    /// The record a copy holds, judged against its index entry; relocated
+    /// timers and reschedules are added to the facts.
+    fn read_copy(
+        &mut self,
+        r: &mut Relocated,
+        copy: &CopyRead,
+        entry: &IndexEntry,
+        relocated: bool,
+    ) -> Result<CopyKind> {
+        let wrong = |what: String| {
+            let why = format!(
+                "the copy of log offset {} is {what}, where the index says a timer or a cancel due at {}",
+                entry.original_offset, entry.deliver_at_ms
+            );
+            DumpError::bad_reference(&copy.path, entry.position, why)
+        };
+        let problem = match &copy.record() {
+            // The copy of a rescheduled timer's message is filed by its new
+            // deliver time, later than its own.
+            Record::Message(m) if m.timer_deliver_at_ms().is_some_and(|own| own <= entry.deliver_at_ms) => {
+                if relocated {
+                    self.facts.add_relocated_timer(entry.original_offset, entry.len as usize, m);
+                }
+                r.timers += 1;
+                return Ok(CopyKind::Timer);
+            }
+            Record::Cancel(c)
+                if c.deliver_at_ms == entry.deliver_at_ms && c.message_offset < entry.original_offset =>
+            {
+                r.cancels += 1;
+                if relocated {
+                    r.cancel_copies.push(CancelCopy {
+                        original_offset: entry.original_offset,
+                        message_offset: c.message_offset,
+                        deliver_at_ms: c.deliver_at_ms,
+                        path: copy.path.clone(),
+                        position: entry.position,
+                    });
+                }
+                return Ok(CopyKind::Cancel);
+            }
+            Record::Reschedule(s)
+                if s.deliver_at_ms == entry.deliver_at_ms && s.message_offset < entry.original_offset =>
+            {
+                if relocated {
+                    self.facts.reschedules.insert(entry.original_offset, *s);
+                }
+                r.timers += 1;
+                return Ok(CopyKind::Reschedule);
+            }
+            Record::Message(m) if m.timer_deliver_at_ms().is_some() => {
+                wrong(format!("a timer message due at {}", m.timing.deliver_at_ms))
+            }
+            Record::Message(_) => wrong("a message that is not a timer".into()),
+            Record::Cancel(c) => {
+                wrong(format!("a cancel of log offset {} due at {}", c.message_offset, c.deliver_at_ms))
+            }
+            other => wrong(format!("a {} record", record_name(other))),
+        };
+        r.check(self.strict, problem)?;
+        Ok(CopyKind::Damaged)
+    }
+}
+
+/// Copies never overlap: each pass appends after what is in the file.
+fn check_no_overlaps(
+    r: &mut Relocated,
+    strict: bool,
+    index_path: &Path,
+    placed: BTreeMap<u64, Vec<(u64, u64, u64)>>,
+) -> Result<()> {
+    for (window, mut copies) in placed {
+        copies.sort_unstable();
+        for pair in copies.windows(2) {
+            let ((a_at, a_len, _), (b_at, _, b_position)) = (pair[0], pair[1]);
+            if b_at < a_at + a_len {
+                let why = format!(
+                    "its copy at {b_at} of window file {window:020} overlaps the copy at {a_at} ({a_len} bytes)"
+                );
+                r.check(strict, DumpError::bad_reference(index_path, b_position, why))?;
+            }
+        }
+    }
+    Ok(())
 }
 
 /// The tick second of the checkpoint a store would trust, read now.
