@@ -23,9 +23,12 @@ pub use delivery::{
     DELIVERIES_MAX, DELIVERY_LEN, DeliveriesView, DeliveryView, deliveries_count, deliveries_len,
     deliveries_timer, encode_deliveries, encode_delivery,
 };
+/// For tools only: the crate itself uses it inside `message`.
+#[cfg(feature = "internals")]
+pub use message::MESSAGE_FIXED_LEN;
 pub use message::{
-    MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN, MESSAGE_FIXED_LEN,
-    MessageFields, MessageView, Timing, encode_message, encode_rescheduled, properties_len,
+    MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN, MessageFields,
+    MessageView, Timing, encode_message, encode_rescheduled, properties_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 
