@@ -570,7 +570,7 @@ fn list_queue_dirs(root: &Path) -> Result<Vec<(String, u32, PathBuf)>> {
             let entry = entry.map_err(|e| Error::io("list", dir, e))?;
             let kind = entry.file_type().map_err(|e| Error::io("stat", entry.path(), e))?;
             if kind.is_symlink() {
-                return Err(Error::io("open", entry.path(), crate::fs::symlink_refused()));
+                return Err(Error::io("open", entry.path(), crate::error::symlink_refused()));
             }
             if kind.is_dir() {
                 out.push((entry.file_name().to_string_lossy().into_owned(), entry.path()));

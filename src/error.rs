@@ -98,7 +98,7 @@ pub enum Error {
     )]
     NotYetDurable {
         /// What was written: the put's receipt or the cancelled handle.
-        written: crate::message::Written,
+        written: crate::receipt::Written,
         /// How long it waited.
         waited_ms: u64,
     },
@@ -242,7 +242,7 @@ impl Error {
         // Every file the store opens is opened with O_NOFOLLOW: ELOOP then
         // means a symbolic link was planted where the store's file is.
         let source = match rustix::io::Errno::from_io_error(&source) {
-            Some(rustix::io::Errno::LOOP) => crate::fs::symlink_refused(),
+            Some(rustix::io::Errno::LOOP) => symlink_refused(),
             _ => source,
         };
         Self::Io { op, path: path.into(), source }
@@ -255,4 +255,10 @@ impl Error {
     pub(crate) fn corruption(file: impl Into<PathBuf>, offset: u64, kind: CorruptionKind) -> Self {
         Self::Corruption { file: file.into(), offset, kind }
     }
+}
+
+/// The error for a symbolic link met where the store expects its own file
+/// or directory.
+pub(crate) fn symlink_refused() -> std::io::Error {
+    std::io::Error::other("is a symbolic link; the store does not follow links inside its directory")
 }

@@ -7,7 +7,7 @@ use std::fs::{File, OpenOptions};
 use std::os::unix::fs::{DirBuilderExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::{Error, Result, symlink_refused};
 
 /// Options for opening a file inside the store: never through a symbolic
 /// link (`O_NOFOLLOW`: a link planted in the store directory is refused,
@@ -114,12 +114,6 @@ pub(crate) fn rename(from: &Path, to: &Path) -> Result<()> {
     #[cfg(feature = "crash-recorder")]
     crate::recorder::renamed(from, to);
     Ok(())
-}
-
-/// The error for a symbolic link met where the store expects its own file
-/// or directory.
-pub(crate) fn symlink_refused() -> std::io::Error {
-    std::io::Error::other("is a symbolic link; the store does not follow links inside its directory")
 }
 
 /// Removes a file (durable once its directory is synced).

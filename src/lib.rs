@@ -52,6 +52,7 @@ mod open;
 mod pending;
 mod prefault;
 mod queue_repair;
+mod receipt;
 #[cfg(feature = "crash-recorder")]
 #[doc(hidden)]
 pub mod recorder;

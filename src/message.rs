@@ -7,6 +7,7 @@ use bytes::Bytes;
 
 use crate::error::{Error, Result};
 use crate::format::record::{MessageFields, Timing, properties_len};
+pub use crate::receipt::{Handle, Receipt, Written};
 use crate::timer::levels::DelayLevels;
 
 pub use crate::format::record::{MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN};
@@ -217,76 +218,6 @@ pub fn validate_topic(topic: &str) -> Result<()> {
     Ok(())
 }
 
-/// What `put` returns: where the message is and when it was stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Receipt {
-    pub(crate) offset: u64,
-    pub(crate) queue_id: u32,
-    pub(crate) store_time_ms: u64,
-    pub(crate) deliver_at_ms: Option<u64>,
-}
-
-impl Receipt {
-    /// The commit-log offset of the message record.
-    pub fn offset(&self) -> u64 {
-        self.offset
-    }
-
-    /// The queue of its topic the message went to.
-    pub fn queue_id(&self) -> u32 {
-        self.queue_id
-    }
-
-    /// When the store appended it (epoch ms, by the store's clock).
-    pub fn store_time_ms(&self) -> u64 {
-        self.store_time_ms
-    }
-
-    /// When a timed message is due (`None` for an ordinary message).
-    pub fn deliver_at_ms(&self) -> Option<u64> {
-        self.deliver_at_ms
-    }
-
-    /// The handle that cancels this message's timer (`None` for an ordinary message).
-    pub fn handle(&self) -> Option<Handle> {
-        self.deliver_at_ms.map(|deliver_at_ms| Handle { offset: self.offset, deliver_at_ms })
-    }
-}
-
-/// Names a timer: its message record and its deliver time, so a cancel lands
-/// where the timer is. Small and serialisable: 16 bytes, or text `offset@deliver_at_ms`.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub struct Handle {
-    /// The commit-log offset of the timed message record.
-    pub offset: u64,
-    /// When the timer is due (epoch ms): with the offset, it names exactly one timer.
-    pub deliver_at_ms: u64,
-}
-
-impl Handle {
-    /// The handle as 16 bytes (offset then deliver time, little-endian).
-    pub fn to_bytes(&self) -> [u8; 16] {
-        let mut out = [0u8; 16];
-        out[..8].copy_from_slice(&self.offset.to_le_bytes());
-        out[8..].copy_from_slice(&self.deliver_at_ms.to_le_bytes());
-        out
-    }
-
-    /// The inverse of [`to_bytes`](Self::to_bytes). Any 16 bytes make a
-    /// handle; one that names no timer is answered `NotFound` by cancel.
-    pub fn from_bytes(bytes: [u8; 16]) -> Self {
-        let (offset, at) = bytes.split_at(8);
-        let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
-        Self { offset: word(offset), deliver_at_ms: word(at) }
-    }
-}
-
-impl std::fmt::Display for Handle {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "{}@{}", self.offset, self.deliver_at_ms)
-    }
-}
-
 impl std::str::FromStr for Handle {
     type Err = Error;
 
@@ -294,48 +225,6 @@ impl std::str::FromStr for Handle {
         let bad = || Error::invalid("handle", format!("{s:?} is not offset@deliver_at_ms"));
         let (offset, at) = s.split_once('@').ok_or_else(bad)?;
         Ok(Self { offset: offset.parse().map_err(|_| bad())?, deliver_at_ms: at.parse().map_err(|_| bad())? })
-    }
-}
-
-/// What an [`Error::NotYetDurable`] was about: the write took effect, only
-/// its durability is pending.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Written {
-    /// A put: the message is at the receipt's offset (and its handle, for a timer, cancels it).
-    Put(Receipt),
-    /// A batch put: every message stands, at its receipt's offset, in input order.
-    Batch(Vec<Receipt>),
-    /// A cancel answered `Cancelled` in memory: the timer will not fire
-    /// unless a power loss takes the cancel record.
-    Cancel(Handle),
-    /// A reschedule answered `Rescheduled` in memory: the timer fires at
-    /// the new time, unless a power loss takes the reschedule record (then
-    /// at the old one).
-    Reschedule(Handle),
-    /// Consumer positions recorded in the log: they hold in memory, and
-    /// after a crash unless a power loss takes their record first (then
-    /// the group reads those messages again).
-    Positions,
-}
-
-impl std::fmt::Display for Written {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            Self::Put(receipt) => write!(f, "the message put at commit-log offset {}", receipt.offset),
-            Self::Batch(receipts) => match (receipts.first(), receipts.last()) {
-                (Some(first), Some(last)) => write!(
-                    f,
-                    "the batch of {} messages put at commit-log offsets {} to {}",
-                    receipts.len(),
-                    first.offset,
-                    last.offset
-                ),
-                _ => write!(f, "an empty batch"),
-            },
-            Self::Cancel(handle) => write!(f, "the cancel of timer {handle}"),
-            Self::Reschedule(handle) => write!(f, "the reschedule of timer {handle}"),
-            Self::Positions => write!(f, "the consumer positions"),
-        }
     }
 }
 
