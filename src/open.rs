@@ -33,8 +33,8 @@ use crate::store::{Store, Wakes};
 use crate::threads::{Stop, StopFlag, Threads};
 use crate::timer::WheelFront;
 use crate::timer::levels::DelayLevels;
-use crate::timer::restart::Restarted;
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
+use crate::timer::wheel::restart::Restarted;
 use crate::topic_counts::TopicCounts;
 
 /// Commands in flight from the dispatcher to the ticking thread (bounded:

@@ -7,7 +7,7 @@ use crate::commitlog::{CommitLog, LogReader};
 use crate::format::record::{MessageView, RecordKind, RescheduleView};
 use crate::message::Handle;
 use crate::timer::Timer;
-use crate::timer::window::PendingEntry;
+use crate::timer::wheel::window::PendingEntry;
 
 /// The most bounds one [`Store::pending_counts`](crate::Store::pending_counts)
 /// takes: ten years by the day, or a week by the minute, in one call.

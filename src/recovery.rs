@@ -1,7 +1,7 @@
 //! Recovery: one contract, [`recover`]. The commit log is recovered first (it
 //! is the truth: its end is found, a torn tail cut), then every index is told
 //! where it resumes: at the checkpoint if all of them are there, otherwise
-//! from the oldest segment. The wheel's side is `timer::restart`; the consume
+//! from the oldest segment. The wheel's side is `timer::wheel::restart`; the consume
 //! queues cut themselves back to the checkpoint when they open, and the
 //! dispatcher's replay from there rebuilds the rest.
 
@@ -15,7 +15,7 @@ use crate::config::{Config, RecoveryMode};
 use crate::error::Result;
 use crate::format::checkpoint;
 use crate::format::layout::Layout;
-use crate::timer::restart::{RestartPlan, Restarted, restart_wheel};
+use crate::timer::wheel::restart::{RestartPlan, Restarted, restart_wheel};
 
 /// What recovery hands the store before its threads start.
 pub(crate) struct Recovered {

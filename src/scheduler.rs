@@ -13,7 +13,7 @@ use crate::format::record::{MessageView, RescheduleView};
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::stats::TimerStats;
 use crate::timer::Timer;
-use crate::timer::window::PendingEntry;
+use crate::timer::wheel::window::PendingEntry;
 
 /// Where timed messages wait until they are due.
 pub(crate) trait SchedulerFront: Send + Sync {

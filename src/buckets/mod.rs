@@ -163,14 +163,14 @@ impl SchedulerFront for BucketFront {
         &self,
         _window_ms: std::ops::Range<u64>,
         _limit: usize,
-    ) -> Result<Vec<crate::timer::window::PendingEntry>> {
+    ) -> Result<Vec<crate::timer::wheel::window::PendingEntry>> {
         Err(Error::invalid("scheduler", "the bucket scheduler cannot list pending timers; use the wheel"))
     }
 
     fn pending_of(
         &self,
         _timers: Vec<crate::timer::Timer>,
-    ) -> Result<Vec<Option<crate::timer::window::PendingEntry>>> {
+    ) -> Result<Vec<Option<crate::timer::wheel::window::PendingEntry>>> {
         Err(Error::invalid(
             "scheduler",
             "the bucket scheduler cannot tell which timers are pending; use the wheel",

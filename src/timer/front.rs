@@ -17,7 +17,7 @@ use crate::stats::TimerStats;
 use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::tick::{Control, WheelCommand, WheelShared};
-use crate::timer::window::PendingEntry;
+use crate::timer::wheel::window::PendingEntry;
 
 /// The wheel's front.
 pub(crate) struct WheelFront {

@@ -23,10 +23,10 @@ use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::timer::Timer;
-use crate::timer::restart::{RestartPlan, restart_wheel};
 use crate::timer::routes::{Planned, Routes};
+use crate::timer::wheel::restart::{RestartPlan, restart_wheel};
+use crate::timer::wheel::window::PendingEntry;
 use crate::timer::wheel::{FilesToSync, Wheel};
-use crate::timer::window::PendingEntry;
 
 mod control;
 
@@ -60,11 +60,11 @@ pub(crate) enum WheelCommand {
     Control(Timer, Control),
     /// Refresh the gauges and answer: every command sent before this one is handled.
     Refresh(Sender<()>),
-    /// Answer the first `limit` pending timers due in `window_ms` (see `window.rs`).
+    /// Answer the first `limit` pending timers due in `window_ms` (see `wheel/window.rs`).
     Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
-    /// Answer which of these timers of messages are pending (see `window.rs`).
+    /// Answer which of these timers of messages are pending (see `wheel/window.rs`).
     PendingOf { timers: Vec<Timer>, reply: Sender<Result<Vec<Option<PendingEntry>>>> },
-    /// Answer the pending timers counted by due time between ascending bounds (see `gauges.rs`).
+    /// Answer the pending timers counted by due time between ascending bounds (see `wheel/gauges.rs`).
     PendingCounts { bounds_ms: Vec<u64>, reply: Sender<Result<Vec<u64>>> },
 }
 
@@ -398,7 +398,7 @@ impl Ticker {
             WheelCommand::Refresh(reply) => {
                 self.deliver_or_load(self.clock.now_ms())?;
                 // Without delivery nothing moves, and an operator asked:
-                // count exactly (see `census.rs`).
+                // count exactly (see `wheel/census.rs`).
                 self.publish_stats(!self.deliver)?;
                 let _ = reply.send(());
                 Ok(())
@@ -539,7 +539,7 @@ impl Ticker {
     }
 
     /// Publishes the wheel's gauges: from the slot counts, or `exactly` by
-    /// reading every live chain (see `census.rs`).
+    /// reading every live chain (see `wheel/census.rs`).
     fn publish_stats(&mut self, exactly: bool) -> Result<()> {
         let now_ms = self.clock.now_ms();
         // On whole seconds, where the slot counts are exact.

@@ -1,24 +1,16 @@
-//! What the wheel knows of cancels, and how a cancel finds its timer.
-//!
-//! A cancel of a timer not yet loaded appends a cancel entry to the slot its
-//! second maps to now, which is where the timer is or will be cascaded to,
-//! so one lookup suffices whatever the level (never O(pending)). A loaded
-//! timer is dropped when it comes up. Once a timer's second is handed out the
-//! wheel forgets it, and the cancel ledger (`ledger.rs`) answers a repeated
-//! cancel. The cancel record in the commit log is the caller's, written
-//! between [`Wheel::locate_for_cancel`] and [`Wheel::apply_cancel`].
+//! What the wheel remembers of cancels: the cancelled timers still ahead,
+//! the cancel entries in slots not yet loaded (counted per level for the
+//! pending gauges), and the cancel ledger (`ledger.rs`), which answers a
+//! repeated cancel once a timer's second is handed out and forgotten. How a
+//! cancel finds its timer is `wheel/cancel.rs`.
 
 use std::collections::{BTreeMap, HashSet};
-use std::sync::Arc;
 
-use crate::durable::Pins;
-
-use crate::error::Result;
 use crate::timer::Timer;
 use crate::timer::geometry::LEVEL_COUNT;
-use crate::timer::ledger::{CancelLedger, LedgerEntry};
-use crate::timer::restart::Restart;
-use crate::timer::wheel::{Prefetch, Wheel};
+use crate::timer::ledger::CancelLedger;
+use crate::timer::state::prefetch::Prefetch;
+use crate::timer::state::restart::Restart;
 
 /// The wheel's memory of cancels.
 pub(crate) struct Cancels {
@@ -53,7 +45,7 @@ pub(crate) enum CancelTarget {
     Loaded,
 }
 
-/// What [`Wheel::cancel`] found.
+/// What a cancel found.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum CancelState {
     Cancelled,
@@ -93,20 +85,20 @@ impl Cancels {
     }
 
     /// A live slot of `level` read at open holds `n` cancel entries.
-    pub(super) fn count_entries(&mut self, level: usize, n: u64) {
+    pub fn count_entries(&mut self, level: usize, n: u64) {
         self.entries[level] += n;
     }
 
     /// A cancel entry for the timer of `offset` went into a slot of `level`
     /// not loaded yet.
-    fn entered_in_slot(&mut self, level: usize, offset: u64) {
+    pub fn entered_in_slot(&mut self, level: usize, offset: u64) {
         self.entries[level] += 1;
         self.slot_cancels.insert(offset);
     }
 
     /// The timer of `offset`, loaded (or being read in), is cancelled: it is
     /// dropped when it comes up. `loaded`: it is counted among the loaded.
-    fn cancelled_in_memory(&mut self, offset: u64, loaded: bool) {
+    pub fn cancelled_in_memory(&mut self, offset: u64, loaded: bool) {
         self.cancelled.insert(offset);
         if loaded {
             self.cancelled_loaded += 1;
@@ -117,7 +109,7 @@ impl Cancels {
     /// `offset` out of its slot; with its timer dropped beside it, that
     /// timer (due in `second`) is remembered as cancelled until its second
     /// is loaded.
-    fn cascaded_entry(&mut self, level: usize, offset: u64, dropped_due_second: Option<u64>) {
+    pub fn cascaded_entry(&mut self, level: usize, offset: u64, dropped_due_second: Option<u64>) {
         debug_assert!(self.entries[level] > 0, "level {level} counts fewer cancel entries");
         self.entries[level] -= 1;
         self.slot_cancels.remove(&offset);
@@ -129,7 +121,7 @@ impl Cancels {
 
     /// Forgets the cascade-dropped cancelled timers whose second is at or
     /// before `loaded_through`.
-    fn forget_behind(&mut self, loaded_through: u64, restart: &mut Restart) {
+    pub fn forget_behind(&mut self, loaded_through: u64, restart: &mut Restart) {
         while let Some(entry) = self.cancelled_ahead.first_entry()
             && *entry.key() <= loaded_through
         {
@@ -158,7 +150,7 @@ impl Cancels {
     }
 
     /// Whether this session already cancelled the timer of `offset`.
-    pub(super) fn knows_cancelled(&self, offset: u64) -> bool {
+    pub fn knows_cancelled(&self, offset: u64) -> bool {
         self.cancelled.contains(&offset) || self.slot_cancels.contains(&offset)
     }
 
@@ -177,14 +169,14 @@ impl Cancels {
 
     /// Applies the cancel entries of a second read in whole and returns its
     /// timers: from now on the ledger answers a repeated cancel of them.
-    pub(super) fn apply_at_loading(&mut self, prefetch: Prefetch, restart: &mut Restart) -> Vec<Timer> {
-        let mut timers = prefetch.timers;
-        let applied = u64::from(prefetch.cancel_entries);
+    pub fn apply_at_loading(&mut self, prefetch: Prefetch, restart: &mut Restart) -> Vec<Timer> {
+        let (mut timers, cancels, cancel_entries) = prefetch.into_read();
+        let applied = u64::from(cancel_entries);
         debug_assert!(self.entries[0] >= applied, "level 0 counts fewer cancel entries");
         self.entries[0] -= applied;
-        if !prefetch.cancels.is_empty() {
-            timers.retain(|t| !prefetch.cancels.contains(&t.message_offset));
-            for offset in &prefetch.cancels {
+        if !cancels.is_empty() {
+            timers.retain(|t| !cancels.contains(&t.message_offset));
+            for offset in &cancels {
                 self.slot_cancels.remove(offset);
                 self.forget(*offset, restart);
             }
@@ -199,126 +191,5 @@ impl Cancels {
     fn forget(&mut self, offset: u64, restart: &mut Restart) {
         self.cancelled.remove(&offset);
         restart.forget(offset);
-    }
-}
-
-impl Wheel {
-    /// Cancels a pending timer (see the module docs). The cancel record and
-    /// the ledger entry are the caller's (see [`record_cancel`](Self::record_cancel)).
-    pub fn cancel(&mut self, timer: Timer) -> Result<CancelState> {
-        let where_ = self.locate_for_cancel(&timer)?;
-        self.apply_cancel(timer, where_)
-    }
-
-    /// What cancelling `timer` would answer, without changing anything: the
-    /// caller writes the cancel record before [`apply_cancel`](Self::apply_cancel).
-    pub fn locate_for_cancel(&self, timer: &Timer) -> Result<CancelTarget> {
-        let offset = timer.message_offset;
-        if self.restart.cancelled_before(offset) || self.cancels.knows_cancelled(offset) {
-            return Ok(CancelTarget::AlreadyCancelled);
-        }
-        if self.restart.delivered_before(offset) {
-            return Ok(CancelTarget::AlreadyDelivered);
-        }
-        let sec = timer.deliver_at_ms / 1000;
-        let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
-        if prefetching || sec > self.loaded_through {
-            // Its cancel may be a slot entry an earlier session wrote, which
-            // only the ledger remembers: a second cancel record would settle
-            // the timer twice in the log. This session's cancels are all in
-            // memory, and a lookup costs a cancel 2.5x (`timer_control`).
-            if self.restart.before_open(offset) && self.cancels.ledger().contains(offset)? {
-                return Ok(CancelTarget::AlreadyCancelled);
-            }
-            return Ok(if prefetching { CancelTarget::Prefetching } else { CancelTarget::Slot });
-        }
-        // Loaded: pending exactly if not yet handed out (a replayed copy may have been).
-        if self.loaded.contains(timer) && !self.restart.handed_out(offset) {
-            return Ok(CancelTarget::Loaded);
-        }
-        // Handed out or dropped: only the ledger still knows which (read only
-        // here, where the memory of this session has nothing to say).
-        if self.cancels.ledger().contains(offset)? {
-            return Ok(CancelTarget::AlreadyCancelled);
-        }
-        Ok(CancelTarget::AlreadyDelivered)
-    }
-
-    /// Enters a cancel the store answered `Cancelled` in the ledger, with
-    /// its cancel record's commit-log offset (records come in log order).
-    pub fn record_cancel(&mut self, timer: Timer, cancel_offset: u64) -> Result<()> {
-        self.record_in_ledger(LedgerEntry::cancel(timer, cancel_offset))
-    }
-
-    /// Enters a cancel or a reschedule in the ledger (records come in log order).
-    pub fn record_in_ledger(&mut self, entry: LedgerEntry) -> Result<()> {
-        self.cancels.ledger_mut().record(entry)
-    }
-
-    /// The pins (see `durable/pins.rs`), read from the ledger, to share with retention.
-    pub fn pins(&self) -> Arc<Pins> {
-        self.cancels.ledger().pins()
-    }
-
-    /// Reads the pins from the ledger, into `pins` if given (the ones
-    /// retention reads, kept across a rebuild).
-    pub fn load_pins(&mut self, pins: Option<Arc<Pins>>) -> Result<()> {
-        match pins {
-            Some(pins) => self.cancels.ledger_mut().share_pins(pins),
-            None => self.cancels.ledger_mut().load_pins(),
-        }
-    }
-
-    /// The timer of the message a handle names now: the message's own
-    /// (`timer`), or that of its latest reschedule record.
-    pub fn current_timer(&self, timer: Timer) -> Result<Timer> {
-        let latest = self.cancels.ledger().latest_reschedule(timer.message_offset)?;
-        Ok(latest.map_or(timer, |entry| entry.rescheduled_timer()))
-    }
-
-    /// Carries out a cancel located by [`locate_for_cancel`](Self::locate_for_cancel).
-    pub fn apply_cancel(&mut self, timer: Timer, target: CancelTarget) -> Result<CancelState> {
-        let offset = timer.message_offset;
-        let sec = timer.deliver_at_ms / 1000;
-        match target {
-            CancelTarget::AlreadyCancelled => {}
-            CancelTarget::AlreadyDelivered => return Ok(CancelState::AlreadyDelivered),
-            CancelTarget::Slot => {
-                let (level, window) = self.place(sec).expect("a second not yet loaded");
-                self.append_to_slot(level, window, timer, true)?;
-                self.unloaded[level] += 1;
-                self.cancels.entered_in_slot(level, offset);
-            }
-            CancelTarget::Prefetching => {
-                // Being read in: the walk started below any entry appended now,
-                // so the cancel entry is for a restart, the walk's set for now.
-                self.append_to_slot(0, sec, timer, true)?;
-                if let Some(prefetch) = &mut self.prefetch {
-                    prefetch.cancels.insert(offset);
-                    debug_assert!(prefetch.held > 0, "a cancel of a timer the prefetch does not hold");
-                    prefetch.held -= 1;
-                }
-                self.cancels.cancelled_in_memory(offset, false);
-            }
-            CancelTarget::Loaded => self.cancels.cancelled_in_memory(offset, true),
-        }
-        Ok(CancelState::Cancelled)
-    }
-
-    /// A cascade from `level` met the cancel entry of `timer`. With the
-    /// timer in the same slot (`with_its_timer`) the two cancel out here, and
-    /// the timer is remembered as cancelled until its second is loaded, so a
-    /// later cancel still answers `Cancelled` (and adds no entry); otherwise
-    /// the timer is coarser still and the cancel moves down with it.
-    pub(super) fn cascade_cancel(&mut self, level: usize, timer: Timer, with_its_timer: bool) -> Result<()> {
-        let dropped_due_second = with_its_timer.then_some(timer.deliver_at_ms / 1000);
-        self.cancels.cascaded_entry(level, timer.message_offset, dropped_due_second);
-        if with_its_timer { Ok(()) } else { self.cancel(timer).map(drop) }
-    }
-
-    /// Forgets the cascade-dropped cancelled timers whose second is loaded:
-    /// they can no longer be in a slot, and the ledger answers for them.
-    pub(super) fn forget_cancelled_behind(&mut self) {
-        self.cancels.forget_behind(self.loaded_through, &mut self.restart);
     }
 }

@@ -10,7 +10,7 @@ use std::cmp::Reverse;
 use std::collections::{BinaryHeap, VecDeque};
 
 use crate::timer::Timer;
-use crate::timer::cancels::Cancels;
+use crate::timer::state::cancels::Cancels;
 
 /// One loaded second.
 struct Second {

@@ -9,8 +9,8 @@ use crate::error::{Error, Result};
 use crate::format::record::{CANCEL_LEN, RESCHEDULE_LEN, RescheduleView, encode_cancel};
 use crate::message::{CancelOutcome, RescheduleOutcome};
 use crate::timer::Timer;
-use crate::timer::cancels::{CancelState, CancelTarget};
 use crate::timer::ledger::LedgerEntry;
+use crate::timer::state::cancels::{CancelState, CancelTarget};
 
 impl Ticker {
     /// Cancels or reschedules the timer a handle names: the message's own,

@@ -41,20 +41,20 @@ impl Wheel {
             self.loaded.timers().map(|t| (t.message_offset, 0, t.deliver_at_ms)).collect();
         let mut cancelled = HashSet::new();
         if let Some(p) = &self.prefetch {
-            found.extend(p.timers.iter().map(|t| (t.message_offset, 0, t.deliver_at_ms)));
-            cancelled.extend(p.cancels.iter().copied());
-            let mut at = p.cursor;
-            for _ in 0..p.remaining {
+            found.extend(p.timers().iter().map(|t| (t.message_offset, 0, t.deliver_at_ms)));
+            cancelled.extend(p.cancels().iter().copied());
+            let (mut at, remaining) = p.unread();
+            for _ in 0..remaining {
                 let entry = self.logs[0].read_linked(at)?;
                 note(entry, 0, &mut found, &mut cancelled);
                 at = entry.prev;
             }
         }
-        let prefetching = self.prefetch.as_ref().map(|p| p.second);
+        let prefetching = self.prefetch.as_ref().map(|p| p.second());
         for (level, l) in LEVELS.iter().enumerate() {
             for i in 0..l.slots {
                 let index = slot_index(level, i);
-                let held = self.slot_counts[index as usize];
+                let held = self.slot_counts.get(index);
                 let live = held.count > 0 && self.is_live(level, held.window);
                 if !live || (level == 0 && prefetching == Some(held.window)) {
                     continue;

@@ -16,8 +16,8 @@ impl Wheel {
     pub fn pending_per_level(&self) -> [u64; LEVEL_COUNT] {
         // The second being read in counts as the unloaded slot it was: its
         // cancel entries are still among the level's until it is loaded.
-        let mut entries = self.unloaded;
-        entries[0] += self.prefetch.as_ref().map_or(0, |p| u64::from(p.held));
+        let mut entries = self.slot_counts.unloaded();
+        entries[0] += self.prefetch.as_ref().map_or(0, |p| u64::from(p.held()));
         let mut counts = net_pending(entries, self.cancels.entries());
         let (loaded, cancelled) = (self.loaded.pending() as u64, self.cancels.cancelled_loaded());
         debug_assert!(loaded >= cancelled, "{cancelled} cancelled of {loaded} loaded timers");
@@ -51,30 +51,31 @@ impl Wheel {
         self.loaded.count_by_due_time(bucket, &self.cancels, &mut loaded);
         net.iter_mut().zip(&loaded).for_each(|(n, &l)| *n += l as i64);
         // The second being read in, as the unloaded slot it was.
-        let prefetch_cancels = self.prefetch.as_ref().map_or(0, |p| u64::from(p.cancel_entries));
+        let prefetch_cancels = self.prefetch.as_ref().map_or(0, |p| u64::from(p.cancel_entries()));
         if let Some(p) = &self.prefetch {
-            net[bucket(p.second * 1000)] += i64::from(p.held) - 2 * i64::from(p.cancel_entries);
+            net[bucket(p.second() * 1000)] += i64::from(p.held()) - 2 * i64::from(p.cancel_entries());
         }
         let first = self.loaded_through + 1;
         let span_end_ms = (first + L0_SPAN).saturating_mul(1000);
         let cutoff_ms = bounds_ms.iter().copied().filter(|&b| b < span_end_ms).max().unwrap_or(0);
         let (mut entries, mut cancels) = (0, 0);
         for sec in (first..first + L0_SPAN).take_while(|sec| sec * 1000 < cutoff_ms) {
-            let slot = self.slot_counts[slot_index(0, sec) as usize];
-            let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second == sec);
+            let slot = self.slot_counts.get(slot_index(0, sec));
+            let prefetching = self.prefetch.as_ref().is_some_and(|p| p.second() == sec);
             if slot.count > 0 && slot.window == sec && !prefetching {
                 net[bucket(sec * 1000)] += i64::from(slot.count) - 2 * i64::from(slot.cancels);
                 (entries, cancels) = (entries + u64::from(slot.count), cancels + u64::from(slot.cancels));
             }
         }
         // No bound lies between the cutoff and the end of the span.
-        debug_assert!(self.unloaded[0] >= entries, "level 0 counts fewer entries than its slots");
+        let unloaded = self.slot_counts.unloaded()[0];
+        debug_assert!(unloaded >= entries, "level 0 counts fewer entries than its slots");
         let cancels = cancels + prefetch_cancels;
         debug_assert!(
             self.cancels.entries()[0] >= cancels,
             "level 0 counts fewer cancel entries than its slots"
         );
-        let rest = (self.unloaded[0] - entries) as i64 - 2 * (self.cancels.entries()[0] - cancels) as i64;
+        let rest = (unloaded - entries) as i64 - 2 * (self.cancels.entries()[0] - cancels) as i64;
         net[bucket(cutoff_ms.max(first * 1000))] += rest;
         self.count_coarse_by_due_time(bucket, &mut net);
         Ok(carry_cancels_back(net))
@@ -85,7 +86,7 @@ impl Wheel {
     pub(super) fn count_coarse_by_due_time(&self, bucket: impl Fn(u64) -> usize, net: &mut [i64]) {
         for level in [1, 2] {
             for i in 0..LEVELS[level].slots {
-                let slot = self.slot_counts[slot_index(level, i) as usize];
+                let slot = self.slot_counts.get(slot_index(level, i));
                 if slot.count > 0 && self.is_live(level, slot.window) {
                     net[bucket(window_start(level, slot.window).saturating_mul(1000))] +=
                         i64::from(slot.count) - 2 * i64::from(slot.cancels);

@@ -1,8 +1,13 @@
 //! The hierarchical timing wheel with one-second slots, persisted in a
 //! memory-mapped wheel file whose slots head chains in the timer logs. The
-//! geometry (levels, placement, cascades) is `geometry.rs`; what the wheel
-//! knows of cancels is `cancels.rs`, of the time before a restart
-//! `restart.rs`, and what it may delete `reclaim.rs`.
+//! geometry (levels, placement, cascades) is `geometry.rs`; the wheel's
+//! parts (slot counts, the second being read in, the loaded seconds, what
+//! it knows of cancels and of the time before a restart) are `state/`.
+//! Here: open, insert, tick, load and cascade. Beside it, each a question
+//! put to the wheel: `cancel.rs` (how a cancel finds its timer),
+//! `restart.rs` (the recovery contract), `reclaim.rs` (the files it may
+//! delete), `gauges.rs` and `census.rs` (pending counts), `window.rs` (the
+//! timers due in a window).
 //!
 //! Loading second `s` reads its level-0 slot chain (a bounded number of entries
 //! per tick) into memory one second ahead of the clock, sorted once by
@@ -25,17 +30,25 @@ use crate::format::timer_entry::TimerEntry;
 use crate::format::{FILE_HEADER_LEN, FileHeader, WHEEL_MAGIC, check_file_header};
 use crate::mmap::{MapWriter, Mapped};
 use crate::timer::Timer;
-use crate::timer::cancels::Cancels;
 use crate::timer::geometry::{
-    GEOMETRY_ID, LEVEL_COUNT, LEVELS, TOTAL_SLOTS, WHEEL_FILE_LEN, not_yet_cascaded, place, slot_index,
-    timer_log_of, window_of,
+    GEOMETRY_ID, LEVELS, TOTAL_SLOTS, WHEEL_FILE_LEN, not_yet_cascaded, place, slot_index, timer_log_of,
+    window_of,
 };
 use crate::timer::ledger::CancelLedger;
-use crate::timer::loaded::Loaded;
 use crate::timer::log::TimerLog;
-use crate::timer::reclaim::Retired;
-use crate::timer::restart::{Restart, Resume, Settled};
+use crate::timer::state::cancels::Cancels;
+use crate::timer::state::loaded::Loaded;
+use crate::timer::state::prefetch::Prefetch;
+use crate::timer::state::restart::{Restart, Resume, Settled};
+use crate::timer::state::slots::{RetiredChains, SlotCounts};
 use crate::timer::tails::Tails;
+
+mod cancel;
+mod census;
+mod gauges;
+mod reclaim;
+pub(crate) mod restart;
+pub(crate) mod window;
 
 /// Timer-log entries read per `tick` while prefetching a second that is not
 /// due yet: about a millisecond of reading, so timers due meanwhile wait about
@@ -45,33 +58,12 @@ use crate::timer::tails::Tails;
 const PREFETCH_BUDGET: u32 = 1_024;
 /// Seconds kept loaded at most (the oldest undelivered and those prefetched after it).
 const MAX_LOADED: usize = 3;
-/// The most timers a prefetch reserves room for up front.
-const PREFETCH_CAPACITY: usize = 65_536;
 /// Timers handed out by one `tick` at most, so the caller can interleave other work.
 const MAX_PER_TICK: usize = 65_536;
 
 /// What [`Wheel::tick_checked`] runs over a second's timers as it is loaded
 /// (the second, and a stretch of its timers).
 pub(crate) type Check<'a> = &'a mut dyn FnMut(u64, &mut Vec<Timer>);
-
-/// A level-0 slot being read into memory, a bounded number of entries per tick.
-pub(super) struct Prefetch {
-    pub second: u64,
-    pub slot: u64,
-    pub cursor: u64,
-    pub remaining: u32,
-    pub timers: Vec<Timer>,
-    /// Messages whose timers a cancel entry in this slot removes.
-    pub cancels: HashSet<u64>,
-    /// Cancel entries the slot record counts.
-    pub cancel_entries: u32,
-    /// The slot's entries still counted (with its cancel entries, as an
-    /// unloaded slot is): its count, less the settled timers the read
-    /// skipped, plus timers indexed into it since, less cancels made since.
-    pub held: u32,
-    /// How many of `timers` the loading check has seen.
-    pub checked: usize,
-}
 
 /// The wheel: slots, timer logs, and the loaded seconds' timers in memory.
 pub(crate) struct Wheel {
@@ -82,47 +74,34 @@ pub(crate) struct Wheel {
     /// timers, whose chains live until they cascade). Kept apart so the near
     /// log's files can be deleted a day after they fill, while far timers
     /// keep only their own files alive.
-    pub(super) logs: [TimerLog; 2],
+    logs: [TimerLog; 2],
     /// Where each slot's chain begins, so old timer-log files can be deleted.
-    pub(super) tails: Tails,
+    tails: Tails,
     /// Every second up to this one has been loaded into `loaded` (or was empty).
-    pub(super) loaded_through: u64,
+    loaded_through: u64,
     /// The caller's mark when `loaded_through` was loaded.
     loaded_through_mark: u64,
     /// The mark given to the latest `tick`.
     last_mark: u64,
-    pub(super) loaded: Loaded,
-    pub(super) prefetch: Option<Prefetch>,
+    loaded: Loaded,
+    prefetch: Option<Prefetch>,
     last_popped: Option<Timer>,
-    /// Timers in slots not yet loaded or cascaded, per level.
-    pub(super) unloaded: [u64; LEVEL_COUNT],
     /// What the wheel knows of cancels, and the cancel ledger.
-    pub(super) cancels: Cancels,
+    cancels: Cancels,
     /// What the commit log said of the time before this open.
-    pub(super) restart: Restart,
+    restart: Restart,
     /// Timer-log entries written by cascades (re-indexing), for stats and tests.
     reindexed: u64,
-    /// Each slot's window and count, as last written: the once-a-second
-    /// gauges read these instead of decoding and checksumming 75,840 slot
-    /// records on the ticking thread (measured: 31-46 ms a second, the
-    /// ticker's worst lateness tail).
-    pub(super) slot_counts: Vec<SlotCount>,
+    /// Each slot's window and count as last written, and the entries in
+    /// slots not yet loaded or cascaded, per level.
+    slot_counts: SlotCounts,
     /// Chains of slots reused for a new window since this open (see `reclaim.rs`).
-    pub(super) retired: Vec<Retired>,
+    retired: RetiredChains,
     /// The oldest tick second a restart may resume at: that of the older of
     /// the last two checkpoints on disk (see [`set_durable_tick`](Self::set_durable_tick)).
     durable_tick: u64,
     /// A cascade is re-indexing a window (see [`place`](Self::place)).
     cascading: bool,
-}
-
-/// A slot's window and count, mirrored in memory.
-#[derive(Debug, Clone, Copy, Default)]
-pub(super) struct SlotCount {
-    pub window: u64,
-    pub count: u32,
-    /// How many of the `count` entries are cancel entries.
-    pub cancels: u32,
 }
 
 /// The wheel's files a checkpoint syncs.
@@ -186,17 +165,17 @@ impl Wheel {
             loaded: Loaded::default(),
             prefetch: None,
             last_popped: None,
-            unloaded: [0; LEVEL_COUNT],
             cancels: Cancels::new(ledger),
             restart: Restart::new(resume, now_ms, settled, mark),
             reindexed: 0,
-            slot_counts: vec![SlotCount::default(); TOTAL_SLOTS as usize],
-            retired: Vec::new(),
+            slot_counts: SlotCounts::new(),
+            retired: RetiredChains::default(),
             durable_tick: loaded_through + 1,
             cascading: false,
         };
         wheel.count_unloaded()?;
-        wheel.restart.replay_start_ends = wheel.timer_log_ends();
+        let ends = wheel.timer_log_ends();
+        wheel.restart.set_replay_start_ends(ends);
         Ok(wheel)
     }
 
@@ -210,10 +189,9 @@ impl Wheel {
             for i in 0..l.slots {
                 let index = slot_index(level, i);
                 let slot = self.read_slot(index)?;
-                self.slot_counts[index as usize] =
-                    SlotCount { window: slot.window, count: slot.count, cancels: slot.cancels };
+                self.slot_counts.set(index, &slot);
                 if slot.count > 0 && self.is_live(level, slot.window) {
-                    self.unloaded[level] += u64::from(slot.count);
+                    self.slot_counts.add_unloaded(level, u64::from(slot.count));
                     self.cancels.count_entries(level, u64::from(slot.cancels));
                 }
             }
@@ -222,11 +200,11 @@ impl Wheel {
     }
 
     /// Whether a slot holding `window` of `level` still holds unloaded timers.
-    pub(super) fn is_live(&self, level: usize, window: u64) -> bool {
+    fn is_live(&self, level: usize, window: u64) -> bool {
         crate::timer::geometry::is_live(level, window, self.loaded_through)
     }
 
-    pub(super) fn read_slot(&self, index: u64) -> Result<Slot> {
+    fn read_slot(&self, index: u64) -> Result<Slot> {
         let at = slot_position(index) as usize;
         Slot::decode(self.file.view(at, SLOT_LEN), index)
             .map_err(|kind| Error::corruption(&self.path, at as u64, kind))
@@ -235,11 +213,10 @@ impl Wheel {
     fn write_slot(&mut self, index: u64, slot: &Slot) {
         let at = slot_position(index) as usize;
         self.file.unpublished_mut(at, SLOT_LEN).copy_from_slice(&slot.encode(index));
-        self.slot_counts[index as usize] =
-            SlotCount { window: slot.window, count: slot.count, cancels: slot.cancels };
+        self.slot_counts.set(index, slot);
     }
 
-    pub(super) fn slot_error(&self, index: u64, why: String) -> Error {
+    fn slot_error(&self, index: u64, why: String) -> Error {
         Error::corruption(&self.path, slot_position(index), CorruptionKind::BadReference(why))
     }
 
@@ -265,16 +242,15 @@ impl Wheel {
             return Ok(true);
         }
         if let Some(prefetch) = &mut self.prefetch
-            && prefetch.second == sec
+            && prefetch.second() == sec
         {
             // The walk started below this entry, so it is not read twice.
-            prefetch.timers.push(timer);
-            prefetch.held += 1;
+            prefetch.add_indexed(timer);
             return self.append_to_slot(0, sec, timer, false).map(|()| true);
         }
         let (level, window) = self.place(sec).expect("a second not yet loaded");
         self.append_to_slot(level, window, timer, false)?;
-        self.unloaded[level] += 1;
+        self.slot_counts.add_unloaded(level, 1);
         Ok(true)
     }
 
@@ -307,7 +283,7 @@ impl Wheel {
     /// restart redoes the cascade from the coarser chain, and the slot's
     /// old second is in doubt only while the checkpoints lag a cascade
     /// window behind, when catching up after downtime or a clock jump.)
-    pub(super) fn place(&self, sec: u64) -> Option<(usize, u64)> {
+    fn place(&self, sec: u64) -> Option<(usize, u64)> {
         let (level, window) = place(sec, self.loaded_through + 1, self.tick_second())?;
         if level == 0 && !self.cascading && self.slot_in_doubt(window) {
             let w1 = window_of(1, sec);
@@ -321,7 +297,7 @@ impl Wheel {
     /// Whether the level-0 slot of `window` holds another second that a
     /// restart from the checkpoints on disk could still reload.
     fn slot_in_doubt(&self, window: u64) -> bool {
-        let held = self.slot_counts[slot_index(0, window) as usize];
+        let held = self.slot_counts.get(slot_index(0, window));
         held.count > 0 && held.window != window && held.window >= self.durable_tick
     }
 
@@ -339,13 +315,7 @@ impl Wheel {
     }
 
     /// Appends a timer-log entry (a timer, or a cancel) to the chain of `window`'s slot on `level`.
-    pub(super) fn append_to_slot(
-        &mut self,
-        level: usize,
-        window: u64,
-        timer: Timer,
-        cancel: bool,
-    ) -> Result<()> {
+    fn append_to_slot(&mut self, level: usize, window: u64, timer: Timer, cancel: bool) -> Result<()> {
         let index = slot_index(level, window);
         let mut slot = self.read_slot(index)?;
         let new_chain = slot.count == 0 || slot.window != window;
@@ -474,26 +444,19 @@ impl Wheel {
         mark: u64,
         check: Check<'_>,
     ) -> Result<bool> {
-        let budget = if prefetch.second <= now_sec { u32::MAX } else { PREFETCH_BUDGET };
+        let budget = if prefetch.second() <= now_sec { u32::MAX } else { PREFETCH_BUDGET };
         self.read_prefetch(&mut prefetch, budget)?;
         // Checked as read, so the cost is spread over the second before.
-        let mut read = prefetch.timers.split_off(prefetch.checked);
-        let before = read.len();
-        check(prefetch.second, &mut read);
-        let removed = (before - read.len()) as u32;
-        debug_assert!(prefetch.held >= removed, "a prefetch holds fewer entries than it read");
-        prefetch.held -= removed;
-        prefetch.timers.append(&mut read);
-        prefetch.checked = prefetch.timers.len();
-        if prefetch.remaining > 0 {
+        prefetch.check_new(check);
+        if !prefetch.is_read() {
             self.prefetch = Some(prefetch);
             return Ok(false);
         }
-        if prefetch.cursor != 0 {
-            return Err(self.slot_error(prefetch.slot, "the chain is longer than the slot count".into()));
+        if prefetch.unread().0 != 0 {
+            return Err(self.slot_error(prefetch.slot(), "the chain is longer than the slot count".into()));
         }
-        let mark = self.restart.mark_for(prefetch.second, mark);
-        let second = prefetch.second;
+        let second = prefetch.second();
+        let mark = self.restart.mark_for(second, mark);
         let timers = self.cancels.apply_at_loading(prefetch, &mut self.restart);
         // A second left empty (all cancelled, or fired before a restart) is
         // not kept: it would only take a loading place.
@@ -515,7 +478,7 @@ impl Wheel {
                 self.cascade(level, (s >> LEVELS[level].window_shift) + 1)?;
             }
         }
-        if self.unloaded[0] == 0 {
+        if self.slot_counts.unloaded()[0] == 0 {
             let next_boundary = ((s >> LEVELS[1].window_shift) + 1) << LEVELS[1].window_shift;
             // With nothing undelivered loaded, no slot needs protecting.
             let holding = self.loaded.len() > 0 || self.prefetch.is_some();
@@ -531,20 +494,8 @@ impl Wheel {
         let index = slot_index(0, s);
         let slot = self.read_slot(index)?;
         if slot.count > 0 && slot.window == s {
-            self.unloaded[0] -= u64::from(slot.count);
-            self.prefetch = Some(Prefetch {
-                second: s,
-                slot: index,
-                cursor: slot.head,
-                remaining: slot.count,
-                // The count comes from disk: only a hint, bounded (a damaged
-                // count is found when the chain ends before it).
-                timers: Vec::with_capacity((slot.count as usize).min(PREFETCH_CAPACITY)),
-                cancels: HashSet::new(),
-                cancel_entries: slot.cancels,
-                held: slot.count,
-                checked: 0,
-            });
+            self.slot_counts.take_unloaded(0, u64::from(slot.count));
+            self.prefetch = Some(Prefetch::new(s, index, &slot));
         } else {
             self.loaded_through = s;
             self.loaded_through_mark = self.restart.mark_for(s, mark);
@@ -554,23 +505,16 @@ impl Wheel {
 
     /// Reads up to `budget` entries of a prefetching slot's chain.
     fn read_prefetch(&mut self, prefetch: &mut Prefetch, budget: u32) -> Result<()> {
-        for _ in 0..budget.min(prefetch.remaining) {
-            if prefetch.cursor == 0 {
-                return Err(self.slot_error(prefetch.slot, "the chain is shorter than the slot count".into()));
+        for _ in 0..budget {
+            let Some(at) = prefetch.next_to_read() else { break };
+            if at == 0 {
+                return Err(
+                    self.slot_error(prefetch.slot(), "the chain is shorter than the slot count".into())
+                );
             }
-            let entry = self.logs[0].read_linked(prefetch.cursor)?;
-            if entry.cancel {
-                prefetch.cancels.insert(entry.message_offset);
-            } else if !self.restart.settled_before(entry.message_offset) {
-                prefetch
-                    .timers
-                    .push(Timer { deliver_at_ms: entry.deliver_at_ms, message_offset: entry.message_offset });
-            } else {
-                debug_assert!(prefetch.held > 0, "a prefetch holds fewer entries than it skipped");
-                prefetch.held -= 1;
-            }
-            prefetch.cursor = entry.prev;
-            prefetch.remaining -= 1;
+            let entry = self.logs[0].read_linked(at)?;
+            let settled = !entry.cancel && self.restart.settled_before(entry.message_offset);
+            prefetch.read(entry, settled);
         }
         Ok(())
     }
@@ -584,8 +528,7 @@ impl Wheel {
         }
         let _span = tracing::debug_span!("cascade", level, window, timers = slot.count).entered();
         let entries = self.read_chain(index, &slot)?;
-        debug_assert!(self.unloaded[level] >= u64::from(slot.count), "level {level} counts fewer timers");
-        self.unloaded[level] -= u64::from(slot.count);
+        self.slot_counts.take_unloaded(level, u64::from(slot.count));
         // A timer and its cancel entry cancel out here; a cancel entry whose
         // timer is still coarser moves down with it to the same slot.
         let cancels: HashSet<u64> = entries.iter().filter(|e| e.cancel).map(|e| e.message_offset).collect();
@@ -618,7 +561,7 @@ impl Wheel {
 
     /// The entries of a slot, oldest first, following its chain and checking
     /// it against the slot's counts.
-    pub(super) fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<TimerEntry>> {
+    fn read_chain(&self, index: u64, slot: &Slot) -> Result<Vec<TimerEntry>> {
         let log = &self.logs[timer_log_of(slot.level as usize)];
         let lookup = |at: u64| -> Result<Lookup> {
             Ok(match log.read(at)? {
@@ -654,7 +597,7 @@ impl Wheel {
     pub fn tick_second(&self) -> u64 {
         match (self.loaded.oldest(), &self.prefetch) {
             (Some((second, _)), _) => second,
-            (None, Some(prefetch)) => prefetch.second,
+            (None, Some(prefetch)) => prefetch.second(),
             (None, None) => self.loaded_through + 1,
         }
     }

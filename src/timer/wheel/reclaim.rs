@@ -9,17 +9,8 @@
 
 use crate::error::Result;
 use crate::timer::geometry::{LEVELS, is_live, slot_index, timer_log_of};
-use crate::timer::wheel::{SlotCount, Wheel};
-
-/// The chain of a slot reused for a new window since this open.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Retired {
-    level: usize,
-    /// The window the slot held before.
-    window: u64,
-    /// The old chain's first entry (1, keep everything, if unknown).
-    first: u64,
-}
+use crate::timer::state::slots::SlotCount;
+use crate::timer::wheel::Wheel;
 
 impl Wheel {
     /// Remembers the chain of slot `index` of `level`, which held `window`
@@ -27,7 +18,7 @@ impl Wheel {
     /// still read it, so its timer-log files are kept until that window has passed.
     pub(super) fn retire(&mut self, level: usize, index: u64, window: u64) {
         let first = self.tails.get(index, window).unwrap_or(1);
-        self.retired.push(Retired { level, window, first });
+        self.retired.retire(level, window, first);
     }
 
     /// The oldest entry of each timer log that a wheel resumed at
@@ -42,15 +33,11 @@ impl Wheel {
             _ => is_live(level, window, loaded_through),
         };
         let mut first = [self.logs[0].end(), self.logs[1].end()];
-        for r in &self.retired {
-            if needed(r.level, r.window) {
-                first[timer_log_of(r.level)] = first[timer_log_of(r.level)].min(r.first);
-            }
-        }
+        self.retired.lower_first_needed(needed, &mut first);
         for (level, l) in LEVELS.iter().enumerate() {
             for i in 0..l.slots {
                 let index = slot_index(level, i);
-                let SlotCount { window, count, .. } = self.slot_counts[index as usize];
+                let SlotCount { window, count, .. } = self.slot_counts.get(index);
                 if count > 0 && needed(level, window) {
                     let start = self.tails.get(index, window).unwrap_or(1);
                     first[timer_log_of(level)] = first[timer_log_of(level)].min(start);
@@ -66,9 +53,9 @@ impl Wheel {
     pub fn reclaim_timer_logs(&mut self, tick_second: u64) -> Result<u64> {
         let first = self.first_needed_entries(tick_second);
         let loaded_through = tick_second.saturating_sub(1);
-        self.retired.retain(|r| match r.level {
-            0 => r.window >= loaded_through,
-            _ => is_live(r.level, r.window, loaded_through),
+        self.retired.keep(|level, window| match level {
+            0 => window >= loaded_through,
+            _ => is_live(level, window, loaded_through),
         });
         let near = self.logs[0].delete_files_below(first[0])?;
         Ok(near + self.logs[1].delete_files_below(first[1])?)

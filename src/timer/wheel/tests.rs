@@ -4,8 +4,8 @@ use proptest::prelude::*;
 
 use super::*;
 use crate::format::slot::S_COUNT;
-use crate::timer::cancels::{CancelState, CancelTarget};
 use crate::timer::geometry::L0_SPAN;
+use crate::timer::state::cancels::{CancelState, CancelTarget};
 
 const START_MS: u64 = 1_700_000_000_123;
 const HOUR: u64 = 3_600_000;
@@ -172,19 +172,19 @@ fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<
         net[bucket(t.deliver_at_ms)] += 1;
     }
     if let Some(p) = &w.prefetch {
-        net[bucket(p.second * 1000)] += i64::from(p.held) - 2 * i64::from(p.cancel_entries);
+        net[bucket(p.second() * 1000)] += i64::from(p.held()) - 2 * i64::from(p.cancel_entries());
     }
     let first = w.loaded_through + 1;
     for sec in first..first + L0_SPAN {
-        let slot = w.slot_counts[slot_index(0, sec) as usize];
-        let prefetching = w.prefetch.as_ref().is_some_and(|p| p.second == sec);
+        let slot = w.slot_counts.get(slot_index(0, sec));
+        let prefetching = w.prefetch.as_ref().is_some_and(|p| p.second() == sec);
         if slot.count > 0 && slot.window == sec && !prefetching {
             net[bucket(sec * 1000)] += i64::from(slot.count) - 2 * i64::from(slot.cancels);
         }
     }
     // Levels 1 and 2 are read whole by both.
     w.count_coarse_by_due_time(bucket, &mut net);
-    crate::timer::gauges::carry_cancels_back(net)
+    super::gauges::carry_cancels_back(net)
 }
 
 /// What [`Wheel::pending_between`] lists, as (deliver time, offset).

@@ -18,8 +18,8 @@ use std::ops::Range;
 use crate::error::Result;
 use crate::format::timer_entry::TimerEntry;
 use crate::timer::Timer;
-use crate::timer::cancels::CancelTarget;
 use crate::timer::geometry::{LEVELS, slot_index, window_of, window_start};
+use crate::timer::state::cancels::CancelTarget;
 use crate::timer::wheel::Wheel;
 
 /// A pending timer and the finest wheel level holding it (0 for the loaded seconds).
@@ -57,14 +57,14 @@ impl Wheel {
                 && second.saturating_add(1).saturating_mul(1000) > window_ms.start
         };
         if let Some(p) = &self.prefetch
-            && overlaps(p.second)
+            && overlaps(p.second())
         {
             found.extend(
-                p.timers.iter().filter(|t| in_window(t)).map(|&timer| PendingEntry { timer, level: 0 }),
+                p.timers().iter().filter(|t| in_window(t)).map(|&timer| PendingEntry { timer, level: 0 }),
             );
-            cancelled.extend(p.cancels.iter().copied());
-            let mut at = p.cursor;
-            for _ in 0..p.remaining {
+            cancelled.extend(p.cancels().iter().copied());
+            let (mut at, remaining) = p.unread();
+            for _ in 0..remaining {
                 let entry = self.logs[0].read_linked(at)?;
                 if entry.cancel {
                     cancelled.insert(entry.message_offset);
@@ -74,7 +74,7 @@ impl Wheel {
                 at = entry.prev;
             }
         }
-        let prefetching = self.prefetch.as_ref().map(|p| p.second);
+        let prefetching = self.prefetch.as_ref().map(|p| p.second());
         for slot in self.live_slots_overlapping(&window_ms) {
             let gone = |offset: u64| self.is_gone(offset, &cancelled);
             if enough(&found, limit, slot.first_second.saturating_mul(1000), gone) {
@@ -142,7 +142,7 @@ impl Wheel {
             let to = to.min(from.saturating_add(l.slots - 1));
             for window in from..=to {
                 let index = slot_index(level, window);
-                let held = self.slot_counts[index as usize];
+                let held = self.slot_counts.get(index);
                 if held.count > 0 && held.window == window && self.is_live(level, window) {
                     slots.push(SlotToRead {
                         first_second: window_start(level, window).max(first),

@@ -334,7 +334,7 @@ pub fn verify(files: &StoreFiles) -> Result<Checked> {
 /// synced before it was written (a far end of 0 was not recorded: from entry
 /// 1). What lies past them a power loss may have torn or lost, and the
 /// store's open cuts it or rebuilds the wheel (`note_preindexed`,
-/// `chains_intact` in `src/timer/restart.rs`). Nothing is in doubt after a
+/// `chains_intact` in `src/timer/wheel/restart.rs`). Nothing is in doubt after a
 /// clean close, or without a checkpoint (the wheel is rebuilt then).
 fn doubtful_timer_entries(unclean: Option<&internals::checkpoint::Checkpoint>) -> [u64; 2] {
     unclean.map_or([u64::MAX; 2], |cp| [cp.timer_log_end, cp.far_timer_log_end.max(1)])
