@@ -153,6 +153,7 @@ impl Wheel {
         ];
         let tails = Tails::open(dir, TOTAL_SLOTS)?;
         let ledger = CancelLedger::open(dir, mark)?;
+        // Saturating: a wheel starting at second 0 has loaded nothing.
         let loaded_through = resume.map_or(now_ms / 1000, |r| r.tick_second).saturating_sub(1);
         let mut wheel = Self {
             path,

@@ -25,6 +25,7 @@ impl Wheel {
     /// `tick_second` may read: the first entry of every chain it would still
     /// load or cascade. 1 (keep everything) where such a chain's start is unknown.
     pub fn first_needed_entries(&self, tick_second: u64) -> [u64; 2] {
+        // Saturating: a wheel resumed at second 0 has loaded nothing (as in `geometry::slot_is_live`).
         let loaded_through = tick_second.saturating_sub(1);
         // A resumed wheel appends late timers to the chain of second
         // `loaded_through` (see `insert`), so that chain stays readable too.
@@ -52,6 +53,7 @@ impl Wheel {
     /// disk vouches for). Returns how many.
     pub fn reclaim_timer_logs(&mut self, tick_second: u64) -> Result<u64> {
         let first = self.first_needed_entries(tick_second);
+        // Saturating: as in `first_needed_entries`.
         let loaded_through = tick_second.saturating_sub(1);
         self.retired.keep(|level, window| match level {
             0 => window >= loaded_through,
