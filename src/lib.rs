@@ -58,6 +58,7 @@ mod receipt;
 pub mod recorder;
 mod recovery;
 mod retention;
+mod schedule;
 mod scheduler;
 mod sealed;
 mod stall;
@@ -84,6 +85,7 @@ pub use message::{
 pub use offsets::POSITIONS_TOPIC;
 pub use pending::{MAX_COUNT_BOUNDS, PendingTimer};
 pub use retention::ReclaimReport;
+pub use schedule::{MissedRuns, Recurrence, Schedule};
 pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, STATS_TOPICS, Stats};
 pub use store::{DEFAULT_GROUP, Store};

@@ -103,6 +103,11 @@ impl Message {
         self
     }
 
+    /// Whether no deliver time, delay or delay level was set.
+    pub(crate) fn is_untimed(&self) -> bool {
+        self.timing == When::Now
+    }
+
     /// The topic.
     pub fn topic(&self) -> &str {
         &self.topic

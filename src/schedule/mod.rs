@@ -1,0 +1,220 @@
+//! Recurring schedules: a message template and a recurrence (`recurrence.rs`),
+//! bounded by a start, an end and a number of occurrences, with a policy
+//! for occurrences the store could not fire on time.
+//!
+//! What is here is pure: checking a schedule as a put checks a message (an
+//! error names the field, and nothing is written), and computing which
+//! occurrence comes next, from the previous one and the clock alone, so a
+//! preview, the ticking thread and recovery agree on it.
+
+mod recurrence;
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+use crate::message::{MAX_DELIVER_AT_MS, Message};
+pub use recurrence::Recurrence;
+use recurrence::Rule;
+
+/// How late an occurrence may come up before it counts as missed: one
+/// slot of the wheel. An occurrence fired later than this (the store was
+/// closed, or the clock jumped forward) follows the schedule's
+/// [`MissedRuns`] policy.
+pub(crate) const MISSED_AFTER_MS: u64 = 1_000;
+
+/// What happens to occurrences that came due while the store could not
+/// fire them (it was closed, or the wall clock jumped forward).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum MissedRuns {
+    /// One occurrence, at once, for all that were missed; then on schedule
+    /// (what NATS's schedules do).
+    #[default]
+    FireOnce,
+    /// Every missed occurrence due within `window` before now, at once and
+    /// in order; older ones are dropped.
+    FireAll {
+        /// How far back missed occurrences are caught up.
+        window: Duration,
+    },
+    /// None: the next occurrence is the first one not yet due.
+    Skip,
+}
+
+/// A recurring schedule: each occurrence delivers the template to its topic.
+#[derive(Debug, Clone)]
+pub struct Schedule {
+    template: Message,
+    recurrence: Recurrence,
+    start_at_ms: Option<u64>,
+    end_at_ms: Option<u64>,
+    limit: Option<u64>,
+    missed: MissedRuns,
+}
+
+impl Schedule {
+    /// Delivers `template` (topic, body, key, tags, properties; no deliver
+    /// time: each occurrence gives it one) at every occurrence of `recurrence`.
+    pub fn new(template: Message, recurrence: Recurrence) -> Self {
+        Self {
+            template,
+            recurrence,
+            start_at_ms: None,
+            end_at_ms: None,
+            limit: None,
+            missed: MissedRuns::default(),
+        }
+    }
+
+    /// No occurrence before this instant (epoch ms); an `every` schedule
+    /// counts its periods from here. Without it, from the moment it is created.
+    pub fn start_at_ms(mut self, epoch_ms: u64) -> Self {
+        self.start_at_ms = Some(epoch_ms);
+        self
+    }
+
+    /// No occurrence at or after this instant (epoch ms).
+    pub fn end_at_ms(mut self, epoch_ms: u64) -> Self {
+        self.end_at_ms = Some(epoch_ms);
+        self
+    }
+
+    /// At most this many occurrences, in all.
+    pub fn limit(mut self, occurrences: u64) -> Self {
+        self.limit = Some(occurrences);
+        self
+    }
+
+    /// What happens to occurrences missed while the store could not fire them.
+    pub fn missed_runs(mut self, policy: MissedRuns) -> Self {
+        self.missed = policy;
+        self
+    }
+
+    /// The message each occurrence delivers.
+    pub fn template(&self) -> &Message {
+        &self.template
+    }
+
+    /// How it recurs.
+    pub fn recurrence(&self) -> &Recurrence {
+        &self.recurrence
+    }
+
+    /// The first `n` occurrences at or after `from_ms` (epoch ms), as a
+    /// schedule created at `from_ms` fires them with the store open
+    /// throughout (its limit counted from there). An error says what is
+    /// wrong with the schedule, as creating it would.
+    pub fn next_occurrences(&self, from_ms: u64, n: usize) -> Result<Vec<u64>> {
+        let plan = self.plan(from_ms)?;
+        let mut out = Vec::with_capacity(n.min(1024));
+        let mut next = plan.first(from_ms);
+        while let Some(at) = next
+            && out.len() < n
+        {
+            out.push(at);
+            next = plan.next(at, 0, out.len() as u64);
+        }
+        Ok(out)
+    }
+
+    /// Checks the schedule as one created at `created_ms` (the store's clock
+    /// then) and returns the plan its occurrences follow. An error names
+    /// the field: a cron expression that does not parse or never fires, an
+    /// unknown time zone, a period of 0, an end not after the start, a
+    /// limit of 0, or a template with a deliver time.
+    pub(crate) fn plan(&self, created_ms: u64) -> Result<Plan> {
+        if !self.template.is_untimed() {
+            return Err(Error::invalid(
+                "template",
+                "a schedule's template has no deliver time, delay or delay level: each occurrence gives it one",
+            ));
+        }
+        if self.limit == Some(0) {
+            return Err(Error::invalid("limit", "0 occurrences: the schedule would never fire"));
+        }
+        // 0 marks an ordinary message on disk: a start of 0 is kept as 1, as a deliver time is.
+        let start_ms = self.start_at_ms.unwrap_or(created_ms).clamp(1, MAX_DELIVER_AT_MS);
+        if let Some(end) = self.end_at_ms
+            && end <= start_ms
+        {
+            return Err(Error::invalid("end_at_ms", format!("{end} is not after the start, {start_ms}")));
+        }
+        let plan = Plan {
+            rule: Rule::new(&self.recurrence, start_ms)?,
+            start_ms,
+            end_ms: self.end_at_ms.unwrap_or(u64::MAX),
+            limit: self.limit.unwrap_or(u64::MAX),
+            missed: self.missed,
+        };
+        if plan.first(created_ms).is_none() {
+            let field = match self.recurrence {
+                Recurrence::Cron { .. } => "cron",
+                Recurrence::Every { .. } => "every",
+            };
+            return Err(Error::invalid(
+                field,
+                format!(
+                    "no occurrence falls between {start_ms} and {}: the schedule would never fire",
+                    plan.end_ms
+                ),
+            ));
+        }
+        Ok(plan)
+    }
+}
+
+/// A checked schedule's occurrences: which comes next, by the previous one
+/// and the clock alone.
+#[derive(Debug, Clone)]
+pub(crate) struct Plan {
+    rule: Rule,
+    start_ms: u64,
+    end_ms: u64,
+    limit: u64,
+    missed: MissedRuns,
+}
+
+impl Plan {
+    /// The first occurrence of a schedule created at `created_ms`: at or
+    /// after its start and its creation (an occurrence before its creation
+    /// was not missed: it never was the schedule's).
+    pub fn first(&self, created_ms: u64) -> Option<u64> {
+        let from = self.start_ms.max(created_ms);
+        debug_assert!(from > 0, "a start of 0 is kept as 1");
+        self.rule.next_after(from - 1).filter(|&at| at < self.end_ms)
+    }
+
+    /// The occurrence to arm after the one at `previous`, with the clock at
+    /// `now_ms` and `fired` occurrences fired so far; `None` once the
+    /// schedule is over (its end or its limit).
+    ///
+    /// An occurrence due more than [`MISSED_AFTER_MS`] before `now_ms` is
+    /// missed, and the policy decides: `FireOnce` arms one occurrence at
+    /// `now_ms` (it stands for all that were missed, and the next is
+    /// computed from it); `FireAll` the first due within the window;
+    /// `Skip` the first not yet missed.
+    pub fn next(&self, previous: u64, now_ms: u64, fired: u64) -> Option<u64> {
+        if fired >= self.limit {
+            return None;
+        }
+        let first = self.rule.next_after(previous)?;
+        let missed_before = now_ms.saturating_sub(MISSED_AFTER_MS);
+        let at = if first >= missed_before {
+            first
+        } else {
+            match self.missed {
+                MissedRuns::FireOnce => now_ms,
+                MissedRuns::FireAll { window } => {
+                    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+                    let oldest = now_ms.saturating_sub(window_ms);
+                    if first >= oldest { first } else { self.rule.next_after(oldest - 1)? }
+                }
+                MissedRuns::Skip => self.rule.next_after(missed_before - 1)?,
+            }
+        };
+        (at < self.end_ms).then_some(at)
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,186 @@
+//! When a recurring schedule's occurrences fall: a 6-field cron expression
+//! evaluated in an IANA time zone, or a fixed period anchored at a start.
+//!
+//! Cron is evaluated on wall-clock time (parsed by `croner`, with the time
+//! zone's rules from `chrono-tz`; no rule is written here), and each wall
+//! time it names becomes an instant by one rule, the one cron daemons and
+//! Quartz's defaults share for fixed times:
+//!
+//! * a wall time that does not exist (the hour a spring-forward skips)
+//!   fires at the first instant after the gap (02:30 on the day New York
+//!   springs forward fires at 03:00 EDT; two such wall times fire once);
+//! * a wall time that occurs twice (the hour a fall-back repeats) fires
+//!   once, at its first instant, and the repeated stretch of wall time is
+//!   not walked again (an hourly job fires at 01:00 EDT, then 02:00 EST).
+//!
+//! So occurrences strictly increase, and the occurrence after an instant is
+//! a pure function of that instant: recovery and previews compute the same.
+
+use std::str::FromStr;
+
+use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
+use chrono_tz::Tz;
+use croner::Cron;
+use croner::parser::{CronParser, Seconds, Year};
+
+use crate::error::{Error, Result};
+
+/// The names of a cron expression's six fields, for errors.
+const FIELDS: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"];
+
+/// The longest a wall time may fall into a gap: Samoa skipped a whole day
+/// in 2011; two days bound the search for the gap's end.
+const MAX_GAP_SECONDS: i64 = 2 * 86_400;
+
+/// The latest occurrence computed: the last millisecond of the year 9999,
+/// as for a timed message.
+const LAST_MS: u64 = crate::message::MAX_DELIVER_AT_MS;
+
+/// How a schedule recurs.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Recurrence {
+    /// A 6-field cron expression (`sec min hour day-of-month month
+    /// day-of-week`, with ranges, steps, lists, names, `L`, `W` and `#`, or
+    /// `@yearly`, `@monthly`, `@weekly`, `@daily`, `@hourly`), in an IANA
+    /// time zone (`UTC` by default).
+    Cron {
+        /// The expression, as given.
+        expression: String,
+        /// The IANA name of the zone it is evaluated in.
+        time_zone: String,
+    },
+    /// Every `period_ms` milliseconds from the schedule's start.
+    Every {
+        /// The period, at least 1 ms.
+        period_ms: u64,
+    },
+}
+
+impl Recurrence {
+    /// A cron expression evaluated in UTC (see [`in_time_zone`](Self::in_time_zone)).
+    pub fn cron(expression: impl Into<String>) -> Self {
+        Self::Cron { expression: expression.into(), time_zone: "UTC".into() }
+    }
+
+    /// Every `period`, from the schedule's start.
+    pub fn every(period: std::time::Duration) -> Self {
+        Self::Every { period_ms: u64::try_from(period.as_millis()).unwrap_or(u64::MAX) }
+    }
+
+    /// The same cron expression evaluated in the IANA zone `name`
+    /// (`Asia/Shanghai`); an `Every` is left as it is (a period has no zone).
+    pub fn in_time_zone(self, name: impl Into<String>) -> Self {
+        match self {
+            Self::Cron { expression, .. } => Self::Cron { expression, time_zone: name.into() },
+            every => every,
+        }
+    }
+}
+
+/// A recurrence checked and ready to compute occurrences.
+#[derive(Debug, Clone)]
+pub(crate) enum Rule {
+    Cron { cron: Box<Cron>, zone: Tz },
+    Every { period_ms: u64, anchor_ms: u64 },
+}
+
+impl Rule {
+    /// Checks `recurrence` (the error names the field and what is wrong);
+    /// an `Every` counts from `anchor_ms`.
+    pub fn new(recurrence: &Recurrence, anchor_ms: u64) -> Result<Self> {
+        match recurrence {
+            Recurrence::Cron { expression, time_zone } => {
+                let zone = Tz::from_str(time_zone).map_err(|_| {
+                    Error::invalid("time_zone", format!("{time_zone:?} is not an IANA time zone name"))
+                })?;
+                Ok(Self::Cron { cron: Box::new(parse_cron(expression)?), zone })
+            }
+            Recurrence::Every { period_ms: 0 } => {
+                Err(Error::invalid("every", "a period of 0 ms never advances"))
+            }
+            &Recurrence::Every { period_ms } => Ok(Self::Every { period_ms, anchor_ms }),
+        }
+    }
+
+    /// The first occurrence strictly after `after_ms`, if one falls before
+    /// the year 10000.
+    pub fn next_after(&self, after_ms: u64) -> Option<u64> {
+        let next = match self {
+            Self::Every { period_ms, anchor_ms } => {
+                if after_ms < *anchor_ms {
+                    Some(*anchor_ms)
+                } else {
+                    let periods = (after_ms - anchor_ms) / period_ms + 1;
+                    periods.checked_mul(*period_ms).and_then(|d| d.checked_add(*anchor_ms))
+                }
+            }
+            Self::Cron { cron, zone } => next_cron(cron, *zone, after_ms),
+        };
+        next.filter(|&at| at <= LAST_MS)
+    }
+}
+
+/// Parses a 6-field expression or an alias; a field that does not parse is named.
+fn parse_cron(expression: &str) -> Result<Cron> {
+    let parser = CronParser::builder().seconds(Seconds::Required).year(Year::Disallowed).build();
+    let parsed = parser.parse(expression);
+    let fields: Vec<&str> = expression.split_whitespace().collect();
+    match parsed {
+        Ok(cron) => Ok(cron),
+        Err(e) if fields.len() == FIELDS.len() => {
+            // Which field: the first that fails with every other field `*`.
+            let culprit = (0..FIELDS.len()).find(|&i| {
+                let probe: Vec<&str> =
+                    (0..FIELDS.len()).map(|j| if j == i { fields[i] } else { "*" }).collect();
+                parser.parse(&probe.join(" ")).is_err()
+            });
+            Err(Error::invalid(
+                "cron",
+                match culprit {
+                    Some(i) => format!("{expression:?}: the {} field {:?}: {e}", FIELDS[i], fields[i]),
+                    None => format!("{expression:?}: {e}"),
+                },
+            ))
+        }
+        Err(e) => Err(Error::invalid(
+            "cron",
+            format!(
+                "{expression:?} has {} fields; a schedule's cron has 6 ({}) or is @yearly, @monthly, @weekly, @daily or @hourly: {e}",
+                fields.len(),
+                FIELDS.join(" ")
+            ),
+        )),
+    }
+}
+
+/// The first instant strictly after `after_ms` that a wall time the
+/// expression names in `zone` becomes (see the module docs).
+fn next_cron(cron: &Cron, zone: Tz, after_ms: u64) -> Option<u64> {
+    let after = DateTime::<Utc>::from_timestamp_millis(i64::try_from(after_ms).ok()?)?;
+    // Occurrences fall on whole seconds: the next one after `after_ms` is
+    // the next one after its second.
+    let mut wall = after.with_timezone(&zone).naive_local().with_nanosecond(0)?;
+    loop {
+        // Wall times are searched as if in UTC, which has neither gaps nor repeats.
+        let next_wall = cron.find_next_occurrence(&Utc.from_utc_datetime(&wall), false).ok()?.naive_utc();
+        let at_ms = u64::try_from(instant_of(next_wall, zone)?.timestamp_millis()).ok()?;
+        if at_ms > after_ms {
+            return Some(at_ms);
+        }
+        // The first instant of a repeated wall time already passed.
+        wall = next_wall;
+    }
+}
+
+/// The instant a wall time becomes in `zone`: its only instant, the first
+/// of two, or the end of the gap it falls in.
+fn instant_of(wall: NaiveDateTime, zone: Tz) -> Option<DateTime<Tz>> {
+    match zone.from_local_datetime(&wall) {
+        LocalResult::Single(at) => Some(at),
+        LocalResult::Ambiguous(first, _) => Some(first),
+        LocalResult::None => (1..=MAX_GAP_SECONDS).find_map(|s| {
+            let later = wall + chrono::Duration::seconds(s);
+            zone.from_local_datetime(&later).earliest()
+        }),
+    }
+}
