@@ -441,7 +441,7 @@ impl Dispatcher {
         Ok(queue)
     }
 
-    /// The `delaywheel-dispatch` thread's body: indexes whatever is appended,
+    /// The `dw-dispatch` thread's body: indexes whatever is appended,
     /// until `stop` is set and everything appended before it is indexed. A
     /// full disk makes it wait and retry the record it stopped at (see
     /// `stall.rs`); any other failure poisons the log: the indexes cannot

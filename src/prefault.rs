@@ -1,4 +1,4 @@
-//! The `delaywheel-prefault` thread: gets the writers' next pages and files
+//! The `dw-prefault` thread: gets the writers' next pages and files
 //! ready before they need them, so a burst of appends copies into pages that
 //! are already there instead of waiting on page faults and file creation.
 

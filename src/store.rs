@@ -284,7 +284,7 @@ impl Store {
     pub fn health(&self) -> Result<()> {
         self.log.check_poison()?;
         match self.threads.as_ref().and_then(Threads::stopped_early) {
-            Some(name) => Err(Error::Poisoned { reason: format!("the delaywheel-{name} thread stopped") }),
+            Some(name) => Err(Error::Poisoned { reason: format!("the dw-{name} thread stopped") }),
             None => Ok(()),
         }
     }

@@ -57,7 +57,9 @@ pub(crate) struct Threads {
 }
 
 impl Threads {
-    /// Starts `delaywheel-<name>` running `body`; `stop` is how it will be asked to finish.
+    /// Starts `dw-<name>` running `body` (short, so the kernel keeps the
+    /// whole name: `top -H` and `/proc` show 15 bytes); `stop` is how it will
+    /// be asked to finish.
     pub fn spawn(
         &mut self,
         name: &'static str,
@@ -65,9 +67,9 @@ impl Threads {
         body: impl FnOnce() -> Result<()> + Send + 'static,
     ) -> Result<()> {
         let handle = std::thread::Builder::new()
-            .name(format!("delaywheel-{name}"))
+            .name(format!("dw-{name}"))
             .spawn(body)
-            .map_err(|e| Error::io("spawn thread", format!("delaywheel-{name}"), e))?;
+            .map_err(|e| Error::io("spawn thread", format!("dw-{name}"), e))?;
         self.workers.push(Worker { name, stop, handle });
         Ok(())
     }
@@ -98,7 +100,7 @@ impl Threads {
             after(worker.name);
         }
         if let Some(name) = panicked {
-            return Err(Error::invalid("shutdown", format!("the delaywheel-{name} thread panicked")));
+            return Err(Error::invalid("shutdown", format!("the dw-{name} thread panicked")));
         }
         failed.map_or(Ok(()), Err)
     }

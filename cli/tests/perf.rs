@@ -30,6 +30,14 @@ fn a_same_millisecond_burst_over_three_consumers_is_delivered_once_and_never_ear
     // The instant comes after the last put: every delivery counts as after the puts too.
     assert!(report["lateness_ms"]["max"].as_u64().unwrap() > 0, "a burst of 20,000 takes time: {report}");
     assert_eq!(report["lateness_after_puts_ms"], report["lateness_ms"], "{report}");
+    // Which stage bounds the run: the store's threads by name, and the process.
+    let cpu = &report["thread_cpu_secs"];
+    for stage in ["dw-dispatch", "dw-tick", "dw-flush"] {
+        assert!(cpu["threads"][stage].as_f64().is_some(), "{stage}: {cpu}");
+    }
+    let ticker = cpu["threads"]["dw-tick"].as_f64().unwrap();
+    assert!(ticker > 0.0, "the ticker delivered 20,000 timers: {cpu}");
+    assert!(cpu["process"].as_f64().unwrap() >= ticker, "{cpu}");
 }
 
 #[test]

@@ -5,7 +5,7 @@
 //!   [`SCHEDULE_TOPIC`], in queue `level - 1`, with its due time in the
 //!   consume-queue entry (`time_ms`), so polling reads no commit-log record
 //!   until one is due. Its real topic and queue stay in the record.
-//! * One thread (`delaywheel-schedule`, RocketMQ's single `Timer`) runs one
+//! * One thread (`dw-schedule`, RocketMQ's single `Timer`) runs one
 //!   poll task per level every 100 ms: each delivers its queue's head while it
 //!   is due and stops at the first one that is not (a level's queue is in put
 //!   order, so in due order but for puts racing within a millisecond).

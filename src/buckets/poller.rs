@@ -1,4 +1,4 @@
-//! The bucket scheduler's thread (`delaywheel-schedule`): one poll task per
+//! The bucket scheduler's thread (`dw-schedule`): one poll task per
 //! level every [`POLL_INTERVAL`], each delivering its queue's head while it is
 //! due; cancels are decided here too, so a timer gets one fate.
 

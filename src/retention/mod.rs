@@ -78,7 +78,7 @@ pub(crate) struct Retainer {
 }
 
 impl Retainer {
-    /// The `delaywheel-retention` thread's body: a pass every check interval
+    /// The `dw-retention` thread's body: a pass every check interval
     /// or when woken (a put found the log at its size cap).
     pub fn run(self: Arc<Self>, wake: Receiver<()>, stop: StopFlag) -> Result<()> {
         while !stop.is_set() {

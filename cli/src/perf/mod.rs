@@ -13,6 +13,7 @@ use hdrhistogram::Histogram;
 
 mod ledger;
 mod producers;
+mod thread_cpu;
 
 use ledger::Ledger;
 use producers::{PutPath, put_all};
@@ -281,6 +282,9 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
             "p999": stats.lateness_ms.p999, "max": stats.lateness_ms.max,
         },
         "timer_index_bytes": timer_index_bytes(&dir, &stats),
+        // CPU seconds per store thread (alive until the close below) and of
+        // the whole process: a stage near one core's worth of the run bounds it.
+        "thread_cpu_secs": thread_cpu::report(),
         "dir": if keep { dir.display().to_string() } else { String::new() },
     });
     Arc::into_inner(store).ok_or("the store is still shared")?.close()?;
