@@ -177,12 +177,12 @@ fn a_schedule_that_cannot_fire_is_refused_naming_the_field() {
     let timed =
         Schedule::new(Message::new("t", "b").delay(Duration::from_secs(1)), Recurrence::cron("@daily"));
     assert_eq!(refused(timed).0, "template");
-    // An end before the first occurrence: nothing would ever fire.
+    // An end before the first occurrence: nothing would ever fire, and the end is to blame.
     let (what, reason) = refused(
         cron("0 0 9 * * *", "UTC")
             .start_at_ms(ms("2026-12-07T10:00:00Z"))
             .end_at_ms(ms("2026-12-08T08:00:00Z")),
     );
-    assert_eq!(what, "cron");
+    assert_eq!(what, "end_at_ms");
     assert!(reason.contains("never fire"), "{reason}");
 }

@@ -132,6 +132,14 @@ impl Schedule {
         if self.limit == Some(0) {
             return Err(Error::invalid("limit", "0 occurrences: the schedule would never fire"));
         }
+        if let Some(start) = self.start_at_ms.filter(|&s| s > MAX_DELIVER_AT_MS) {
+            return Err(Error::invalid(
+                "start_at_ms",
+                format!(
+                    "{start} is past the latest deliver time, {MAX_DELIVER_AT_MS} (the end of the year 9999)"
+                ),
+            ));
+        }
         // 0 marks an ordinary message on disk: a start of 0 is kept as 1, as a deliver time is.
         let start_ms = self.start_at_ms.unwrap_or(created_ms).clamp(1, MAX_DELIVER_AT_MS);
         if let Some(end) = self.end_at_ms
@@ -147,16 +155,19 @@ impl Schedule {
             missed: self.missed,
         };
         if plan.first(created_ms).is_none() {
-            let field = match self.recurrence {
-                Recurrence::Cron { .. } => "cron",
-                Recurrence::Every { .. } => "every",
+            let from = start_ms.max(created_ms);
+            // With no end in the way, the recurrence itself never fires.
+            let unbounded = plan.rule.next_after(from.saturating_sub(1)).is_some();
+            let field = match (&self.recurrence, unbounded) {
+                (_, true) => "end_at_ms",
+                (Recurrence::Cron { .. }, false) => "cron",
+                (Recurrence::Every { .. }, false) => "every",
             };
+            let until =
+                self.end_at_ms.map_or("the year 10000 (5000 for cron)".to_string(), |end| end.to_string());
             return Err(Error::invalid(
                 field,
-                format!(
-                    "no occurrence falls between {start_ms} and {}: the schedule would never fire",
-                    plan.end_ms
-                ),
+                format!("no occurrence falls from {from} until {until}: the schedule would never fire"),
             ));
         }
         Ok(plan)
@@ -191,28 +202,32 @@ impl Plan {
     /// An occurrence due more than [`MISSED_AFTER_MS`] before `now_ms` is
     /// missed, and the policy decides: `FireOnce` arms one occurrence at
     /// `now_ms` (it stands for all that were missed, and the next is
-    /// computed from it); `FireAll` the first due within the window;
-    /// `Skip` the first not yet missed.
+    /// computed from it); `FireAll` the first due within the window (never
+    /// one that was not missed: the window reaches back at least as far as
+    /// the missed ones begin); `Skip` the first not yet missed.
+    ///
+    /// The end bounds which occurrences there are, not when they fire:
+    /// occurrences missed before the end are caught up under the policy
+    /// even once the end has passed (`FireOnce`'s stand-in, then, at `now_ms`).
     pub fn next(&self, previous: u64, now_ms: u64, fired: u64) -> Option<u64> {
         if fired >= self.limit {
             return None;
         }
-        let first = self.rule.next_after(previous)?;
+        let before_end = |at: u64| (at < self.end_ms).then_some(at);
+        let first = before_end(self.rule.next_after(previous)?)?;
         let missed_before = now_ms.saturating_sub(MISSED_AFTER_MS);
-        let at = if first >= missed_before {
-            first
-        } else {
-            match self.missed {
-                MissedRuns::FireOnce => now_ms,
-                MissedRuns::FireAll { window } => {
-                    let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
-                    let oldest = now_ms.saturating_sub(window_ms);
-                    if first >= oldest { first } else { self.rule.next_after(oldest - 1)? }
-                }
-                MissedRuns::Skip => self.rule.next_after(missed_before - 1)?,
+        if first >= missed_before {
+            return Some(first);
+        }
+        match self.missed {
+            MissedRuns::FireOnce => Some(now_ms),
+            MissedRuns::FireAll { window } => {
+                let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
+                let oldest = now_ms.saturating_sub(window_ms).min(missed_before);
+                if first >= oldest { Some(first) } else { before_end(self.rule.next_after(oldest - 1)?) }
             }
-        };
-        (at < self.end_ms).then_some(at)
+            MissedRuns::Skip => before_end(self.rule.next_after(missed_before - 1)?),
+        }
     }
 }
 

@@ -33,7 +33,8 @@ const FIELDS: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", 
 const MAX_GAP_SECONDS: i64 = 2 * 86_400;
 
 /// The latest occurrence computed: the last millisecond of the year 9999,
-/// as for a timed message.
+/// as for a timed message. (A cron expression finds none past the year
+/// 5000, croner's search limit.)
 const LAST_MS: u64 = crate::message::MAX_DELIVER_AT_MS;
 
 /// How a schedule recurs.
@@ -103,8 +104,13 @@ impl Rule {
     }
 
     /// The first occurrence strictly after `after_ms`, if one falls before
-    /// the year 10000.
+    /// the year 10000 (the year 5000 for a cron expression).
     pub fn next_after(&self, after_ms: u64) -> Option<u64> {
+        // Past the last instant nothing falls, and a wall time there may be
+        // past what the calendar library holds.
+        if after_ms >= LAST_MS {
+            return None;
+        }
         let next = match self {
             Self::Every { period_ms, anchor_ms } => {
                 if after_ms < *anchor_ms {

@@ -3,8 +3,9 @@ use std::time::Duration;
 use proptest::prelude::*;
 
 use super::*;
+use crate::error::Error;
 
-/// Every second from 0, created at 0.
+/// Every second from 1 s, created at 0.
 fn every_second(missed: MissedRuns) -> Plan {
     Schedule::new(Message::new("t", "b"), Recurrence::every(Duration::from_secs(1)))
         .start_at_ms(1_000)
@@ -51,7 +52,7 @@ fn skip_drops_every_missed_occurrence() {
 }
 
 #[test]
-fn the_limit_counts_fired_occurrences_and_the_end_stops_catching_up() {
+fn the_limit_counts_fired_occurrences_and_the_end_bounds_which_there_are() {
     let plan = Schedule::new(Message::new("t", "b"), Recurrence::every(Duration::from_secs(1)))
         .start_at_ms(1_000)
         .limit(3)
@@ -60,7 +61,46 @@ fn the_limit_counts_fired_occurrences_and_the_end_stops_catching_up() {
         .unwrap();
     assert_eq!(plan.next(2_000, 2_000, 2), Some(3_000));
     assert_eq!(plan.next(3_000, 3_000, 3), None);
-    assert_eq!(plan.next(2_000, 50_000, 2), None, "a catch-up past the end");
+    // Closed from 2_500 to 50_000: the occurrences missed before the end
+    // are caught up once (FireOnce's stand-in), and nothing after it.
+    assert_eq!(plan.next(2_000, 50_000, 2), Some(50_000));
+    assert_eq!(plan.next(50_000, 50_000, 3), None);
+    let skip = Schedule::new(Message::new("t", "b"), Recurrence::every(Duration::from_secs(1)))
+        .start_at_ms(1_000)
+        .end_at_ms(20_000)
+        .missed_runs(MissedRuns::Skip)
+        .plan(0)
+        .unwrap();
+    assert_eq!(skip.next(2_000, 50_000, 2), None, "nothing left to fire before the end");
+}
+
+#[test]
+fn fire_all_never_drops_an_occurrence_that_was_not_missed() {
+    // A window shorter than the lateness that counts as missed.
+    let plan = every_second(MissedRuns::FireAll { window: Duration::from_millis(100) });
+    assert_eq!(plan.next(1_000, 10_000, 1), Some(9_000));
+}
+
+#[test]
+fn instants_at_the_end_of_time_find_nothing_and_never_panic() {
+    for zone in ["Asia/Tokyo", "America/New_York", "UTC"] {
+        let rule = Rule::new(&Recurrence::cron("@hourly").in_time_zone(zone), 0).unwrap();
+        // The last is within a day of the calendar library's last instant.
+        for at in [MAX_DELIVER_AT_MS - 1, MAX_DELIVER_AT_MS, u64::MAX, 8_210_266_870_000_000] {
+            assert_eq!(rule.next_after(at), None, "{zone} {at}");
+        }
+    }
+    let every = || Schedule::new(Message::new("t", "b"), Recurrence::every(Duration::from_secs(1)));
+    match every().next_occurrences(u64::MAX, 3) {
+        Err(Error::Invalid { what, reason }) => {
+            assert!(what == "every" && reason.contains("never fire"), "{reason}")
+        }
+        other => panic!("{other:?}"),
+    }
+    match every().start_at_ms(u64::MAX).next_occurrences(0, 1) {
+        Err(Error::Invalid { what, .. }) => assert_eq!(what, "start_at_ms"),
+        other => panic!("{other:?}"),
+    }
 }
 
 const ZONES: [&str; 6] =
