@@ -154,8 +154,10 @@ fn stages(c: &mut Criterion) {
     group
         .sampling_mode(SamplingMode::Flat)
         .sample_size(10)
-        .measurement_time(Duration::from_secs(10))
-        .warm_up_time(Duration::from_secs(2))
+        // Sized by the thread's CPU time (25-55 ms a batch), so a few
+        // seconds of it are some 100 batches: minutes of wall time.
+        .measurement_time(Duration::from_secs(2))
+        .warm_up_time(Duration::from_secs(1))
         .throughput(Throughput::Elements(BATCH));
     for (name, stage) in [
         ("tick_insert", Stage::TickInsert),

@@ -1,5 +1,5 @@
 //! The store's background threads: each has one job and a name
-//! (`delaywheel-<job>`), is told to stop by its own signal, and is stopped in
+//! (`dw-<job>`), is told to stop by its own signal, and is stopped in
 //! the reverse order of its start, so a thread that feeds another stops first.
 
 use std::sync::Arc;

@@ -18,8 +18,9 @@
 //! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
 //!   scheduler seam.
 //!
-//! Arrows run one way: `front → tick → wheel/ → state/ → {ledger, routes}
-//! → {log, tails, geometry}`.
+//! Arrows run one way: `front → tick → wheel/ → state/ → ledger → {log,
+//! tails, geometry}`; `routes.rs` is the ticking thread's alone, and
+//! `tick/control.rs` names the cancel answers of `state/cancels.rs`.
 //!
 //! All of it is an index of the commit log.
 
