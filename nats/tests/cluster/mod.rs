@@ -133,6 +133,7 @@ impl Cluster {
                     .await;
                 if probe.is_ok() {
                     js.delete_stream("PROBE").await.unwrap();
+                    self.wait_for_routes(deadline).await;
                     return;
                 }
             }
@@ -142,6 +143,38 @@ impl Cluster {
                 self.dir
             );
             tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// Waits until a core NATS message published on any server reaches a
+    /// subscriber on every other one. A replicated stream can be made before
+    /// every route is up (JetStream needs a quorum, not the full mesh), and
+    /// what the tier sends with core NATS (dead letters) between two servers
+    /// without a route is dropped: a dead-letter test once saw none in 20 s in CI.
+    async fn wait_for_routes(&self, deadline: Instant) {
+        use futures::StreamExt;
+        let mut clients = Vec::new();
+        for i in 0..3 {
+            clients.push(async_nats::connect(self.url(i)).await.unwrap());
+        }
+        for (i, to) in clients.iter().enumerate() {
+            let mut subscriber = to.subscribe(format!("probe.routes.{i}")).await.unwrap();
+            to.flush().await.unwrap();
+            for (j, from) in clients.iter().enumerate().filter(|(j, _)| *j != i) {
+                loop {
+                    from.publish(format!("probe.routes.{i}"), j.to_string().into()).await.unwrap();
+                    from.flush().await.unwrap();
+                    let got = tokio::time::timeout(Duration::from_millis(200), subscriber.next()).await;
+                    if got.is_ok_and(|m| m.is_some_and(|m| m.payload == j.to_string())) {
+                        break;
+                    }
+                    assert!(
+                        Instant::now() < deadline,
+                        "no route from server {j} to server {i} (logs in {:?})",
+                        self.dir
+                    );
+                }
+            }
         }
     }
 
