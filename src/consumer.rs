@@ -16,8 +16,10 @@ use crate::format::queue_entry::Entry;
 use crate::format::record::{
     DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, deliveries_count, deliveries_timer,
 };
-use crate::message::{ConsumedMessage, Extras};
+use crate::message::{ConsumedMessage, Extras, Handle};
 use crate::offsets::OffsetStore;
+use crate::receipt::Occurrence;
+use crate::schedule::SPEC_PROPERTY;
 use crate::stats::RetentionCounters;
 
 /// Entries whose messages are touched together before they are read: enough
@@ -310,13 +312,22 @@ impl Consumer {
     fn delivered_timer(&mut self, index: u64, entry: &Entry) -> Result<u64> {
         let log = &self.log;
         let named = |at: u64, kind: RecordKind, bytes: &[u8]| -> Result<u64> {
-            if at != entry.log_offset || kind != RecordKind::Delivery {
+            if at != entry.log_offset || !matches!(kind, RecordKind::Delivery | RecordKind::Reschedule) {
                 return Err(bad_reference(log, index, entry, "does not point at a delivery record"));
             }
             if bytes.len() != entry.record_len as usize {
                 return Err(bad_reference(log, index, entry, "does not match the length of its record"));
             }
-            DeliveryView::parse(bytes).map(|d| d.message_offset).map_err(|k| log.corruption_at(at, k))
+            if kind == RecordKind::Delivery {
+                return DeliveryView::parse(bytes)
+                    .map(|d| d.message_offset)
+                    .map_err(|k| log.corruption_at(at, k));
+            }
+            // A schedule's occurrence: the record delivers the timer it replaces.
+            match RescheduleView::parse(bytes).map_err(|k| log.corruption_at(at, k))? {
+                r if r.delivers() => Ok(r.from_timer),
+                _ => Err(bad_reference(log, index, entry, "points at a reschedule that delivers nothing")),
+            }
         };
         self.reader.visit_checked(entry.log_offset, named)?.0
     }
@@ -326,6 +337,8 @@ impl Consumer {
     fn read(&mut self, index: u64, entry: &Entry, timer: Option<u64>) -> Result<ConsumedMessage> {
         let bad = |log: &CommitLog, why: &str| bad_reference(log, index, entry, why);
         let mut rescheduled_to = None;
+        // Occurrences delivered before this timer's, if it is a schedule's.
+        let mut fired_before = 0;
         let record = match timer {
             // A timer's entry points at its delivery (or deliveries) record,
             // which names the record of the timer: the message, or a
@@ -336,6 +349,7 @@ impl Consumer {
                     let r = RescheduleView::parse(&record.bytes)
                         .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
                     rescheduled_to = NonZeroU64::new(r.deliver_at_ms);
+                    fired_before = r.occurrence.map_or(0, |o| o.fired);
                     record = self.reader.read(r.message_offset)?;
                 }
                 if record.kind != RecordKind::Message {
@@ -360,8 +374,18 @@ impl Consumer {
             ("", "", false) => None,
             (key, tags, _) => {
                 let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
-                let properties = view.properties().map_err(corrupt)?;
-                Some(Box::new(Extras { key: non_empty(key), tags: non_empty(tags), properties }))
+                let mut properties = view.properties().map_err(corrupt)?;
+                let mut occurrence = None;
+                if view.schedule
+                    && let Some(timer) = timer
+                {
+                    // The spec is the store's; the consumer gets the occurrence.
+                    properties.retain(|(name, _)| name != SPEC_PROPERTY);
+                    let schedule = Handle { offset: record.offset, deliver_at_ms: view.timing.deliver_at_ms };
+                    let next_at_ms = self.next_occurrence(entry, timer)?;
+                    occurrence = Some(Occurrence { schedule, number: fired_before + 1, next_at_ms });
+                }
+                Some(Box::new(Extras { key: non_empty(key), tags: non_empty(tags), properties, occurrence }))
             }
         };
         let (body_at, queue_id, store_time_ms, timing) =
@@ -382,6 +406,20 @@ impl Consumer {
             queue_id,
             delay_level: NonZeroU16::new(timing.delay_level),
         })
+    }
+
+    /// When the occurrence after the one the entry delivers (of `timer`) is
+    /// due: the entry's record arms it, unless it is a delivery record (the
+    /// schedule's last occurrence).
+    fn next_occurrence(&mut self, entry: &Entry, timer: u64) -> Result<Option<u64>> {
+        let record = self.reader.read(entry.log_offset)?;
+        if record.kind != RecordKind::Reschedule {
+            return Ok(None);
+        }
+        let r = RescheduleView::parse(&record.bytes)
+            .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
+        debug_assert_eq!(r.from_timer, timer, "an occurrence's entry names the timer it replaced");
+        Ok(Some(r.deliver_at_ms))
     }
 
     /// The queue offset the next `poll` starts at.

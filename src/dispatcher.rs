@@ -9,6 +9,8 @@
 //!   delivery record, which names the original message record (the body is
 //!   never copied); a deliveries record → one such entry per timer it
 //!   names, in the queue it names, without reading the messages;
+//! * a reschedule → its timer to the scheduler; a schedule's occurrence
+//!   (a reschedule that delivers) also an entry in the schedule's queue;
 //! * the buckets' copy of a delivered message → an entry in its real topic.
 
 use std::cell::{Cell, RefCell};
@@ -275,6 +277,20 @@ impl Dispatcher {
             RecordKind::Reschedule => match RescheduleView::parse(bytes) {
                 // The ticker replaced the old timer when it wrote the record;
                 // the new one is indexed here, in log order, like a message's.
+                Ok(view) if view.delivers() => {
+                    // The entry first: a retry after a full disk appends it
+                    // once (the queue's last entry says), and sends the timer once.
+                    let queue = match self.index_occurrence(offset, bytes.len(), &view) {
+                        Ok(queue) => Some(queue),
+                        Err(Error::Reclaimed { .. }) => {
+                            self.reclaimed_deliveries.set(self.reclaimed_deliveries.get() + 1);
+                            None
+                        }
+                        Err(e @ Error::Corruption { .. }) => return self.quarantine(offset, e),
+                        Err(e) => return Err(e),
+                    };
+                    self.scheduler.index_rescheduled(offset, &view).map(|()| queue)
+                }
                 Ok(view) => self.scheduler.index_rescheduled(offset, &view).map(|()| None),
                 Err(kind) => self.quarantine(offset, self.log.corruption_at(offset, kind)),
             },
@@ -329,6 +345,38 @@ impl Dispatcher {
                 Err(message) => named = message,
             }
         }
+    }
+
+    /// Indexes the occurrence record at `offset` (`len` bytes), a reschedule
+    /// record that also delivers a schedule's occurrence, into the
+    /// schedule's queue: the entry points at the record, as a delivery
+    /// record's does, and consumers follow it to the timer it replaced and
+    /// on to the schedule's record. The schedule stays pending (its next
+    /// occurrence is this record's timer), so its topic's count is unchanged.
+    fn index_occurrence(&self, offset: u64, len: usize, view: &RescheduleView) -> Result<Arc<ConsumeQueue>> {
+        let checksum = offset < self.replay_end;
+        let mut originals = self.originals.borrow_mut();
+        let (queue, _) = originals.visit_checking(view.message_offset, checksum, |at, kind, record| {
+            let schedule = match kind {
+                RecordKind::Message => self.message(at, record)?,
+                _ => {
+                    let why = format!("occurrence at {offset} names a {kind:?} record");
+                    return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
+                }
+            };
+            if !schedule.schedule {
+                let why = format!("occurrence at {offset} names a message that is not a schedule");
+                return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
+            }
+            let queue = self.queues.get_or_create(schedule.topic, schedule.queue_id);
+            if queue.last().is_none_or(|last| last.log_offset != offset) {
+                let entry =
+                    message_entry(&schedule, offset, len, view.rescheduled_at_ms, FLAG_TIMER_DELIVERY);
+                queue.append(&entry)?;
+            }
+            Ok(queue)
+        })?;
+        queue
     }
 
     /// Indexes the deliveries record at `offset` (`len` bytes): one entry per

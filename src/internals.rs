@@ -18,3 +18,7 @@ pub use crate::format::{
 pub use crate::message::validate_topic;
 pub use crate::timer::geometry;
 pub use crate::timer::ledger::LEDGER_ENTRIES_PER_FILE;
+
+/// How late a schedule's occurrence may come up before its missed-run policy
+/// decides (one slot): `wheel-dump audit` excuses only occurrences skipped later than this.
+pub use crate::schedule::MISSED_AFTER_MS;

@@ -22,6 +22,9 @@ pub struct Message {
     pub(crate) properties: Vec<(String, String)>,
     pub(crate) body: Bytes,
     pub(crate) timing: When,
+    /// A recurring schedule's record (`Store::schedule` alone sets it): its
+    /// spec is in its properties, and each occurrence delivers it.
+    pub(crate) schedule: bool,
 }
 
 /// When a message should be delivered, as the producer asked.
@@ -50,6 +53,7 @@ impl Message {
             properties: Vec::new(),
             body: body.into(),
             timing: When::Now,
+            schedule: false,
         }
     }
 
@@ -176,6 +180,7 @@ impl Message {
             queue_id,
             store_time_ms,
             timing,
+            schedule: self.schedule,
         }
     }
 
@@ -281,6 +286,8 @@ pub(crate) struct Extras {
     pub key: Option<String>,
     pub tags: Option<String>,
     pub properties: Vec<(String, String)>,
+    /// Which occurrence of a recurring schedule it is.
+    pub occurrence: Option<crate::receipt::Occurrence>,
 }
 
 impl ConsumedMessage {
@@ -328,6 +335,12 @@ impl ConsumedMessage {
     /// Its properties, in the order they were added.
     pub fn properties(&self) -> &[(String, String)] {
         self.extras.as_ref().map_or(&[], |e| &e.properties)
+    }
+    /// For a recurring schedule's occurrence: the schedule's handle, the
+    /// occurrence's number and when the next is due. Its
+    /// [`deliver_at_ms`](Self::deliver_at_ms) is the occurrence's instant.
+    pub fn occurrence(&self) -> Option<&crate::receipt::Occurrence> {
+        self.extras.as_ref().and_then(|e| e.occurrence.as_ref())
     }
     /// The body: a zero-copy view of the commit log.
     pub fn body(&self) -> &Bytes {

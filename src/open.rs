@@ -323,6 +323,7 @@ impl Parts {
             stall: Arc::clone(&self.stall),
             received: indexed,
             routes: Default::default(),
+            recurring: Default::default(),
         }
     }
 

@@ -114,3 +114,41 @@ impl std::fmt::Display for Written {
         }
     }
 }
+
+/// What [`Store::schedule`](crate::Store::schedule) returns: where the
+/// schedule's record is, and its handle.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScheduleReceipt {
+    pub(crate) receipt: Receipt,
+}
+
+impl ScheduleReceipt {
+    /// The handle that names the schedule: `cancel_schedule` takes it, and
+    /// each occurrence a consumer reads carries it.
+    pub fn handle(&self) -> Handle {
+        Handle { offset: self.receipt.offset, deliver_at_ms: self.first_occurrence_ms() }
+    }
+
+    /// When its first occurrence is due (epoch ms).
+    pub fn first_occurrence_ms(&self) -> u64 {
+        self.receipt.deliver_at_ms.unwrap_or_default()
+    }
+
+    /// The put's receipt of the schedule's record.
+    pub fn receipt(&self) -> &Receipt {
+        &self.receipt
+    }
+}
+
+/// One occurrence of a recurring schedule, as a consumer reads it (see
+/// [`ConsumedMessage::occurrence`](crate::ConsumedMessage::occurrence)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Occurrence {
+    /// The schedule's handle (as [`ScheduleReceipt::handle`] gave it).
+    pub schedule: Handle,
+    /// Which occurrence this is: 1 for the first delivered, counting
+    /// delivered occurrences only (a missed one the schedule skipped has none).
+    pub number: u64,
+    /// When the next occurrence is due (epoch ms); `None` if this is the last.
+    pub next_at_ms: Option<u64>,
+}

@@ -30,6 +30,7 @@ use crate::timer::tick::WheelShared;
 
 mod puts;
 mod queries;
+mod schedules;
 
 /// The consumer group of [`Store::consumer`].
 pub const DEFAULT_GROUP: &str = "default";
@@ -171,7 +172,8 @@ impl Store {
     /// In sync flush mode `Rescheduled` is answered once the record is on disk.
     ///
     /// Errors: [`Error::Invalid`] naming `deliver_at_ms` past the end of the
-    /// year 9999, or with the bucket scheduler (it cannot reschedule); else
+    /// year 9999, or with the bucket scheduler (it cannot reschedule), or
+    /// naming `handle` for a recurring schedule's (see [`Store::schedule`]); else
     /// those of [`cancel`](Self::cancel), with [`Written::Reschedule`].
     pub fn reschedule(&self, handle: Handle, deliver_at_ms: u64) -> Result<RescheduleOutcome> {
         if !*self.accepting.reading() {
@@ -181,8 +183,13 @@ impl Store {
             let why = format!("{deliver_at_ms} ms is past the clock's range (the end of year 9999)");
             return Err(Error::invalid("deliver_at_ms", why));
         }
-        if !self.is_timer(handle) {
-            return Ok(RescheduleOutcome::NotFound);
+        match self.timer_named(handle) {
+            None => return Ok(RescheduleOutcome::NotFound),
+            Some(true) => {
+                let why = "names a recurring schedule: its occurrences follow its recurrence, not one by one";
+                return Err(Error::invalid("handle", why));
+            }
+            Some(false) => {}
         }
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
         let outcome = self.scheduler.reschedule(timer, deliver_at_ms)?;
@@ -264,16 +271,23 @@ impl Store {
     /// (or, once retention deleted its segment, its relocated copy).
     /// A handle is user input: anything unreadable there is simply not found.
     fn is_timer(&self, handle: Handle) -> bool {
+        self.timer_named(handle).is_some()
+    }
+
+    /// Whether `handle` names a timed message's timer (`Some(false)`) or a
+    /// recurring schedule's (`Some(true)`), by reading the record it names.
+    fn timer_named(&self, handle: Handle) -> Option<bool> {
         if handle.offset >= self.log.write_end() {
-            return false;
+            return None;
         }
         let found = self.log.visit_checked(handle.offset, |at, kind, bytes| {
-            at == handle.offset
-                && kind == RecordKind::Message
-                && MessageView::parse(bytes)
-                    .is_ok_and(|v| v.timer_deliver_at_ms() == Some(handle.deliver_at_ms))
+            if at != handle.offset || kind != RecordKind::Message {
+                return None;
+            }
+            let view = MessageView::parse(bytes).ok()?;
+            (view.timer_deliver_at_ms() == Some(handle.deliver_at_ms)).then_some(view.schedule)
         });
-        matches!(found, Ok((true, _)))
+        found.ok().and_then(|(schedule, _)| schedule)
     }
 
     /// `Ok` while the store works. Once a background failure stopped it (a

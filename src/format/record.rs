@@ -18,7 +18,7 @@ mod delivery;
 mod message;
 mod relocation;
 
-pub use cancel::{CANCEL_LEN, CancelView, RESCHEDULE_LEN, RescheduleView, encode_cancel};
+pub use cancel::{CANCEL_LEN, CancelView, OccurrenceFields, RESCHEDULE_LEN, RescheduleView, encode_cancel};
 pub use delivery::{
     DELIVERIES_MAX, DELIVERY_LEN, DeliveriesView, DeliveryView, deliveries_count, deliveries_len,
     deliveries_timer, encode_deliveries, encode_delivery,

@@ -8,6 +8,7 @@
 //! preview, the ticking thread and recovery agree on it.
 
 mod recurrence;
+mod spec;
 
 use std::time::Duration;
 
@@ -15,12 +16,13 @@ use crate::error::{Error, Result};
 use crate::message::{MAX_DELIVER_AT_MS, Message};
 pub use recurrence::Recurrence;
 use recurrence::Rule;
+pub(crate) use spec::{SPEC_PROPERTY, Spec};
 
 /// How late an occurrence may come up before it counts as missed: one
 /// slot of the wheel. An occurrence fired later than this (the store was
 /// closed, or the clock jumped forward) follows the schedule's
 /// [`MissedRuns`] policy.
-pub(crate) const MISSED_AFTER_MS: u64 = 1_000;
+pub const MISSED_AFTER_MS: u64 = 1_000;
 
 /// What happens to occurrences that came due while the store could not
 /// fire them (it was closed, or the wall clock jumped forward).
@@ -112,9 +114,30 @@ impl Schedule {
             && out.len() < n
         {
             out.push(at);
-            next = plan.next(at, 0, out.len() as u64);
+            next = plan.after(at, out.len() as u64);
         }
         Ok(out)
+    }
+
+    /// The schedule less its template, as its record keeps it: the start
+    /// resolved (the one given, or `created_ms`).
+    pub(crate) fn spec(&self, created_ms: u64) -> Result<Spec> {
+        if let Some(start) = self.start_at_ms.filter(|&s| s > MAX_DELIVER_AT_MS) {
+            return Err(Error::invalid(
+                "start_at_ms",
+                format!(
+                    "{start} is past the latest deliver time, {MAX_DELIVER_AT_MS} (the end of the year 9999)"
+                ),
+            ));
+        }
+        Ok(Spec {
+            recurrence: self.recurrence.clone(),
+            // 0 marks an ordinary message on disk: a start of 0 is kept as 1, as a deliver time is.
+            start_ms: self.start_at_ms.unwrap_or(created_ms).clamp(1, MAX_DELIVER_AT_MS),
+            end_ms: self.end_at_ms,
+            limit: self.limit,
+            missed: self.missed,
+        })
     }
 
     /// Checks the schedule as one created at `created_ms` (the store's clock
@@ -129,33 +152,9 @@ impl Schedule {
                 "a schedule's template has no deliver time, delay or delay level: each occurrence gives it one",
             ));
         }
-        if self.limit == Some(0) {
-            return Err(Error::invalid("limit", "0 occurrences: the schedule would never fire"));
-        }
-        if let Some(start) = self.start_at_ms.filter(|&s| s > MAX_DELIVER_AT_MS) {
-            return Err(Error::invalid(
-                "start_at_ms",
-                format!(
-                    "{start} is past the latest deliver time, {MAX_DELIVER_AT_MS} (the end of the year 9999)"
-                ),
-            ));
-        }
-        // 0 marks an ordinary message on disk: a start of 0 is kept as 1, as a deliver time is.
-        let start_ms = self.start_at_ms.unwrap_or(created_ms).clamp(1, MAX_DELIVER_AT_MS);
-        if let Some(end) = self.end_at_ms
-            && end <= start_ms
-        {
-            return Err(Error::invalid("end_at_ms", format!("{end} is not after the start, {start_ms}")));
-        }
-        let plan = Plan {
-            rule: Rule::new(&self.recurrence, start_ms)?,
-            start_ms,
-            end_ms: self.end_at_ms.unwrap_or(u64::MAX),
-            limit: self.limit.unwrap_or(u64::MAX),
-            missed: self.missed,
-        };
+        let plan = self.spec(created_ms)?.plan()?;
         if plan.first(created_ms).is_none() {
-            let from = start_ms.max(created_ms);
+            let from = plan.start_ms.max(created_ms);
             // With no end in the way, the recurrence itself never fires.
             let unbounded = plan.rule.next_after(from.saturating_sub(1)).is_some();
             let field = match (&self.recurrence, unbounded) {
@@ -185,6 +184,15 @@ pub(crate) struct Plan {
     missed: MissedRuns,
 }
 
+/// What the ticking thread does when a schedule's armed occurrence comes
+/// up: deliver it or not, and which occurrence to arm next (`None`: the
+/// schedule is over).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Firing {
+    pub deliver: bool,
+    pub next: Option<u64>,
+}
+
 impl Plan {
     /// The first occurrence of a schedule created at `created_ms`: at or
     /// after its start and its creation (an occurrence before its creation
@@ -195,38 +203,53 @@ impl Plan {
         self.rule.next_after(from - 1).filter(|&at| at < self.end_ms)
     }
 
-    /// The occurrence to arm after the one at `previous`, with the clock at
-    /// `now_ms` and `fired` occurrences fired so far; `None` once the
-    /// schedule is over (its end or its limit).
-    ///
-    /// An occurrence due more than [`MISSED_AFTER_MS`] before `now_ms` is
-    /// missed, and the policy decides: `FireOnce` arms one occurrence at
-    /// `now_ms` (it stands for all that were missed, and the next is
-    /// computed from it); `FireAll` the first due within the window (never
-    /// one that was not missed: the window reaches back at least as far as
-    /// the missed ones begin); `Skip` the first not yet missed.
-    ///
-    /// The end bounds which occurrences there are, not when they fire:
-    /// occurrences missed before the end are caught up under the policy
-    /// even once the end has passed (`FireOnce`'s stand-in, then, at `now_ms`).
-    pub fn next(&self, previous: u64, now_ms: u64, fired: u64) -> Option<u64> {
+    /// The occurrence on schedule after the one at `previous`, with `fired`
+    /// occurrences delivered so far; `None` once the schedule is over (its
+    /// end or its limit).
+    pub fn after(&self, previous: u64, fired: u64) -> Option<u64> {
         if fired >= self.limit {
             return None;
         }
-        let before_end = |at: u64| (at < self.end_ms).then_some(at);
-        let first = before_end(self.rule.next_after(previous)?)?;
+        self.rule.next_after(previous).filter(|&at| at < self.end_ms)
+    }
+
+    /// The armed occurrence due at `due_ms` comes up with the clock at
+    /// `now_ms`, `fired` occurrences delivered before it.
+    ///
+    /// It is missed if it comes up more than [`MISSED_AFTER_MS`] late (the
+    /// store was closed, or the clock jumped forward), and the policy
+    /// decides: `FireOnce` delivers it, standing for every one missed, and
+    /// arms the first occurrence after `now_ms`; `Skip` delivers nothing and
+    /// arms the first occurrence not missed; `FireAll` delivers it if it fell
+    /// within the window (a slot of grace, since the ticker comes to each a
+    /// little later than the last), else delivers nothing and arms the first
+    /// occurrence within the window; those come up in order, one after
+    /// another. The end bounds which occurrences there are, so a schedule
+    /// whose missed occurrences were all before its end and are skipped ends
+    /// without a delivery.
+    pub fn on_fire(&self, due_ms: u64, now_ms: u64, fired: u64) -> Firing {
         let missed_before = now_ms.saturating_sub(MISSED_AFTER_MS);
-        if first >= missed_before {
-            return Some(first);
+        let deliver = |next_after: u64| Firing { deliver: true, next: self.after(next_after, fired + 1) };
+        let skip_to = |from: u64| Firing {
+            deliver: false,
+            // `from` > `due_ms` >= 1: there is an instant before it.
+            next: self.rule.next_after(from - 1).filter(|&at| at < self.end_ms),
+        };
+        if due_ms >= missed_before {
+            return deliver(due_ms);
         }
         match self.missed {
-            MissedRuns::FireOnce => Some(now_ms),
+            MissedRuns::FireOnce => deliver(now_ms),
+            MissedRuns::Skip => skip_to(missed_before),
             MissedRuns::FireAll { window } => {
                 let window_ms = u64::try_from(window.as_millis()).unwrap_or(u64::MAX);
                 let oldest = now_ms.saturating_sub(window_ms).min(missed_before);
-                if first >= oldest { Some(first) } else { before_end(self.rule.next_after(oldest - 1)?) }
+                if due_ms.saturating_add(MISSED_AFTER_MS) >= oldest {
+                    deliver(due_ms)
+                } else {
+                    skip_to(oldest)
+                }
             }
-            MissedRuns::Skip => before_end(self.rule.next_after(missed_before - 1)?),
         }
     }
 }

@@ -14,6 +14,14 @@ fn every_second(missed: MissedRuns) -> Plan {
         .expect("a valid schedule")
 }
 
+fn delivers(next: Option<u64>) -> Firing {
+    Firing { deliver: true, next }
+}
+
+fn skips_to(next: Option<u64>) -> Firing {
+    Firing { deliver: false, next }
+}
+
 #[test]
 fn on_time_the_next_occurrence_follows_the_previous_whatever_the_policy() {
     for policy in
@@ -21,34 +29,39 @@ fn on_time_the_next_occurrence_follows_the_previous_whatever_the_policy() {
     {
         let plan = every_second(policy);
         assert_eq!(plan.first(0), Some(1_000));
-        // Fired 300 ms late: not missed.
-        assert_eq!(plan.next(1_000, 1_300, 1), Some(2_000), "{policy:?}");
-        // Fired up to a slot late: still not missed.
-        assert_eq!(plan.next(1_000, 3_000, 1), Some(2_000), "{policy:?}");
+        // Up 300 ms late: not missed.
+        assert_eq!(plan.on_fire(1_000, 1_300, 0), delivers(Some(2_000)), "{policy:?}");
+        // Up to a slot late: still not missed.
+        assert_eq!(plan.on_fire(1_000, 2_000, 0), delivers(Some(2_000)), "{policy:?}");
     }
 }
 
 #[test]
 fn fire_once_stands_one_occurrence_for_all_missed_then_keeps_the_schedule() {
     let plan = every_second(MissedRuns::FireOnce);
-    // Closed from 1_500 to 10_000: 2_000 .. 9_000 were missed.
-    assert_eq!(plan.next(1_000, 10_000, 1), Some(10_000));
-    assert_eq!(plan.next(10_000, 10_005, 2), Some(11_000));
+    // Closed from 1_500 to 10_000: 2_000, armed, comes up at 10_000 and
+    // stands for 2_000 .. 9_000; the schedule goes on after now.
+    assert_eq!(plan.on_fire(2_000, 10_000, 1), delivers(Some(11_000)));
+    assert_eq!(plan.on_fire(2_000, 10_300, 1), delivers(Some(11_000)));
 }
 
 #[test]
 fn fire_all_catches_up_within_the_window_in_order() {
     let plan = every_second(MissedRuns::FireAll { window: Duration::from_secs(3) });
-    assert_eq!(plan.next(1_000, 10_000, 1), Some(7_000));
-    assert_eq!(plan.next(7_000, 10_001, 2), Some(8_000));
-    assert_eq!(plan.next(8_000, 10_002, 3), Some(9_000));
-    assert_eq!(plan.next(9_000, 10_003, 4), Some(10_000));
+    // 2_000 is older than the window: skipped to its oldest occurrence.
+    assert_eq!(plan.on_fire(2_000, 10_000, 1), skips_to(Some(7_000)));
+    // Each comes up a little later than the last, within a slot of grace.
+    assert_eq!(plan.on_fire(7_000, 10_001, 1), delivers(Some(8_000)));
+    assert_eq!(plan.on_fire(8_000, 10_002, 2), delivers(Some(9_000)));
+    assert_eq!(plan.on_fire(9_000, 10_003, 3), delivers(Some(10_000)));
+    assert_eq!(plan.on_fire(10_000, 10_004, 4), delivers(Some(11_000)));
 }
 
 #[test]
 fn skip_drops_every_missed_occurrence() {
     let plan = every_second(MissedRuns::Skip);
-    assert_eq!(plan.next(1_000, 10_500, 1), Some(10_000));
+    assert_eq!(plan.on_fire(2_000, 10_500, 1), skips_to(Some(10_000)));
+    assert_eq!(plan.on_fire(10_000, 10_501, 1), delivers(Some(11_000)));
 }
 
 #[test]
@@ -59,26 +72,26 @@ fn the_limit_counts_fired_occurrences_and_the_end_bounds_which_there_are() {
         .end_at_ms(20_000)
         .plan(0)
         .unwrap();
-    assert_eq!(plan.next(2_000, 2_000, 2), Some(3_000));
-    assert_eq!(plan.next(3_000, 3_000, 3), None);
+    assert_eq!(plan.on_fire(2_000, 2_000, 1), delivers(Some(3_000)));
+    assert_eq!(plan.on_fire(3_000, 3_000, 2), delivers(None), "the third is the last");
     // Closed from 2_500 to 50_000: the occurrences missed before the end
     // are caught up once (FireOnce's stand-in), and nothing after it.
-    assert_eq!(plan.next(2_000, 50_000, 2), Some(50_000));
-    assert_eq!(plan.next(50_000, 50_000, 3), None);
+    assert_eq!(plan.on_fire(2_000, 50_000, 1), delivers(None));
     let skip = Schedule::new(Message::new("t", "b"), Recurrence::every(Duration::from_secs(1)))
         .start_at_ms(1_000)
         .end_at_ms(20_000)
         .missed_runs(MissedRuns::Skip)
         .plan(0)
         .unwrap();
-    assert_eq!(skip.next(2_000, 50_000, 2), None, "nothing left to fire before the end");
+    assert_eq!(skip.on_fire(3_000, 50_000, 2), skips_to(None), "nothing left to fire before the end");
 }
 
 #[test]
 fn fire_all_never_drops_an_occurrence_that_was_not_missed() {
     // A window shorter than the lateness that counts as missed.
     let plan = every_second(MissedRuns::FireAll { window: Duration::from_millis(100) });
-    assert_eq!(plan.next(1_000, 10_000, 1), Some(9_000));
+    assert_eq!(plan.on_fire(2_000, 10_000, 1), skips_to(Some(9_000)));
+    assert_eq!(plan.on_fire(9_000, 10_001, 1), delivers(Some(10_000)));
 }
 
 #[test]

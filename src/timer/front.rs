@@ -63,14 +63,21 @@ fn unanswered(waited: Duration) -> Error {
 impl SchedulerFront for WheelFront {
     fn index(&self, offset: u64, _len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
         let timer = Timer { deliver_at_ms: view.timing.deliver_at_ms, message_offset: offset };
-        self.send(WheelCommand::Insert(timer))?;
+        self.send(if view.schedule {
+            WheelCommand::InsertRecurring(timer)
+        } else {
+            WheelCommand::Insert(timer)
+        })?;
         Ok(None)
     }
 
     fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()> {
         let timer = Timer { deliver_at_ms: view.deliver_at_ms, message_offset: offset };
         // Its message is pinned by the record's ledger entry (see `durable/pins.rs`).
-        self.send(WheelCommand::Insert(timer))
+        match view.occurrence {
+            Some(_) => self.send(WheelCommand::InsertRecurring(timer)),
+            None => self.send(WheelCommand::Insert(timer)),
+        }
     }
 
     fn indexed_below(&self, offset: u64) -> Result<()> {

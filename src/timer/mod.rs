@@ -13,13 +13,15 @@
 //! * `ledger.rs`: every cancel answered, on disk, for a repeated cancel;
 //!   `routes.rs`: where each loaded timer goes (topic, queue, tags), so a run
 //!   that fires together is one deliveries record per queue;
+//!   `recurring.rs`: which loaded timers are recurring schedules', and their plans;
 //! * `log.rs`: the timer logs the slots chain through; `tails.rs`: where each
 //!   slot's chain begins; `levels.rs`: the legacy level table;
 //! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
 //!   scheduler seam.
 //!
 //! Arrows run one way: `front → tick → wheel/ → state/ → ledger → {log,
-//! tails, geometry}`; `routes.rs` is the ticking thread's alone, and
+//! tails, geometry}`; `routes.rs` and `recurring.rs` are the ticking
+//! thread's alone (`tick/occurrences.rs` fires the schedules' timers), and
 //! `tick/control.rs` names the cancel answers of `state/cancels.rs`.
 //!
 //! All of it is an index of the commit log.
@@ -30,6 +32,7 @@ pub mod geometry;
 pub(crate) mod ledger;
 pub(crate) mod levels;
 pub(crate) mod log;
+mod recurring;
 mod routes;
 pub(crate) mod state;
 pub(crate) mod tails;

@@ -23,12 +23,14 @@ use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::timer::Timer;
+use crate::timer::recurring::Recurring;
 use crate::timer::routes::{Planned, Routes};
 use crate::timer::wheel::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::window::PendingEntry;
 use crate::timer::wheel::{FilesToSync, Wheel};
 
 mod control;
+mod occurrences;
 
 /// The longest the thread sleeps without looking at the clock again, so a
 /// clock that jumps (or a manual clock moved by a test) is noticed quickly.
@@ -54,6 +56,9 @@ const COMMAND_BATCH: usize = 4096;
 pub(crate) enum WheelCommand {
     /// Index this timer (of a timed message, or of a reschedule record).
     Insert(Timer),
+    /// Index this timer of a recurring schedule (of its record, or of an
+    /// occurrence's): when it fires, the next occurrence is armed.
+    InsertRecurring(Timer),
     /// Every timed record below this commit-log offset has been sent.
     Progress(u64),
     /// Cancel or reschedule the timer a handle names and answer what became of it.
@@ -187,6 +192,8 @@ pub(crate) struct Ticker {
     pub received: u64,
     /// Where each checked loaded timer goes: its topic, queue and tags.
     pub routes: Routes,
+    /// Which loaded timers are recurring schedules', and their plans.
+    pub recurring: Recurring,
 }
 
 impl Ticker {
@@ -271,6 +278,7 @@ impl Ticker {
         let pins = self.wheel.pins();
         self.wheel = restarted.wheel;
         self.routes = Routes::default();
+        self.recurring.clear();
         // Retention reads these: the new ledger keeps them (read from it again).
         self.wheel.load_pins(Some(pins))?;
         self.wheel.lower_durable_tick(tick_second);
@@ -290,17 +298,21 @@ impl Ticker {
         let mut at = from;
         while at < to {
             let (timer, next) = self.log.visit_trusted(at, |offset, kind, bytes| {
-                let deliver_at_ms = match kind {
-                    RecordKind::Message => {
-                        MessageView::parse(bytes).ok().and_then(|v| v.timer_deliver_at_ms())
-                    }
-                    RecordKind::Reschedule => RescheduleView::parse(bytes).ok().map(|r| r.deliver_at_ms),
-                    _ => None,
+                let (deliver_at_ms, recurring) = match kind {
+                    RecordKind::Message => MessageView::parse(bytes)
+                        .ok()
+                        .and_then(|v| v.timer_deliver_at_ms().map(|at| (at, v.schedule)))?,
+                    RecordKind::Reschedule => RescheduleView::parse(bytes)
+                        .ok()
+                        .map(|r| (r.deliver_at_ms, r.occurrence.is_some()))?,
+                    _ => return None,
                 };
-                deliver_at_ms.map(|deliver_at_ms| Timer { deliver_at_ms, message_offset: offset })
+                Some((Timer { deliver_at_ms, message_offset: offset }, recurring))
             })?;
-            if let Some(timer) = timer {
-                self.insert(timer)?;
+            match timer {
+                Some((timer, true)) => self.insert_recurring(timer)?,
+                Some((timer, false)) => drop(self.insert(timer)?),
+                None => {}
             }
             at = next;
         }
@@ -366,6 +378,27 @@ impl Ticker {
         Ok(inserted)
     }
 
+    /// Indexes a recurring schedule's timer. One due in a second already
+    /// loaded is not checked as its second loads: its records are read now,
+    /// so that it arms the next occurrence when it fires.
+    fn insert_recurring(&mut self, timer: Timer) -> Result<()> {
+        if !self.insert(timer)? || !self.wheel.is_loaded(&timer) {
+            return Ok(());
+        }
+        let (recurring, second) = (&mut self.recurring, self.wheel.tick_second());
+        let learn = |view: &MessageView<'_>, message: u64, fired: u64| {
+            if view.schedule {
+                learn_recurring(recurring, (timer, second), message, fired, view);
+            }
+        };
+        let checked = check_timer_record(&mut self.reader, timer, learn);
+        self.reader.release();
+        if !checked? {
+            tracing::error!(message = timer.message_offset, "a schedule's timer does not name its records");
+        }
+        Ok(())
+    }
+
     /// Handles a command, then counts it handled (see `WheelFront::held_below`).
     fn handle_counted(&mut self, command: WheelCommand) -> Result<()> {
         let handled = self.handle(command);
@@ -378,6 +411,10 @@ impl Ticker {
             WheelCommand::Insert(timer) => {
                 self.received = self.received.max(timer.message_offset + 1);
                 self.insert(timer).map(drop)
+            }
+            WheelCommand::InsertRecurring(timer) => {
+                self.received = self.received.max(timer.message_offset + 1);
+                self.insert_recurring(timer)
             }
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
@@ -458,13 +495,14 @@ impl Ticker {
         let due = {
             let _span = tracing::trace_span!("tick", now_ms).entered();
             let mark = self.log.write_end();
-            let (reader, quarantined, counts, routes) =
-                (&mut self.reader, &self.quarantined, &mut self.counts, &mut self.routes);
+            let (reader, quarantined, counts) = (&mut self.reader, &self.quarantined, &mut self.counts);
+            let learnt = (&mut self.routes, &mut self.recurring);
             let mut check = |second: u64, timers: &mut Vec<Timer>| {
-                retain_checked(second, timers, reader, quarantined, counts, routes)
+                retain_checked(second, timers, reader, quarantined, counts, (&mut *learnt.0, &mut *learnt.1))
             };
             self.wheel.tick_checked(now_ms, mark, &mut check)?
         };
+        let due = self.fire_occurrences(due, now_ms)?;
         if !due.is_empty() {
             let _span = tracing::debug_span!("deliver", timers = due.len(), now_ms).entered();
             let mut stats = self.shared.stats.locked();
@@ -488,6 +526,7 @@ impl Ticker {
             }
         }
         self.routes.forget_before(self.wheel.tick_second());
+        self.recurring.forget_before(self.wheel.tick_second());
         Ok(())
     }
 
@@ -567,16 +606,17 @@ impl Ticker {
 
 /// Whether the record of `timer` is a timed message due then, or a
 /// reschedule record to then of a timed message, checksums checked. If it
-/// is, `learn` is told the message's topic, queue id and tag hash.
-fn check_timer_record(
+/// is, `learn` is told of the message (its view and offset) and how many
+/// occurrences the timer's record says were delivered (a schedule's; 0 else).
+pub(super) fn check_timer_record(
     reader: &mut LogReader,
     timer: Timer,
-    mut learn: impl FnMut(&str, u32, u32),
+    mut learn: impl FnMut(&MessageView<'_>, u64, u64),
 ) -> Result<bool> {
-    let mut timed_message = |view: &MessageView<'_>, due: Option<u64>| {
+    let mut timed_message = |view: &MessageView<'_>, at: u64, due: Option<u64>, fired: u64| {
         let timed = view.timer_deliver_at_ms().is_some_and(|at| due.is_none_or(|due| due == at));
         if timed {
-            learn(view.topic, view.queue_id, tag_hash(view.tags));
+            learn(view, at, fired);
         }
         timed
     };
@@ -586,26 +626,44 @@ fn check_timer_record(
         }
         match kind {
             RecordKind::Message => MessageView::parse(bytes)
-                .is_ok_and(|v| timed_message(&v, Some(timer.deliver_at_ms)))
+                .is_ok_and(|v| timed_message(&v, at, Some(timer.deliver_at_ms), 0))
                 .then_some(None),
             RecordKind::Reschedule => RescheduleView::parse(bytes)
                 .ok()
                 .filter(|r| r.deliver_at_ms == timer.deliver_at_ms)
-                .map(|r| Some(r.message_offset)),
+                .map(|r| Some((r.message_offset, r.occurrence.map_or(0, |o| o.fired)))),
             _ => None,
         }
     })?;
     match named {
         None => Ok(false),
         Some(None) => Ok(true),
-        Some(Some(message)) => {
+        Some(Some((message, fired))) => {
             let (timed, _) = reader.visit_checked(message, |at, kind, bytes| {
                 at == message
                     && kind == RecordKind::Message
-                    && MessageView::parse(bytes).is_ok_and(|v| timed_message(&v, None))
+                    && MessageView::parse(bytes).is_ok_and(|v| timed_message(&v, at, None, fired))
             })?;
             Ok(timed)
         }
+    }
+}
+
+/// Notes a schedule's timer (see `recurring.rs`). A spec that does not read
+/// is logged: the timer then fires once, as a timed message's.
+fn learn_recurring(
+    recurring: &mut Recurring,
+    at: (Timer, u64),
+    schedule: u64,
+    fired: u64,
+    view: &MessageView<'_>,
+) {
+    if let Err(why) = recurring.learn(at, schedule, fired, view) {
+        tracing::error!(
+            schedule,
+            why,
+            "a schedule's record does not read: its timer fires once, as a timed message's"
+        );
     }
 }
 
@@ -620,13 +678,16 @@ fn retain_checked(
     reader: &mut LogReader,
     quarantined: &AtomicU64,
     counts: &mut SegmentCounts,
-    routes: &mut Routes,
+    (routes, recurring): (&mut Routes, &mut Recurring),
 ) {
     // The messages lie anywhere in the log: load them all before reading any.
     let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
     std::hint::black_box(touched);
     timers.retain(|timer| {
-        let learn = |topic: &str, queue_id, tag_hash| routes.learn(second, *timer, topic, queue_id, tag_hash);
+        let learn = |view: &MessageView<'_>, message: u64, fired: u64| match view.schedule {
+            false => routes.learn(second, *timer, view.topic, view.queue_id, tag_hash(view.tags)),
+            true => learn_recurring(recurring, (*timer, second), message, fired, view),
+        };
         let why = match check_timer_record(reader, *timer, learn) {
             Ok(true) => return true,
             Ok(false) => format!("is not a timed message (or its reschedule) due at {}", timer.deliver_at_ms),

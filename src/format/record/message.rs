@@ -65,6 +65,8 @@ pub struct MessageFields<'a> {
     pub store_time_ms: u64,
     /// When it is due.
     pub timing: Timing,
+    /// A recurring schedule's record ([`FLAG_SCHEDULE`]).
+    pub schedule: bool,
 }
 
 impl MessageFields<'_> {
@@ -85,6 +87,9 @@ pub fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
     let len = buf.len();
     debug_assert_eq!(len, m.record_len());
     write_header(buf, RecordKind::Message, len);
+    if m.schedule {
+        put_u16(buf, FLAGS_OFFSET, FLAG_SCHEDULE);
+    }
     put_u64(buf, M_STORE_TIME, m.store_time_ms);
     put_u64(buf, M_DELIVER_AT, m.timing.deliver_at_ms);
     put_u32(buf, M_QUEUE_ID, m.queue_id);
@@ -125,6 +130,12 @@ pub fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
 /// indexed into its topic at once, never scheduled again.
 pub const FLAG_RESCHEDULED: u16 = 1;
 
+/// Message flag: this record is a recurring schedule. Its timer is the
+/// first occurrence; its properties hold the schedule's spec (see
+/// `schedule/spec.rs`); each occurrence delivers it, and the occurrence
+/// records (reschedule records with [`FLAG_OCCURRENCE`](super::FLAG_OCCURRENCE)) arm the next.
+pub const FLAG_SCHEDULE: u16 = 2;
+
 /// Encodes the bucket scheduler's copy of the message record `original`
 /// (checked, from the log): the same bytes, stored at `stored_at_ms`, with
 /// [`FLAG_RESCHEDULED`] set, sealed for its new offset. `buf` is as long as `original`.
@@ -147,6 +158,8 @@ pub struct MessageView<'a> {
     pub queue_id: u32,
     /// The bucket scheduler's copy of a timed message ([`FLAG_RESCHEDULED`]).
     pub rescheduled: bool,
+    /// A recurring schedule ([`FLAG_SCHEDULE`]).
+    pub schedule: bool,
     /// The topic.
     pub topic: &'a str,
     /// The key, empty if none.
@@ -194,6 +207,7 @@ impl<'a> MessageView<'a> {
             },
             queue_id: get_u32(record, M_QUEUE_ID),
             rescheduled: get_u16(record, FLAGS_OFFSET) & FLAG_RESCHEDULED != 0,
+            schedule: get_u16(record, FLAGS_OFFSET) & FLAG_SCHEDULE != 0,
             topic: text(ranges[0].clone(), "topic")?,
             key: text(ranges[1].clone(), "key")?,
             tags: text(ranges[2].clone(), "tags")?,

@@ -1,3 +1,4 @@
+use super::cancel::OCCURRENCE_LEN;
 use super::*;
 use crate::format::hex;
 use crate::message::Message;
@@ -132,6 +133,7 @@ fn reschedule_golden_bytes_match_wheel_format_md() {
         from_timer: 32,
         from_deliver_at_ms: 1_700_000_001_000,
         deliver_at_ms: 1_700_000_601_000,
+        occurrence: None,
     };
     let mut buf = [0u8; RESCHEDULE_LEN];
     view.encode(&mut buf, 8192);
@@ -152,6 +154,61 @@ fn reschedule_golden_bytes_match_wheel_format_md() {
             "a893eecf8b010000"
         )
     );
+}
+
+#[test]
+fn occurrence_golden_bytes_match_wheel_format_md() {
+    // OccurrenceFields 3 of the schedule at 32 fired at 10:00:00 and arms the
+    // next, ten seconds on: flags 3 (occurrence, delivers), 60 bytes.
+    let view = RescheduleView {
+        rescheduled_at_ms: 1_700_000_000_000,
+        message_offset: 32,
+        from_timer: 4096,
+        from_deliver_at_ms: 1_700_000_000_000,
+        deliver_at_ms: 1_700_000_010_000,
+        occurrence: Some(OccurrenceFields { fired: 3, delivers: true }),
+    };
+    let mut buf = [0u8; OCCURRENCE_LEN];
+    view.encode(&mut buf, 8192);
+    assert_eq!(check_frame(&buf, 8192), Ok(Frame { kind: RecordKind::Reschedule, len: OCCURRENCE_LEN }));
+    assert_eq!(RescheduleView::parse(&buf), Ok(view));
+    assert!(view.delivers());
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!(
+            "3c000000",
+            "06",
+            "01",
+            "0300",
+            "0068e5cf8b010000",
+            "2000000000000000",
+            "0010000000000000",
+            "0068e5cf8b010000",
+            "108fe5cf8b010000",
+            "0300000000000000"
+        )
+    );
+    // Skipped (a missed occurrence the policy drops): flag 1 alone.
+    let skipped = RescheduleView { occurrence: Some(OccurrenceFields { fired: 3, delivers: false }), ..view };
+    skipped.encode(&mut buf, 8192);
+    assert_eq!(RescheduleView::parse(&buf), Ok(skipped));
+    // A flag that is not defined, or a length that does not go with the flags, is damage.
+    let mut odd = buf;
+    odd[10] = 4;
+    assert!(RescheduleView::parse(&odd).is_err());
+    assert!(RescheduleView::parse(&buf[..RESCHEDULE_LEN]).is_err());
+}
+
+#[test]
+fn a_schedule_is_a_message_record_with_flag_2() {
+    let mut msg = Message::new("T", "hi");
+    msg.schedule = true;
+    let bytes =
+        encode(&msg, 32, 0, 1_700_000_000_000, Timing { deliver_at_ms: 1_700_000_010_000, delay_level: 0 });
+    assert_eq!(hex(&bytes[10..12]), "0200");
+    let view = MessageView::parse(&bytes).unwrap();
+    assert!(view.schedule && !view.rescheduled);
+    assert_eq!(view.timer_deliver_at_ms(), Some(1_700_000_010_000));
 }
 
 #[test]

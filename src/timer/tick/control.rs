@@ -141,6 +141,7 @@ impl Ticker {
             from_timer: timer.message_offset,
             from_deliver_at_ms: timer.deliver_at_ms,
             deliver_at_ms,
+            occurrence: None,
         };
         let (record, _) = self.log.append_reserved(RESCHEDULE_LEN, |buf, offset| view.encode(buf, offset))?;
         let state = self.wheel.apply_cancel(timer, target)?;

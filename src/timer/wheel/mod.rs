@@ -593,6 +593,12 @@ impl Wheel {
         self.prefetch.is_some()
     }
 
+    /// Whether `timer`'s second is loaded: indexed now, it is handed out
+    /// without the check its second's loading gives the timers read then.
+    pub fn is_loaded(&self, timer: &Timer) -> bool {
+        timer.deliver_at_ms / 1000 <= self.loaded_through
+    }
+
     /// The first second that may still hold undelivered timers: a restart
     /// reloads every level-0 slot from here.
     pub fn tick_second(&self) -> u64 {

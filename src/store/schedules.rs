@@ -1,0 +1,80 @@
+//! Recurring schedules: creating one (one record, its first occurrence its
+//! timer) and cancelling it. Firing them is the ticking thread's
+//! (`timer/tick/occurrences.rs`).
+
+use super::Store;
+use crate::config::Scheduler;
+use crate::error::{Error, Result};
+use crate::message::{CancelOutcome, Handle};
+use crate::receipt::ScheduleReceipt;
+use crate::schedule::{SPEC_PROPERTY, Schedule};
+
+impl Store {
+    /// Creates a recurring schedule: one record in the commit log, the
+    /// template's body never copied. Each occurrence is delivered into the
+    /// template's topic, read like a timed message whose
+    /// [`deliver_at_ms`](crate::ConsumedMessage::deliver_at_ms) is the
+    /// occurrence's instant, with [`occurrence`](crate::ConsumedMessage::occurrence)
+    /// saying which it is and when the next is due. Each occurrence is
+    /// delivered once: its delivery and the arming of the next are one
+    /// record (see `wheel-format.md`, "Schedules"). Durable as a put is.
+    ///
+    /// Errors, with nothing written: [`Error::Invalid`] naming the field of
+    /// a schedule that is not acceptable (`cron`, `time_zone`, `every`,
+    /// `start_at_ms`, `end_at_ms`, `limit`, or `template`, also for a
+    /// template that would be refused as a message or that carries the
+    /// property `dw.schedule`, or `scheduler` with the bucket scheduler);
+    /// else those of [`put`](Self::put).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::{Config, Message, Recurrence, Schedule, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let report = Schedule::new(
+    ///     Message::new("Reports", "settlement"),
+    ///     Recurrence::cron("0 0 9 * * MON-FRI").in_time_zone("Asia/Shanghai"),
+    /// );
+    /// let receipt = store.schedule(report)?;
+    /// store.cancel_schedule(receipt.handle())?;
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn schedule(&self, schedule: Schedule) -> Result<ScheduleReceipt> {
+        if self.config.scheduler != Scheduler::Wheel {
+            return Err(Error::invalid("scheduler", "recurring schedules need the wheel scheduler"));
+        }
+        if schedule.template().properties.iter().any(|(name, _)| name == SPEC_PROPERTY) {
+            let why = format!("the property {SPEC_PROPERTY:?} is the store's own: it holds the schedule");
+            return Err(Error::invalid("template", why));
+        }
+        let created_ms = self.config.clock.now_ms();
+        let plan = schedule.plan(created_ms)?;
+        let first =
+            plan.first(created_ms).ok_or_else(|| Error::invalid("schedule", "no first occurrence"))?;
+        let spec = schedule.spec(created_ms)?.encode()?;
+        let mut message = schedule.template().clone().property(SPEC_PROPERTY, spec).deliver_at_ms(first);
+        message.schedule = true;
+        let receipt = self.put(message).map_err(|e| match e {
+            // The template's own fields are checked as a message's are.
+            Error::Invalid { what, reason } if what != "timing" => {
+                Error::invalid("template", format!("{what}: {reason}"))
+            }
+            other => other,
+        })?;
+        Ok(ScheduleReceipt { receipt })
+    }
+
+    /// Cancels a recurring schedule: no occurrence after this one is
+    /// delivered (one already delivered stays so). `Cancelled`, or
+    /// `AlreadyDelivered` if the schedule was over, or `NotFound` if the
+    /// handle names no schedule. A cancel record, durable as a cancel is.
+    ///
+    /// Errors: those of [`cancel`](Self::cancel).
+    pub fn cancel_schedule(&self, handle: Handle) -> Result<CancelOutcome> {
+        match self.timer_named(handle) {
+            Some(true) => self.cancel(handle),
+            _ => Ok(CancelOutcome::NotFound),
+        }
+    }
+}

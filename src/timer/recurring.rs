@@ -1,0 +1,114 @@
+//! The recurring schedules' timers among those loaded: which schedule each
+//! belongs to, how many occurrences it has delivered, and the plan its
+//! next occurrence follows. The ticker learns them where it reads a timer's
+//! records anyway (checking a second as it is loaded), or reads them for a
+//! schedule's timer indexed into a second already loaded, so that when one
+//! fires it arms the next occurrence in the same record that delivers it.
+//!
+//! Kept for the loaded seconds only (memory follows the timers loaded, as
+//! `routes.rs`'s routes do); plans are kept by schedule, up to a bound, so
+//! a schedule firing every second does not parse its spec every second.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use crate::format::record::MessageView;
+use crate::schedule::{Plan, SPEC_PROPERTY, Spec};
+use crate::timer::Timer;
+
+/// Plans kept before the cache starts over.
+const PLANS_KEPT: usize = 1 << 16;
+
+/// Seconds a timer due before the wheel's second is still kept: an overdue
+/// timer indexed late (a missed occurrence caught up) is handed out at
+/// once, after it was learnt; one still here this long after was cancelled.
+const OVERDUE_KEPT_SECONDS: u64 = 60;
+
+/// What the ticker knows of a loaded timer of a recurring schedule.
+#[derive(Debug, Clone)]
+pub(crate) struct Armed {
+    /// The schedule's record (its message).
+    pub schedule: u64,
+    /// Occurrences delivered before this timer's.
+    pub fired: u64,
+    pub plan: Arc<Plan>,
+    /// The wheel's second when it was learnt.
+    learnt_in: u64,
+}
+
+#[derive(Default)]
+pub(crate) struct Recurring {
+    armed: HashMap<Timer, Armed>,
+    plans: HashMap<u64, Arc<Plan>>,
+    /// The last second [`forget_before`](Self::forget_before) swept at.
+    swept: u64,
+}
+
+impl Recurring {
+    /// Notes that `timer` (learnt in the wheel's `second`) belongs to the schedule `view` at `schedule`,
+    /// with `fired` occurrences delivered before it. An error says what is
+    /// wrong with the schedule's spec: the timer then fires as a timed
+    /// message's, once (the caller logs it).
+    pub fn learn(
+        &mut self,
+        (timer, second): (Timer, u64),
+        schedule: u64,
+        fired: u64,
+        view: &MessageView<'_>,
+    ) -> Result<(), String> {
+        let plan = match self.plans.get(&schedule) {
+            Some(plan) => Arc::clone(plan),
+            None => {
+                let plan = Arc::new(plan_of(view)?);
+                if self.plans.len() >= PLANS_KEPT {
+                    self.plans.clear();
+                }
+                self.plans.insert(schedule, Arc::clone(&plan));
+                plan
+            }
+        };
+        self.armed.insert(timer, Armed { schedule, fired, plan, learnt_in: second });
+        Ok(())
+    }
+
+    /// Takes what is known of `timer`, if it is a schedule's.
+    pub fn take(&mut self, timer: &Timer) -> Option<Armed> {
+        if self.armed.is_empty() {
+            return None;
+        }
+        self.armed.remove(timer)
+    }
+
+    /// Whether no loaded timer is known to be a schedule's.
+    pub fn is_empty(&self) -> bool {
+        self.armed.is_empty()
+    }
+
+    /// Forgets the timers that will not fire: due before the wheel's
+    /// `second` and learnt long before it (cancelled while loaded).
+    pub fn forget_before(&mut self, second: u64) {
+        if !self.armed.is_empty() && second > self.swept {
+            self.swept = second;
+            self.armed.retain(|timer, armed| {
+                timer.deliver_at_ms / 1000 >= second || armed.learnt_in + OVERDUE_KEPT_SECONDS >= second
+            });
+        }
+    }
+
+    /// Forgets everything (the wheel is rebuilt).
+    pub fn clear(&mut self) {
+        self.armed.clear();
+        self.plans.clear();
+    }
+}
+
+/// The plan of the schedule whose record is `view`, from its spec property.
+fn plan_of(view: &MessageView<'_>) -> Result<Plan, String> {
+    let properties = view.properties().map_err(|e| e.to_string())?;
+    let (_, text) = properties
+        .iter()
+        .find(|(name, _)| name == SPEC_PROPERTY)
+        .ok_or_else(|| format!("a schedule record without its {SPEC_PROPERTY:?} property"))?;
+    let spec = Spec::decode(text).map_err(|why| format!("the schedule's spec: {why}"))?;
+    spec.plan().map_err(|e| format!("the schedule's spec: {e}"))
+}

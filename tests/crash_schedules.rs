@@ -1,0 +1,246 @@
+//! Crash test of recurring schedules with real processes: a child creates
+//! schedules under load (every 50-150 ms, 4-12 occurrences, starting up to
+//! 200 ms ahead, catching up every missed occurrence), cancels one in eight
+//! once created, and is killed with SIGKILL at a random moment; the store is
+//! then reopened and drained. Every occurrence of every acknowledged
+//! schedule is delivered exactly once, at its own instant, never early,
+//! numbered, naming the next; a cancelled one delivers a prefix of its
+//! occurrences; one whose creation raced the kill all of them or none; and
+//! nothing is left pending in the topic's count.
+//!
+//! `cargo test --test crash_schedules` runs 6 kills; `DELAYWHEEL_CRASH_KILLS`
+//! runs more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
+
+mod common;
+
+use std::collections::{HashMap, HashSet};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::kill::kills_and_seed;
+use delaywheel::{
+    CancelOutcome, Clock, Config, Error, Message, MissedRuns, Recurrence, Schedule, Stats, Store, SystemClock,
+};
+
+const TOPIC: &str = "Recurring";
+const CHILD_ENV: &str = "DELAYWHEEL_CRASH_SCHEDULES_CHILD";
+
+fn config(dir: &Path) -> Config {
+    Config::new(dir)
+        .with_segment_size(1 << 20)
+        .with_queue_file_entries(4096)
+        .with_timer_log_file_entries(1 << 14)
+        .with_queues_per_topic(1)
+        .with_flush_interval(Duration::from_millis(50))
+}
+
+/// One schedule the child asked for.
+#[derive(Debug, Clone, Copy)]
+struct Asked {
+    start: u64,
+    period: u64,
+    limit: u64,
+}
+
+impl Asked {
+    fn at(&self, number: u64) -> u64 {
+        self.start + (number - 1) * self.period
+    }
+}
+
+/// The child: creates schedules forever; prints `s <id> <start> <period>
+/// <limit>` before each, `<id>` once acknowledged, and `c <id>` once a
+/// cancel of it (one in eight) is answered `Cancelled`.
+fn child(dir: &str) -> ! {
+    let store = Store::open(config(Path::new(dir))).expect("child opens the store");
+    let mut rng = fastrand::Rng::new();
+    let mut out = std::io::stdout().lock();
+    for id in 0u64.. {
+        let asked = Asked {
+            start: SystemClock.now_ms() + rng.u64(0..200),
+            period: rng.u64(50..150),
+            limit: rng.u64(4..13),
+        };
+        writeln!(out, "s {id} {} {} {}", asked.start, asked.period, asked.limit).expect("stdout");
+        let schedule = Schedule::new(
+            Message::new(TOPIC, id.to_le_bytes().to_vec()),
+            Recurrence::every(Duration::from_millis(asked.period)),
+        )
+        .start_at_ms(asked.start)
+        .limit(asked.limit)
+        .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(3_600) });
+        let handle = store.schedule(schedule).expect("schedule").handle();
+        writeln!(out, "{id}").expect("stdout");
+        if id % 8 == 3 && store.cancel_schedule(handle).expect("cancel") == CancelOutcome::Cancelled {
+            writeln!(out, "c {id}").expect("stdout");
+        }
+        if id.is_multiple_of(16) {
+            out.flush().expect("stdout");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+    unreachable!("the loop never ends")
+}
+
+/// What a killed child asked for and saw acknowledged.
+#[derive(Default)]
+struct Acks {
+    asked: HashMap<u64, Asked>,
+    acked: HashSet<u64>,
+    cancelled: HashSet<u64>,
+}
+
+fn kill_child(dir: &Path, after: Duration) -> Acks {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .env(CHILD_ENV, dir)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        let mut acks = Acks::default();
+        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+            let words: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+            match (line.split(' ').next(), words.as_slice()) {
+                (Some("s"), &[id, start, period, limit]) => {
+                    acks.asked.insert(id, Asked { start, period, limit });
+                }
+                (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
+                (_, &[id]) => drop(acks.acked.insert(id)),
+                _ => {} // a line cut by the kill
+            }
+        }
+        acks
+    });
+    std::thread::sleep(after);
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap child");
+    reader.join().expect("reader thread")
+}
+
+/// What one kill left, once drained.
+#[derive(Debug, Default)]
+struct Audit {
+    acked: usize,
+    occurrences: usize,
+    /// Occurrences of an acknowledged schedule (not cancelled) never delivered.
+    lost: usize,
+    duplicated: usize,
+    early: usize,
+    /// Delivered at another instant than the schedule's, or naming another next.
+    off_schedule: usize,
+    /// A cancelled or unacknowledged schedule's occurrences not a prefix of
+    /// its own (unacknowledged: all or none).
+    broken_series: usize,
+}
+
+impl Audit {
+    fn ok(&self) -> bool {
+        self.lost == 0
+            && self.duplicated == 0
+            && self.early == 0
+            && self.off_schedule == 0
+            && self.broken_series == 0
+    }
+}
+
+/// Drains the topic until every acknowledged schedule delivered all its
+/// occurrences and nothing is pending, or 30 s pass, and judges what came.
+fn audit(store: &Store, acks: &Acks) -> Audit {
+    let mut consumer = store.consumer_in_group("audit", TOPIC, 0).expect("consumer");
+    let mut seen: HashMap<u64, Vec<u64>> = HashMap::new();
+    let mut audit = Audit { acked: acks.acked.len(), ..Audit::default() };
+    let complete = |seen: &HashMap<u64, Vec<u64>>| {
+        acks.acked
+            .iter()
+            .filter(|id| id.rem_euclid(8) != 3)
+            .all(|id| seen.get(id).is_some_and(|numbers| numbers.len() as u64 >= acks.asked[id].limit))
+    };
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let batch = consumer.poll(4096, Duration::from_millis(200)).expect("poll");
+        for m in &batch {
+            let id = u64::from_le_bytes(m.body()[..8].try_into().expect("8-byte body"));
+            let occurrence = m.occurrence().expect("an occurrence");
+            let (due, number) = (m.deliver_at_ms().expect("timed"), occurrence.number);
+            audit.occurrences += 1;
+            audit.early += usize::from(m.delivered_at_ms() < due);
+            let asked = acks.asked[&id];
+            let next = (number < asked.limit).then(|| asked.at(number + 1));
+            audit.off_schedule += usize::from(due != asked.at(number) || occurrence.next_at_ms != next);
+            seen.entry(id).or_default().push(number);
+        }
+        if batch.is_empty() && complete(&seen) && store.stats().pending == 0 {
+            break;
+        }
+        if Instant::now() > deadline {
+            println!("not drained in 30 s: {} pending", store.stats().pending);
+            break;
+        }
+    }
+    for (id, numbers) in &mut seen {
+        let delivered = numbers.len();
+        numbers.sort_unstable();
+        numbers.dedup();
+        audit.duplicated += delivered - numbers.len();
+        let prefix = numbers.iter().copied().eq(1..=numbers.len() as u64);
+        let whole = numbers.len() as u64 == acks.asked[id].limit;
+        // Asked to cancel (the answer may have died with the child): any prefix.
+        let cancellable = id % 8 == 3;
+        if !prefix || (!cancellable && !acks.acked.contains(id) && !whole) {
+            audit.broken_series += 1;
+        }
+    }
+    for id in acks.acked.iter().filter(|id| *id % 8 != 3) {
+        let delivered = seen.get(id).map_or(0, Vec::len) as u64;
+        audit.lost += acks.asked[id].limit.saturating_sub(delivered) as usize;
+    }
+    audit
+}
+
+fn fresh_stats(store: &Store) -> Stats {
+    for _ in 0..600 {
+        match store.fresh_stats() {
+            Ok(stats) => return stats,
+            Err(Error::Busy { .. }) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("fresh_stats: {e}"),
+        }
+    }
+    panic!("the replay did not catch up in 30 s")
+}
+
+fn main() {
+    if let Ok(dir) = std::env::var(CHILD_ENV) {
+        child(&dir);
+    }
+    let (kills, seed) = kills_and_seed(6);
+    println!("crash test of schedules: {kills} kills, seed {seed}");
+    let mut rng = fastrand::Rng::with_seed(seed);
+    let mut failed = 0;
+    for kill in 0..kills {
+        let kill_after = Duration::from_millis(rng.u64(300..1_500));
+        let dir = tempfile::tempdir().expect("temp dir");
+        let acks = kill_child(dir.path(), kill_after);
+        let store =
+            Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
+        let audit = audit(&store, &acks);
+        let stats = fresh_stats(&store);
+        store.close().expect("close");
+        let drained = stats.pending_by_topic.is_empty() && stats.pending == 0;
+        let ok = audit.ok() && drained && audit.acked > 0;
+        println!(
+            "kill {kill} after {kill_after:?}: {audit:?}, {} cancels answered, pending by topic after: {:?} {}",
+            acks.cancelled.len(),
+            stats.pending_by_topic,
+            if ok { "ok" } else { "FAILED" }
+        );
+        failed += u64::from(!ok);
+    }
+    println!("{} passed, {failed} failed", kills - failed);
+    if failed > 0 {
+        std::process::exit(1);
+    }
+}

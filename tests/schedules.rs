@@ -1,0 +1,277 @@
+//! Recurring schedules in the store: each occurrence delivered once, at its
+//! own millisecond, numbered, naming the next; across a reopen and a
+//! `kill -9` image; missed occurrences by policy; cancel; refusals.
+
+mod common;
+
+use std::time::Duration;
+
+use common::*;
+use delaywheel::{
+    CancelOutcome, Config, ConsumedMessage, Consumer, Error, ManualClock, Message, MissedRuns, Occurrence,
+    Recurrence, Schedule, Scheduler, Store,
+};
+
+/// Every `period_ms` from `start`, `limit` occurrences at most.
+fn every(period_ms: u64, start: u64) -> Schedule {
+    Schedule::new(
+        Message::new("S", "tick").queue_id(0).key("job-1").property("team", "billing"),
+        Recurrence::every(Duration::from_millis(period_ms)),
+    )
+    .start_at_ms(start)
+}
+
+/// Moves the clock to `at` and returns what was delivered by then:
+/// (deliver time, occurrence). Waits for `want` (a slow machine delivers
+/// late, never early); with `want` 0, for 300 ms of nothing.
+fn until(clock: &ManualClock, consumer: &mut Consumer, at: u64, want: usize) -> Vec<(u64, Occurrence)> {
+    clock.set_ms(at);
+    let got = match want {
+        0 => drain_idle(consumer, usize::MAX, Duration::from_millis(300)),
+        want => drain_idle(consumer, want, Duration::from_secs(5)),
+    };
+    occurrences(&got)
+}
+
+fn occurrences(messages: &[ConsumedMessage]) -> Vec<(u64, Occurrence)> {
+    messages.iter().map(|m| (m.deliver_at_ms().unwrap(), *m.occurrence().expect("an occurrence"))).collect()
+}
+
+/// The numbers of every occurrence in queue `S/0`, read from its start.
+fn numbers_in_queue(store: &Store) -> Vec<u64> {
+    let mut consumer = store.consumer("S", 0).unwrap();
+    consumer.seek(0);
+    let all = drain_idle(&mut consumer, usize::MAX, Duration::from_millis(300));
+    all.iter().map(|m| m.occurrence().unwrap().number).collect()
+}
+
+#[test]
+fn each_occurrence_is_delivered_once_at_its_instant_numbered_and_naming_the_next() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let receipt = store.schedule(every(10_000, T0 + 10_000).limit(3)).unwrap();
+    let handle = receipt.handle();
+    assert_eq!(receipt.first_occurrence_ms(), T0 + 10_000);
+    let mut consumer = store.consumer("S", 0).unwrap();
+    let at = |n: u64| T0 + 10_000 * n;
+    let occurrence = |number, next| Occurrence { schedule: handle, number, next_at_ms: next };
+    for n in 1..=3 {
+        assert_eq!(until(&clock, &mut consumer, at(n) - 1, 0), [], "never early");
+        let next = (n < 3).then(|| at(n + 1));
+        assert_eq!(until(&clock, &mut consumer, at(n), 1), [(at(n), occurrence(n, next))], "occurrence {n}");
+    }
+    assert_eq!(until(&clock, &mut consumer, at(10), 0), [], "the limit is 3");
+    // Each is the template as a consumer reads a timed message: the spec is the store's.
+    consumer.seek(0);
+    let all = drain_idle(&mut consumer, 3, Duration::from_millis(300));
+    for m in &all {
+        assert_eq!((m.body().as_ref(), m.key(), m.topic()), (&b"tick"[..], Some("job-1"), "S"));
+        assert_eq!(m.properties(), [("team".to_string(), "billing".to_string())]);
+        assert!(m.delivered_at_ms() >= m.deliver_at_ms().unwrap());
+    }
+    assert_eq!(store.cancel_schedule(handle).unwrap(), CancelOutcome::AlreadyDelivered, "it is over");
+    store.close().unwrap();
+}
+
+#[test]
+fn occurrences_a_second_apart_and_closer_each_arm_the_next() {
+    // 250 ms apart: every occurrence after the first is indexed into a
+    // second the wheel has already loaded.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    store.schedule(every(250, T0 + 250).limit(12)).unwrap();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    let mut got = Vec::new();
+    for step in 1..=16 {
+        got.extend(until(&clock, &mut consumer, T0 + 250 * step, usize::from(step <= 12)));
+    }
+    let want: Vec<(u64, u64)> = (1..=12).map(|n| (T0 + 250 * n, n)).collect();
+    assert_eq!(got.iter().map(|(at, o)| (*at, o.number)).collect::<Vec<_>>(), want);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_schedule_goes_on_after_a_reopen_and_a_kill_image_and_delivers_each_occurrence_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    store.schedule(every(1_000, T0 + 1_000)).unwrap();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    for s in 1..=3 {
+        clock.set_ms(T0 + 1_000 * s);
+        assert_eq!(drain(&mut consumer, 1).len(), 1, "occurrence {s}");
+    }
+    // What a kill -9 now would leave.
+    let image = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), image.path());
+    store.close().unwrap();
+    assert_eq!(
+        numbers_in_queue(&Store::open(small_config(dir.path()).with_clock(clock.clone())).unwrap()),
+        [1, 2, 3]
+    );
+    for (name, path) in [("reopened", dir.path()), ("killed", image.path())] {
+        let store = Store::open(small_config(path).with_clock(clock.clone())).unwrap();
+        let mut consumer = store.consumer("S", 0).unwrap();
+        // After a kill the replay indexes the last occurrences again, in the background.
+        let replayed = std::time::Instant::now() + Duration::from_secs(5);
+        while consumer.queue_len() < 3 && std::time::Instant::now() < replayed {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        consumer.seek(3);
+        for s in 4..=6 {
+            let got = until(&clock, &mut consumer, T0 + 1_000 * s, 1);
+            assert_eq!(
+                got.iter().map(|(at, o)| (*at, o.number)).collect::<Vec<_>>(),
+                [(T0 + 1_000 * s, s)],
+                "{name}"
+            );
+        }
+        assert_eq!(numbers_in_queue(&store), [1, 2, 3, 4, 5, 6], "{name}: each once");
+        store.close().unwrap();
+        clock.set_ms(T0 + 3_000);
+    }
+}
+
+/// Delivers the first occurrence (1 s after T0, every second), closes the
+/// store, and reopens it at `reopen_at` with the policy's schedule.
+fn closed_through(policy: MissedRuns, reopen_at: u64) -> (tempfile::TempDir, ManualClock, Store) {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    store.schedule(every(1_000, T0 + 1_000).missed_runs(policy)).unwrap();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 1_000, 1).len(), 1);
+    consumer.commit();
+    store.close().unwrap();
+    clock.set_ms(reopen_at);
+    let store = store_at(dir.path(), &clock);
+    (dir, clock, store)
+}
+
+/// What was delivered after the first occurrence, once there are `want`.
+fn delivered(store: &Store, clock: &ManualClock, at: u64, want: usize) -> Vec<(u64, u64)> {
+    let mut consumer = store.consumer("S", 0).unwrap();
+    consumer.seek(1);
+    let got = until(clock, &mut consumer, at, want);
+    got.iter().map(|(at, o)| (*at, o.number)).collect()
+}
+
+#[test]
+fn missed_occurrences_follow_the_policy_after_the_store_was_closed() {
+    // Closed from T0 + 1 s to T0 + 10.5 s: 2 .. 10 were missed.
+    let reopen = T0 + 10_500;
+    let (_dir, clock, store) = closed_through(MissedRuns::FireOnce, reopen);
+    // One stands for all missed (the armed one, 2, delivered late), then on schedule.
+    assert_eq!(delivered(&store, &clock, reopen, 1), [(T0 + 2_000, 2)]);
+    assert_eq!(delivered(&store, &clock, T0 + 11_000, 2), [(T0 + 2_000, 2), (T0 + 11_000, 3)]);
+    store.close().unwrap();
+
+    let (_dir, clock, store) = closed_through(MissedRuns::Skip, reopen);
+    assert_eq!(delivered(&store, &clock, reopen, 1), [(T0 + 10_000, 2)], "only the one not missed");
+    assert_eq!(delivered(&store, &clock, T0 + 11_000, 2), [(T0 + 10_000, 2), (T0 + 11_000, 3)]);
+    store.close().unwrap();
+
+    let window = MissedRuns::FireAll { window: Duration::from_secs(3) };
+    let (_dir, clock, store) = closed_through(window, reopen);
+    // The window reaches back to 7.5 s: 8, 9 and 10, in order.
+    let caught_up: Vec<(u64, u64)> = (0..3).map(|i| (T0 + 8_000 + 1_000 * i, 2 + i)).collect();
+    assert_eq!(delivered(&store, &clock, reopen, 3), caught_up, "those within the window, in order");
+    store.close().unwrap();
+}
+
+#[test]
+fn a_cron_schedule_fires_at_its_wall_time_in_its_zone() {
+    let dir = tempfile::tempdir().unwrap();
+    // 2023-11-14 22:13:20 UTC; 09:00 in Shanghai is 01:00 UTC.
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let recurrence = Recurrence::cron("0 0 9 * * *").in_time_zone("Asia/Shanghai");
+    let receipt = store.schedule(Schedule::new(Message::new("S", "report").queue_id(0), recurrence)).unwrap();
+    let first = 1_700_010_000_000; // 2023-11-15 01:00:00 UTC
+    assert_eq!(receipt.first_occurrence_ms(), first);
+    let mut consumer = store.consumer("S", 0).unwrap();
+    let got = until(&clock, &mut consumer, first, 1);
+    assert_eq!(
+        got.iter().map(|(at, o)| (*at, o.number, o.next_at_ms)).collect::<Vec<_>>(),
+        [(first, 1, Some(first + 86_400_000))]
+    );
+    assert_eq!(until(&clock, &mut consumer, first + 86_400_000, 1).len(), 1);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_cancelled_schedule_delivers_nothing_more_also_after_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let handle = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let plain = store.put(Message::new("S", "once").queue_id(1).deliver_at_ms(T0 + 50_000)).unwrap();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 2_000, 2).len(), 2);
+    assert_eq!(store.cancel_schedule(handle).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(store.cancel_schedule(handle).unwrap(), CancelOutcome::Cancelled, "again: the same answer");
+    assert_eq!(
+        store.cancel_schedule(plain.handle().unwrap()).unwrap(),
+        CancelOutcome::NotFound,
+        "not a schedule"
+    );
+    match store.reschedule(handle, T0 + 9_000) {
+        Err(Error::Invalid { what: "handle", .. }) => {}
+        other => panic!("a schedule's occurrence is not moved one by one: {other:?}"),
+    }
+    assert_eq!(until(&clock, &mut consumer, T0 + 10_000, 0), []);
+    store.close().unwrap();
+    let store = store_at(dir.path(), &clock);
+    let mut consumer = store.consumer("S", 0).unwrap();
+    consumer.seek(2);
+    assert_eq!(until(&clock, &mut consumer, T0 + 20_000, 0), [], "still cancelled");
+    store.close().unwrap();
+}
+
+#[test]
+fn a_schedule_that_is_not_acceptable_is_refused_naming_the_field_and_nothing_is_written() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let log_bytes = store.fresh_stats().unwrap().log_bytes;
+    let cron = |expr: &str| Schedule::new(Message::new("S", "b"), Recurrence::cron(expr));
+    let cases = [
+        (cron("0 0 25 * * *"), "cron"),
+        (cron("0 0 0 30 2 *"), "cron"),
+        (cron("0 0 9 * * *\nlimit=1"), "cron"),
+        (
+            Schedule::new(Message::new("S", "b"), Recurrence::cron("@daily").in_time_zone("Mars/Olympus")),
+            "time_zone",
+        ),
+        (Schedule::new(Message::new("S", "b"), Recurrence::every(Duration::ZERO)), "every"),
+        (every(1_000, T0).limit(0), "limit"),
+        (every(1_000, T0).end_at_ms(T0 - 1), "end_at_ms"),
+        (
+            Schedule::new(Message::new("S", "b").delay(Duration::from_secs(1)), Recurrence::cron("@daily")),
+            "template",
+        ),
+        (
+            Schedule::new(Message::new("S", "b").property("dw.schedule", "x"), Recurrence::cron("@daily")),
+            "template",
+        ),
+        (Schedule::new(Message::new("../S", "b"), Recurrence::cron("@daily")), "template"),
+    ];
+    for (schedule, field) in cases {
+        match store.schedule(schedule) {
+            Err(Error::Invalid { what, reason }) => assert_eq!(what, field, "{reason}"),
+            other => panic!("{field}: {other:?}"),
+        }
+    }
+    let stats = store.fresh_stats().unwrap();
+    assert_eq!((stats.log_bytes, stats.pending), (log_bytes, 0), "nothing written");
+    store.close().unwrap();
+    let buckets = tempfile::tempdir().unwrap();
+    let store = Store::open(Config::new(buckets.path()).with_scheduler(Scheduler::Buckets)).unwrap();
+    match store.schedule(every(1_000, T0)) {
+        Err(Error::Invalid { what: "scheduler", .. }) => {}
+        other => panic!("{other:?}"),
+    }
+    store.close().unwrap();
+}
