@@ -47,6 +47,7 @@
 
 use std::collections::HashMap;
 
+use delaywheel::internals::MISSED_AFTER_MS;
 use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogEnd, LogFacts};
@@ -83,6 +84,19 @@ pub struct AuditCounts {
     pub rescheduled: u64,
     /// Rescheduled messages delivered by a timer a reschedule had replaced.
     pub fired_after_reschedule: u64,
+    /// Recurring schedules (of the timer messages): each of their timers
+    /// delivers an occurrence, and a schedule's fate is its last timer's.
+    pub schedules: u64,
+    /// Occurrences the schedules delivered.
+    pub occurrences_delivered: u64,
+    /// Deliveries of an occurrence after its first.
+    pub occurrences_duplicated: u64,
+    /// Occurrences delivered before their instant.
+    pub occurrences_early: u64,
+    /// Occurrences due before the store's last close never delivered where
+    /// the missed-run policy does not excuse it: skipped though on time, or
+    /// a schedule's armed timer overdue, not delivered, cancelled or pending.
+    pub occurrences_missing: u64,
 }
 
 impl AuditCounts {
@@ -92,6 +106,7 @@ impl AuditCounts {
             || self.early > 0
             || self.fired_after_reschedule > 0
             || self.unreadable_log_stretches > 0
+            || self.occurrences_missing > 0
     }
 }
 
@@ -199,6 +214,14 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
     for (&record, r) in &facts.reschedules {
         reschedules.entry(r.message_offset).or_default().push((record, r.deliver_at_ms));
     }
+    // Schedules' timers an occurrence record moved on without delivering
+    // them (a missed occurrence the policy skipped): timer → how late then.
+    let skipped: HashMap<u64, u64> = facts
+        .reschedules
+        .values()
+        .filter(|r| r.occurrence.is_some_and(|o| !o.delivers))
+        .map(|r| (r.from_timer, r.rescheduled_at_ms.saturating_sub(r.from_deliver_at_ms)))
+        .collect();
     for (&offset, m) in timed {
         a.counts.timer_messages += 1;
         let is_relocated = offset < log_start;
@@ -206,23 +229,30 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         // The message's timers, its own first: the last one is the one that counts.
         let mut timers = vec![(offset, m.deliver_at_ms)];
         timers.extend(reschedules.get(&offset).into_iter().flatten().copied());
-        a.counts.rescheduled += u64::from(timers.len() > 1);
+        a.counts.rescheduled += u64::from(timers.len() > 1 && !m.schedule);
         let (current, due) = *timers.last().expect("the message's own timer");
         let example =
             |note: String| Example { offset, topic: facts.topic(m).to_string(), deliver_at_ms: due, note };
-        let fired: Vec<(u64, u64, u64)> = timers
-            .iter()
-            .flat_map(|&(timer, due)| {
-                deliveries.get(&timer).into_iter().flatten().map(move |&t| (timer, due, t))
-            })
-            .collect();
+        let fired_by = |timers: &[(u64, u64)]| -> Vec<(u64, u64, u64)> {
+            timers
+                .iter()
+                .flat_map(|&(timer, due)| {
+                    deliveries.get(&timer).into_iter().flatten().map(move |&t| (timer, due, t))
+                })
+                .collect()
+        };
+        if m.schedule {
+            audit_occurrences(&mut a.counts, &timers, &deliveries, &skipped);
+        }
+        // A schedule's earlier timers were judged above.
+        let fired = if m.schedule { fired_by(&timers[timers.len() - 1..]) } else { fired_by(&timers) };
         if !fired.is_empty() {
             a.counts.delivered += 1;
-            if fired.len() > 1 {
+            if fired.len() > 1 && !m.schedule {
                 a.counts.duplicated += 1;
                 a.duplicated.push(example(format!("{} delivery records", fired.len())));
             }
-            if let Some(&(_, due, first_early)) = fired.iter().find(|&&(_, due, t)| t < due) {
+            if let Some(&(_, due, first_early)) = fired.iter().find(|&&(_, due, t)| t < due && !m.schedule) {
                 a.counts.early += 1;
                 a.early.push(example(format!(
                     "delivered at {} ({} ms early)",
@@ -256,6 +286,7 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         } else if is_relocated && due < oldest_time_ms.saturating_add(GRACE_MS) {
             a.counts.reclaimed += 1;
         } else if due.saturating_add(GRACE_MS) < a.reference_ms {
+            a.counts.occurrences_missing += u64::from(m.schedule);
             a.counts.lost += 1;
             a.lost.push(example("not delivered, not cancelled, in no live slot".into()));
         } else {
@@ -283,6 +314,37 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         });
     }
     Ok((a, facts))
+}
+
+/// A schedule's timers (its own first, then each occurrence record's, in
+/// log order): each one but the last fired when the next was armed, so it
+/// delivered its occurrence once, never early, or was skipped as missed
+/// (more than a slot late: the policy's call). The last decides the
+/// schedule's fate, as a timer message's does.
+fn audit_occurrences(
+    counts: &mut AuditCounts,
+    timers: &[(u64, u64)],
+    deliveries: &HashMap<u64, Vec<u64>>,
+    skipped: &HashMap<u64, u64>,
+) {
+    counts.schedules += 1;
+    let (mut duplicated, mut early) = (false, false);
+    for (i, &(timer, due)) in timers.iter().enumerate() {
+        let times = deliveries.get(&timer).map_or(&[][..], Vec::as_slice);
+        counts.occurrences_delivered += times.len() as u64;
+        counts.occurrences_duplicated += times.len().saturating_sub(1) as u64;
+        let early_here = times.iter().filter(|&&t| t < due).count() as u64;
+        counts.occurrences_early += early_here;
+        duplicated |= times.len() > 1;
+        early |= early_here > 0;
+        let replaced = i + 1 < timers.len();
+        let excused = skipped.get(&timer).is_some_and(|&late| late > MISSED_AFTER_MS);
+        if replaced && times.is_empty() && !excused {
+            counts.occurrences_missing += 1;
+        }
+    }
+    counts.duplicated += u64::from(duplicated);
+    counts.early += u64::from(early);
 }
 
 /// The stretches of the log the scan stepped over, and a log that ends in
@@ -357,6 +419,17 @@ impl Audit {
             for (name, n) in [
                 ("rescheduled (among the above)", c.rescheduled),
                 ("fired after reschedule", c.fired_after_reschedule),
+            ] {
+                t.row(vec![name.into(), thousands(n)]);
+            }
+        }
+        if c.schedules > 0 {
+            for (name, n) in [
+                ("recurring schedules (among the above)", c.schedules),
+                ("  occurrences delivered", c.occurrences_delivered),
+                ("  occurrences duplicated", c.occurrences_duplicated),
+                ("  occurrences early", c.occurrences_early),
+                ("  occurrences missing", c.occurrences_missing),
             ] {
                 t.row(vec![name.into(), thousands(n)]);
             }

@@ -253,7 +253,8 @@ pub struct LogFacts {
     /// Every message record by offset.
     pub messages: std::collections::HashMap<u64, MessageFacts>,
     /// Deliveries in log order, one per timer: (record offset, delivered at,
-    /// timer record offset). The timers of a deliveries record share its offset.
+    /// timer record offset). The timers of a deliveries record share its
+    /// offset; a schedule's occurrence record delivers the timer it replaces.
     pub deliveries: Vec<(u64, u64, u64)>,
     /// Deliveries records (kind 7) by offset.
     pub runs: std::collections::HashMap<u64, DeliveryRun>,
@@ -301,6 +302,8 @@ pub struct MessageFacts {
     /// Index into [`LogFacts::topics`].
     pub topic: u32,
     pub tag_hash: u32,
+    /// A recurring schedule's record: each of its timers delivers an occurrence.
+    pub schedule: bool,
 }
 
 impl LogFacts {
@@ -377,6 +380,7 @@ impl LogFacts {
             queue_id: m.queue_id,
             topic,
             tag_hash: queue_entry::tag_hash(m.tags),
+            schedule: m.schedule,
         }
     }
 
@@ -422,6 +426,11 @@ impl LogFacts {
             Record::Reschedule(r) => {
                 self.counts.reschedules += 1;
                 self.newest_time_ms = self.newest_time_ms.max(r.rescheduled_at_ms);
+                if r.delivers() {
+                    // A schedule's occurrence: it delivers the timer it replaces.
+                    self.counts.deliveries += 1;
+                    self.deliveries.push((offset, r.rescheduled_at_ms, r.from_timer));
+                }
                 self.reschedules.insert(offset, r);
             }
             Record::Relocation(r) => {

@@ -889,7 +889,9 @@ fn check_queues(
                     Named::Deleted => None,
                     Named::Not => return Err(bad("its delivery record names no timed message".into())),
                 };
-                (message, when, record::DELIVERY_LEN as u32)
+                // A schedule's occurrence record delivers too, and is longer.
+                let len = facts.reschedules.get(&e.log_offset).map_or(record::DELIVERY_LEN, |r| r.record_len());
+                (message, when, len as u32)
             } else {
                 let m = facts.messages.get(&e.log_offset).filter(|m| m.deliver_at_ms == 0);
                 let m = m.ok_or_else(|| bad(format!("log offset {} is not an ordinary message record", e.log_offset)))?;

@@ -20,7 +20,8 @@ fn every_timer_delivered_passes() {
     let (code, doc) = audit_json(dir.path());
     let expected = json!({"schema_version": 1, "timer_messages": 300, "delivered": 300, "cancelled": 0,
         "pending": 0, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
-        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0, "schedules": 0,
+        "occurrences_delivered": 0, "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((code, doc), (0, expected));
 }
 
@@ -30,7 +31,8 @@ fn delivered_cancelled_and_pending_are_told_apart() {
     let (code, doc) = audit_json(h.path());
     let expected = json!({"schema_version": 1, "timer_messages": 5, "delivered": 2, "cancelled": 1,
         "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
-        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0, "schedules": 0,
+        "occurrences_delivered": 0, "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((code, doc), (0, expected));
 }
 

@@ -212,7 +212,8 @@ fn audit_counts_relocated_timers() {
     let out = dump(r.first.path(), &["audit", "--json"]);
     let expected = json!({"schema_version": 1, "timer_messages": 6, "delivered": 0, "cancelled": 1,
         "pending": 5, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
-        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0, "schedules": 0,
+        "occurrences_delivered": 0, "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((out.status.code(), json(&out)), (Some(0), expected));
     let text = stdout(&dump(r.first.path(), &["audit"]));
     assert!(text.contains("not audited, except the 6 timers relocated"), "{text}");
@@ -226,7 +227,8 @@ fn audit_counts_a_relocated_timer_whose_delivery_was_deleted_as_reclaimed() {
     // cancel; four far timers pending; `soon` fired, its record deleted.
     let expected = json!({"schema_version": 1, "timer_messages": 7, "delivered": 1, "cancelled": 1,
         "pending": 4, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 1, "unreadable_log_stretches": 0,
-        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0, "schedules": 0,
+        "occurrences_delivered": 0, "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((out.status.code(), json(&out)), (Some(0), expected));
     assert!(r.late > r.soon);
 }

@@ -239,5 +239,5 @@ reference time 2023-11-14T22:13:31.000Z (the latest time in the commit log); los
 audit ok
 "#;
 
-const AUDIT_JSON: &str = r#"{"schema_version":1,"timer_messages":5,"delivered":2,"cancelled":1,"pending":2,"lost":0,"duplicated":0,"early":0,"reclaimed":0,"unreadable_log_stretches":0,"unreadable_log_bytes":0,"rescheduled":0,"fired_after_reschedule":0}
+const AUDIT_JSON: &str = r#"{"schema_version":1,"timer_messages":5,"delivered":2,"cancelled":1,"pending":2,"lost":0,"duplicated":0,"early":0,"reclaimed":0,"unreadable_log_stretches":0,"unreadable_log_bytes":0,"rescheduled":0,"fired_after_reschedule":0,"schedules":0,"occurrences_delivered":0,"occurrences_duplicated":0,"occurrences_early":0,"occurrences_missing":0}
 "#;

@@ -123,7 +123,8 @@ fn verify_and_audit_read_both_logs() {
     let out = dump(dir.path(), &["audit", "--json"]);
     let expected = json!({"schema_version": 1, "timer_messages": 2, "delivered": 0, "cancelled": 0,
         "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
-        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0, "schedules": 0,
+        "occurrences_delivered": 0, "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((out.status.code(), json(&out)), (Some(0), expected));
 }
 
@@ -256,7 +257,8 @@ fn a_near_log_whose_oldest_files_were_deleted_is_read() {
     let out = dump(dir, &["audit", "--json"]);
     let expected = json!({"schema_version": 1, "timer_messages": r.delivered + 2, "delivered": r.delivered,
         "cancelled": 0, "pending": 2, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0, "unreadable_log_stretches": 0,
-        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0});
+        "unreadable_log_bytes": 0, "rescheduled": 0, "fired_after_reschedule": 0, "schedules": 0,
+        "occurrences_delivered": 0, "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((out.status.code(), json(&out)), (Some(0), expected));
 
     // The listings start at the first entry on disk; a stale slot whose chain
