@@ -22,3 +22,5 @@ pub use crate::timer::ledger::LEDGER_ENTRIES_PER_FILE;
 /// How late a schedule's occurrence may come up before its missed-run policy
 /// decides (one slot): `wheel-dump audit` excuses only occurrences skipped later than this.
 pub use crate::schedule::MISSED_AFTER_MS;
+/// A schedule record's spec (its `dw.schedule` property), as the store reads it.
+pub use crate::schedule::{PAUSED_AT_MS, SPEC_PROPERTY, Spec as ScheduleSpec};

@@ -80,7 +80,7 @@ pub use consumer::{Consumer, QueueWatch, poll_any};
 pub use error::{CorruptionKind, Error, Result};
 pub use message::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN,
-    MAX_TOPIC_LEN, Message, Receipt, RescheduleOutcome, Written, validate_topic,
+    MAX_TOPIC_LEN, Message, PauseOutcome, Receipt, RescheduleOutcome, Written, validate_topic,
 };
 pub use offsets::POSITIONS_TOPIC;
 pub use pending::{MAX_COUNT_BOUNDS, PendingTimer};

@@ -249,6 +249,25 @@ pub enum CancelOutcome {
     NotFound,
 }
 
+/// What [`Store::pause_schedule`](crate::Store::pause_schedule) and
+/// [`Store::resume_schedule`](crate::Store::resume_schedule) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PauseOutcome {
+    /// Paused: no occurrence is delivered until it is resumed.
+    Paused,
+    /// Resumed: the next occurrence is the first of its recurrence from now.
+    Resumed,
+    /// It was paused (a pause), or was not (a resume): nothing changed.
+    Unchanged,
+    /// The schedule is over (its limit, or its end, also an end that passed
+    /// while it was paused): nothing is delivered any more.
+    Over,
+    /// The schedule was cancelled (nothing changed).
+    Cancelled,
+    /// No recurring schedule with this handle.
+    NotFound,
+}
+
 /// What [`Store::reschedule`](crate::Store::reschedule) did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RescheduleOutcome {

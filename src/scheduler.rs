@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::consume_queue::ConsumeQueue;
 use crate::error::Result;
 use crate::format::record::{MessageView, RescheduleView};
-use crate::message::{CancelOutcome, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
 use crate::stats::TimerStats;
 use crate::timer::Timer;
 use crate::timer::wheel::window::PendingEntry;
@@ -37,6 +37,13 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// [`cancel`](Self::cancel) for each of `timers`, answered in order.
     fn cancel_many(&self, timers: &[Timer]) -> Result<Vec<CancelOutcome>> {
         timers.iter().map(|&timer| self.cancel(timer)).collect()
+    }
+
+    /// Pauses (`pause`) or resumes the recurring schedule whose record's
+    /// own timer is `timer` (the caller checked it is a schedule's). Only
+    /// the wheel fires schedules.
+    fn pause_schedule(&self, _timer: Timer, _pause: bool) -> Result<PauseOutcome> {
+        Err(crate::error::Error::invalid("scheduler", "recurring schedules need the wheel scheduler"))
     }
 
     /// Moves `timer` (a timed message record the caller checked, or the

@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use delaywheel::{
     CancelOutcome, Config, ConsumedMessage, Consumer, Error, ManualClock, Message, MissedRuns, Occurrence,
-    Recurrence, Schedule, Scheduler, Store,
+    PauseOutcome, Recurrence, Schedule, Scheduler, Store,
 };
 
 /// Every `period_ms` from `start`, `limit` occurrences at most.
@@ -273,5 +273,55 @@ fn a_schedule_that_is_not_acceptable_is_refused_naming_the_field_and_nothing_is_
         Err(Error::Invalid { what: "scheduler", .. }) => {}
         other => panic!("{other:?}"),
     }
+    store.close().unwrap();
+}
+
+#[test]
+fn a_paused_schedule_delivers_nothing_until_resumed_then_goes_on_from_now() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let handle = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 2_000, 2).len(), 2);
+    assert_eq!(store.pause_schedule(handle).unwrap(), PauseOutcome::Paused);
+    assert_eq!(store.pause_schedule(handle).unwrap(), PauseOutcome::Unchanged);
+    assert_eq!(until(&clock, &mut consumer, T0 + 9_000, 0), [], "paused");
+    // Paused across a reopen too.
+    store.close().unwrap();
+    clock.set_ms(T0 + 20_500);
+    let store = store_at(dir.path(), &clock);
+    let mut consumer = store.consumer("S", 0).unwrap();
+    consumer.seek(2);
+    assert_eq!(until(&clock, &mut consumer, T0 + 20_500, 0), [], "still paused, nothing missed");
+    assert_eq!(store.resume_schedule(handle).unwrap(), PauseOutcome::Resumed);
+    assert_eq!(store.resume_schedule(handle).unwrap(), PauseOutcome::Unchanged);
+    let got = until(&clock, &mut consumer, T0 + 22_000, 2);
+    assert_eq!(
+        got.iter().map(|(at, o)| (*at, o.number)).collect::<Vec<_>>(),
+        [(T0 + 21_000, 3), (T0 + 22_000, 4)]
+    );
+    assert_eq!(store.cancel_schedule(handle).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(store.pause_schedule(handle).unwrap(), PauseOutcome::Cancelled);
+    let plain = store.put(Message::new("S", "once").queue_id(1).deliver_at_ms(T0 + 50_000)).unwrap();
+    assert_eq!(store.pause_schedule(plain.handle().unwrap()).unwrap(), PauseOutcome::NotFound);
+    store.close().unwrap();
+}
+
+#[test]
+fn a_schedule_resumed_after_its_end_is_over() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let handle = store.schedule(every(1_000, T0 + 1_000).end_at_ms(T0 + 5_500)).unwrap().handle();
+    assert_eq!(store.pause_schedule(handle).unwrap(), PauseOutcome::Paused);
+    clock.set_ms(T0 + 10_000);
+    assert_eq!(store.resume_schedule(handle).unwrap(), PauseOutcome::Over);
+    assert_eq!(
+        store.cancel_schedule(handle).unwrap(),
+        CancelOutcome::Cancelled,
+        "closed as a cancel closes it"
+    );
+    assert_eq!(store.fresh_stats().unwrap().pending, 0);
     store.close().unwrap();
 }

@@ -8,6 +8,7 @@ mod ops;
 mod pending;
 mod perf;
 mod retention_sim;
+mod schedules;
 mod serve;
 
 use std::path::PathBuf;
@@ -38,6 +39,8 @@ enum Command {
     Recover(ops::RecoverArgs),
     /// The pending timers of a store on disk due in [--from, --to), read-only.
     Pending(pending::PendingArgs),
+    /// The active recurring schedules of a store on disk, read-only.
+    Schedules(schedules::SchedulesArgs),
     /// The RocketMQ 5 gRPC endpoint and the HTTP endpoint over one store.
     Serve(serve::ServeArgs),
     /// Timed sends through a running `serve` from concurrent gRPC clients: rate and lateness.
@@ -73,6 +76,7 @@ fn main() -> ExitCode {
         Command::Drain(args) => ops::drain(args),
         Command::Recover(args) => ops::recover(args),
         Command::Pending(args) => pending::run(args),
+        Command::Schedules(args) => schedules::run(args),
         Command::RetentionSim(args) => retention_sim::run(args),
         Command::Serve(args) => serve::run(args),
         Command::GrpcLoad(args) => grpc_load::run(args),

@@ -17,6 +17,10 @@ pub struct DrainArgs {
     /// Give up (exit 1) if timers are still pending after this long.
     #[arg(long, default_value_t = 3600)]
     timeout_secs: u64,
+    /// Deliver for this long, then close and report, pending or not (a
+    /// store with recurring schedules never drains).
+    #[arg(long, value_name = "S")]
+    for_secs: Option<u64>,
     /// Refuse to open a store whose commit log is damaged (not a torn
     /// tail), instead of skipping the damaged records and going on.
     #[arg(long)]
@@ -106,7 +110,13 @@ pub fn drain(args: DrainArgs) -> Result<(), Failure> {
     wait_caught_up(&store, deadline, &waiting)?;
     let at_start = fresh_stats(&store, deadline, &waiting)?;
     let mut stats = at_start.clone();
-    while stats.pending > 0 || stats.dispatch_lag_bytes > 0 {
+    let until = args.for_secs.map(|secs| Instant::now() + Duration::from_secs(secs));
+    let deadline = until.map_or(deadline, |until| deadline.max(until));
+    let working = |s: &Stats| match until {
+        Some(until) => Instant::now() < until,
+        None => s.pending > 0 || s.dispatch_lag_bytes > 0,
+    };
+    while working(&stats) {
         still_working(&store, deadline, &waiting)?;
         std::thread::sleep(Duration::from_millis(100));
         stats = fresh_stats(&store, deadline, &waiting)?;

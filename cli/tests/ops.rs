@@ -4,7 +4,7 @@ use std::path::Path;
 use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
-use delaywheel::{Clock, Config, ManualClock, Message, Store};
+use delaywheel::{Clock, Config, ManualClock, Message, Recurrence, Schedule, Store};
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -73,6 +73,27 @@ fn drain_gives_up_at_its_timeout() {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(stderr.contains("timed out after 2 s with 1 timers pending"), "{stderr}");
     assert!(started.elapsed() < Duration::from_secs(30));
+}
+
+/// `drain --for-secs` delivers for that long and reports, pending or not:
+/// a store with a recurring schedule never drains.
+#[test]
+fn drain_for_secs_delivers_a_schedule_for_that_long_and_reports() {
+    let dir = tempfile::tempdir().unwrap();
+    let now = delaywheel::SystemClock.now_ms();
+    let clock = ManualClock::new(now);
+    let store = Store::open(app_config(dir.path(), &clock)).unwrap();
+    let every = Recurrence::every(Duration::from_millis(200));
+    store.schedule(Schedule::new(Message::new("T", "tick"), every).start_at_ms(now + 500)).unwrap();
+    store.close().unwrap();
+
+    let started = Instant::now();
+    let out = run(&["drain", "--dir", dir.path().to_str().unwrap(), "--for-secs", "2"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(started.elapsed() >= Duration::from_secs(2));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["pending"], 1, "{report}");
+    assert!(report["delivered"].as_u64().unwrap() >= 3, "{report}");
 }
 
 /// The README's own examples name the store `data`, relative to where they

@@ -16,13 +16,18 @@ use crate::error::{Error, Result};
 use crate::message::{MAX_DELIVER_AT_MS, Message};
 pub use recurrence::Recurrence;
 use recurrence::Rule;
-pub(crate) use spec::{SPEC_PROPERTY, Spec};
+pub use spec::{SPEC_PROPERTY, Spec};
 
 /// How late an occurrence may come up before it counts as missed: one
 /// slot of the wheel. An occurrence fired later than this (the store was
 /// closed, or the clock jumped forward) follows the schedule's
 /// [`MissedRuns`] policy.
 pub const MISSED_AFTER_MS: u64 = 1_000;
+
+/// A paused schedule's timer is due at this instant, the last millisecond
+/// of the year 9999 (no occurrence falls on it): resuming it moves it to the
+/// first occurrence from then.
+pub const PAUSED_AT_MS: u64 = MAX_DELIVER_AT_MS;
 
 /// What happens to occurrences that came due while the store could not
 /// fire them (it was closed, or the wall clock jumped forward).
@@ -211,6 +216,16 @@ impl Plan {
             return None;
         }
         self.rule.next_after(previous).filter(|&at| at < self.end_ms)
+    }
+
+    /// The occurrence to arm when a paused schedule is resumed at `now_ms`,
+    /// `fired` delivered: the first from `now_ms` on (the ones that fell
+    /// while it was paused were not missed: it was paused).
+    pub fn resume_at(&self, now_ms: u64, fired: u64) -> Option<u64> {
+        if fired >= self.limit {
+            return None;
+        }
+        self.rule.next_after(now_ms.saturating_sub(1)).filter(|&at| at < self.end_ms)
     }
 
     /// The armed occurrence due at `due_ms` comes up with the clock at

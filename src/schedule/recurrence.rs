@@ -32,10 +32,10 @@ const FIELDS: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", 
 /// in 2011; two days bound the search for the gap's end.
 const MAX_GAP_SECONDS: i64 = 2 * 86_400;
 
-/// The latest occurrence computed: the last millisecond of the year 9999,
-/// as for a timed message. (A cron expression finds none past the year
-/// 5000, croner's search limit.)
-const LAST_MS: u64 = crate::message::MAX_DELIVER_AT_MS;
+/// The latest occurrence computed: the last millisecond of the year 9999
+/// but one (the last marks a paused schedule's timer, `PAUSED_AT_MS`). (A
+/// cron expression finds none past the year 5000, croner's search limit.)
+const LAST_MS: u64 = super::PAUSED_AT_MS - 1;
 
 /// How a schedule recurs.
 #[derive(Debug, Clone, PartialEq, Eq)]

@@ -21,24 +21,30 @@ use super::{MissedRuns, Plan, Recurrence, Rule};
 use crate::error::{Error, Result};
 
 /// The property of a schedule record that holds its spec.
-pub(crate) const SPEC_PROPERTY: &str = "dw.schedule";
+pub const SPEC_PROPERTY: &str = "dw.schedule";
 
 /// The spec's version: a record of a later one is refused, naming it.
 const VERSION: &str = "1";
 
-/// A schedule less its template, its start resolved.
+/// A schedule less its template, its start resolved: what the record's
+/// `dw.schedule` property says (tools read it through `internals`).
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub(crate) struct Spec {
+pub struct Spec {
+    /// How it recurs.
     pub recurrence: Recurrence,
+    /// Its start (epoch ms): the one given, or its creation time.
     pub start_ms: u64,
+    /// No occurrence at or after this (epoch ms).
     pub end_ms: Option<u64>,
+    /// At most this many occurrences delivered.
     pub limit: Option<u64>,
+    /// What becomes of missed occurrences.
     pub missed: MissedRuns,
 }
 
 impl Spec {
     /// The plan its occurrences follow: the recurrence checked, the end after the start.
-    pub fn plan(&self) -> Result<Plan> {
+    pub(crate) fn plan(&self) -> Result<Plan> {
         if let Some(end) = self.end_ms
             && end <= self.start_ms
         {
@@ -61,7 +67,7 @@ impl Spec {
 
     /// The spec as text. A cron expression or zone name with a line break
     /// is refused, naming the field: the text is one field per line.
-    pub fn encode(&self) -> Result<String> {
+    pub(crate) fn encode(&self) -> Result<String> {
         let mut out = format!("v={VERSION}\n");
         match &self.recurrence {
             Recurrence::Cron { expression, time_zone } => {

@@ -3,11 +3,13 @@
 //! (`timer/tick/occurrences.rs`).
 
 use super::Store;
-use crate::config::Scheduler;
+use crate::config::{FlushMode, Scheduler};
 use crate::error::{Error, Result};
-use crate::message::{CancelOutcome, Handle};
+use crate::message::{CancelOutcome, Handle, PauseOutcome, Written};
 use crate::receipt::ScheduleReceipt;
 use crate::schedule::{SPEC_PROPERTY, Schedule};
+use crate::sync::ReadWrite;
+use crate::timer::Timer;
 
 impl Store {
     /// Creates a recurring schedule: one record in the commit log, the
@@ -63,6 +65,42 @@ impl Store {
             other => other,
         })?;
         Ok(ScheduleReceipt { receipt })
+    }
+
+    /// Pauses a recurring schedule: no occurrence is delivered until
+    /// [`resume_schedule`](Self::resume_schedule); the occurrences that fall
+    /// meanwhile are not missed, they are not the schedule's. One record,
+    /// durable as a cancel is. `Paused`, or `Unchanged` if it was paused,
+    /// `Over`, `Cancelled`, or `NotFound` if the handle names no schedule.
+    ///
+    /// Errors: those of [`cancel`](Self::cancel).
+    pub fn pause_schedule(&self, handle: Handle) -> Result<PauseOutcome> {
+        self.pause_or_resume(handle, true)
+    }
+
+    /// Resumes a paused schedule: its next occurrence is the first of its
+    /// recurrence from now (one whose end passed meanwhile is `Over`).
+    /// `Resumed`, or `Unchanged` if it was not paused, and as
+    /// [`pause_schedule`](Self::pause_schedule) answers.
+    pub fn resume_schedule(&self, handle: Handle) -> Result<PauseOutcome> {
+        self.pause_or_resume(handle, false)
+    }
+
+    fn pause_or_resume(&self, handle: Handle, pause: bool) -> Result<PauseOutcome> {
+        if !*self.accepting.reading() {
+            return Err(Error::Closed);
+        }
+        if self.timer_named(handle) != Some(true) {
+            return Ok(PauseOutcome::NotFound);
+        }
+        let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
+        let outcome = self.scheduler.pause_schedule(timer, pause)?;
+        if matches!(outcome, PauseOutcome::Paused | PauseOutcome::Resumed | PauseOutcome::Over)
+            && self.config.flush_mode == FlushMode::Sync
+        {
+            self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
+        }
+        Ok(outcome)
     }
 
     /// Cancels a recurring schedule: no occurrence after this one is

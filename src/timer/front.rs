@@ -11,7 +11,7 @@ use crossbeam_channel::Sender;
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RescheduleView};
-use crate::message::{CancelOutcome, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::sync::Locked;
@@ -103,6 +103,10 @@ impl SchedulerFront for WheelFront {
             .into_iter()
             .map(|answer| answer.recv_timeout(self.timeout).map_err(|_| Error::Closed)?)
             .collect()
+    }
+
+    fn pause_schedule(&self, timer: Timer, pause: bool) -> Result<PauseOutcome> {
+        self.ask(|reply| WheelCommand::Control(timer, Control::Pause(pause, reply)))?
     }
 
     fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome> {

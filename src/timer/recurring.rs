@@ -103,7 +103,7 @@ impl Recurring {
 }
 
 /// The plan of the schedule whose record is `view`, from its spec property.
-fn plan_of(view: &MessageView<'_>) -> Result<Plan, String> {
+pub(crate) fn plan_of(view: &MessageView<'_>) -> Result<Plan, String> {
     let properties = view.properties().map_err(|e| e.to_string())?;
     let (_, text) = properties
         .iter()

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::queue_entry::tag_hash;
 use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deliveries, encode_delivery};
-use crate::message::{CancelOutcome, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
 use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
@@ -79,6 +79,8 @@ pub(crate) enum Control {
     Cancel(Sender<Result<CancelOutcome>>),
     /// Move it to this deliver time.
     Reschedule(u64, Sender<Result<RescheduleOutcome>>),
+    /// Pause (`true`) or resume the recurring schedule it is the timer of.
+    Pause(bool, Sender<Result<PauseOutcome>>),
 }
 
 impl Control {
@@ -87,6 +89,7 @@ impl Control {
         match self {
             Control::Cancel(reply) => drop(reply.send(Err(e))),
             Control::Reschedule(_, reply) => drop(reply.send(Err(e))),
+            Control::Pause(_, reply) => drop(reply.send(Err(e))),
         }
     }
 }

@@ -35,6 +35,7 @@ impl Ticker {
             Control::Reschedule(deliver_at_ms, reply) => {
                 self.reschedule(handle.message_offset, timer, deliver_at_ms, reply)
             }
+            Control::Pause(pause, reply) => self.pause(timer, pause, reply),
         }
     }
 
@@ -49,10 +50,11 @@ impl Ticker {
     }
 
     /// Finds where `timer` is, has `decide` act on it, and sends the answer.
+    /// (Also for a schedule's pause, in `occurrences.rs`.)
     /// A failed lookup (reading the cancel ledger) is this caller's answer
     /// and changes nothing, so the wheel goes on; a record that could not be
     /// written stops the wheel (`run` poisons the log).
-    fn answer<T>(
+    pub(super) fn answer<T>(
         &mut self,
         what: &'static str,
         timer: Timer,
@@ -78,7 +80,11 @@ impl Ticker {
 
     /// Writes the cancel record, then changes the wheel: a cancel that could
     /// not be recorded changes nothing.
-    fn record_and_apply_cancel(&mut self, timer: Timer, target: CancelTarget) -> Result<CancelOutcome> {
+    pub(super) fn record_and_apply_cancel(
+        &mut self,
+        timer: Timer,
+        target: CancelTarget,
+    ) -> Result<CancelOutcome> {
         let now_ms = self.clock.now_ms();
         let (cancel_offset, _) = self.log.append_reserved(CANCEL_LEN, |buf, offset| {
             encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms);

@@ -2,17 +2,23 @@
 //! and arms the next (a reschedule record with the occurrence flags), so a
 //! torn tail keeps both or neither and every occurrence is delivered once.
 //! The last occurrence is a delivery record; a schedule whose missed
-//! occurrences are skipped to its end closes with a cancel record.
+//! occurrences are skipped to its end closes with a cancel record. Pausing
+//! and resuming a schedule are occurrence records that deliver nothing.
 
-use super::Ticker;
-use crate::error::Result;
+use crossbeam_channel::Sender;
+
+use super::{Ticker, check_timer_record};
+use crate::error::{Error, Result};
 use crate::format::record::{
     CANCEL_LEN, DELIVERY_LEN, OccurrenceFields, RescheduleView, encode_cancel, encode_delivery,
 };
+use crate::message::PauseOutcome;
+use crate::schedule::{PAUSED_AT_MS, Plan};
 use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
-use crate::timer::recurring::Armed;
+use crate::timer::recurring::{Armed, plan_of};
+use crate::timer::state::cancels::{CancelState, CancelTarget};
 
 /// The record a fired schedule timer is written as.
 enum Written {
@@ -111,5 +117,78 @@ fn written(armed: &Armed, timer: Timer, now_ms: u64) -> Written {
         }),
         (None, true) => Written::Last(timer.message_offset),
         (None, false) => Written::Closed(timer),
+    }
+}
+
+impl Ticker {
+    /// Pauses (`pause`) or resumes the schedule whose armed timer is
+    /// `timer`, by one occurrence record that delivers nothing: to
+    /// [`PAUSED_AT_MS`] (no occurrence is due then), or from there to the
+    /// first occurrence from now (a resume after its end closes it).
+    pub(super) fn pause(
+        &mut self,
+        timer: Timer,
+        pause: bool,
+        reply: Sender<Result<PauseOutcome>>,
+    ) -> Result<()> {
+        let _span = tracing::debug_span!("pause", offset = timer.message_offset, pause).entered();
+        self.answer("pause", timer, reply, |ticker, target| match target {
+            CancelTarget::AlreadyDelivered => Ok(PauseOutcome::Over),
+            CancelTarget::AlreadyCancelled => Ok(PauseOutcome::Cancelled),
+            _ if (timer.deliver_at_ms == PAUSED_AT_MS) == pause => Ok(PauseOutcome::Unchanged),
+            target => ticker.record_and_apply_pause(timer, pause, target),
+        })
+    }
+
+    fn record_and_apply_pause(
+        &mut self,
+        timer: Timer,
+        pause: bool,
+        target: CancelTarget,
+    ) -> Result<PauseOutcome> {
+        let Some((schedule, fired, plan)) = self.read_schedule(timer)? else {
+            return Ok(PauseOutcome::NotFound);
+        };
+        let now_ms = self.clock.now_ms();
+        let next = if pause { Some(PAUSED_AT_MS) } else { plan.resume_at(now_ms, fired) };
+        let Some(next) = next else {
+            // Resumed after its end: the schedule closes, as a cancel would.
+            self.record_and_apply_cancel(timer, target)?;
+            return Ok(PauseOutcome::Over);
+        };
+        let view = RescheduleView {
+            rescheduled_at_ms: now_ms,
+            message_offset: schedule,
+            from_timer: timer.message_offset,
+            from_deliver_at_ms: timer.deliver_at_ms,
+            deliver_at_ms: next,
+            occurrence: Some(OccurrenceFields { fired, delivers: false }),
+        };
+        let (record, _) =
+            self.log.append_reserved(view.record_len(), |buf, offset| view.encode(buf, offset))?;
+        let state = self.wheel.apply_cancel(timer, target)?;
+        debug_assert_eq!(state, CancelState::Cancelled, "located as pending");
+        self.wheel.record_in_ledger(LedgerEntry::reschedule(schedule, next, record))?;
+        self.counts.settled(timer.message_offset);
+        self.wake_indexers();
+        Ok(if pause { PauseOutcome::Paused } else { PauseOutcome::Resumed })
+    }
+
+    /// The schedule whose timer `timer` is: its record's offset, the
+    /// occurrences it delivered, its plan; `None` if it is not a schedule's.
+    fn read_schedule(&mut self, timer: Timer) -> Result<Option<(u64, u64, Plan)>> {
+        let mut found = None;
+        let checked = check_timer_record(&mut self.reader, timer, |view, message, fired| {
+            if view.schedule {
+                found = Some(plan_of(view).map(|plan| (message, fired, plan)));
+            }
+        });
+        self.reader.release();
+        checked?;
+        match found {
+            Some(Ok(schedule)) => Ok(Some(schedule)),
+            Some(Err(why)) => Err(Error::invalid("schedule", why)),
+            None => Ok(None),
+        }
     }
 }

@@ -47,7 +47,7 @@
 
 use std::collections::HashMap;
 
-use delaywheel::internals::MISSED_AFTER_MS;
+use delaywheel::internals::{MISSED_AFTER_MS, PAUSED_AT_MS};
 use serde::Serialize;
 
 use crate::commitlog::{CommitLog, LogEnd, LogFacts};
@@ -215,12 +215,17 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
         reschedules.entry(r.message_offset).or_default().push((record, r.deliver_at_ms));
     }
     // Schedules' timers an occurrence record moved on without delivering
-    // them (a missed occurrence the policy skipped): timer → how late then.
-    let skipped: HashMap<u64, u64> = facts
+    // them: timer → whether that is excused (a missed occurrence the policy
+    // skipped, more than a slot late; a pause; a resume).
+    let skipped: HashMap<u64, bool> = facts
         .reschedules
         .values()
         .filter(|r| r.occurrence.is_some_and(|o| !o.delivers))
-        .map(|r| (r.from_timer, r.rescheduled_at_ms.saturating_sub(r.from_deliver_at_ms)))
+        .map(|r| {
+            let late = r.rescheduled_at_ms.saturating_sub(r.from_deliver_at_ms) > MISSED_AFTER_MS;
+            let pause = r.deliver_at_ms == PAUSED_AT_MS || r.from_deliver_at_ms == PAUSED_AT_MS;
+            (r.from_timer, late || pause)
+        })
         .collect();
     for (&offset, m) in timed {
         a.counts.timer_messages += 1;
@@ -319,13 +324,13 @@ pub fn audit_with_facts(files: &StoreFiles, keep_keys: bool) -> Result<(Audit, L
 /// A schedule's timers (its own first, then each occurrence record's, in
 /// log order): each one but the last fired when the next was armed, so it
 /// delivered its occurrence once, never early, or was skipped as missed
-/// (more than a slot late: the policy's call). The last decides the
+/// (more than a slot late: the policy's call), paused or resumed. The last decides the
 /// schedule's fate, as a timer message's does.
 fn audit_occurrences(
     counts: &mut AuditCounts,
     timers: &[(u64, u64)],
     deliveries: &HashMap<u64, Vec<u64>>,
-    skipped: &HashMap<u64, u64>,
+    skipped: &HashMap<u64, bool>,
 ) {
     counts.schedules += 1;
     let (mut duplicated, mut early) = (false, false);
@@ -338,7 +343,7 @@ fn audit_occurrences(
         duplicated |= times.len() > 1;
         early |= early_here > 0;
         let replaced = i + 1 < timers.len();
-        let excused = skipped.get(&timer).is_some_and(|&late| late > MISSED_AFTER_MS);
+        let excused = skipped.get(&timer).copied().unwrap_or(false);
         if replaced && times.is_empty() && !excused {
             counts.occurrences_missing += 1;
         }

@@ -14,7 +14,7 @@ use delaywheel::CorruptionKind;
 use delaywheel::internals::record::{
     self, Frame, FrameError, MessageView, Record, RelocationView, RescheduleView,
 };
-use delaywheel::internals::{self, queue_entry, validate_topic};
+use delaywheel::internals::{self, SPEC_PROPERTY, queue_entry, validate_topic};
 
 use crate::error::Result;
 use crate::store_files::{ChunkReader, FileKind, SequenceFile, StoreFiles, open_sequence};
@@ -278,6 +278,9 @@ pub struct LogFacts {
     pub oldest_time_ms: Option<u64>,
     /// The keys of timed messages by offset, if asked for ([`LogFacts::gather_with_keys`]).
     pub keys: Option<std::collections::HashMap<u64, String>>,
+    /// The spec (`dw.schedule` property) of each schedule record by offset,
+    /// if the keys were asked for; `Err` says why it does not read.
+    pub schedule_specs: std::collections::HashMap<u64, std::result::Result<String, String>>,
 }
 
 /// A deliveries record: the queue it names and its timers.
@@ -334,6 +337,7 @@ impl LogFacts {
             newest_time_ms: 0,
             oldest_time_ms: None,
             keys: keep_keys.then(Default::default),
+            schedule_specs: Default::default(),
         };
         (facts.end, facts.damaged) = log.scan(|offset, len, record| {
             facts.note(offset, len, record);
@@ -358,6 +362,18 @@ impl LogFacts {
         {
             keys.insert(offset, m.key.to_string());
         }
+        if self.keys.is_some() && m.schedule {
+            let spec = m.properties().map_err(|e| e.to_string()).and_then(|properties| {
+                let found = properties.into_iter().find(|(name, _)| name == SPEC_PROPERTY);
+                found.map(|(_, text)| text).ok_or_else(|| format!("no {SPEC_PROPERTY:?} property"))
+            });
+            self.schedule_specs.insert(offset, spec);
+        }
+    }
+
+    /// The spec of the schedule record at `offset`, if keys were kept.
+    pub fn schedule_spec(&self, offset: u64) -> Option<&std::result::Result<String, String>> {
+        self.schedule_specs.get(&offset)
     }
 
     /// The key of the timed message at `offset`, if it has one and keys were kept.

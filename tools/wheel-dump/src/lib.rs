@@ -16,6 +16,7 @@ pub mod listing;
 pub mod output;
 pub mod pending;
 pub mod relocated;
+pub mod schedules;
 pub mod side_indexes;
 pub mod store_files;
 pub mod summary;
