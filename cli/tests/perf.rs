@@ -77,3 +77,38 @@ fn no_wait_with_cancels_reports_once_the_rest_are_indexed() {
     assert!(cancelled > 0, "{report}");
     assert_eq!(pending + cancelled, 2000, "{report}");
 }
+
+/// `perf --schedules`: every occurrence of every schedule, once, in order,
+/// at its instant, on `every` and on cron, and bad arguments refused.
+#[test]
+fn schedules_deliver_every_occurrence_once_in_order() {
+    let run = |extra: &[&str]| {
+        let mut args = vec!["perf", "--schedules", "500", "--run-secs", "2", "--consumers", "2", "--json"];
+        args.extend_from_slice(extra);
+        Command::new(env!("CARGO_BIN_EXE_delaywheel")).args(args).output().unwrap()
+    };
+    for extra in [&["--every-ms", "200"][..], &["--cron", "* * * * * *", "--time-zone", "Asia/Kolkata"]] {
+        let output = run(extra);
+        assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+        let stdout = String::from_utf8(output.stdout).unwrap();
+        let report: serde_json::Value = serde_json::from_str(stdout.lines().last().unwrap()).unwrap();
+        for (key, want) in
+            [("schedules", 500), ("lost", 0), ("duplicated", 0), ("early", 0), ("off_schedule", 0)]
+        {
+            assert_eq!(report[key], want, "{key}: {report}");
+        }
+        // Two seconds, at five a second or one: at least 500 each way.
+        assert!(report["occurrences_delivered"].as_u64().unwrap() >= 1_000, "{report}");
+        for key in ["create_per_sec", "heap_peak_bytes"] {
+            assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
+        }
+        assert!(report["lateness_ms"]["p99"].as_u64().is_some(), "{report}");
+    }
+    let refused = run(&[]);
+    assert_eq!(refused.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&refused.stderr).contains("--every-ms"),
+        "{}",
+        String::from_utf8_lossy(&refused.stderr)
+    );
+}

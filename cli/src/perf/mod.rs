@@ -13,6 +13,7 @@ use hdrhistogram::Histogram;
 
 mod ledger;
 mod producers;
+mod schedules;
 mod thread_cpu;
 
 use ledger::Ledger;
@@ -88,6 +89,22 @@ pub struct PerfArgs {
     /// Print the report as one JSON object on the last line.
     #[arg(long)]
     json: bool,
+    /// Create N recurring schedules instead of putting messages, and
+    /// consume their occurrences (with --every-ms or --cron, --run-secs).
+    #[arg(long, value_name = "N", conflicts_with_all = ["delay_ms", "levels", "same_second", "same_millisecond", "batch", "inflight"])]
+    schedules: Option<u64>,
+    /// Each schedule every M ms, from a random phase.
+    #[arg(long, value_name = "M", requires = "schedules", conflicts_with = "cron")]
+    every_ms: Option<u64>,
+    /// Each schedule on this 6-field cron expression.
+    #[arg(long, value_name = "EXPR", requires = "schedules")]
+    cron: Option<String>,
+    /// The IANA zone of --cron (default UTC).
+    #[arg(long, value_name = "TZ", requires = "cron")]
+    time_zone: Option<String>,
+    /// How long the schedules run once they begin (default 60).
+    #[arg(long, value_name = "S", requires = "schedules")]
+    run_secs: Option<u64>,
 }
 
 #[derive(Clone, Copy, Debug, ValueEnum, PartialEq, Eq)]
@@ -162,6 +179,9 @@ impl Workload {
 }
 
 pub fn run(args: PerfArgs) -> Result<(), Failure> {
+    if let Some(count) = args.schedules {
+        return schedules::run(&args, count);
+    }
     let workload = workload(&args)?;
     if !(0.0..=1.0).contains(&args.cancel_ratio) {
         return Err(Failure::Usage("--cancel-ratio must be between 0 and 1".into()));
@@ -440,7 +460,7 @@ fn timer_index_bytes(dir: &std::path::Path, stats: &delaywheel::Stats) -> serde_
     })
 }
 
-fn print_report(report: &serde_json::Value, json: bool) {
+pub(crate) fn print_report(report: &serde_json::Value, json: bool) {
     if !json {
         for (key, value) in report.as_object().into_iter().flatten() {
             println!("{key:>18}: {value}");

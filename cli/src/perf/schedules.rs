@@ -1,0 +1,267 @@
+//! `perf --schedules N`: creates N recurring schedules (every M ms with
+//! random phases, or one cron expression in a zone), consumes every
+//! occurrence for S seconds, and checks each schedule's occurrences came
+//! in order, once each, never early, at their own instants. Missed
+//! occurrences are caught up (`fire_all`, an hour's window), so under any
+//! load every occurrence is owed and a gap is a loss.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+use delaywheel::{Clock, Config, Message, MissedRuns, Recurrence, Schedule, Store, SystemClock};
+use hdrhistogram::Histogram;
+
+use super::{POLL_BATCH, PerfArgs, thread_cpu};
+use crate::{
+    Failure, disk_bytes, heap_peak_bytes, lateness_histogram, lateness_json, rss_peak_bytes, store_dir,
+};
+
+const TOPIC: &str = "PerfSchedules";
+/// Occurrences due this close to the run's end are not owed yet.
+const SETTLE_MS: u64 = 2_000;
+
+/// How the schedules recur.
+#[derive(Clone, Debug)]
+enum Kind {
+    /// Every this many ms, each from its own random phase.
+    Every(u64),
+    /// One cron expression in one zone: every schedule fires together.
+    Cron { expression: String, time_zone: String },
+}
+
+/// What consumers saw, per schedule and in all.
+struct Seen {
+    /// Per schedule: the number of the last occurrence seen.
+    last: Vec<AtomicU64>,
+    delivered: AtomicU64,
+    duplicated: AtomicU64,
+    /// Occurrences that skipped a number (each one skipped counts).
+    gaps: AtomicU64,
+    early: AtomicU64,
+    /// Occurrences at another instant than their schedule's.
+    off_schedule: AtomicU64,
+}
+
+pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
+    let kind = match (&args.cron, args.every_ms) {
+        (Some(expression), None) => Kind::Cron {
+            expression: expression.clone(),
+            time_zone: args.time_zone.clone().unwrap_or_else(|| "UTC".into()),
+        },
+        (None, Some(0)) => return Err(Failure::Usage("--every-ms must be at least 1".into())),
+        (None, Some(every)) => Kind::Every(every),
+        _ => return Err(Failure::Usage("--schedules needs one of --every-ms M or --cron EXPR".into())),
+    };
+    if count == 0 || args.consumers == 0 || args.producers == 0 {
+        return Err(Failure::Usage("--schedules, --producers and --consumers must be at least 1".into()));
+    }
+    let run_secs = args.run_secs.unwrap_or(60);
+    let keep = args.keep || args.dir.is_some();
+    let (dir, tmp) = store_dir(args.dir.clone(), "delaywheel-perf-")?;
+    let store = Arc::new(Store::open(Config::new(&dir).with_queues_per_topic(args.consumers))?);
+    let seen = Arc::new(Seen {
+        last: (0..count).map(|_| AtomicU64::new(0)).collect(),
+        delivered: AtomicU64::new(0),
+        duplicated: AtomicU64::new(0),
+        gaps: AtomicU64::new(0),
+        early: AtomicU64::new(0),
+        off_schedule: AtomicU64::new(0),
+    });
+    // Every schedule starts after the last is created: now + 2 s + N / 100,000 s.
+    let start_ms = SystemClock.now_ms() + 2_000 + count / 100;
+    let starts: Arc<Vec<u64>> = Arc::new(match &kind {
+        Kind::Every(every) => {
+            let mut rng = fastrand::Rng::with_seed(count);
+            (0..count).map(|_| start_ms + rng.u64(0..*every)).collect()
+        }
+        Kind::Cron { .. } => vec![start_ms; count as usize],
+    });
+    let stop = Arc::new(AtomicBool::new(false));
+    let consumers = (0..args.consumers)
+        .map(|queue| {
+            let (store, seen, stop, kind) =
+                (Arc::clone(&store), Arc::clone(&seen), Arc::clone(&stop), kind.clone());
+            let starts = Arc::clone(&starts);
+            std::thread::Builder::new()
+                .name(format!("perf-consumer-{queue}"))
+                .spawn(move || consume(&store, queue, &seen, &starts, &kind, &stop))
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+
+    let created = Instant::now();
+    create_all(&store, &kind, &starts, args)?;
+    let create_secs = created.elapsed().as_secs_f64();
+    let run_from_ms = SystemClock.now_ms().max(start_ms);
+    std::thread::sleep(Duration::from_millis(run_from_ms - SystemClock.now_ms().min(run_from_ms)));
+    std::thread::sleep(Duration::from_secs(run_secs));
+    let end_ms = SystemClock.now_ms();
+    // Let what was due before the end arrive.
+    std::thread::sleep(Duration::from_millis(SETTLE_MS));
+    stop.store(true, Ordering::Release);
+    let mut lateness = lateness_histogram();
+    for consumer in consumers {
+        let h = consumer.join().map_err(|_| "a consumer thread panicked")??;
+        lateness.add(h).map_err(|e| format!("merging lateness: {e}"))?;
+    }
+    let lost = owed_not_seen(&seen, &starts, &kind, end_ms)?;
+    let stats = store.fresh_stats()?;
+    let delivered = seen.delivered.load(Ordering::Acquire);
+    let window_secs = (end_ms - run_from_ms) as f64 / 1000.0;
+    let report = serde_json::json!({
+        "schedules": count,
+        "recurrence": match &kind { Kind::Every(ms) => format!("@every {ms}ms"), Kind::Cron { expression, .. } => expression.clone() },
+        "create_secs": create_secs,
+        "create_per_sec": count as f64 / create_secs,
+        "run_secs": window_secs,
+        "occurrences_delivered": delivered,
+        "occurrences_per_sec": delivered as f64 / (window_secs + SETTLE_MS as f64 / 1000.0),
+        "lost": lost,
+        "duplicated": seen.duplicated.load(Ordering::Acquire),
+        "early": seen.early.load(Ordering::Acquire),
+        "off_schedule": seen.off_schedule.load(Ordering::Acquire),
+        "lateness_ms": lateness_json(&lateness),
+        "scheduler_lateness_ms": {
+            "p50": stats.lateness_ms.p50, "p90": stats.lateness_ms.p90, "p99": stats.lateness_ms.p99,
+            "p999": stats.lateness_ms.p999, "max": stats.lateness_ms.max,
+        },
+        "heap_peak_bytes": heap_peak_bytes(),
+        "rss_peak_bytes": rss_peak_bytes(),
+        "disk_bytes": disk_bytes(&dir),
+        "log_bytes": stats.log_bytes,
+        "log_bytes_per_occurrence": if delivered > 0 { stats.log_bytes as f64 / delivered as f64 } else { 0.0 },
+        "pending": stats.pending,
+        "consumers": args.consumers,
+        "thread_cpu_secs": thread_cpu::report(),
+        "dir": if keep { dir.display().to_string() } else { String::new() },
+    });
+    Arc::into_inner(store).ok_or("the store is still shared")?.close()?;
+    if keep && let Some(tmp) = tmp {
+        let _ = tmp.keep();
+    }
+    super::print_report(&report, args.json);
+    Ok(())
+}
+
+/// The schedule of id `id`.
+fn schedule(id: u64, kind: &Kind, start_ms: u64, queues: u32) -> Schedule {
+    let message = Message::new(TOPIC, id.to_le_bytes().to_vec()).queue_id((id % u64::from(queues)) as u32);
+    let recurrence = match kind {
+        Kind::Every(every) => Recurrence::every(Duration::from_millis(*every)),
+        Kind::Cron { expression, time_zone } => {
+            Recurrence::cron(expression.clone()).in_time_zone(time_zone.clone())
+        }
+    };
+    Schedule::new(message, recurrence)
+        .start_at_ms(start_ms)
+        .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(3_600) })
+}
+
+/// Creates every schedule, split over the producers.
+fn create_all(
+    store: &Arc<Store>,
+    kind: &Kind,
+    starts: &Arc<Vec<u64>>,
+    args: &PerfArgs,
+) -> Result<(), Failure> {
+    let producers = args.producers as u64;
+    let queues = args.consumers;
+    let threads = (0..producers)
+        .map(|p| {
+            let (store, starts, kind) = (Arc::clone(store), Arc::clone(starts), kind.clone());
+            std::thread::Builder::new().name(format!("perf-producer-{p}")).spawn(move || {
+                (p..starts.len() as u64).step_by(producers as usize).try_for_each(|id| {
+                    store.schedule(schedule(id, &kind, starts[id as usize], queues)).map(drop)
+                })
+            })
+        })
+        .collect::<Result<Vec<_>, _>>()?;
+    for thread in threads {
+        thread.join().map_err(|_| "a producer thread panicked")??;
+    }
+    Ok(())
+}
+
+/// The instants of the first occurrences of schedule `id`, up to `until_ms`.
+fn owed(kind: &Kind, start_ms: u64, until_ms: u64) -> Result<u64, Failure> {
+    Ok(match kind {
+        Kind::Every(every) => until_ms.checked_sub(start_ms).map_or(0, |span| span / every + 1),
+        Kind::Cron { .. } => {
+            let probe = schedule(0, kind, start_ms, 1);
+            let mut n = 0;
+            let mut from = start_ms;
+            loop {
+                let next = probe.next_occurrences(from, 64)?;
+                let within = next.iter().take_while(|&&at| at <= until_ms).count() as u64;
+                n += within;
+                if within < 64 {
+                    break n;
+                }
+                from = next[63] + 1;
+            }
+        }
+    })
+}
+
+/// Occurrences due by `end_ms` no consumer saw (a schedule's last seen
+/// number short of what it owed).
+fn owed_not_seen(seen: &Seen, starts: &[u64], kind: &Kind, end_ms: u64) -> Result<u64, Failure> {
+    let mut lost = seen.gaps.load(Ordering::Acquire);
+    let mut cron_owed = None;
+    for (id, &start) in starts.iter().enumerate() {
+        let owed = match kind {
+            Kind::Every(_) => owed(kind, start, end_ms)?,
+            Kind::Cron { .. } => *cron_owed.get_or_insert(owed(kind, start, end_ms)?),
+        };
+        lost += owed.saturating_sub(seen.last[id].load(Ordering::Acquire));
+    }
+    Ok(lost)
+}
+
+/// The instant of occurrence `number` of a schedule starting at `start_ms`
+/// (`None` for cron: every schedule shares them, and the order check suffices).
+fn instant(kind: &Kind, start_ms: u64, number: u64) -> Option<u64> {
+    match kind {
+        Kind::Every(every) => Some(start_ms + (number - 1) * every),
+        Kind::Cron { .. } => None,
+    }
+}
+
+/// Consumes `queue` until told to stop; returns the lateness seen.
+fn consume(
+    store: &Store,
+    queue: u32,
+    seen: &Seen,
+    starts: &[u64],
+    kind: &Kind,
+    stop: &AtomicBool,
+) -> Result<Histogram<u64>, String> {
+    let mut consumer = store.consumer(TOPIC, queue).map_err(|e| e.to_string())?;
+    let mut lateness = lateness_histogram();
+    while !stop.load(Ordering::Acquire) {
+        let batch = consumer.poll(POLL_BATCH, Duration::from_millis(50)).map_err(|e| e.to_string())?;
+        let now_ms = SystemClock.now_ms();
+        for m in &batch {
+            let id = u64::from_le_bytes(m.body()[..8].try_into().map_err(|_| "short body")?);
+            let occurrence = m.occurrence().ok_or("a delivery that is no occurrence")?;
+            let due = m.deliver_at_ms().ok_or("an occurrence without its instant")?;
+            let start = *starts.get(id as usize).ok_or("an id no schedule has")?;
+            if now_ms < due || m.delivered_at_ms() < due {
+                seen.early.fetch_add(1, Ordering::AcqRel);
+            }
+            if instant(kind, start, occurrence.number).is_some_and(|at| at != due) {
+                seen.off_schedule.fetch_add(1, Ordering::AcqRel);
+            }
+            lateness.saturating_record(now_ms.saturating_sub(due));
+            let last = seen.last[id as usize].fetch_max(occurrence.number, Ordering::AcqRel);
+            if occurrence.number <= last {
+                seen.duplicated.fetch_add(1, Ordering::AcqRel);
+            } else {
+                seen.gaps.fetch_add(occurrence.number - last - 1, Ordering::AcqRel);
+                seen.delivered.fetch_add(1, Ordering::AcqRel);
+            }
+        }
+        consumer.commit();
+    }
+    Ok(lateness)
+}
