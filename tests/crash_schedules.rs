@@ -42,17 +42,32 @@ struct Asked {
     start: u64,
     period: u64,
     limit: u64,
+    /// The first occurrence its receipt named, once acknowledged: the one at
+    /// or after both the start and the creation (the child reads the clock
+    /// for the start a moment before the store reads it).
+    first: Option<u64>,
 }
 
 impl Asked {
-    fn at(&self, number: u64) -> u64 {
-        self.start + (number - 1) * self.period
+    /// When occurrence `number` is due, the schedule's first being `first`.
+    fn at(&self, first: u64, number: u64) -> u64 {
+        first + (number - 1) * self.period
+    }
+
+    /// The first occurrence, as acknowledged; for one the kill left
+    /// unacknowledged, the one occurrence `number` at `due` implies, if it
+    /// falls on the start's grid at or after it.
+    fn first(&self, number: u64, due: u64) -> Option<u64> {
+        let implied = due
+            .checked_sub((number - 1) * self.period)
+            .filter(|&first| first >= self.start && (first - self.start) % self.period == 0);
+        self.first.or(implied)
     }
 }
 
 /// The child: creates schedules forever; prints `s <id> <start> <period>
-/// <limit>` before each, `<id>` once acknowledged, and `c <id>` once a
-/// cancel of it (one in eight) is answered `Cancelled`.
+/// <limit>` before each, `<id> <first occurrence>` once acknowledged, and
+/// `c <id>` once a cancel of it (one in eight) is answered `Cancelled`.
 fn child(dir: &str) -> ! {
     let store = Store::open(config(Path::new(dir))).expect("child opens the store");
     let mut rng = fastrand::Rng::new();
@@ -62,6 +77,7 @@ fn child(dir: &str) -> ! {
             start: SystemClock.now_ms() + rng.u64(0..200),
             period: rng.u64(50..150),
             limit: rng.u64(4..13),
+            first: None,
         };
         writeln!(out, "s {id} {} {} {}", asked.start, asked.period, asked.limit).expect("stdout");
         let schedule = Schedule::new(
@@ -71,8 +87,9 @@ fn child(dir: &str) -> ! {
         .start_at_ms(asked.start)
         .limit(asked.limit)
         .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(3_600) });
-        let handle = store.schedule(schedule).expect("schedule").handle();
-        writeln!(out, "{id}").expect("stdout");
+        let receipt = store.schedule(schedule).expect("schedule");
+        writeln!(out, "{id} {}", receipt.first_occurrence_ms()).expect("stdout");
+        let handle = receipt.handle();
         if id % 8 == 3 && store.cancel_schedule(handle).expect("cancel") == CancelOutcome::Cancelled {
             writeln!(out, "c {id}").expect("stdout");
         }
@@ -106,10 +123,15 @@ fn kill_child(dir: &Path, after: Duration) -> Acks {
             let words: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
             match (line.split(' ').next(), words.as_slice()) {
                 (Some("s"), &[id, start, period, limit]) => {
-                    acks.asked.insert(id, Asked { start, period, limit });
+                    acks.asked.insert(id, Asked { start, period, limit, first: None });
                 }
                 (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
-                (_, &[id]) => drop(acks.acked.insert(id)),
+                (_, &[id, first]) => {
+                    acks.acked.insert(id);
+                    if let Some(asked) = acks.asked.get_mut(&id) {
+                        asked.first = Some(first);
+                    }
+                }
                 _ => {} // a line cut by the kill
             }
         }
@@ -169,8 +191,16 @@ fn audit(store: &Store, acks: &Acks) -> Audit {
             audit.occurrences += 1;
             audit.early += usize::from(m.delivered_at_ms() < due);
             let asked = acks.asked[&id];
-            let next = (number < asked.limit).then(|| asked.at(number + 1));
-            audit.off_schedule += usize::from(due != asked.at(number) || occurrence.next_at_ms != next);
+            let first = asked.first(number, due);
+            let next = first.and_then(|first| (number < asked.limit).then(|| asked.at(first, number + 1)));
+            if first.is_none_or(|first| due != asked.at(first, number)) || occurrence.next_at_ms != next {
+                audit.off_schedule += 1;
+                println!(
+                    "schedule {id} ({asked:?}): occurrence {number} due {due}, next {:?} (want {next:?}), delivered at {}",
+                    occurrence.next_at_ms,
+                    m.delivered_at_ms()
+                );
+            }
             seen.entry(id).or_default().push(number);
         }
         if batch.is_empty() && complete(&seen) && store.stats().pending == 0 {
