@@ -60,7 +60,7 @@ impl Asked {
     fn first(&self, number: u64, due: u64) -> Option<u64> {
         let implied = due
             .checked_sub((number - 1) * self.period)
-            .filter(|&first| first >= self.start && (first - self.start) % self.period == 0);
+            .filter(|&first| first >= self.start && (first - self.start).is_multiple_of(self.period));
         self.first.or(implied)
     }
 }
