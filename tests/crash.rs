@@ -28,10 +28,10 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::crash_copy;
-use common::kill::{Audit, audit, kill_child_with, kills_and_seed};
+use common::kill::{Audit, audit, fresh_stats, kill_child_with, kills_and_seed};
 use delaywheel::{
-    CancelOutcome, Clock, Config, Error, FlushMode, Message, PutTicket, Receipt, RescheduleOutcome, Stats,
-    Store, SystemClock,
+    CancelOutcome, Clock, Config, FlushMode, Message, PutTicket, Receipt, RescheduleOutcome, Store,
+    SystemClock,
 };
 
 const TOPIC: &str = "CrashTopic";
@@ -157,18 +157,6 @@ fn child(dir: &str, mode: Mode) -> ! {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
-}
-
-/// `fresh_stats`, waiting out the replay.
-fn fresh_stats(store: &Store) -> Stats {
-    for _ in 0..600 {
-        match store.fresh_stats() {
-            Ok(stats) => return stats,
-            Err(Error::Busy { .. }) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("fresh_stats: {e}"),
-        }
-    }
-    panic!("the replay did not catch up in 30 s")
 }
 
 /// What `delaywheel recover` would print as pending for a copy of `dir`,

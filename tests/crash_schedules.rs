@@ -14,14 +14,13 @@
 mod common;
 
 use std::collections::{HashMap, HashSet};
-use std::io::{BufRead, BufReader, Write};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::kill::kills_and_seed;
+use common::kill::{fresh_stats, kill_child_reading, kills_and_seed};
 use delaywheel::{
-    CancelOutcome, Clock, Config, Error, Message, MissedRuns, Recurrence, Schedule, Stats, Store, SystemClock,
+    CancelOutcome, Clock, Config, Message, MissedRuns, Recurrence, Schedule, Store, SystemClock,
 };
 
 const TOPIC: &str = "Recurring";
@@ -110,37 +109,22 @@ struct Acks {
 }
 
 fn kill_child(dir: &Path, after: Duration) -> Acks {
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .env(CHILD_ENV, dir)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut acks = Acks::default();
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let words: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
-            match (line.split(' ').next(), words.as_slice()) {
-                (Some("s"), &[id, start, period, limit]) => {
-                    acks.asked.insert(id, Asked { start, period, limit, first: None });
-                }
-                (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
-                (_, &[id, first]) => {
-                    acks.acked.insert(id);
-                    if let Some(asked) = acks.asked.get_mut(&id) {
-                        asked.first = Some(first);
-                    }
-                }
-                _ => {} // a line cut by the kill
+    kill_child_reading(CHILD_ENV, dir, after, &[], Acks::default(), |acks, line| {
+        let words: Vec<u64> = line.split(' ').filter_map(|w| w.parse().ok()).collect();
+        match (line.split(' ').next(), words.as_slice()) {
+            (Some("s"), &[id, start, period, limit]) => {
+                acks.asked.insert(id, Asked { start, period, limit, first: None });
             }
+            (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
+            (_, &[id, first]) => {
+                acks.acked.insert(id);
+                if let Some(asked) = acks.asked.get_mut(&id) {
+                    asked.first = Some(first);
+                }
+            }
+            _ => {} // a line cut by the kill
         }
-        acks
-    });
-    std::thread::sleep(after);
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap child");
-    reader.join().expect("reader thread")
+    })
 }
 
 /// What one kill left, once drained.
@@ -229,17 +213,6 @@ fn audit(store: &Store, acks: &Acks) -> Audit {
         audit.lost += acks.asked[id].limit.saturating_sub(delivered) as usize;
     }
     audit
-}
-
-fn fresh_stats(store: &Store) -> Stats {
-    for _ in 0..600 {
-        match store.fresh_stats() {
-            Ok(stats) => return stats,
-            Err(Error::Busy { .. }) => std::thread::sleep(Duration::from_millis(50)),
-            Err(e) => panic!("fresh_stats: {e}"),
-        }
-    }
-    panic!("the replay did not catch up in 30 s")
 }
 
 fn main() {

@@ -10,7 +10,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use delaywheel::{Clock, Store, SystemClock};
+use delaywheel::{Clock, Error, Stats, Store, SystemClock};
 
 /// What a killed child saw acknowledged.
 pub struct Acks {
@@ -41,35 +41,20 @@ pub fn kill_child_after(child_env: &str, dir: &Path, after: Duration) -> Acks {
 
 /// [`kill_child_after`], with more environment variables for the child.
 pub fn kill_child_with(child_env: &str, dir: &Path, after: Duration, env: &[(&str, &str)]) -> Acks {
-    let mut child = Command::new(std::env::current_exe().expect("test binary"))
-        .env(child_env, dir)
-        .envs(env.iter().copied())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("spawn child");
-    let stdout = child.stdout.take().expect("piped");
-    let reader = std::thread::spawn(move || {
-        let mut acks = Acks { acked: Vec::new(), cancelled: HashSet::new(), reschedules: HashMap::new() };
-        for line in BufReader::new(stdout).lines().map_while(Result::ok) {
-            let words: Vec<u64> = line.split(' ').skip(1).filter_map(|w| w.parse().ok()).collect();
-            match (line.split(' ').next(), words.as_slice()) {
-                (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
-                (Some("t"), &[id, at]) => acks.reschedules.entry(id).or_default().push((at, false)),
-                (Some("r"), &[id]) => {
-                    if let Some(last) = acks.reschedules.get_mut(&id).and_then(|asked| asked.last_mut()) {
-                        last.1 = true;
-                    }
+    let acks = Acks { acked: Vec::new(), cancelled: HashSet::new(), reschedules: HashMap::new() };
+    kill_child_reading(child_env, dir, after, env, acks, |acks, line| {
+        let words: Vec<u64> = line.split(' ').skip(1).filter_map(|w| w.parse().ok()).collect();
+        match (line.split(' ').next(), words.as_slice()) {
+            (Some("c"), &[id]) => drop(acks.cancelled.insert(id)),
+            (Some("t"), &[id, at]) => acks.reschedules.entry(id).or_default().push((at, false)),
+            (Some("r"), &[id]) => {
+                if let Some(last) = acks.reschedules.get_mut(&id).and_then(|asked| asked.last_mut()) {
+                    last.1 = true;
                 }
-                _ => acks.acked.extend(line.parse::<u64>().ok()),
             }
+            _ => acks.acked.extend(line.parse::<u64>().ok()),
         }
-        acks
-    });
-    std::thread::sleep(after);
-    child.kill().expect("SIGKILL");
-    child.wait().expect("reap child");
-    reader.join().expect("reader thread")
+    })
 }
 
 /// What one kill left behind, after recovery and delivering.
@@ -154,4 +139,45 @@ pub fn kills_and_seed(default_kills: u64) -> (u64, u64) {
     let kills = env("DELAYWHEEL_CRASH_KILLS").unwrap_or(default_kills);
     let seed = env("DELAYWHEEL_CRASH_SEED").unwrap_or_else(|| SystemClock.now_ms());
     (kills, seed)
+}
+
+/// `fresh_stats`, waiting out the replay of a reopened store.
+pub fn fresh_stats(store: &Store) -> Stats {
+    for _ in 0..600 {
+        match store.fresh_stats() {
+            Ok(stats) => return stats,
+            Err(Error::Busy { .. }) => std::thread::sleep(Duration::from_millis(50)),
+            Err(e) => panic!("fresh_stats: {e}"),
+        }
+    }
+    panic!("the replay did not catch up in 30 s")
+}
+
+/// Runs this binary with `child_env` set to `dir` (and `env`), kills it
+/// after `after`, and hands `line` each line it printed, as they come, so
+/// the child never blocks on a full pipe. Returns what `line` made of them.
+pub fn kill_child_reading<T: Send + 'static>(
+    child_env: &str,
+    dir: &Path,
+    after: Duration,
+    env: &[(&str, &str)],
+    mut seen: T,
+    line: impl Fn(&mut T, &str) + Send + 'static,
+) -> T {
+    let mut child = Command::new(std::env::current_exe().expect("test binary"))
+        .env(child_env, dir)
+        .envs(env.iter().copied())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("spawn child");
+    let stdout = child.stdout.take().expect("piped");
+    let reader = std::thread::spawn(move || {
+        BufReader::new(stdout).lines().map_while(Result::ok).for_each(|l| line(&mut seen, &l));
+        seen
+    });
+    std::thread::sleep(after);
+    child.kill().expect("SIGKILL");
+    child.wait().expect("reap child");
+    reader.join().expect("reader thread")
 }
