@@ -83,12 +83,12 @@ pub use message::{
     MAX_TOPIC_LEN, Message, PauseOutcome, Receipt, RescheduleOutcome, Written, validate_topic,
 };
 pub use offsets::POSITIONS_TOPIC;
-pub use pending::{MAX_COUNT_BOUNDS, PendingTimer};
+pub use pending::{MAX_COUNT_BOUNDS, PendingTimer, ScheduleState};
 pub use receipt::{Occurrence, ScheduleReceipt};
 pub use retention::ReclaimReport;
 pub use schedule::{MissedRuns, Recurrence, Schedule};
 pub use sealed::SealedHandle;
 pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats, STATS_TOPICS, Stats};
-pub use store::{DEFAULT_GROUP, Store};
+pub use store::{DEFAULT_GROUP, SCHEDULES_SCANNED, Store};
 pub use ticket::PutTicket;
 pub use timer::levels::DelayLevels;

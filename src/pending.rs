@@ -6,6 +6,7 @@ use std::sync::Arc;
 use crate::commitlog::{CommitLog, LogReader};
 use crate::format::record::{MessageView, RecordKind, RescheduleView};
 use crate::message::Handle;
+use crate::schedule::{PAUSED_AT_MS, Recurrence, SPEC_PROPERTY, Spec};
 use crate::timer::Timer;
 use crate::timer::wheel::window::PendingEntry;
 
@@ -34,6 +35,21 @@ pub struct PendingTimer {
     /// The finest wheel level holding it: 0 for the next 18 hours (1 s
     /// slots), 1 for about 8.5 years (9.1 h slots), 2 beyond.
     pub wheel_level: u8,
+    /// For a recurring schedule's armed timer: the schedule's state (its
+    /// `deliver_at_ms` is then the next occurrence's instant, unless paused).
+    pub schedule: Option<ScheduleState>,
+}
+
+/// A recurring schedule as its armed timer's records tell it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct ScheduleState {
+    /// How it recurs (`None` if its spec does not read: it then fires once more, as a timer).
+    pub recurrence: Option<Recurrence>,
+    /// Occurrences delivered so far.
+    pub fired: u64,
+    /// Paused (`Store::pause_schedule`): nothing is delivered until it is resumed.
+    pub paused: bool,
 }
 
 /// The own timers of the timed messages at `candidates` whose topic and key
@@ -93,8 +109,9 @@ impl Topics {
 /// What the record a timer is named by says of it.
 enum Named {
     Timer(PendingTimer),
-    /// A reschedule record, naming the message at this offset.
-    Rescheduled(u64),
+    /// A reschedule record, naming the message at this offset, with the
+    /// occurrences delivered if it is a schedule's.
+    Rescheduled(u64, u64),
     NotAMessage,
 }
 
@@ -102,16 +119,19 @@ fn describe_one(log: &mut LogReader, topics: &mut Topics, entry: PendingEntry) -
     // A rescheduled timer is named by its reschedule record, which names the
     // message; most are named by their message, read (and checked) once.
     let mut offset = entry.timer.message_offset;
+    let mut fired = 0;
     for _ in 0..2 {
         let visited = log.visit_checked(offset, |at, kind, bytes| match kind {
-            RecordKind::Message if at == offset => describe_message(offset, bytes, entry, topics),
+            RecordKind::Message if at == offset => describe_message(offset, bytes, (entry, fired), topics),
             RecordKind::Reschedule if offset == entry.timer.message_offset => RescheduleView::parse(bytes)
-                .map_or(Named::NotAMessage, |r| Named::Rescheduled(r.message_offset)),
+                .map_or(Named::NotAMessage, |r| {
+                    Named::Rescheduled(r.message_offset, r.occurrence.map_or(0, |o| o.fired))
+                }),
             _ => Named::NotAMessage,
         });
         match visited {
             Ok((Named::Timer(timer), _)) => return Some(timer),
-            Ok((Named::Rescheduled(message), _)) => offset = message,
+            Ok((Named::Rescheduled(message, occurrences), _)) => (offset, fired) = (message, occurrences),
             Ok((Named::NotAMessage, _)) => break,
             Err(e) => {
                 tracing::warn!(offset, error = %e, "a pending timer's message does not check out: left out");
@@ -123,9 +143,19 @@ fn describe_one(log: &mut LogReader, topics: &mut Topics, entry: PendingEntry) -
     None
 }
 
-fn describe_message(offset: u64, bytes: &[u8], entry: PendingEntry, topics: &mut Topics) -> Named {
+fn describe_message(
+    offset: u64,
+    bytes: &[u8],
+    (entry, fired): (PendingEntry, u64),
+    topics: &mut Topics,
+) -> Named {
     let Ok(view) = MessageView::parse(bytes) else { return Named::NotAMessage };
     let Some(own_deliver_at_ms) = view.timer_deliver_at_ms() else { return Named::NotAMessage };
+    let schedule = view.schedule.then(|| ScheduleState {
+        recurrence: schedule_spec(&view).map(|spec| spec.recurrence),
+        fired,
+        paused: entry.timer.deliver_at_ms == PAUSED_AT_MS,
+    });
     Named::Timer(PendingTimer {
         // The handle the put returned: it names the message's own timer.
         handle: Handle { offset, deliver_at_ms: own_deliver_at_ms },
@@ -135,5 +165,13 @@ fn describe_message(offset: u64, bytes: &[u8], entry: PendingEntry, topics: &mut
         deliver_at_ms: entry.timer.deliver_at_ms,
         delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
         wheel_level: entry.level,
+        schedule,
     })
+}
+
+/// The spec a schedule record keeps in its properties, if it reads.
+fn schedule_spec(view: &MessageView<'_>) -> Option<Spec> {
+    let properties = view.properties().ok()?;
+    let (_, text) = properties.iter().find(|(name, _)| name == SPEC_PROPERTY)?;
+    Spec::decode(text).ok()
 }

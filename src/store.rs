@@ -32,6 +32,8 @@ mod puts;
 mod queries;
 mod schedules;
 
+pub use schedules::SCHEDULES_SCANNED;
+
 /// The consumer group of [`Store::consumer`].
 pub const DEFAULT_GROUP: &str = "default";
 

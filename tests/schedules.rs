@@ -325,3 +325,41 @@ fn a_schedule_resumed_after_its_end_is_over() {
     assert_eq!(store.fresh_stats().unwrap().pending, 0);
     store.close().unwrap();
 }
+
+#[test]
+fn the_live_store_lists_its_schedules_with_their_next_occurrence_count_and_pause() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let ticking = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let paused = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let daily =
+        Schedule::new(Message::new("R", "b"), Recurrence::cron("@daily").in_time_zone("Europe/London"));
+    let daily = store.schedule(daily).unwrap().handle();
+    store.put(Message::new("S", "plain").deliver_at_ms(T0 + 5_000)).unwrap();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 1_000, 2).len(), 2);
+    assert_eq!(store.pause_schedule(paused).unwrap(), PauseOutcome::Paused);
+    let listed = store.schedules(None, 10).unwrap();
+    let seen: Vec<_> = listed
+        .iter()
+        .map(|t| {
+            let s = t.schedule.as_ref().unwrap();
+            (t.handle, t.deliver_at_ms, s.fired, s.paused)
+        })
+        .collect();
+    assert_eq!(
+        seen,
+        [
+            (ticking, T0 + 2_000, 1, false),
+            (daily, 1_700_006_400_000, 0, false),
+            (paused, delaywheel::MAX_DELIVER_AT_MS, 1, true)
+        ],
+        "by next occurrence, the paused one last, the plain timer left out"
+    );
+    let recurrence = listed[1].schedule.as_ref().unwrap().recurrence.clone();
+    assert_eq!(recurrence, Some(Recurrence::cron("@daily").in_time_zone("Europe/London")));
+    assert_eq!(store.schedules(Some("R"), 10).unwrap().len(), 1);
+    assert_eq!(store.schedules(None, 1).unwrap().len(), 1);
+    store.close().unwrap();
+}

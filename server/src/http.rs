@@ -1,5 +1,6 @@
 //! The HTTP endpoint: `GET /metrics` (Prometheus text), `GET /pending`
 //! (the pending timers due in a window, or of one topic and key, as JSON),
+//! `GET /schedules` (the active recurring schedules, as JSON),
 //! `GET /healthz`, and the operators' page with the JSON behind it
 //! (`operators.rs`), each behind the defences of `same_site.rs`.
 
@@ -28,6 +29,7 @@ pub(crate) fn router(shared: Arc<Shared>, bound: std::net::SocketAddr) -> Router
         .route("/healthz", get(healthz))
         .route("/metrics", get(metrics))
         .route("/pending", get(pending))
+        .route("/schedules", get(schedules))
         .route("/", get(operators::page))
         .route("/overview", get(operators::overview))
         .route("/pending/counts", get(operators::pending_counts))
@@ -159,6 +161,69 @@ async fn pending(
         })
         .collect();
     axum::Json(json!({ "timers": timers, "more": more })).into_response()
+}
+
+/// What `/schedules` asks for: a topic, if any, and a limit.
+fn schedules_asked(query: &HashMap<String, String>) -> Result<(Option<String>, usize), String> {
+    if let Some(unknown) = query.keys().find(|k| !["topic", "limit"].contains(&k.as_str())) {
+        return Err(format!("{unknown}: not a parameter (topic, limit)"));
+    }
+    let limit = match query.get("limit") {
+        None => DEFAULT_LIMIT,
+        Some(text) => text
+            .parse::<usize>()
+            .ok()
+            .filter(|limit| (1..=MAX_LIMIT).contains(limit))
+            .ok_or_else(|| format!("limit: {text:?} is not from 1 to {MAX_LIMIT}"))?,
+    };
+    Ok((query.get("topic").cloned(), limit))
+}
+
+/// `GET /schedules[?topic=T&limit=N]`: the active recurring schedules, by
+/// next occurrence (paused ones last), as `Store::schedules` reads them.
+async fn schedules(
+    State(shared): State<Arc<Shared>>,
+    Query(query): Query<HashMap<String, String>>,
+) -> Response {
+    let (topic, limit) = match schedules_asked(&query) {
+        Ok(asked) => asked,
+        Err(message) => return error(StatusCode::BAD_REQUEST, message),
+    };
+    let found = on_store(&shared, move |shared| shared.store.schedules(topic.as_deref(), limit + 1)).await;
+    let mut listed = match found {
+        Ok(Ok(listed)) => listed,
+        Ok(Err(e @ delaywheel::Error::Invalid { .. })) => {
+            return error(StatusCode::BAD_REQUEST, e.to_string());
+        }
+        Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(response) => return response,
+    };
+    let more = listed.len() > limit;
+    listed.truncate(limit);
+    let schedules: Vec<_> = listed.iter().filter_map(schedule_json).collect();
+    axum::Json(json!({ "schedules": schedules, "more": more })).into_response()
+}
+
+fn schedule_json(timer: &delaywheel::PendingTimer) -> Option<serde_json::Value> {
+    let schedule = timer.schedule.as_ref()?;
+    let (recurrence, time_zone) = match &schedule.recurrence {
+        Some(delaywheel::Recurrence::Cron { expression, time_zone }) => {
+            (Some(expression.clone()), Some(time_zone))
+        }
+        Some(delaywheel::Recurrence::Every { period_ms }) => (Some(format!("@every {period_ms}ms")), None),
+        None => (None, None),
+    };
+    Some(json!({
+        "handle": timer.handle.to_string(),
+        "topic": &*timer.topic,
+        "queue": timer.queue,
+        "key": timer.key,
+        "recurrence": recurrence,
+        "time_zone": time_zone,
+        "next_at_ms": (!schedule.paused).then_some(timer.deliver_at_ms),
+        "fired": schedule.fired,
+        "paused": schedule.paused,
+    }))
 }
 
 #[cfg(test)]

@@ -7,7 +7,7 @@ mod common;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use common::{http, http_get, http_with};
-use delaywheel::{Message, Store};
+use delaywheel::{Message, Recurrence, Schedule, Store};
 use delaywheel_server::{HandleKey, ServeOptions, Server, store_config};
 use serde_json::Value;
 
@@ -105,6 +105,51 @@ async fn counts_search_cancel_and_reschedule_over_http() {
     // Nothing from elsewhere: no script, style or image by URL; the one URL is SVG's namespace name.
     assert!(!page.contains(" src=") && !page.contains(" href=") && !page.contains("@import"));
     assert_eq!(page.matches("http").count(), page.matches("http://www.w3.org/2000/svg").count());
+    server.stop().await;
+}
+
+#[tokio::test]
+async fn schedules_lists_the_active_ones_and_names_a_bad_parameter() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(store_config(dir.path())).unwrap();
+    let later = now_ms() + 3_600_000;
+    let hourly = Schedule::new(Message::new("reports", "r").key("desk-7"), Recurrence::cron("@hourly"))
+        .start_at_ms(later);
+    let hourly = store.schedule(hourly).unwrap().handle();
+    let every =
+        Schedule::new(Message::new("polls", "p"), Recurrence::every(std::time::Duration::from_secs(10)))
+            .start_at_ms(later);
+    let paused = store.schedule(every).unwrap().handle();
+    assert_eq!(store.pause_schedule(paused).unwrap(), delaywheel::PauseOutcome::Paused);
+    store.put(Message::new("orders", "plain").deliver_at_ms(later)).unwrap();
+    let server = serve(store, false).await;
+
+    let (status, body) = http_get(server.http, "/schedules").await;
+    assert!(status.contains("200"), "{status}: {body}");
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    let listed = doc["schedules"].as_array().unwrap();
+    assert_eq!(listed.len(), 2, "{doc}");
+    assert_eq!(listed[0]["handle"], hourly.to_string());
+    assert_eq!((&listed[0]["recurrence"], &listed[0]["time_zone"]), (&"@hourly".into(), &"UTC".into()));
+    assert_eq!(
+        (&listed[0]["key"], &listed[0]["fired"], &listed[0]["paused"]),
+        (&"desk-7".into(), &0.into(), &false.into())
+    );
+    assert!(listed[0]["next_at_ms"].as_u64().unwrap() >= later);
+    assert_eq!((&listed[1]["handle"], &listed[1]["paused"]), (&paused.to_string().into(), &true.into()));
+    assert_eq!(
+        (&listed[1]["recurrence"], &listed[1]["next_at_ms"]),
+        (&"@every 10000ms".into(), &Value::Null)
+    );
+    let (_, body) = http_get(server.http, "/schedules?topic=polls&limit=1").await;
+    let doc: Value = serde_json::from_str(&body).unwrap();
+    assert_eq!((doc["schedules"].as_array().unwrap().len(), &doc["more"]), (1, &false.into()));
+    let (_, body) = http_get(server.http, "/schedules?limit=1").await;
+    assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["more"], true);
+    for (path, names) in [("/schedules?limit=0", "limit:"), ("/schedules?from=1", "from:")] {
+        let (status, body) = http_get(server.http, path).await;
+        assert!(status.contains("400") && body.contains(names), "{path}: {status} {body}");
+    }
     server.stop().await;
 }
 

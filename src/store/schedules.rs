@@ -6,10 +6,14 @@ use super::Store;
 use crate::config::{FlushMode, Scheduler};
 use crate::error::{Error, Result};
 use crate::message::{CancelOutcome, Handle, PauseOutcome, Written};
+use crate::pending::PendingTimer;
 use crate::receipt::ScheduleReceipt;
-use crate::schedule::{SPEC_PROPERTY, Schedule};
+use crate::schedule::{PAUSED_AT_MS, SPEC_PROPERTY, Schedule};
 use crate::sync::ReadWrite;
 use crate::timer::Timer;
+
+/// Pending timers [`Store::schedules`] reads at most.
+pub const SCHEDULES_SCANNED: usize = 1_000_000;
 
 impl Store {
     /// Creates a recurring schedule: one record in the commit log, the
@@ -101,6 +105,22 @@ impl Store {
             self.wait_durable_for(self.log.write_end(), Written::Cancel(handle))?;
         }
         Ok(outcome)
+    }
+
+    /// The active recurring schedules (of `topic`, if given), the first
+    /// `limit` by next occurrence, paused ones last: each a pending timer
+    /// (its handle the schedule's, its deliver time the next occurrence's)
+    /// with [`schedule`](crate::PendingTimer::schedule) set. Read from the
+    /// wheel as [`pending`](Self::pending) reads it, over the first
+    /// [`SCHEDULES_SCANNED`] pending timers of every kind: a store with more
+    /// pending timers than that may not list every schedule
+    /// (`delaywheel schedules` reads the whole log instead).
+    ///
+    /// Errors: those of [`pending`](Self::pending).
+    pub fn schedules(&self, topic: Option<&str>, limit: usize) -> Result<Vec<PendingTimer>> {
+        let timers = self.pending(0..PAUSED_AT_MS + 1, SCHEDULES_SCANNED)?;
+        let wanted = |t: &PendingTimer| t.schedule.is_some() && topic.is_none_or(|topic| *t.topic == *topic);
+        Ok(timers.into_iter().filter(wanted).take(limit).collect())
     }
 
     /// Cancels a recurring schedule: no occurrence after this one is
