@@ -39,6 +39,8 @@ pub struct Stats {
     pub pending_other_topics: u64,
     /// Timers delivered since the store was opened.
     pub delivered: u64,
+    /// Of those, occurrences of recurring schedules.
+    pub occurrences_delivered: u64,
     /// Deliveries before their deliver-at time since open. Always 0 for the
     /// wheel; the buckets deliver early what lies beyond their largest level.
     pub early: u64,
@@ -173,6 +175,7 @@ pub(crate) struct TimerStats {
     /// Pending timers due within 5 s, 1 min, 5 min, 1 h, 1 d, and beyond.
     pub pending_by_horizon: [u64; 6],
     pub delivered: u64,
+    pub occurrences_delivered: u64,
     pub early: u64,
     pub reindexed: u64,
     /// Delivery time minus deliver-at time; an early delivery counts as 0.
@@ -197,6 +200,7 @@ impl TimerStats {
             pending_per_level: [0; 3],
             pending_by_horizon: [0; 6],
             delivered: 0,
+            occurrences_delivered: 0,
             early: 0,
             reindexed: 0,
             lateness_ms,

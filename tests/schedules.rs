@@ -62,6 +62,7 @@ fn each_occurrence_is_delivered_once_at_its_instant_numbered_and_naming_the_next
         assert_eq!(until(&clock, &mut consumer, at(n), 1), [(at(n), occurrence(n, next))], "occurrence {n}");
     }
     assert_eq!(until(&clock, &mut consumer, at(10), 0), [], "the limit is 3");
+    assert_eq!(store.stats().occurrences_delivered, 3);
     // Each is the template as a consumer reads a timed message: the spec is the store's.
     consumer.seek(0);
     let all = drain_idle(&mut consumer, 3, Duration::from_millis(300));

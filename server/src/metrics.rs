@@ -88,6 +88,7 @@ impl Metrics {
                 gauge!("delaywheel_pending_timers_by_horizon", "within" => *label).set(count as f64);
             }
             counter!("delaywheel_deliveries_total").absolute(stats.delivered);
+            counter!("delaywheel_schedule_occurrences_total").absolute(stats.occurrences_delivered);
             counter!("delaywheel_early_deliveries_total").absolute(stats.early);
             let lateness = &stats.lateness_ms;
             for (quantile, ms) in [

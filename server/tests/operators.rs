@@ -146,6 +146,8 @@ async fn schedules_lists_the_active_ones_and_names_a_bad_parameter() {
     assert_eq!((doc["schedules"].as_array().unwrap().len(), &doc["more"]), (1, &false.into()));
     let (_, body) = http_get(server.http, "/schedules?limit=1").await;
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["more"], true);
+    let (_, metrics) = http_get(server.http, "/metrics").await;
+    assert!(metrics.contains("delaywheel_schedule_occurrences_total 0"), "{metrics}");
     for (path, names) in [("/schedules?limit=0", "limit:"), ("/schedules?from=1", "from:")] {
         let (status, body) = http_get(server.http, path).await;
         assert!(status.contains("400") && body.contains(names), "{path}: {status} {body}");

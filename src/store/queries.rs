@@ -219,6 +219,7 @@ impl Store {
             pending_by_topic,
             pending_other_topics,
             delivered: timers.delivered,
+            occurrences_delivered: timers.occurrences_delivered,
             early: timers.early,
             reindexed: timers.reindexed,
             lateness_ms: Lateness::from_histogram(&timers.lateness_ms),

@@ -95,6 +95,7 @@ impl Ticker {
             if delivered {
                 stats.record_lateness(now_ms, now_ms - timer.deliver_at_ms);
                 stats.delivered += 1;
+                stats.occurrences_delivered += 1;
             }
         }
         drop(stats);
