@@ -17,7 +17,7 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::ConsumeQueue;
 use crate::dispatcher::{deliveries_entry, delivery_entry, message_entry};
 use crate::error::Result;
-use crate::format::queue_entry::{self, Entry};
+use crate::format::queue_entry::{self, Entry, FLAG_TIMER_DELIVERY};
 use crate::format::record::{DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView};
 
 /// Where an entry sorts in its queue: entries follow the log, and the
@@ -99,7 +99,8 @@ fn entries_between(
 /// The entries the record at `offset` made in `queue` when the dispatcher
 /// indexed it (`Dispatcher::index`): an ordinary message's, a delivery's of a
 /// message of this queue, a deliveries record's for each timer whose record
-/// reads. A record that does not read makes none, as it made none then.
+/// reads, a schedule's occurrence record's. A record that does not read
+/// makes none, as it made none then.
 fn entries_of(
     log: &Arc<CommitLog>,
     queue: &ConsumeQueue,
@@ -123,6 +124,19 @@ fn entries_of(
             let _ = with_message(log, delivery.message_offset, |view| {
                 if ours(view.topic, view.queue_id) {
                     made.push(delivery_entry(view, offset, &delivery));
+                }
+            });
+        }
+        RecordKind::Reschedule => {
+            // A schedule's occurrence record delivers the timer it replaced.
+            let Ok(occurrence) = RescheduleView::parse(bytes) else { return };
+            if !occurrence.delivers() {
+                return;
+            }
+            let _ = with_message(log, occurrence.message_offset, |view| {
+                if view.schedule && ours(view.topic, view.queue_id) {
+                    let time = occurrence.rescheduled_at_ms;
+                    made.push(message_entry(view, offset, bytes.len(), time, FLAG_TIMER_DELIVERY));
                 }
             });
         }

@@ -364,3 +364,29 @@ fn the_live_store_lists_its_schedules_with_their_next_occurrence_count_and_pause
     assert_eq!(store.schedules(None, 1).unwrap().len(), 1);
     store.close().unwrap();
 }
+
+#[test]
+fn a_damaged_occurrence_entry_is_made_again_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    store.schedule(every(1_000, T0 + 1_000).limit(3)).unwrap();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    for s in 1..=3 {
+        assert_eq!(until(&clock, &mut consumer, T0 + 1_000 * s, 1).len(), 1);
+    }
+    store.close().unwrap();
+    // Entry 1 (the second occurrence's, made from its occurrence record): a
+    // flipped byte in its log offset (wheel-format.md: entry i at 32 + 32 i).
+    let file = dir.path().join("consumequeue/S/0/00000000000000000000");
+    let mut bytes = std::fs::read(&file).unwrap();
+    bytes[32 + 32 + 2] ^= 0x10;
+    std::fs::write(&file, bytes).unwrap();
+    let store = store_at(dir.path(), &clock);
+    let mut consumer = store.consumer("S", 0).unwrap();
+    consumer.seek(0);
+    let numbers: Vec<u64> =
+        drain(&mut consumer, 3).iter().map(|m| m.occurrence().expect("an occurrence").number).collect();
+    assert_eq!(numbers, [1, 2, 3]);
+    store.close().unwrap();
+}
