@@ -383,7 +383,8 @@ impl Consumer {
                     properties.retain(|(name, _)| name != SPEC_PROPERTY);
                     let schedule = Handle { offset: record.offset, deliver_at_ms: view.timing.deliver_at_ms };
                     let next_at_ms = self.next_occurrence(entry, timer)?;
-                    occurrence = Some(Occurrence { schedule, number: fired_before + 1, next_at_ms });
+                    occurrence =
+                        Some(Occurrence { schedule, number: fired_before.saturating_add(1), next_at_ms });
                 }
                 Some(Box::new(Extras { key: non_empty(key), tags: non_empty(tags), properties, occurrence }))
             }

@@ -149,7 +149,7 @@ impl Parts {
         timers: &Restarted,
         mut checkpoint: CheckpointFile,
     ) -> Result<(Self, Inboxes, SegmentCounts, CheckpointFile)> {
-        let Restarted { wheel, replay_from, delivery_scan_from, fresh } = timers;
+        let Restarted { wheel, replay_from, delivery_scan_from, fresh, .. } = timers;
         let (replay_from, end) = (*replay_from, log.write_end());
         // Segment counts: rebuilt by the replay; a fresh wheel's replay sees every segment.
         let counts = if *fresh {
@@ -299,6 +299,7 @@ impl Parts {
         let indexed = timers.replay_from;
         let indexed_log_ends = timers.wheel.replay_start_ends();
         Ticker {
+            restored_schedules: timers.restored_schedules,
             wheel: timers.wheel,
             log: Arc::clone(&self.log),
             clock: Arc::clone(&self.config.clock),

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use delaywheel::{
-    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, RescheduleOutcome,
-    Retention, Stats, Store,
+    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, Recurrence,
+    RescheduleOutcome, Retention, Schedule, Stats, Store,
 };
 
 const MINUTE: u64 = 60_000;
@@ -370,6 +370,45 @@ fn a_wheel_rebuilt_from_the_log_finds_relocated_timers_and_their_cancels() {
     let mut consumer = store.consumer_in_group("after-rebuild", "T", 0).unwrap();
     model.advance_to(&clock, &mut consumer, T0 + 10 * YEAR + 2_000);
     assert!(model.pending.is_empty());
+}
+
+/// A schedule whose record retention relocated, its occurrence overdue
+/// when the wheel is rebuilt: restored into a second already loaded, it
+/// still arms the next occurrence when it fires (it went out as a plain
+/// delivery, and the schedule ended, before the ticker learnt such timers).
+#[test]
+fn a_relocated_schedule_overdue_at_a_rebuild_goes_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let open = || Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+    let store = open();
+    let daily =
+        Schedule::new(Message::new("T", "daily").queue_id(0), Recurrence::every(Duration::from_millis(DAY)))
+            .start_at_ms(T0 + DAY);
+    let handle = store.schedule(daily).unwrap().handle();
+    for round in 0..3 {
+        fill(&store, round);
+    }
+    settle();
+    clock.set_ms(T0 + 2 * HOUR);
+    settle();
+    let stats = reclaim_until(&store, &clock, |s| s.retention.segments_deleted > 0);
+    assert!(stats.retention.segments_deleted > 0);
+    assert!(relocation_index(dir.path()).iter().any(|&(offset, _)| offset == handle.offset), "relocated");
+    store.close().unwrap();
+
+    // The wheel is lost, and the store reopens half an hour after the first occurrence.
+    std::fs::remove_dir_all(dir.path().join("timer")).unwrap();
+    clock.set_ms(T0 + DAY + 30 * MINUTE);
+    let store = open();
+    let mut consumer = store.consumer_in_group("after-rebuild", "T", 0).unwrap();
+    let got = drain(&mut consumer, 1);
+    let occurrence = got.first().and_then(|m| m.occurrence()).copied().expect("the first occurrence");
+    assert_eq!((occurrence.number, occurrence.next_at_ms), (1, Some(T0 + 2 * DAY)), "the schedule goes on");
+    clock.set_ms(T0 + 2 * DAY);
+    let got = drain(&mut consumer, 1);
+    assert_eq!(got.first().and_then(|m| m.occurrence()).map(|o| o.number), Some(2));
+    store.close().unwrap();
 }
 
 #[test]

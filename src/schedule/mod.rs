@@ -244,7 +244,8 @@ impl Plan {
     /// without a delivery.
     pub fn on_fire(&self, due_ms: u64, now_ms: u64, fired: u64) -> Firing {
         let missed_before = now_ms.saturating_sub(MISSED_AFTER_MS);
-        let deliver = |next_after: u64| Firing { deliver: true, next: self.after(next_after, fired + 1) };
+        let deliver =
+            |next_after: u64| Firing { deliver: true, next: self.after(next_after, fired.saturating_add(1)) };
         let skip_to = |from: u64| Firing {
             deliver: false,
             // `from` > `due_ms` >= 1: there is an instant before it.

@@ -19,11 +19,6 @@ use crate::timer::Timer;
 /// Plans kept before the cache starts over.
 const PLANS_KEPT: usize = 1 << 16;
 
-/// Seconds a timer due before the wheel's second is still kept: an overdue
-/// timer indexed late (a missed occurrence caught up) is handed out at
-/// once, after it was learnt; one still here this long after was cancelled.
-const OVERDUE_KEPT_SECONDS: u64 = 60;
-
 /// What the ticker knows of a loaded timer of a recurring schedule.
 #[derive(Debug, Clone)]
 pub(crate) struct Armed {
@@ -32,8 +27,9 @@ pub(crate) struct Armed {
     /// Occurrences delivered before this timer's.
     pub fired: u64,
     pub plan: Arc<Plan>,
-    /// The wheel's second when it was learnt.
-    learnt_in: u64,
+    /// The loaded second the wheel holds it in: once the wheel's tick
+    /// second has passed it, the timer was handed out or cancelled.
+    held_in: u64,
 }
 
 /// Keyed by offsets the store wrote, never by what a client chose: a fast
@@ -50,7 +46,7 @@ pub(crate) struct Recurring {
 }
 
 impl Recurring {
-    /// Notes that `timer` (learnt in the wheel's `second`) belongs to the schedule `view` at `schedule`,
+    /// Notes that `timer` (held in the wheel's loaded `second`) belongs to the schedule `view` at `schedule`,
     /// with `fired` occurrences delivered before it. An error says what is
     /// wrong with the schedule's spec: the timer then fires as a timed
     /// message's, once (the caller logs it).
@@ -72,7 +68,7 @@ impl Recurring {
                 plan
             }
         };
-        self.armed.insert(timer, Armed { schedule, fired, plan, learnt_in: second });
+        self.armed.insert(timer, Armed { schedule, fired, plan, held_in: second });
         Ok(())
     }
 
@@ -89,14 +85,12 @@ impl Recurring {
         self.armed.is_empty()
     }
 
-    /// Forgets the timers that will not fire: due before the wheel's
-    /// `second` and learnt long before it (cancelled while loaded).
+    /// Forgets the timers that will not fire: held in a loaded second the
+    /// wheel has handed out (the timer was cancelled while loaded).
     pub fn forget_before(&mut self, second: u64) {
         if !self.armed.is_empty() && second > self.swept {
             self.swept = second;
-            self.armed.retain(|timer, armed| {
-                timer.deliver_at_ms / 1000 >= second || armed.learnt_in + OVERDUE_KEPT_SECONDS >= second
-            });
+            self.armed.retain(|_, armed| armed.held_in >= second);
         }
     }
 

@@ -197,6 +197,9 @@ pub(crate) struct Ticker {
     pub routes: Routes,
     /// Which loaded timers are recurring schedules', and their plans.
     pub recurring: Recurring,
+    /// Schedules' timers a restart restored from the relocation area, to
+    /// learn once the thread runs (see [`Ticker::learn_late`]).
+    pub restored_schedules: Vec<Timer>,
 }
 
 impl Ticker {
@@ -282,6 +285,8 @@ impl Ticker {
         self.wheel = restarted.wheel;
         self.routes = Routes::default();
         self.recurring.clear();
+        self.restored_schedules = restarted.restored_schedules;
+        self.learn_restored_schedules();
         // Retention reads these: the new ledger keeps them (read from it again).
         self.wheel.load_pins(Some(pins))?;
         self.wheel.lower_durable_tick(tick_second);
@@ -328,6 +333,7 @@ impl Ticker {
         let mut last_reclaim = Instant::now();
         // Retention deletes nothing until the pins are read (see `durable/pins.rs`).
         self.wheel.load_pins(None)?;
+        self.learn_restored_schedules();
         // The checkpoints on disk at open: the wheel reuses no slot a restart from them would reload.
         if let Some(mark) = self.floor.get() {
             self.wheel.lower_durable_tick(mark.tick_second);
@@ -382,24 +388,45 @@ impl Ticker {
     }
 
     /// Indexes a recurring schedule's timer. One due in a second already
-    /// loaded is not checked as its second loads: its records are read now,
-    /// so that it arms the next occurrence when it fires.
+    /// loaded is not checked as its second loads: it is learnt now.
     fn insert_recurring(&mut self, timer: Timer) -> Result<()> {
-        if !self.insert(timer)? || !self.wheel.is_loaded(&timer) {
-            return Ok(());
+        if self.insert(timer)? && self.wheel.is_loaded(&timer) {
+            self.learn_late(timer);
         }
-        let (recurring, second) = (&mut self.recurring, self.wheel.tick_second());
+        Ok(())
+    }
+
+    /// Learns the schedules' timers a restart restored into seconds already loaded.
+    fn learn_restored_schedules(&mut self) {
+        for timer in std::mem::take(&mut self.restored_schedules) {
+            if self.wheel.is_loaded(&timer) {
+                self.learn_late(timer);
+            }
+        }
+    }
+
+    /// Reads the records of a schedule's timer indexed into a second
+    /// already loaded (held in the newest loaded second), so that it arms
+    /// the next occurrence when it fires. One that does not check out is
+    /// logged and counted, as the check at loading does: it then fires as a
+    /// timed message's, once, or not at all if the ticker's own check
+    /// refuses it.
+    fn learn_late(&mut self, timer: Timer) {
+        let (recurring, held_in) = (&mut self.recurring, self.wheel.newest_loaded_second());
         let learn = |view: &MessageView<'_>, message: u64, fired: u64| {
             if view.schedule {
-                learn_recurring(recurring, (timer, second), message, fired, view);
+                learn_recurring(recurring, (timer, held_in), message, fired, view);
             }
         };
         let checked = check_timer_record(&mut self.reader, timer, learn);
         self.reader.release();
-        if !checked? {
-            tracing::error!(message = timer.message_offset, "a schedule's timer does not name its records");
-        }
-        Ok(())
+        let why = match checked {
+            Ok(true) => return,
+            Ok(false) => "does not name a schedule's records".to_string(),
+            Err(e) => e.to_string(),
+        };
+        tracing::error!(message = timer.message_offset, why, "a schedule's timer does not check out");
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
     }
 
     /// Handles a command, then counts it handled (see `WheelFront::held_below`).

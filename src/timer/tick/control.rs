@@ -50,11 +50,10 @@ impl Ticker {
     }
 
     /// Finds where `timer` is, has `decide` act on it, and sends the answer.
-    /// (Also for a schedule's pause, in `occurrences.rs`.)
     /// A failed lookup (reading the cancel ledger) is this caller's answer
     /// and changes nothing, so the wheel goes on; a record that could not be
     /// written stops the wheel (`run` poisons the log).
-    pub(super) fn answer<T>(
+    fn answer<T>(
         &mut self,
         what: &'static str,
         timer: Timer,

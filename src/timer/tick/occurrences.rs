@@ -114,7 +114,10 @@ fn written(armed: &Armed, timer: Timer, now_ms: u64) -> Written {
             from_timer: timer.message_offset,
             from_deliver_at_ms: timer.deliver_at_ms,
             deliver_at_ms: next,
-            occurrence: Some(OccurrenceFields { fired: armed.fired + u64::from(deliver), delivers: deliver }),
+            occurrence: Some(OccurrenceFields {
+                fired: armed.fired.saturating_add(u64::from(deliver)),
+                delivers: deliver,
+            }),
         }),
         (None, true) => Written::Last(timer.message_offset),
         (None, false) => Written::Closed(timer),
@@ -133,12 +136,34 @@ impl Ticker {
         reply: Sender<Result<PauseOutcome>>,
     ) -> Result<()> {
         let _span = tracing::debug_span!("pause", offset = timer.message_offset, pause).entered();
-        self.answer("pause", timer, reply, |ticker, target| match target {
+        // What cannot be read is this caller's answer, and the wheel goes on;
+        // a record that could not be written stops it (as for a cancel).
+        let target = match self.wheel.locate_for_cancel(&timer) {
+            Ok(target) => target,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        let outcome = match target {
             CancelTarget::AlreadyDelivered => Ok(PauseOutcome::Over),
             CancelTarget::AlreadyCancelled => Ok(PauseOutcome::Cancelled),
             _ if (timer.deliver_at_ms == PAUSED_AT_MS) == pause => Ok(PauseOutcome::Unchanged),
-            target => ticker.record_and_apply_pause(timer, pause, target),
-        })
+            target => match self.read_schedule(timer) {
+                Err(e) => {
+                    let _ = reply.send(Err(e));
+                    return Ok(());
+                }
+                Ok(None) => Ok(PauseOutcome::NotFound),
+                Ok(Some(schedule)) => self.record_and_apply_pause(timer, pause, target, schedule),
+            },
+        };
+        let failed = outcome.is_err();
+        let _ = reply.send(outcome);
+        if failed {
+            return Err(Error::invalid("pause", "the wheel could not record a pause"));
+        }
+        Ok(())
     }
 
     fn record_and_apply_pause(
@@ -146,10 +171,8 @@ impl Ticker {
         timer: Timer,
         pause: bool,
         target: CancelTarget,
+        (schedule, fired, plan): (u64, u64, Plan),
     ) -> Result<PauseOutcome> {
-        let Some((schedule, fired, plan)) = self.read_schedule(timer)? else {
-            return Ok(PauseOutcome::NotFound);
-        };
         let now_ms = self.clock.now_ms();
         let next = if pause { Some(PAUSED_AT_MS) } else { plan.resume_at(now_ms, fired) };
         let Some(next) = next else {

@@ -599,6 +599,12 @@ impl Wheel {
         timer.deliver_at_ms / 1000 <= self.loaded_through
     }
 
+    /// The loaded second a timer indexed late is held in (see `insert_late`):
+    /// it is handed out before the wheel's tick second passes this one.
+    pub fn newest_loaded_second(&self) -> u64 {
+        self.loaded_through
+    }
+
     /// The first second that may still hold undelivered timers: a restart
     /// reloads every level-0 slot from here.
     pub fn tick_second(&self) -> u64 {

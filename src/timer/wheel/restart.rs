@@ -193,6 +193,10 @@ pub(crate) struct Restarted {
     pub delivery_scan_from: u64,
     /// The wheel was built afresh (and the replay starts at the oldest segment).
     pub fresh: bool,
+    /// Recurring schedules' timers restored from the relocation area: the
+    /// ticking thread learns those indexed into a second already loaded,
+    /// which no loading checks (see `timer/recurring.rs`).
+    pub restored_schedules: Vec<Timer>,
 }
 
 /// The wheel's recovery contract: opens the wheel resumed at the plan's
@@ -226,12 +230,13 @@ pub(crate) fn restart_wheel(plan: RestartPlan<'_>) -> Result<Restarted> {
         }
     };
     // A wheel built afresh knows nothing of relocated timers yet.
-    if fresh {
-        restore_relocated(&mut wheel, log, plan.last.map_or(0, |cp| cp.tick_second))?;
-    }
+    let restored_schedules = match fresh {
+        true => restore_relocated(&mut wheel, log, plan.last.map_or(0, |cp| cp.tick_second))?,
+        false => Vec::new(),
+    };
     wheel.record_recovered_cancels()?;
     wheel.set_replay_range(replay_from..log.write_end());
-    Ok(Restarted { wheel, replay_from, delivery_scan_from: scan_from, fresh })
+    Ok(Restarted { wheel, replay_from, delivery_scan_from: scan_from, fresh, restored_schedules })
 }
 
 /// Indexes, into a wheel built afresh, the relocated timers that may still
@@ -239,12 +244,14 @@ pub(crate) fn restart_wheel(plan: RestartPlan<'_>) -> Result<Restarted> {
 /// vouches every timer fired) and then their relocated cancels: the replay
 /// that follows starts at the oldest segment and cannot see them. Every
 /// relocated cancel goes to the cancel ledger, also of a timer that is past.
-fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Result<()> {
+/// Returns the recurring schedules' timers it indexed.
+fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Result<Vec<Timer>> {
     let area = log.relocated();
     let _span = tracing::info_span!("restore_relocated", copies = area.entries()).entered();
     let from_ms = tick_second.saturating_mul(1000);
     // What the cancels and reschedules settle, and their ledger entries.
     let mut settles = Vec::new();
+    let mut schedules = Vec::new();
     for i in 0..area.entries() {
         let entry = area.entry(i)?;
         let record = match log.read(entry.original_offset) {
@@ -262,7 +269,9 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
                 let Some(deliver_at_ms) = view.timer_deliver_at_ms() else { continue };
                 if deliver_at_ms >= from_ms {
                     // Not counted per segment: its segment is gone.
-                    wheel.insert(Timer { deliver_at_ms, message_offset: record.offset })?;
+                    let timer = Timer { deliver_at_ms, message_offset: record.offset };
+                    wheel.insert(timer)?;
+                    schedules.extend(view.schedule.then_some(timer));
                 }
             }
             RecordKind::Cancel => {
@@ -274,7 +283,9 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
             RecordKind::Reschedule => {
                 let r = RescheduleView::parse(&record.bytes).map_err(corrupt)?;
                 if r.deliver_at_ms >= from_ms {
-                    wheel.insert(Timer { deliver_at_ms: r.deliver_at_ms, message_offset: record.offset })?;
+                    let timer = Timer { deliver_at_ms: r.deliver_at_ms, message_offset: record.offset };
+                    wheel.insert(timer)?;
+                    schedules.extend(r.occurrence.is_some().then_some(timer));
                 }
                 let replaced = Timer { deliver_at_ms: r.from_deliver_at_ms, message_offset: r.from_timer };
                 settles.push((
@@ -293,7 +304,7 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
         }
         wheel.record_in_ledger(entry)?;
     }
-    Ok(())
+    Ok(schedules)
 }
 
 /// What a record settles: a delivery (of the timer of the record at an
