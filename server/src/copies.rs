@@ -118,6 +118,11 @@ impl Origin {
                 copy = copy.property(name, value);
             }
         }
+        if keep.keeps(crate::occurrences::SCHEDULE) {
+            for (name, value) in crate::occurrences::properties(message) {
+                copy = copy.property(name, value);
+            }
+        }
         copy = copy
             .property(property::TOPIC, self.topic.clone())
             .property(property::QUEUE, self.queue_id.to_string())

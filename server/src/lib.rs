@@ -18,6 +18,8 @@
 //!   topic, due when the duration ends; an ack cancels that timer, and
 //!   `ChangeInvisibleDuration` reschedules it. So an un-acked message comes
 //!   back once per expiry, across restarts too (see [`receive`]);
+//! - a recurring schedule's occurrence carries its schedule's handle, its
+//!   number and the next one's instant as user properties (`occurrences.rs`);
 //! - a PushConsumer's messages (received with `auto_renew`) have that timer
 //!   pushed out while the client's telemetry stream is open ([`renewal`]).
 
@@ -33,6 +35,7 @@ mod handles;
 mod http;
 mod metrics;
 mod names;
+mod occurrences;
 mod operators;
 mod produce;
 pub mod proto;

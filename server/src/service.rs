@@ -538,6 +538,9 @@ fn to_proto(received: &Received, receipt: String, invisible: Duration) -> Messag
             user_properties.insert(name.clone(), value.clone());
         }
     }
+    for (name, value) in crate::occurrences::properties(message) {
+        user_properties.insert(name.to_string(), value);
+    }
     let keys = get.get(property::KEYS).map(|k| k.split(' ').map(String::from).collect()).unwrap_or_default();
     let gzip = get.get(property::ENCODING) == Some(&"gzip");
     let message_group = get.get(property::MESSAGE_GROUP).copied();

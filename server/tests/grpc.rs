@@ -758,3 +758,47 @@ async fn a_long_poll_answers_before_its_calls_deadline() {
     assert_eq!(code(&status), Code::MessageNotFound, "a 'no message' answer, in the call's second");
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedules_occurrences_carry_its_handle_number_and_next_also_when_redelivered() {
+    use delaywheel::{Message as StoreMessage, Recurrence, Schedule};
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(store_config(dir.path()).with_queues_per_topic(2)).unwrap();
+    let start = (now_ms() / 1000 + 2) * 1000;
+    let every =
+        Schedule::new(StoreMessage::new("Reports", "tick"), Recurrence::every(Duration::from_secs(1)))
+            .start_at_ms(start)
+            .limit(2);
+    let schedule = store.schedule(every).unwrap().handle().to_string();
+    let mut server = start_on(store, ServeOptions::loopback(HandleKey::from_bytes([3; 32]))).await;
+    let client = &mut server.client;
+    heartbeat(client, "G").await;
+
+    let mut seen = Vec::new();
+    while seen.len() < 2 {
+        let (got, _) = receive(client, "G", "Reports", Duration::from_secs(1), Duration::from_secs(5)).await;
+        seen.extend(got);
+    }
+    let property = |m: &Message, name: &str| m.user_properties.get(name).cloned();
+    let delivered_at = |m: &Message| {
+        let t = m.system_properties.as_ref().unwrap().delivery_timestamp.clone().unwrap();
+        t.seconds as u64 * 1000 + t.nanos as u64 / 1_000_000
+    };
+    for (i, m) in seen.iter().enumerate() {
+        assert_eq!(property(m, "DW_SCHEDULE").as_deref(), Some(schedule.as_str()));
+        assert_eq!(property(m, "DW_OCCURRENCE"), Some((i + 1).to_string()));
+        assert_eq!(delivered_at(m), start + 1000 * i as u64, "the occurrence's instant");
+        assert!(!m.user_properties.contains_key("dw.schedule"), "the spec stays inside");
+    }
+    assert_eq!(property(&seen[0], "DW_NEXT_OCCURRENCE_MS"), Some((start + 1000).to_string()));
+    assert_eq!(property(&seen[1], "DW_NEXT_OCCURRENCE_MS"), None, "the last has no next");
+    assert_eq!(ack(client, "G", "Reports", &seen[0]).await, Code::Ok);
+
+    // The second was not acked: its redelivery, a retry copy, says the same.
+    let (again, _) = receive(client, "G", "Reports", Duration::from_secs(30), Duration::from_secs(10)).await;
+    assert_eq!(again.len(), 1);
+    assert_eq!(again[0].system_properties.as_ref().unwrap().delivery_attempt, Some(2));
+    assert_eq!(property(&again[0], "DW_OCCURRENCE").as_deref(), Some("2"));
+    assert_eq!(property(&again[0], "DW_SCHEDULE").as_deref(), Some(schedule.as_str()));
+    server.stop().await;
+}
