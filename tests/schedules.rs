@@ -366,6 +366,44 @@ fn the_live_store_lists_its_schedules_with_their_next_occurrence_count_and_pause
 }
 
 #[test]
+fn one_schedule_is_found_by_handle_or_key_and_previews_its_next_occurrences() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let limited = store.schedule(every(1_000, T0 + 1_000).limit(3)).unwrap().handle();
+    let other = Schedule::new(Message::new("S", "b").key("job-2"), Recurrence::every(Duration::from_secs(5)));
+    let other = store.schedule(other).unwrap().handle();
+    let plain = store.put(Message::new("S", "plain").key("job-1").deliver_at_ms(T0 + 500)).unwrap();
+    let plain = plain.handle().unwrap();
+
+    let found = store.schedule_of(limited).unwrap().expect("active");
+    assert_eq!((found.handle, found.deliver_at_ms, found.schedule.unwrap().fired), (limited, T0 + 1_000, 0));
+    assert_eq!(store.schedule_of(plain).unwrap(), None, "a plain timer is no schedule");
+    let by_key: Vec<_> = store.schedules_by_key("S", "job-1", 10).unwrap().iter().map(|t| t.handle).collect();
+    assert_eq!(by_key, [limited], "the plain timer with the same key is left out");
+    assert!(store.schedules_by_key("S", "job-3", 10).unwrap().is_empty());
+    assert_eq!(
+        store.next_occurrences(limited, 10).unwrap(),
+        [T0 + 1_000, T0 + 2_000, T0 + 3_000],
+        "its limit"
+    );
+    assert_eq!(store.next_occurrences(other, 2).unwrap(), [T0 + 5_000, T0 + 10_000]);
+
+    // After one occurrence: the preview starts at the next, the limit counts what was delivered.
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 1_000, 1).len(), 1);
+    assert_eq!(store.next_occurrences(limited, 10).unwrap(), [T0 + 2_000, T0 + 3_000]);
+    assert_eq!(store.schedule_of(limited).unwrap().unwrap().schedule.unwrap().fired, 1);
+    assert_eq!(store.pause_schedule(other).unwrap(), PauseOutcome::Paused);
+    assert!(store.schedule_of(other).unwrap().unwrap().schedule.unwrap().paused);
+    assert!(store.next_occurrences(other, 2).unwrap().is_empty(), "paused: nothing until resumed");
+    assert_eq!(store.cancel_schedule(limited).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(store.schedule_of(limited).unwrap(), None);
+    assert!(store.next_occurrences(limited, 10).unwrap().is_empty());
+    store.close().unwrap();
+}
+
+#[test]
 fn a_damaged_occurrence_entry_is_made_again_from_the_log() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);

@@ -13,6 +13,7 @@ mod spec;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
+use crate::format::record::MessageView;
 use crate::message::{MAX_DELIVER_AT_MS, Message};
 pub use recurrence::Recurrence;
 use recurrence::Rule;
@@ -268,6 +269,18 @@ impl Plan {
             }
         }
     }
+}
+
+/// The plan of the schedule whose record is `view`, from its spec property;
+/// the error says what does not read.
+pub(crate) fn plan_of(view: &MessageView<'_>) -> std::result::Result<Plan, String> {
+    let properties = view.properties().map_err(|e| e.to_string())?;
+    let (_, text) = properties
+        .iter()
+        .find(|(name, _)| name == SPEC_PROPERTY)
+        .ok_or_else(|| format!("a schedule record without its {SPEC_PROPERTY:?} property"))?;
+    let spec = Spec::decode(text).map_err(|why| format!("the schedule's spec: {why}"))?;
+    spec.plan().map_err(|e| format!("the schedule's spec: {e}"))
 }
 
 #[cfg(test)]

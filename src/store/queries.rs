@@ -60,7 +60,7 @@ impl Store {
     }
 
     /// Waits, up to the put timeout, until every record below `end` is indexed.
-    fn wait_indexed_to(&self, end: u64) -> Result<()> {
+    pub(super) fn wait_indexed_to(&self, end: u64) -> Result<()> {
         let started = std::time::Instant::now();
         let _ = self.wakes.dispatch.try_send(());
         while self.indexed_below() < end {

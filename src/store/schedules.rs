@@ -5,10 +5,11 @@
 use super::Store;
 use crate::config::{FlushMode, Scheduler};
 use crate::error::{Error, Result};
+use crate::format::record::MessageView;
 use crate::message::{CancelOutcome, Handle, PauseOutcome, Written};
 use crate::pending::PendingTimer;
 use crate::receipt::ScheduleReceipt;
-use crate::schedule::{PAUSED_AT_MS, SPEC_PROPERTY, Schedule};
+use crate::schedule::{PAUSED_AT_MS, SPEC_PROPERTY, Schedule, plan_of};
 use crate::sync::ReadWrite;
 use crate::timer::Timer;
 
@@ -121,6 +122,63 @@ impl Store {
         let timers = self.pending(0..PAUSED_AT_MS + 1, SCHEDULES_SCANNED)?;
         let wanted = |t: &PendingTimer| t.schedule.is_some() && topic.is_none_or(|topic| *t.topic == *topic);
         Ok(timers.into_iter().filter(wanted).take(limit).collect())
+    }
+
+    /// The active schedule `handle` names, as [`schedules`](Self::schedules)
+    /// lists it: its next occurrence (the timer's deliver time), the
+    /// occurrences delivered, whether it is paused. `None` if it names no
+    /// schedule, or one that is over or cancelled. Taken at one instant on
+    /// the ticking thread, after everything written before the call is indexed.
+    ///
+    /// Errors: those of [`pending`](Self::pending).
+    pub fn schedule_of(&self, handle: Handle) -> Result<Option<PendingTimer>> {
+        if self.timer_named(handle) != Some(true) {
+            return Ok(None);
+        }
+        self.wait_indexed_to(self.log.write_end())?;
+        let own = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
+        let entries = self.scheduler.pending_of(vec![own])?.into_iter().flatten().collect();
+        Ok(crate::pending::describe(&self.log, entries).pop())
+    }
+
+    /// The first `limit` active schedules whose template has `topic` and
+    /// `key`, by next occurrence: "is the daily report of desk 7 scheduled?"
+    /// Found by the key index, as [`pending_by_key`](Self::pending_by_key) finds timers.
+    ///
+    /// Errors: those of `pending_by_key`.
+    pub fn schedules_by_key(&self, topic: &str, key: &str, limit: usize) -> Result<Vec<PendingTimer>> {
+        let mut found = self.pending_by_key(topic, key, usize::MAX)?;
+        found.retain(|timer| timer.schedule.is_some());
+        found.truncate(limit);
+        Ok(found)
+    }
+
+    /// A preview: the next `n` occurrences (epoch ms) of the active schedule
+    /// `handle` names, from the one armed now, as its recurrence, end and
+    /// limit give them with the store open throughout. Empty if the handle
+    /// names no active schedule, or a paused one (resuming it picks the
+    /// first occurrence from then). [`Schedule::next_occurrences`] previews
+    /// a schedule before it is created.
+    ///
+    /// Errors: [`Error::Invalid`] naming `schedule` if its record's spec
+    /// does not read; else those of [`schedule_of`](Self::schedule_of).
+    pub fn next_occurrences(&self, handle: Handle, n: usize) -> Result<Vec<u64>> {
+        let Some(armed) = self.schedule_of(handle)? else { return Ok(Vec::new()) };
+        let Some(state) = armed.schedule.filter(|state| !state.paused) else { return Ok(Vec::new()) };
+        let (plan, _) = self.log.visit_checked(handle.offset, |_, _, bytes| {
+            MessageView::parse(bytes).map_err(|e| e.to_string()).and_then(|view| plan_of(&view))
+        })?;
+        let plan = plan.map_err(|why| Error::invalid("schedule", why))?;
+        let mut occurrences = Vec::with_capacity(n.min(1024));
+        let (mut next, mut fired) = (Some(armed.deliver_at_ms), state.fired);
+        while let Some(at) = next
+            && occurrences.len() < n
+        {
+            occurrences.push(at);
+            fired = fired.saturating_add(1);
+            next = plan.after(at, fired);
+        }
+        Ok(occurrences)
     }
 
     /// Cancels a recurring schedule: no occurrence after this one is

@@ -13,7 +13,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 
 use crate::format::record::MessageView;
-use crate::schedule::{Plan, SPEC_PROPERTY, Spec};
+use crate::schedule::{Plan, plan_of};
 use crate::timer::Timer;
 
 /// Plans kept before the cache starts over.
@@ -101,15 +101,4 @@ impl Recurring {
         self.armed.clear();
         self.plans.clear();
     }
-}
-
-/// The plan of the schedule whose record is `view`, from its spec property.
-pub(crate) fn plan_of(view: &MessageView<'_>) -> Result<Plan, String> {
-    let properties = view.properties().map_err(|e| e.to_string())?;
-    let (_, text) = properties
-        .iter()
-        .find(|(name, _)| name == SPEC_PROPERTY)
-        .ok_or_else(|| format!("a schedule record without its {SPEC_PROPERTY:?} property"))?;
-    let spec = Spec::decode(text).map_err(|why| format!("the schedule's spec: {why}"))?;
-    spec.plan().map_err(|e| format!("the schedule's spec: {e}"))
 }

@@ -13,11 +13,12 @@ use crate::format::record::{
     CANCEL_LEN, DELIVERY_LEN, OccurrenceFields, RescheduleView, encode_cancel, encode_delivery,
 };
 use crate::message::PauseOutcome;
+use crate::schedule::plan_of;
 use crate::schedule::{PAUSED_AT_MS, Plan};
 use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
-use crate::timer::recurring::{Armed, plan_of};
+use crate::timer::recurring::Armed;
 use crate::timer::state::cancels::{CancelState, CancelTarget};
 
 /// The record a fired schedule timer is written as.
