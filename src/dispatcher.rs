@@ -29,10 +29,11 @@ use crate::format::record::{
 };
 use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
+use crate::schedule::PAUSED_AT_MS;
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
-use crate::topic_counts::{CountBuffer, TopicCounts};
+use crate::topic_counts::{CountBuffer, ScheduleDelta, TopicCounts, message_of, pauses, settled_schedule};
 
 /// How many records the dispatcher looks ahead to touch the messages that
 /// deliveries name: enough for the loads to overlap, few enough that the
@@ -237,7 +238,8 @@ impl Dispatcher {
                         self.keys.add(offset, view.topic, view.key)?;
                     }
                     let queue = self.scheduler.index(offset, bytes.len(), &view)?;
-                    self.note_count(view.topic, 1);
+                    let schedules = ScheduleDelta { active: i64::from(view.schedule), paused: 0 };
+                    self.note_count(view.topic, 1, schedules);
                     return Ok(queue);
                 }
                 if !queue_entry::indexed_as_sent(view.topic, false) {
@@ -291,19 +293,20 @@ impl Dispatcher {
                     };
                     self.scheduler.index_rescheduled(offset, &view).map(|()| queue)
                 }
-                Ok(view) => self.scheduler.index_rescheduled(offset, &view).map(|()| None),
+                Ok(view) => {
+                    self.note_count("", 0, ScheduleDelta { active: 0, paused: pauses(&view) });
+                    self.scheduler.index_rescheduled(offset, &view).map(|()| None)
+                }
                 Err(kind) => self.quarantine(offset, self.log.corruption_at(offset, kind)),
             },
             // Cancels were applied by the ticker that wrote them; here they
-            // only settle their message's topic count.
+            // only settle their message's topic count (and its schedule's).
             RecordKind::Cancel => {
                 if let (Some(_), Ok(cancel)) = (&self.topics, CancelView::parse(bytes))
-                    && let Some((_, topic)) = crate::topic_counts::message_of(
-                        &mut self.originals.borrow_mut(),
-                        cancel.message_offset,
-                    )
+                    && let Some(named) = message_of(&mut self.originals.borrow_mut(), cancel.message_offset)
                 {
-                    self.note_count(&topic, -1);
+                    let schedules = settled_schedule(&named, cancel.deliver_at_ms == PAUSED_AT_MS);
+                    self.note_count(&named.topic, -1, schedules);
                 }
                 Ok(None)
             }
@@ -329,7 +332,12 @@ impl Dispatcher {
                     let view = self.message(at, record)?;
                     let queue = self.queues.get_or_create(view.topic, view.queue_id);
                     queue.append(&delivery_entry(&view, offset, &delivery))?;
-                    self.note_count(view.topic, -1);
+                    // A schedule's last occurrence ends it.
+                    self.note_count(
+                        view.topic,
+                        -1,
+                        ScheduleDelta { active: -i64::from(view.schedule), paused: 0 },
+                    );
                     Ok(Ok(queue))
                 }
                 RecordKind::Reschedule if named == delivery.message_offset => RescheduleView::parse(record)
@@ -409,7 +417,7 @@ impl Dispatcher {
             appended.is_none_or(|last| i > last).then_some(entry)
         });
         queue.append_all(entries)?;
-        self.note_count(view.topic, -kept);
+        self.note_count(view.topic, -kept, ScheduleDelta::default());
         Ok(queue)
     }
 
@@ -458,10 +466,11 @@ impl Dispatcher {
     }
 
     /// Notes what the record being indexed does to `topic`'s count (`sign`:
-    /// +1 for a timed message, -1 for a record that settles one).
-    fn note_count(&self, topic: &str, sign: i64) {
+    /// +1 for a timed message, -1 for a record that settles one) and to the
+    /// schedules counted.
+    fn note_count(&self, topic: &str, sign: i64, schedules: ScheduleDelta) {
         if let Some(topics) = &self.topics {
-            self.count.borrow_mut().note(topics, topic, sign);
+            self.count.borrow_mut().note(topics, topic, sign, schedules);
         }
     }
 

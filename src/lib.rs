@@ -92,3 +92,4 @@ pub use stats::{DiskUsage, HORIZON_LABELS, HORIZONS_MS, Lateness, RetentionStats
 pub use store::{DEFAULT_GROUP, SCHEDULES_SCANNED, Store};
 pub use ticket::PutTicket;
 pub use timer::levels::DelayLevels;
+pub use topic_counts::ScheduleCounts;

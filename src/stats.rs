@@ -1,5 +1,6 @@
 //! What `Store::stats` reports.
 
+use crate::topic_counts::ScheduleCounts;
 use std::sync::Arc;
 use std::sync::atomic::AtomicU64;
 
@@ -37,6 +38,11 @@ pub struct Stats {
     pub pending_by_topic: Vec<(String, u64)>,
     /// Pending timers of every other topic, summed.
     pub pending_other_topics: u64,
+    /// The recurring schedules with an occurrence still to come, and the
+    /// paused among them. Counted as [`pending_by_topic`](Self::pending_by_topic)
+    /// is (in log order, kept across restarts); `None` when those are empty
+    /// for want of counts.
+    pub schedules: Option<ScheduleCounts>,
     /// Timers delivered since the store was opened.
     pub delivered: u64,
     /// Of those, occurrences of recurring schedules.

@@ -411,6 +411,41 @@ fn a_relocated_schedule_overdue_at_a_rebuild_goes_on() {
     store.close().unwrap();
 }
 
+/// A paused schedule whose record and pause record retention relocated is
+/// counted, active and paused, also when the counts are made again from a
+/// log that no longer holds either record.
+#[test]
+fn a_relocated_paused_schedule_is_counted_after_a_recount() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let open = || Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(3600)))).unwrap();
+    let store = open();
+    let daily =
+        Schedule::new(Message::new("T", "daily").queue_id(0), Recurrence::every(Duration::from_millis(DAY)))
+            .start_at_ms(T0 + DAY);
+    let handle = store.schedule(daily).unwrap().handle();
+    assert_eq!(store.pause_schedule(handle).unwrap(), delaywheel::PauseOutcome::Paused);
+    for round in 0..3 {
+        fill(&store, round);
+    }
+    settle();
+    clock.set_ms(T0 + 2 * HOUR);
+    settle();
+    let stats = reclaim_until(&store, &clock, |s| s.retention.segments_deleted > 0);
+    assert!(stats.retention.segments_deleted > 0);
+    let relocated = relocation_index(dir.path());
+    assert!(relocated.len() >= 2, "the schedule's record and its pause: {relocated:?}");
+    let counted = |store: &Store| store.fresh_stats().unwrap().schedules.map(|s| (s.active, s.paused));
+    assert_eq!(counted(&store), Some((1, 1)));
+    store.close().unwrap();
+    std::fs::remove_file(dir.path().join("index/topic_pending")).unwrap();
+    let store = open();
+    assert_eq!(counted(&store), Some((1, 1)), "recounted with the relocated records");
+    assert_eq!(store.resume_schedule(handle).unwrap(), delaywheel::PauseOutcome::Resumed);
+    assert_eq!(counted(&store), Some((1, 0)));
+    store.close().unwrap();
+}
+
 #[test]
 fn a_timer_that_fires_late_after_downtime_stays_readable_for_the_retention_time() {
     let dir = tempfile::tempdir().unwrap();

@@ -403,6 +403,55 @@ fn one_schedule_is_found_by_handle_or_key_and_previews_its_next_occurrences() {
     store.close().unwrap();
 }
 
+/// The schedules counted by a fresh look at the store.
+fn counted(store: &Store) -> (u64, u64) {
+    let schedules = store.fresh_stats().unwrap().schedules.expect("counted");
+    (schedules.active, schedules.paused)
+}
+
+#[test]
+fn active_and_paused_schedules_are_counted_and_the_counts_survive_a_reopen_a_recount_and_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let twice = store.schedule(every(1_000, T0 + 1_000).limit(2)).unwrap().handle();
+    let cancelled = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let paused = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let resumed = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let paused_then_cancelled = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    store.put(Message::new("S", "plain").deliver_at_ms(T0 + 60_000)).unwrap();
+    assert_eq!(counted(&store), (5, 0));
+    for handle in [paused, resumed, paused_then_cancelled] {
+        assert_eq!(store.pause_schedule(handle).unwrap(), PauseOutcome::Paused);
+    }
+    assert_eq!(counted(&store), (5, 3));
+    assert_eq!(store.resume_schedule(resumed).unwrap(), PauseOutcome::Resumed);
+    assert_eq!(store.cancel_schedule(cancelled).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(store.cancel_schedule(paused_then_cancelled).unwrap(), CancelOutcome::Cancelled);
+    assert_eq!(counted(&store), (3, 1));
+    let mut consumer = store.consumer("S", 0).unwrap();
+    // `twice` and `resumed` fire at T0 + 1 s and + 2 s; `twice` ends with its second.
+    assert_eq!(until(&clock, &mut consumer, T0 + 1_000, 2).len(), 2);
+    assert_eq!(until(&clock, &mut consumer, T0 + 2_000, 2).len(), 2);
+    assert_eq!(store.schedule_of(twice).unwrap(), None, "over");
+    assert_eq!(counted(&store), (2, 1), "the resumed one and the paused one");
+    let image = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), image.path());
+    store.close().unwrap();
+
+    let reopen = |path: &std::path::Path| Store::open(small_config(path).with_clock(clock.clone())).unwrap();
+    let store = reopen(dir.path());
+    assert_eq!(counted(&store), (2, 1), "reopened");
+    store.close().unwrap();
+    std::fs::remove_file(dir.path().join("index/topic_pending")).unwrap();
+    let store = reopen(dir.path());
+    assert_eq!(counted(&store), (2, 1), "recounted from the log");
+    store.close().unwrap();
+    let store = reopen(image.path());
+    assert_eq!(counted(&store), (2, 1), "after a kill");
+    store.close().unwrap();
+}
+
 #[test]
 fn a_damaged_occurrence_entry_is_made_again_from_the_log() {
     let dir = tempfile::tempdir().unwrap();

@@ -89,6 +89,10 @@ impl Metrics {
             }
             counter!("delaywheel_deliveries_total").absolute(stats.delivered);
             counter!("delaywheel_schedule_occurrences_total").absolute(stats.occurrences_delivered);
+            if let Some(schedules) = stats.schedules {
+                gauge!("delaywheel_schedules_active").set(schedules.active as f64);
+                gauge!("delaywheel_schedules_paused").set(schedules.paused as f64);
+            }
             counter!("delaywheel_early_deliveries_total").absolute(stats.early);
             let lateness = &stats.lateness_ms;
             for (quantile, ms) in [

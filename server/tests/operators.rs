@@ -122,6 +122,7 @@ async fn schedules_lists_the_active_ones_and_names_a_bad_parameter() {
     let paused = store.schedule(every).unwrap().handle();
     assert_eq!(store.pause_schedule(paused).unwrap(), delaywheel::PauseOutcome::Paused);
     store.put(Message::new("orders", "plain").deliver_at_ms(later)).unwrap();
+    store.fresh_stats().unwrap();
     let server = serve(store, false).await;
 
     let (status, body) = http_get(server.http, "/schedules").await;
@@ -148,6 +149,8 @@ async fn schedules_lists_the_active_ones_and_names_a_bad_parameter() {
     assert_eq!(serde_json::from_str::<Value>(&body).unwrap()["more"], true);
     let (_, metrics) = http_get(server.http, "/metrics").await;
     assert!(metrics.contains("delaywheel_schedule_occurrences_total 0"), "{metrics}");
+    assert!(metrics.contains("delaywheel_schedules_active 2\n"), "{metrics}");
+    assert!(metrics.contains("delaywheel_schedules_paused 1\n"), "{metrics}");
     for (path, names) in [("/schedules?limit=0", "limit:"), ("/schedules?from=1", "from:")] {
         let (status, body) = http_get(server.http, path).await;
         assert!(status.contains("400") && body.contains(names), "{path}: {status} {body}");

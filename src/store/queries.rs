@@ -218,6 +218,7 @@ impl Store {
             pending_by_horizon: timers.pending_by_horizon,
             pending_by_topic,
             pending_other_topics,
+            schedules: self.topics.as_ref().and_then(|t| t.schedules()),
             delivered: timers.delivered,
             occurrences_delivered: timers.occurrences_delivered,
             early: timers.early,

@@ -114,7 +114,7 @@ fn check_topic_pending(path: &Path, facts: &LogFacts, checked: &mut Checked) -> 
         return Ok(());
     }
     let bytes = std::fs::read(path).map_err(|e| DumpError::io("read", path, e))?;
-    let Some((through, by_topic)) = topic_counts::decode(&bytes) else {
+    let Some(topic_counts::TopicPendingFile { through, by_topic, .. }) = topic_counts::decode(&bytes) else {
         return Err(DumpError::bad_reference(
             path,
             0,
