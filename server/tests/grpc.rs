@@ -781,7 +781,7 @@ async fn a_schedules_occurrences_carry_its_handle_number_and_next_also_when_rede
     }
     let property = |m: &Message, name: &str| m.user_properties.get(name).cloned();
     let delivered_at = |m: &Message| {
-        let t = m.system_properties.as_ref().unwrap().delivery_timestamp.clone().unwrap();
+        let t = m.system_properties.as_ref().unwrap().delivery_timestamp.unwrap();
         t.seconds as u64 * 1000 + t.nanos as u64 / 1_000_000
     };
     for (i, m) in seen.iter().enumerate() {
