@@ -35,6 +35,7 @@ pub(crate) fn router(shared: Arc<Shared>, bound: std::net::SocketAddr) -> Router
         .route("/pending/counts", get(operators::pending_counts))
         .route("/timers/{handle}/cancel", post(operators::cancel))
         .route("/timers/{handle}/reschedule", post(operators::reschedule))
+        .route("/schedules/{handle}/{action}", post(operators::change_schedule))
         .with_state(shared)
         .layer(axum::middleware::from_fn_with_state(hosts, same_site::guard))
 }
@@ -163,10 +164,20 @@ async fn pending(
     axum::Json(json!({ "timers": timers, "more": more })).into_response()
 }
 
-/// What `/schedules` asks for: a topic, if any, and a limit.
-fn schedules_asked(query: &HashMap<String, String>) -> Result<(Option<String>, usize), String> {
-    if let Some(unknown) = query.keys().find(|k| !["topic", "limit"].contains(&k.as_str())) {
-        return Err(format!("{unknown}: not a parameter (topic, limit)"));
+/// What `/schedules` asks for: a topic, if any, or a topic's key; and a limit.
+#[derive(Debug, PartialEq, Eq)]
+struct SchedulesAsked {
+    topic: Option<String>,
+    key: Option<String>,
+    limit: usize,
+}
+
+fn schedules_asked(query: &HashMap<String, String>) -> Result<SchedulesAsked, String> {
+    if let Some(unknown) = query.keys().find(|k| !["topic", "key", "limit"].contains(&k.as_str())) {
+        return Err(format!("{unknown}: not a parameter (topic, key, limit)"));
+    }
+    if query.contains_key("key") && !query.contains_key("topic") {
+        return Err("topic: missing (a search by key names topic and key)".into());
     }
     let limit = match query.get("limit") {
         None => DEFAULT_LIMIT,
@@ -176,20 +187,25 @@ fn schedules_asked(query: &HashMap<String, String>) -> Result<(Option<String>, u
             .filter(|limit| (1..=MAX_LIMIT).contains(limit))
             .ok_or_else(|| format!("limit: {text:?} is not from 1 to {MAX_LIMIT}"))?,
     };
-    Ok((query.get("topic").cloned(), limit))
+    Ok(SchedulesAsked { topic: query.get("topic").cloned(), key: query.get("key").cloned(), limit })
 }
 
-/// `GET /schedules[?topic=T&limit=N]`: the active recurring schedules, by
-/// next occurrence (paused ones last), as `Store::schedules` reads them.
+/// `GET /schedules[?topic=T[&key=K]&limit=N]`: the active recurring
+/// schedules, by next occurrence (paused ones last), as `Store::schedules`
+/// (or with a key, `Store::schedules_by_key`) reads them.
 async fn schedules(
     State(shared): State<Arc<Shared>>,
     Query(query): Query<HashMap<String, String>>,
 ) -> Response {
-    let (topic, limit) = match schedules_asked(&query) {
+    let SchedulesAsked { topic, key, limit } = match schedules_asked(&query) {
         Ok(asked) => asked,
         Err(message) => return error(StatusCode::BAD_REQUEST, message),
     };
-    let found = on_store(&shared, move |shared| shared.store.schedules(topic.as_deref(), limit + 1)).await;
+    let found = on_store(&shared, move |shared| match (topic, key) {
+        (Some(topic), Some(key)) => shared.store.schedules_by_key(&topic, &key, limit + 1),
+        (topic, _) => shared.store.schedules(topic.as_deref(), limit + 1),
+    })
+    .await;
     let mut listed = match found {
         Ok(Ok(listed)) => listed,
         Ok(Err(e @ delaywheel::Error::Invalid { .. })) => {

@@ -5,12 +5,14 @@
 //! - `GET /pending/counts?from=MS&step=MS&buckets=N`: pending timers per
 //!   interval, from the wheel's slot counts ([`delaywheel::Store::pending_counts`]);
 //! - `POST /timers/{handle}/cancel` and `POST /timers/{handle}/reschedule`
-//!   (body `{"deliver_at_ms": MS}`), which act only with
+//!   (body `{"deliver_at_ms": MS}`), and `POST /schedules/{handle}/pause`,
+//!   `/resume` and `/cancel` for recurring schedules, which act only with
 //!   [`ServeOptions::allow_cancel`](crate::ServeOptions::allow_cancel), since
 //!   the endpoint has no authentication.
 //!
 //! Bad input answers 400 naming the field, an unknown handle 404, a timer
-//! that already fired (or was cancelled) 409.
+//! that already fired (or was cancelled), or a schedule that is over or
+//! cancelled, 409.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -19,7 +21,9 @@ use axum::Json;
 use axum::extract::{Path, Query, State};
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use delaywheel::{CancelOutcome, Handle, MAX_COUNT_BOUNDS, MAX_DELIVER_AT_MS, RescheduleOutcome};
+use delaywheel::{
+    CancelOutcome, Handle, MAX_COUNT_BOUNDS, MAX_DELIVER_AT_MS, PauseOutcome, RescheduleOutcome,
+};
 use serde_json::{Value, json};
 
 use crate::http::{error, on_store};
@@ -75,6 +79,8 @@ pub(crate) async fn overview(State(shared): State<Arc<Shared>>) -> Response {
             "segments_deleted": retention.segments_deleted,
         },
         "lags": lags,
+        "schedules": stats.schedules.map(|s| json!({ "active": s.active, "paused": s.paused })),
+        "occurrences_delivered": stats.occurrences_delivered,
         "allow_cancel": shared.allow_cancel,
     }))
     .into_response()
@@ -152,7 +158,7 @@ pub(crate) async fn pending_counts(
 /// The handle in the path, or the answer that refuses the request.
 fn handle_to_change(shared: &Shared, text: &str) -> Result<Handle, (StatusCode, String)> {
     if !shared.allow_cancel {
-        let why = "cancel and reschedule are off: start the server with --allow-cancel";
+        let why = "cancel, reschedule, pause and resume are off: start the server with --allow-cancel";
         return Err((StatusCode::FORBIDDEN, why.into()));
     }
     text.parse::<Handle>().map_err(|e| (StatusCode::BAD_REQUEST, e.to_string()))
@@ -199,6 +205,62 @@ pub(crate) async fn reschedule(
         Ok(Err(e @ delaywheel::Error::Invalid { .. })) => error(StatusCode::BAD_REQUEST, e.to_string()),
         Ok(Err(e)) => error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
         Err(response) => response,
+    }
+}
+
+/// What `POST /schedules/{handle}/{action}` does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum ScheduleAction {
+    Pause,
+    Resume,
+    Cancel,
+}
+
+/// `POST /schedules/{handle}/{action}`: pauses, resumes or cancels a
+/// recurring schedule (with `--allow-cancel`). `unchanged` (already so) is
+/// 200, `over` and `cancelled` 409, `not_found` 404.
+pub(crate) async fn change_schedule(
+    State(shared): State<Arc<Shared>>,
+    Path((text, action)): Path<(String, String)>,
+) -> Response {
+    let action = match action.as_str() {
+        "pause" => ScheduleAction::Pause,
+        "resume" => ScheduleAction::Resume,
+        "cancel" => ScheduleAction::Cancel,
+        other => {
+            return error(StatusCode::NOT_FOUND, format!("{other}: not an action (pause, resume, cancel)"));
+        }
+    };
+    let handle = match handle_to_change(&shared, &text) {
+        Ok(handle) => handle,
+        Err((status, message)) => return error(status, message),
+    };
+    let done = on_store(&shared, move |shared| {
+        let store = &shared.store;
+        match action {
+            ScheduleAction::Pause => store.pause_schedule(handle),
+            ScheduleAction::Resume => store.resume_schedule(handle),
+            ScheduleAction::Cancel => store.cancel_schedule(handle).map(|outcome| match outcome {
+                CancelOutcome::Cancelled => PauseOutcome::Cancelled,
+                CancelOutcome::AlreadyDelivered => PauseOutcome::Over,
+                CancelOutcome::NotFound => PauseOutcome::NotFound,
+            }),
+        }
+    })
+    .await;
+    let answer = match done {
+        Ok(Ok(answer)) => answer,
+        Ok(Err(e)) => return error(StatusCode::SERVICE_UNAVAILABLE, e.to_string()),
+        Err(response) => return response,
+    };
+    match (action, answer) {
+        (ScheduleAction::Cancel, PauseOutcome::Cancelled) => outcome(StatusCode::OK, "cancelled", &text),
+        (_, PauseOutcome::Paused) => outcome(StatusCode::OK, "paused", &text),
+        (_, PauseOutcome::Resumed) => outcome(StatusCode::OK, "resumed", &text),
+        (_, PauseOutcome::Unchanged) => outcome(StatusCode::OK, "unchanged", &text),
+        (_, PauseOutcome::Over) => outcome(StatusCode::CONFLICT, "over", &text),
+        (_, PauseOutcome::Cancelled) => outcome(StatusCode::CONFLICT, "cancelled", &text),
+        (_, PauseOutcome::NotFound) => outcome(StatusCode::NOT_FOUND, "not_found", &text),
     }
 }
 

@@ -159,6 +159,50 @@ async fn schedules_lists_the_active_ones_and_names_a_bad_parameter() {
 }
 
 #[tokio::test]
+async fn schedules_are_found_by_key_paused_resumed_and_cancelled_over_http() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = Store::open(store_config(dir.path())).unwrap();
+    let later = now_ms() + 3_600_000;
+    let hourly = Schedule::new(Message::new("reports", "r").key("desk-7"), Recurrence::cron("@hourly"))
+        .start_at_ms(later);
+    let handle = store.schedule(hourly).unwrap().handle();
+    let other = Schedule::new(Message::new("reports", "o").key("desk-8"), Recurrence::cron("@daily"));
+    store.schedule(other).unwrap();
+    let server = serve(store, true).await;
+
+    let (_, body) = http_get(server.http, "/schedules?topic=reports&key=desk-7").await;
+    let listed = json(&body)["schedules"].as_array().unwrap().clone();
+    assert_eq!(listed.len(), 1, "{body}");
+    assert_eq!(listed[0]["handle"], handle.to_string());
+    let (status, body) = http_get(server.http, "/schedules?key=desk-7").await;
+    assert!(status.contains("400") && body.contains("topic:"), "{status}: {body}");
+
+    let post = |action: &str| format!("/schedules/{handle}/{action}");
+    for (action, answer, outcome) in [
+        ("pause", "200", "paused"),
+        ("pause", "200", "unchanged"),
+        ("resume", "200", "resumed"),
+        ("cancel", "200", "cancelled"),
+        ("pause", "409", "cancelled"),
+        ("cancel", "200", "cancelled"),
+    ] {
+        let (status, body) = http(server.http, "POST", &post(action), "").await;
+        assert!(status.contains(answer) && json(&body)["outcome"] == outcome, "{action}: {status}: {body}");
+    }
+    let (_, overview) = http_get(server.http, "/overview").await;
+    assert_eq!(json(&overview)["schedules"], serde_json::json!({ "active": 1, "paused": 0 }));
+    for (path, answer) in [
+        ("/schedules/1@2/pause".to_string(), "404"),
+        (format!("/schedules/{handle}/stop"), "404"),
+        ("/schedules/nonsense/pause".to_string(), "400"),
+    ] {
+        let (status, body) = http(server.http, "POST", &path, "").await;
+        assert!(status.contains(answer), "{path}: {status}: {body}");
+    }
+    server.stop().await;
+}
+
+#[tokio::test]
 async fn without_allow_cancel_the_mutating_endpoints_refuse() {
     let dir = tempfile::tempdir().unwrap();
     let store = Store::open(store_config(dir.path())).unwrap();
@@ -170,6 +214,10 @@ async fn without_allow_cancel_the_mutating_endpoints_refuse() {
     let (status, _) =
         http(server.http, "POST", &format!("/timers/{handle}/reschedule"), r#"{"deliver_at_ms": 1}"#).await;
     assert!(status.contains("403"), "{status}");
+    for action in ["pause", "resume", "cancel"] {
+        let (status, _) = http(server.http, "POST", &format!("/schedules/{handle}/{action}"), "").await;
+        assert!(status.contains("403"), "{action}: {status}");
+    }
     let (_, found) = http_get(server.http, "/pending").await;
     assert_eq!(json(&found)["timers"][0]["handle"], handle.to_string(), "still pending");
     server.stop().await;

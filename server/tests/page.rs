@@ -3,7 +3,8 @@
 //! holding a known set of timers. The chart must show exactly the timers put
 //! in the next five minutes, second by second; a search by key must list
 //! its timer, and its Cancel button (confirmed in the dialog) must cancel
-//! it: the library then finds it cancelled, and it never fires.
+//! it: the library then finds it cancelled, and it never fires. A recurring
+//! schedule is listed with its next occurrence, and its Pause button pauses it.
 //!
 //! Needs `chromium` and `chromedriver` (Debian's `chromium` and
 //! `chromium-driver`, installed by `tools/browser/install.sh`, which `.ci/run`
@@ -16,7 +17,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use delaywheel::{CancelOutcome, ManualClock, Message, Store};
+use delaywheel::{CancelOutcome, ManualClock, Message, Recurrence, Schedule, Store};
 use delaywheel_server::{HandleKey, ServeOptions, Server, store_config};
 use fantoccini::{Client, ClientBuilder, Locator};
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -116,6 +117,9 @@ async fn the_page_charts_the_wheel_and_cancels_a_timer_from_a_click() {
     for key in ["order-42", "order-7"] {
         store.put(Message::new(TOPIC, key).key(key).queue_id(0).deliver_at_ms(hours)).unwrap();
     }
+    let report = Schedule::new(Message::new("reports", "daily").key("desk-7"), Recurrence::cron("@daily"))
+        .start_at_ms(hours);
+    let report = store.schedule(report).unwrap().handle();
     let options =
         ServeOptions { allow_cancel: true, ..ServeOptions::loopback(HandleKey::from_bytes([9; 32])) };
     let server = Server::bind(store, options).await.unwrap();
@@ -165,6 +169,29 @@ async fn the_page_charts_the_wheel_and_cancels_a_timer_from_a_click() {
         v.as_str().is_some_and(|t| t.contains("cancelled"))
     })
     .await;
+
+    // The schedule is listed, and paused from its button.
+    let listed = "return document.querySelectorAll('#schedules button.pause').length";
+    wait_for(&client, listed, |v| v == 1).await;
+    let row = client.find(Locator::Css("#schedules tr:nth-child(2)")).await.unwrap().text().await.unwrap();
+    assert!(row.contains("desk-7") && row.contains("@daily (UTC)") && row.contains("active"), "{row}");
+    let next = (hours / 86_400_000 + 1) * 86_400_000;
+    let shown = client
+        .execute("return document.querySelector('#schedules tr:nth-child(2) td').textContent", vec![])
+        .await
+        .unwrap();
+    let shown_ms = client
+        .execute("return Date.parse(arguments[0].replace(' ', 'T') + 'Z')", vec![shown.clone()])
+        .await
+        .unwrap();
+    assert_eq!(shown_ms.as_u64(), Some(next), "the next occurrence: {shown}");
+    client.find(Locator::Css("#schedules button.pause")).await.unwrap().click().await.unwrap();
+    wait_for(&client, "return document.getElementById('schedules-note').textContent", |v| {
+        v.as_str().is_some_and(|t| t.contains("paused"))
+    })
+    .await;
+    wait_for(&client, "return document.querySelectorAll('#schedules button.resume').length", |v| v == 1)
+        .await;
     client.close().await.unwrap();
     drop(driver);
     stop.send(()).unwrap();
@@ -175,6 +202,8 @@ async fn the_page_charts_the_wheel_and_cancels_a_timer_from_a_click() {
     let store = Store::open(store_config(dir.path()).with_clock(clock.clone())).unwrap();
     assert_eq!(store.cancel(handle).unwrap(), CancelOutcome::Cancelled, "the page's cancel stands");
     assert!(store.pending_by_key(TOPIC, "order-42", 10).unwrap().is_empty());
+    let paused = store.schedule_of(report).unwrap().and_then(|s| s.schedule).map(|s| s.paused);
+    assert_eq!(paused, Some(true), "the page's pause stands");
     let mut consumer = store.consumer(TOPIC, 0).unwrap();
     let mut keys = Vec::new();
     let want = (SECONDS * PER_SECOND + 1) as usize;
