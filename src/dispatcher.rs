@@ -29,7 +29,7 @@ use crate::format::record::{
 };
 use crate::key_index::KeyIndex;
 use crate::message::validate_topic;
-use crate::schedule::PAUSED_AT_MS;
+use crate::schedule::{PAUSED_AT_MS, replaced_by};
 use crate::scheduler::SchedulerFront;
 use crate::stall::{RETRY, Stall};
 use crate::threads::StopFlag;
@@ -238,8 +238,17 @@ impl Dispatcher {
                         self.keys.add(offset, view.topic, view.key)?;
                     }
                     let queue = self.scheduler.index(offset, bytes.len(), &view)?;
-                    let schedules = ScheduleDelta { active: i64::from(view.schedule), paused: 0 };
-                    self.note_count(view.topic, 1, schedules);
+                    match replaced_by(&view) {
+                        // An update: the schedule it replaces (of the same topic) is settled.
+                        Some(replaced) => {
+                            let paused = -i64::from(replaced.deliver_at_ms == PAUSED_AT_MS);
+                            self.note_count(view.topic, 0, ScheduleDelta { active: 0, paused });
+                        }
+                        None => {
+                            let schedules = ScheduleDelta { active: i64::from(view.schedule), paused: 0 };
+                            self.note_count(view.topic, 1, schedules);
+                        }
+                    }
                     return Ok(queue);
                 }
                 if !queue_entry::indexed_as_sent(view.topic, false) {

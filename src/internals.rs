@@ -22,5 +22,7 @@ pub use crate::timer::ledger::LEDGER_ENTRIES_PER_FILE;
 /// How late a schedule's occurrence may come up before its missed-run policy
 /// decides (one slot): `wheel-dump audit` excuses only occurrences skipped later than this.
 pub use crate::schedule::MISSED_AFTER_MS;
+/// The timer an update's schedule record settles (by the store's own reading of its spec).
+pub use crate::schedule::replaced_by;
 /// A schedule record's spec (its `dw.schedule` property), as the store reads it.
-pub use crate::schedule::{PAUSED_AT_MS, SPEC_PROPERTY, Spec as ScheduleSpec};
+pub use crate::schedule::{PAUSED_AT_MS, Replaced, SPEC_PROPERTY, Spec as ScheduleSpec};

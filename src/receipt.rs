@@ -140,6 +140,21 @@ impl ScheduleReceipt {
     }
 }
 
+/// What [`Store::update_schedule`](crate::Store::update_schedule) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpdateOutcome {
+    /// Replaced: the old schedule delivers nothing more (its handle answers
+    /// as a cancelled schedule's), and this one, with a new handle, goes on
+    /// from the first occurrence of its recurrence from now.
+    Updated(ScheduleReceipt),
+    /// The schedule is over (its limit or its end): nothing was written.
+    Over,
+    /// The schedule was cancelled (or replaced before): nothing was written.
+    Cancelled,
+    /// No recurring schedule with this handle.
+    NotFound,
+}
+
 /// One occurrence of a recurring schedule, as a consumer reads it (see
 /// [`ConsumedMessage::occurrence`](crate::ConsumedMessage::occurrence)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -11,6 +11,8 @@ use crate::consume_queue::ConsumeQueue;
 use crate::error::Result;
 use crate::format::record::{MessageView, RescheduleView};
 use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
+use crate::receipt::UpdateOutcome;
+use crate::schedule::ScheduleUpdate;
 use crate::stats::TimerStats;
 use crate::timer::Timer;
 use crate::timer::wheel::window::PendingEntry;
@@ -43,6 +45,12 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// own timer is `timer` (the caller checked it is a schedule's). Only
     /// the wheel fires schedules.
     fn pause_schedule(&self, _timer: Timer, _pause: bool) -> Result<PauseOutcome> {
+        Err(crate::error::Error::invalid("scheduler", "recurring schedules need the wheel scheduler"))
+    }
+
+    /// Replaces the recurring schedule whose record's own timer is `timer`
+    /// (the caller checked it is a schedule's) by `update`, by one record.
+    fn update_schedule(&self, _timer: Timer, _update: ScheduleUpdate) -> Result<UpdateOutcome> {
         Err(crate::error::Error::invalid("scheduler", "recurring schedules need the wheel scheduler"))
     }
 

@@ -29,7 +29,7 @@ use crate::format::record::{
     CancelView, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView,
 };
 use crate::format::topic_counts::{TopicPendingFile, decode, encode};
-use crate::schedule::PAUSED_AT_MS;
+use crate::schedule::{PAUSED_AT_MS, Replaced, replaced_by};
 use crate::scheduler::SchedulerFront;
 use crate::sync::Locked;
 use crate::timer::Timer;
@@ -94,10 +94,12 @@ impl ScheduleCounts {
 
 /// What one record does to the counts.
 enum Effect {
-    /// A timed message of this topic (a schedule's record if `schedule`).
+    /// A timed message of this topic (a schedule's record if `schedule`;
+    /// an update's if it `replaces` a schedule's armed timer, which it settles).
     Timed {
         topic: String,
         schedule: bool,
+        replaces: Option<Replaced>,
     },
     /// Settles the timer named by the record at this offset (a paused
     /// schedule's if `paused`).
@@ -327,9 +329,11 @@ fn settle(by_topic: &mut HashMap<String, u64>, topic: &str) {
 fn effect(kind: RecordKind, bytes: &[u8]) -> Effect {
     match kind {
         RecordKind::Message => match MessageView::parse(bytes) {
-            Ok(view) if view.timer_deliver_at_ms().is_some() => {
-                Effect::Timed { topic: view.topic.to_string(), schedule: view.schedule }
-            }
+            Ok(view) if view.timer_deliver_at_ms().is_some() => Effect::Timed {
+                topic: view.topic.to_string(),
+                schedule: view.schedule,
+                replaces: replaced_by(&view),
+            },
             _ => Effect::None,
         },
         RecordKind::Delivery => DeliveryView::parse(bytes)
@@ -436,8 +440,14 @@ fn bring_to(log: &Arc<CommitLog>, to: u64, counted: Counted) -> Result<Counted> 
     while at < end {
         let (effect, next) = log.visit_trusted(at, |_, kind, bytes| effect(kind, bytes))?;
         match effect {
-            Effect::Timed { topic, schedule } => {
-                apply(Some(topic), 1, ScheduleDelta { active: i64::from(schedule), paused: 0 })?
+            Effect::Timed { topic, schedule, replaces } => {
+                apply(Some(topic), 1, ScheduleDelta { active: i64::from(schedule), paused: 0 })?;
+                if let Some(r) = replaces
+                    && let Some(message) = message_of(&mut named, r.timer_offset)
+                {
+                    let delta = settled_schedule(&message, r.deliver_at_ms == PAUSED_AT_MS);
+                    apply(Some(message.topic), -1, delta)?;
+                }
             }
             Effect::Settles { timer, paused } => {
                 if let Some(message) = message_of(&mut named, timer) {
@@ -530,9 +540,14 @@ fn recount(log: &Arc<CommitLog>, scheduler: &dyn SchedulerFront, replay_from: u6
             }
         };
         match effect {
-            Effect::Timed { topic, schedule } if counted => {
-                *by_topic.entry(topic).or_default() += 1;
-                schedules.add(ScheduleDelta { active: i64::from(schedule), paused: 0 });
+            Effect::Timed { topic, schedule, replaces } => {
+                if let Some(r) = replaces {
+                    settles(r.timer_offset, r.deliver_at_ms == PAUSED_AT_MS);
+                }
+                if counted {
+                    *by_topic.entry(topic).or_default() += 1;
+                    schedules.add(ScheduleDelta { active: i64::from(schedule), paused: 0 });
+                }
             }
             Effect::Settles { timer, paused } => settles(timer, paused),
             Effect::SettlesAll(timers) => timers.into_iter().for_each(|timer| settles(timer, false)),

@@ -1,12 +1,15 @@
 //! Crash test of recurring schedules with real processes: a child creates
 //! schedules under load (every 50-150 ms, 4-12 occurrences, starting up to
 //! 200 ms ahead, catching up every missed occurrence), cancels one in eight
-//! once created, and is killed with SIGKILL at a random moment; the store is
-//! then reopened and drained. Every occurrence of every acknowledged
-//! schedule is delivered exactly once, at its own instant, never early,
-//! numbered, naming the next; a cancelled one delivers a prefix of its
-//! occurrences; one whose creation raced the kill all of them or none; and
-//! nothing is left pending in the topic's count.
+//! once created, replaces another one in eight by an update some
+//! milliseconds later, and is killed with SIGKILL at a random moment; the
+//! store is then reopened and drained. Every occurrence of every
+//! acknowledged schedule is delivered exactly once, at its own instant,
+//! never early, numbered, naming the next; a cancelled or replaced one
+//! delivers a prefix of its occurrences, and a replaced one all of them
+//! unless its update's schedule delivered (never both cut short, never
+//! neither); one whose creation or update raced the kill all of them or
+//! none; and nothing is left pending in the topic's count.
 //!
 //! `cargo test --test crash_schedules` runs 6 kills; `DELAYWHEEL_CRASH_KILLS`
 //! runs more, `DELAYWHEEL_CRASH_SEED=n` repeats a run.
@@ -20,11 +23,27 @@ use std::time::{Duration, Instant};
 
 use common::kill::{fresh_stats, kill_child_reading, kills_and_seed};
 use delaywheel::{
-    CancelOutcome, Clock, Config, Message, MissedRuns, Recurrence, Schedule, Store, SystemClock,
+    CancelOutcome, Clock, Config, Handle, Message, MissedRuns, Recurrence, Schedule, Store, SystemClock,
+    UpdateOutcome,
 };
 
 const TOPIC: &str = "Recurring";
 const CHILD_ENV: &str = "DELAYWHEEL_CRASH_SCHEDULES_CHILD";
+/// Added to a schedule's id for the schedule its update makes.
+const UPDATED: u64 = 1 << 40;
+
+/// One in eight schedules is cancelled once created.
+fn cancelled(id: u64) -> bool {
+    id % 8 == 3
+}
+
+/// Replaced schedules waiting for their update, at most.
+const REPLACED_AFTER: usize = 128;
+
+/// One in eight is replaced by an update (`id + UPDATED`) about a thousand schedules later.
+fn replaced(id: u64) -> bool {
+    id < UPDATED && id % 8 == 5
+}
 
 fn config(dir: &Path) -> Config {
     Config::new(dir)
@@ -64,33 +83,56 @@ impl Asked {
     }
 }
 
+/// A schedule of `asked`, its body `id`.
+fn schedule_of(id: u64, asked: &Asked) -> Schedule {
+    Schedule::new(
+        Message::new(TOPIC, id.to_le_bytes().to_vec()),
+        Recurrence::every(Duration::from_millis(asked.period)),
+    )
+    .start_at_ms(asked.start)
+    .limit(asked.limit)
+    .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(3_600) })
+}
+
 /// The child: creates schedules forever; prints `s <id> <start> <period>
 /// <limit>` before each, `<id> <first occurrence>` once acknowledged, and
-/// `c <id>` once a cancel of it (one in eight) is answered `Cancelled`.
+/// `c <id>` once a cancel of it (one in eight) is answered `Cancelled`. An
+/// update is announced and acknowledged as a creation of `id + UPDATED`.
 fn child(dir: &str) -> ! {
     let store = Store::open(config(Path::new(dir))).expect("child opens the store");
     let mut rng = fastrand::Rng::new();
     let mut out = std::io::stdout().lock();
+    // Replaced about a thousand schedules later (a few hundred ms): often mid-series.
+    let mut to_replace: std::collections::VecDeque<(u64, Handle)> = std::collections::VecDeque::new();
+    let ask = |rng: &mut fastrand::Rng| Asked {
+        start: SystemClock.now_ms() + rng.u64(0..200),
+        period: rng.u64(50..150),
+        limit: rng.u64(4..13),
+        first: None,
+    };
     for id in 0u64.. {
-        let asked = Asked {
-            start: SystemClock.now_ms() + rng.u64(0..200),
-            period: rng.u64(50..150),
-            limit: rng.u64(4..13),
-            first: None,
-        };
+        let asked = ask(&mut rng);
         writeln!(out, "s {id} {} {} {}", asked.start, asked.period, asked.limit).expect("stdout");
-        let schedule = Schedule::new(
-            Message::new(TOPIC, id.to_le_bytes().to_vec()),
-            Recurrence::every(Duration::from_millis(asked.period)),
-        )
-        .start_at_ms(asked.start)
-        .limit(asked.limit)
-        .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(3_600) });
-        let receipt = store.schedule(schedule).expect("schedule");
+        let receipt = store.schedule(schedule_of(id, &asked)).expect("schedule");
         writeln!(out, "{id} {}", receipt.first_occurrence_ms()).expect("stdout");
         let handle = receipt.handle();
-        if id % 8 == 3 && store.cancel_schedule(handle).expect("cancel") == CancelOutcome::Cancelled {
+        if cancelled(id) && store.cancel_schedule(handle).expect("cancel") == CancelOutcome::Cancelled {
             writeln!(out, "c {id}").expect("stdout");
+        }
+        if replaced(id) {
+            to_replace.push_back((id, handle));
+            if to_replace.len() > REPLACED_AFTER
+                && let Some((old, old_handle)) = to_replace.pop_front()
+            {
+                let asked = ask(&mut rng);
+                let new = old + UPDATED;
+                writeln!(out, "s {new} {} {} {}", asked.start, asked.period, asked.limit).expect("stdout");
+                if let UpdateOutcome::Updated(receipt) =
+                    store.update_schedule(old_handle, schedule_of(new, &asked)).expect("update")
+                {
+                    writeln!(out, "{new} {}", receipt.first_occurrence_ms()).expect("stdout");
+                }
+            }
         }
         if id.is_multiple_of(16) {
             out.flush().expect("stdout");
@@ -162,7 +204,7 @@ fn audit(store: &Store, acks: &Acks) -> Audit {
     let complete = |seen: &HashMap<u64, Vec<u64>>| {
         acks.acked
             .iter()
-            .filter(|id| id.rem_euclid(8) != 3)
+            .filter(|&&id| !cancelled(id) && !replaced(id))
             .all(|id| seen.get(id).is_some_and(|numbers| numbers.len() as u64 >= acks.asked[id].limit))
     };
     let deadline = Instant::now() + Duration::from_secs(30);
@@ -202,13 +244,38 @@ fn audit(store: &Store, acks: &Acks) -> Audit {
         audit.duplicated += delivered - numbers.len();
         let prefix = numbers.iter().copied().eq(1..=numbers.len() as u64);
         let whole = numbers.len() as u64 == acks.asked[id].limit;
-        // Asked to cancel (the answer may have died with the child): any prefix.
-        let cancellable = id % 8 == 3;
-        if !prefix || (!cancellable && !acks.acked.contains(id) && !whole) {
+        // Asked to cancel, or replaced (the answer may have died with the child): any prefix.
+        let cut = cancelled(*id) || replaced(*id);
+        if !prefix || (!cut && !acks.acked.contains(id) && !whole) {
             audit.broken_series += 1;
         }
     }
-    for id in acks.acked.iter().filter(|id| *id % 8 != 3) {
+    // A replaced schedule ends early only if its update's schedule delivers,
+    // and then none of its occurrences after the update (asked for just
+    // before the new schedule's start: 100 ms of margin) was delivered.
+    for &id in acks.acked.iter().filter(|&&id| replaced(id)) {
+        let numbers = seen.get(&id).cloned().unwrap_or_default();
+        let successor = seen.get(&(id + UPDATED)).is_some_and(|numbers| !numbers.is_empty());
+        if (numbers.len() as u64) < acks.asked[&id].limit
+            && !successor
+            && !acks.acked.contains(&(id + UPDATED))
+        {
+            println!("schedule {id} delivered {} and its update nothing", numbers.len());
+            audit.broken_series += 1;
+        }
+        let (old, new) = (acks.asked[&id], acks.asked.get(&(id + UPDATED)));
+        let last_due = numbers.last().and_then(|&n| old.first.map(|first| old.at(first, n)));
+        if let (true, Some(new), Some(due)) = (successor, new, last_due)
+            && due > new.start + 100
+        {
+            println!(
+                "schedule {id} delivered an occurrence due {due}, after its update (start {})",
+                new.start
+            );
+            audit.broken_series += 1;
+        }
+    }
+    for id in acks.acked.iter().filter(|&&id| !cancelled(id) && !replaced(id)) {
         let delivered = seen.get(id).map_or(0, Vec::len) as u64;
         audit.lost += acks.asked[id].limit.saturating_sub(delivered) as usize;
     }
@@ -235,8 +302,9 @@ fn main() {
         let drained = stats.pending_by_topic.is_empty() && stats.pending == 0;
         let ok = audit.ok() && drained && audit.acked > 0;
         println!(
-            "kill {kill} after {kill_after:?}: {audit:?}, {} cancels answered, pending by topic after: {:?} {}",
+            "kill {kill} after {kill_after:?}: {audit:?}, {} cancels answered, {} updates answered, pending by topic after: {:?} {}",
             acks.cancelled.len(),
+            acks.acked.iter().filter(|&&id| id >= UPDATED).count(),
             stats.pending_by_topic,
             if ok { "ok" } else { "FAILED" }
         );

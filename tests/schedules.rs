@@ -9,7 +9,7 @@ use std::time::Duration;
 use common::*;
 use delaywheel::{
     CancelOutcome, Config, ConsumedMessage, Consumer, Error, ManualClock, Message, MissedRuns, Occurrence,
-    PauseOutcome, Recurrence, Schedule, Scheduler, Store,
+    PauseOutcome, Recurrence, Schedule, Scheduler, Store, UpdateOutcome,
 };
 
 /// Every `period_ms` from `start`, `limit` occurrences at most.
@@ -449,6 +449,89 @@ fn active_and_paused_schedules_are_counted_and_the_counts_survive_a_reopen_a_rec
     store.close().unwrap();
     let store = reopen(image.path());
     assert_eq!(counted(&store), (2, 1), "after a kill");
+    store.close().unwrap();
+}
+
+#[test]
+fn an_update_replaces_a_schedule_at_once_and_its_successor_goes_on_also_after_a_reopen_and_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let old = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 1_000, 1).len(), 1);
+    assert_eq!(until(&clock, &mut consumer, T0 + 2_000, 1).len(), 1);
+
+    // Every 5 s from T0 + 5 s, with a new body and key.
+    clock.set_ms(T0 + 2_500);
+    let new = Schedule::new(
+        Message::new("S", "tock").queue_id(0).key("job-1b"),
+        Recurrence::every(Duration::from_millis(5_000)),
+    )
+    .start_at_ms(T0);
+    let UpdateOutcome::Updated(receipt) = store.update_schedule(old, new.clone()).unwrap() else {
+        panic!("an active schedule is updated")
+    };
+    let new_handle = receipt.handle();
+    assert_eq!(new_handle.deliver_at_ms, T0 + 5_000, "the first of the new recurrence from now");
+    assert_eq!(store.schedule_of(old).unwrap(), None);
+    assert_eq!(store.cancel_schedule(old).unwrap(), CancelOutcome::Cancelled, "the old handle is settled");
+    assert_eq!(store.update_schedule(old, new.clone()).unwrap(), UpdateOutcome::Cancelled);
+    assert_eq!(store.fresh_stats().unwrap().schedules.map(|s| s.active), Some(1));
+    assert_eq!(store.schedules_by_key("S", "job-1b", 10).unwrap().len(), 1);
+
+    // Nothing of the old at T0 + 3 s or 4 s; the new at 5 s, numbered from 1, with the new body.
+    assert!(until(&clock, &mut consumer, T0 + 4_000, 0).is_empty(), "the old schedule is over");
+    let got = {
+        clock.set_ms(T0 + 5_000);
+        drain(&mut consumer, 1)
+    };
+    assert_eq!(got.len(), 1);
+    assert_eq!(&got[0].body()[..], b"tock");
+    let o = got[0].occurrence().unwrap();
+    assert_eq!((o.schedule, o.number, o.next_at_ms), (new_handle, 1, Some(T0 + 10_000)));
+
+    let image = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), image.path());
+    store.close().unwrap();
+    for (name, path) in [("reopened", dir.path()), ("killed", image.path())] {
+        let store = Store::open(small_config(path).with_clock(clock.clone())).unwrap();
+        assert_eq!(store.schedule_of(old).unwrap(), None, "{name}");
+        assert_eq!(store.fresh_stats().unwrap().schedules.map(|s| s.active), Some(1), "{name}");
+        let mut consumer = store.consumer("S", 0).unwrap();
+        let replayed = std::time::Instant::now() + Duration::from_secs(5);
+        while consumer.queue_len() < 3 && std::time::Instant::now() < replayed {
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        consumer.seek(3);
+        let got = until(&clock, &mut consumer, T0 + 10_000, 1);
+        assert_eq!(
+            got.iter().map(|(at, o)| (*at, o.schedule, o.number)).collect::<Vec<_>>(),
+            [(T0 + 10_000, new_handle, 2)],
+            "{name}"
+        );
+        store.close().unwrap();
+        clock.set_ms(T0 + 5_000);
+    }
+}
+
+#[test]
+fn an_update_is_refused_for_another_topic_and_answers_for_what_is_no_schedule() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let old = store.schedule(every(1_000, T0 + 1_000).limit(1)).unwrap().handle();
+    let elsewhere = Schedule::new(Message::new("T", "x"), Recurrence::every(Duration::from_secs(1)));
+    let refused = store.update_schedule(old, elsewhere).unwrap_err();
+    assert!(matches!(refused, Error::Invalid { what: "template", .. }), "{refused}");
+    let bad = Schedule::new(Message::new("S", "x"), Recurrence::cron("61 * * * * *"));
+    assert!(matches!(store.update_schedule(old, bad), Err(Error::Invalid { what: "cron", .. })));
+    let plain = store.put(Message::new("S", "plain").deliver_at_ms(T0 + 9_000)).unwrap().handle().unwrap();
+    assert_eq!(store.update_schedule(plain, every(1_000, T0)).unwrap(), UpdateOutcome::NotFound);
+    let mut consumer = store.consumer("S", 0).unwrap();
+    assert_eq!(until(&clock, &mut consumer, T0 + 1_000, 1).len(), 1, "its one occurrence");
+    assert_eq!(store.update_schedule(old, every(1_000, T0)).unwrap(), UpdateOutcome::Over);
+    assert_eq!(store.fresh_stats().unwrap().schedules.map(|s| s.active), Some(0), "nothing was written");
     store.close().unwrap();
 }
 

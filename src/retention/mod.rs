@@ -32,6 +32,7 @@ use crate::format::record::{
     CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, RescheduleView, record_time_ms,
 };
 use crate::key_index::KeyIndex;
+use crate::schedule::replaced_by;
 use crate::stats::RetentionCounters;
 use crate::sync::Locked;
 use crate::threads::StopFlag;
@@ -242,11 +243,14 @@ impl Retainer {
             let (copied, next) = self.log.walk_checked(at, |offset, kind, bytes| {
                 let corrupt = |kind| self.log.corruption_at(offset, kind);
                 let pending_at = match kind {
-                    RecordKind::Message => MessageView::parse(bytes)
-                        .map_err(corrupt)?
-                        .timer_deliver_at_ms()
-                        .map(|own| self.needed_until_ms(offset, own))
-                        .filter(|&at| at >= pending_from_ms),
+                    RecordKind::Message => {
+                        let view = MessageView::parse(bytes).map_err(corrupt)?;
+                        // An update is also the cancel of the timer it replaced.
+                        let settles = replaced_by(&view).map_or(0, |r| r.deliver_at_ms);
+                        view.timer_deliver_at_ms()
+                            .map(|own| self.needed_until_ms(offset, own).max(settles))
+                            .filter(|&at| at >= pending_from_ms)
+                    }
                     // A rescheduled timer's record (its message is pinned).
                     RecordKind::Reschedule => {
                         Some(RescheduleView::parse(bytes).map_err(corrupt)?.deliver_at_ms)

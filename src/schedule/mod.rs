@@ -17,7 +17,7 @@ use crate::format::record::MessageView;
 use crate::message::{MAX_DELIVER_AT_MS, Message};
 pub use recurrence::Recurrence;
 use recurrence::Rule;
-pub use spec::{SPEC_PROPERTY, Spec};
+pub use spec::{Replaced, SPEC_PROPERTY, Spec};
 
 /// How late an occurrence may come up before it counts as missed: one
 /// slot of the wheel. An occurrence fired later than this (the store was
@@ -143,6 +143,7 @@ impl Schedule {
             end_ms: self.end_at_ms,
             limit: self.limit,
             missed: self.missed,
+            replaces: None,
         })
     }
 
@@ -269,6 +270,43 @@ impl Plan {
             }
         }
     }
+}
+
+/// An update the caller checked, for the ticking thread to write once it
+/// knows which timer of the old schedule is armed (the record names it).
+#[derive(Debug)]
+pub(crate) struct ScheduleUpdate {
+    /// The new template (no deliver time, no spec property).
+    pub template: Message,
+    /// The new spec, less what it replaces.
+    pub spec: Spec,
+    /// The new schedule's first occurrence.
+    pub first_ms: u64,
+    /// The queue of its topic.
+    pub queue_id: u32,
+}
+
+impl ScheduleUpdate {
+    /// The new schedule's record as a message: the template with the spec
+    /// naming `replaced`, due at its first occurrence.
+    pub fn record(&self, replaced: Replaced) -> Result<Message> {
+        let spec = Spec { replaces: Some(replaced), ..self.spec.clone() };
+        let mut message =
+            self.template.clone().property(SPEC_PROPERTY, spec.encode()?).deliver_at_ms(self.first_ms);
+        message.schedule = true;
+        Ok(message)
+    }
+}
+
+/// The timer the schedule record `view` settles, if it is an update's
+/// (a spec that does not read settles nothing: the ticker quarantines it).
+pub fn replaced_by(view: &MessageView<'_>) -> Option<Replaced> {
+    if !view.schedule {
+        return None;
+    }
+    let properties = view.properties().ok()?;
+    let (_, text) = properties.iter().find(|(name, _)| name == SPEC_PROPERTY)?;
+    Spec::decode(text).ok()?.replaces
 }
 
 /// The plan of the schedule whose record is `view`, from its spec property;

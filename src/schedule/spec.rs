@@ -10,6 +10,7 @@
 //! end_at_ms=…                 (optional)
 //! limit=…                     (optional)
 //! missed=fire_once            (or skip, or fire_all:<window ms>)
+//! replaces=8192@1796515200000 (an update: the timer of the schedule it replaces)
 //! ```
 //!
 //! Text, so `wheel-dump` and an operator read it as it is; the start is
@@ -40,6 +41,20 @@ pub struct Spec {
     pub limit: Option<u64>,
     /// What becomes of missed occurrences.
     pub missed: MissedRuns,
+    /// For an update ([`Store::update_schedule`](crate::Store::update_schedule)):
+    /// the armed timer of the schedule it replaces, which its record settles.
+    pub replaces: Option<Replaced>,
+}
+
+/// The timer an update's record settles: the replaced schedule's armed
+/// one, named by its record (the schedule's or its latest occurrence's)
+/// and its deliver time.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Replaced {
+    /// The offset of the record the timer is named by.
+    pub timer_offset: u64,
+    /// When it was due (the paused instant if the schedule was paused).
+    pub deliver_at_ms: u64,
 }
 
 impl Spec {
@@ -92,6 +107,9 @@ impl Spec {
             MissedRuns::Skip => "missed=skip".to_string(),
             MissedRuns::FireAll { window } => format!("missed=fire_all:{}", window.as_millis()),
         };
+        if let Some(replaced) = self.replaces {
+            out += &format!("\nreplaces={}@{}", replaced.timer_offset, replaced.deliver_at_ms);
+        }
         Ok(out)
     }
 
@@ -138,10 +156,21 @@ impl Spec {
             }
             None => return Err("no missed".into()),
         };
+        let replaces = match fields.remove("replaces") {
+            None => None,
+            Some(text) => {
+                let named = text
+                    .split_once('@')
+                    .and_then(|(offset, at)| Some((offset.parse().ok()?, at.parse().ok()?)));
+                let (timer_offset, deliver_at_ms) =
+                    named.ok_or_else(|| format!("replaces={text:?} is not offset@deliver_at_ms"))?;
+                Some(Replaced { timer_offset, deliver_at_ms })
+            }
+        };
         if let Some(key) = fields.keys().next() {
             return Err(format!("unknown field {key}"));
         }
-        Ok(Self { recurrence, start_ms, end_ms, limit, missed })
+        Ok(Self { recurrence, start_ms, end_ms, limit, missed, replaces })
     }
 }
 
@@ -158,6 +187,7 @@ mod tests {
                 end_ms: Some(1_900_000_000_000),
                 limit: Some(12),
                 missed: MissedRuns::FireAll { window: Duration::from_secs(60) },
+                replaces: Some(Replaced { timer_offset: 8_192, deliver_at_ms: 1_796_515_200_000 }),
             },
             Spec {
                 recurrence: Recurrence::Every { period_ms: 10_000 },
@@ -165,6 +195,7 @@ mod tests {
                 end_ms: None,
                 limit: None,
                 missed: MissedRuns::Skip,
+                replaces: None,
             },
         ];
         for spec in specs {
@@ -187,6 +218,7 @@ mod tests {
             ("v=1\nevery_ms=1\nstart_at_ms=1\nmissed=skip\nextra=1", "unknown field extra"),
             ("v=1\nevery_ms=1\nevery_ms=2", "twice"),
             ("v=1\nnonsense", "not key=value"),
+            ("v=1\nevery_ms=1\nstart_at_ms=1\nmissed=skip\nreplaces=12", "replaces=\"12\""),
         ];
         for (text, why) in cases {
             let err = Spec::decode(text).unwrap_err();
@@ -198,6 +230,7 @@ mod tests {
             end_ms: None,
             limit: None,
             missed: MissedRuns::FireOnce,
+            replaces: None,
         };
         assert!(matches!(broken.encode(), Err(Error::Invalid { what: "cron", .. })));
     }

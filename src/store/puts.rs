@@ -276,7 +276,7 @@ impl Store {
     }
 
     /// Checks a message before it is put: its fields, its topic, its queue.
-    fn check_message(&self, message: &Message) -> Result<u32> {
+    pub(super) fn check_message(&self, message: &Message) -> Result<u32> {
         message.validate(self.config.max_body_bytes())?;
         if message.topic() == SCHEDULE_TOPIC {
             return Err(Error::invalid(

@@ -1,15 +1,16 @@
 //! Recurring schedules: creating one (one record, its first occurrence its
-//! timer) and cancelling it. Firing them is the ticking thread's
+//! timer), pausing, updating, cancelling and finding them. Firing them, and
+//! writing the records of a pause or an update, is the ticking thread's
 //! (`timer/tick/occurrences.rs`).
 
 use super::Store;
 use crate::config::{FlushMode, Scheduler};
 use crate::error::{Error, Result};
-use crate::format::record::MessageView;
+use crate::format::record::{MessageView, RecordKind};
 use crate::message::{CancelOutcome, Handle, PauseOutcome, Written};
 use crate::pending::PendingTimer;
-use crate::receipt::ScheduleReceipt;
-use crate::schedule::{PAUSED_AT_MS, SPEC_PROPERTY, Schedule, plan_of};
+use crate::receipt::{ScheduleReceipt, UpdateOutcome};
+use crate::schedule::{PAUSED_AT_MS, Replaced, SPEC_PROPERTY, Schedule, ScheduleUpdate, Spec, plan_of};
 use crate::sync::ReadWrite;
 use crate::timer::Timer;
 
@@ -48,6 +49,16 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn schedule(&self, schedule: Schedule) -> Result<ScheduleReceipt> {
+        let (spec, first) = self.check_schedule(&schedule)?;
+        let mut message =
+            schedule.template().clone().property(SPEC_PROPERTY, spec.encode()?).deliver_at_ms(first);
+        message.schedule = true;
+        let receipt = self.put(message).map_err(as_template_error)?;
+        Ok(ScheduleReceipt { receipt })
+    }
+
+    /// Checks `schedule` as one created now: its spec and first occurrence.
+    fn check_schedule(&self, schedule: &Schedule) -> Result<(Spec, u64)> {
         if self.config.scheduler != Scheduler::Wheel {
             return Err(Error::invalid("scheduler", "recurring schedules need the wheel scheduler"));
         }
@@ -59,17 +70,82 @@ impl Store {
         let plan = schedule.plan(created_ms)?;
         let first =
             plan.first(created_ms).ok_or_else(|| Error::invalid("schedule", "no first occurrence"))?;
-        let spec = schedule.spec(created_ms)?.encode()?;
-        let mut message = schedule.template().clone().property(SPEC_PROPERTY, spec).deliver_at_ms(first);
-        message.schedule = true;
-        let receipt = self.put(message).map_err(|e| match e {
-            // The template's own fields are checked as a message's are.
-            Error::Invalid { what, reason } if what != "timing" => {
-                Error::invalid("template", format!("{what}: {reason}"))
+        Ok((schedule.spec(created_ms)?, first))
+    }
+
+    /// Replaces the recurring schedule `handle` names by `schedule`, at
+    /// once and by one record: the new schedule's, which names the old
+    /// one's armed timer and settles it as a cancel record would. The old
+    /// schedule delivers nothing after it (its handle then answers as a
+    /// cancelled schedule's); the new one, with a handle of its own, goes on
+    /// from the first occurrence of its recurrence from now, its occurrences
+    /// numbered and its limit counted from the update. A crash keeps the old
+    /// schedule or the new one, never both, never neither. The template may
+    /// change all but its topic. Durable as a put is.
+    ///
+    /// `Updated` with the new schedule's receipt; `Over`, `Cancelled` or
+    /// `NotFound` write nothing.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::{Config, Message, Recurrence, Schedule, Store, UpdateOutcome};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let poll = |every| Schedule::new(Message::new("Poll", "order-42"), Recurrence::every(every));
+    /// let old = store.schedule(poll(Duration::from_secs(10)))?.handle();
+    /// let UpdateOutcome::Updated(new) = store.update_schedule(old, poll(Duration::from_secs(60)))? else {
+    ///     unreachable!("the schedule is active")
+    /// };
+    /// assert_eq!(store.schedule_of(old)?, None);
+    /// assert!(store.schedule_of(new.handle())?.is_some());
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors, with nothing written: those of [`schedule`](Self::schedule)
+    /// for the new schedule, and [`Error::Invalid`] naming `template` for
+    /// one of another topic; else those of [`put`](Self::put).
+    pub fn update_schedule(&self, handle: Handle, schedule: Schedule) -> Result<UpdateOutcome> {
+        if !*self.accepting.reading() {
+            return Err(Error::Closed);
+        }
+        let (spec, first_ms) = self.check_schedule(&schedule)?;
+        match self.schedule_topic(handle) {
+            None => return Ok(UpdateOutcome::NotFound),
+            Some(topic) if topic != schedule.template().topic() => {
+                let why = format!("an update keeps the schedule's topic, {topic:?}");
+                return Err(Error::invalid("template", why));
             }
-            other => other,
-        })?;
-        Ok(ScheduleReceipt { receipt })
+            Some(_) => {}
+        }
+        // Checked as the record will be: with the longest spec an update writes.
+        let longest = Replaced { timer_offset: u64::MAX, deliver_at_ms: u64::MAX };
+        let update = ScheduleUpdate { template: schedule.template().clone(), spec, first_ms, queue_id: 0 };
+        let queue_id = self.check_message(&update.record(longest)?).map_err(as_template_error)?;
+        let update = ScheduleUpdate { queue_id, ..update };
+        let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
+        let outcome = self.scheduler.update_schedule(timer, update)?;
+        if let UpdateOutcome::Updated(receipt) = &outcome
+            && self.config.flush_mode == FlushMode::Sync
+        {
+            self.wait_durable_for(self.log.write_end(), Written::Put(*receipt.receipt()))?;
+        }
+        Ok(outcome)
+    }
+
+    /// The topic of the schedule `handle` names; `None` if it names none.
+    fn schedule_topic(&self, handle: Handle) -> Option<String> {
+        if handle.offset >= self.log.write_end() {
+            return None;
+        }
+        let found = self.log.visit_checked(handle.offset, |at, kind, bytes| {
+            let view = MessageView::parse(bytes)
+                .ok()
+                .filter(|_| at == handle.offset && kind == RecordKind::Message)?;
+            let named = view.schedule && view.timer_deliver_at_ms() == Some(handle.deliver_at_ms);
+            named.then(|| view.topic.to_string())
+        });
+        found.ok().and_then(|(topic, _)| topic)
     }
 
     /// Pauses a recurring schedule: no occurrence is delivered until
@@ -192,5 +268,15 @@ impl Store {
             Some(true) => self.cancel(handle),
             _ => Ok(CancelOutcome::NotFound),
         }
+    }
+}
+
+/// A refusal of a schedule's record as a message names the template's field.
+fn as_template_error(e: Error) -> Error {
+    match e {
+        Error::Invalid { what, reason } if what != "timing" => {
+            Error::invalid("template", format!("{what}: {reason}"))
+        }
+        other => other,
     }
 }

@@ -12,6 +12,8 @@ use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RescheduleView};
 use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
+use crate::receipt::UpdateOutcome;
+use crate::schedule::ScheduleUpdate;
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::sync::Locked;
@@ -107,6 +109,10 @@ impl SchedulerFront for WheelFront {
 
     fn pause_schedule(&self, timer: Timer, pause: bool) -> Result<PauseOutcome> {
         self.ask(|reply| WheelCommand::Control(timer, Control::Pause(pause, reply)))?
+    }
+
+    fn update_schedule(&self, timer: Timer, update: ScheduleUpdate) -> Result<UpdateOutcome> {
+        self.ask(|reply| WheelCommand::Control(timer, Control::Update(Box::new(update), reply)))?
     }
 
     fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome> {

@@ -18,6 +18,8 @@ use crate::format::checkpoint::Checkpoint;
 use crate::format::queue_entry::tag_hash;
 use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deliveries, encode_delivery};
 use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
+use crate::receipt::UpdateOutcome;
+use crate::schedule::ScheduleUpdate;
 use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
@@ -81,6 +83,8 @@ pub(crate) enum Control {
     Reschedule(u64, Sender<Result<RescheduleOutcome>>),
     /// Pause (`true`) or resume the recurring schedule it is the timer of.
     Pause(bool, Sender<Result<PauseOutcome>>),
+    /// Replace the recurring schedule it is the timer of by a new one.
+    Update(Box<ScheduleUpdate>, Sender<Result<UpdateOutcome>>),
 }
 
 impl Control {
@@ -90,6 +94,7 @@ impl Control {
             Control::Cancel(reply) => drop(reply.send(Err(e))),
             Control::Reschedule(_, reply) => drop(reply.send(Err(e))),
             Control::Pause(_, reply) => drop(reply.send(Err(e))),
+            Control::Update(_, reply) => drop(reply.send(Err(e))),
         }
     }
 }

@@ -36,6 +36,7 @@ impl Ticker {
                 self.reschedule(handle.message_offset, timer, deliver_at_ms, reply)
             }
             Control::Pause(pause, reply) => self.pause(timer, pause, reply),
+            Control::Update(update, reply) => self.update(timer, *update, reply),
         }
     }
 
@@ -107,7 +108,7 @@ impl Ticker {
     /// A cancel settles its timer, and its record stays of use until the
     /// timer's time has passed: retention relocates such a cancel (a timer
     /// relocated with its cancelled message must not fire from a rebuilt wheel).
-    fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
+    pub(super) fn count_cancel(&mut self, timer: Timer, cancel_offset: u64) {
         self.counts.settled(timer.message_offset);
         self.counts.cancel_recorded(cancel_offset, timer.deliver_at_ms);
     }

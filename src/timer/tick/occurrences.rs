@@ -3,7 +3,9 @@
 //! torn tail keeps both or neither and every occurrence is delivered once.
 //! The last occurrence is a delivery record; a schedule whose missed
 //! occurrences are skipped to its end closes with a cancel record. Pausing
-//! and resuming a schedule are occurrence records that deliver nothing.
+//! and resuming a schedule are occurrence records that deliver nothing; an
+//! update is the new schedule's record, naming the old one's armed timer,
+//! which it settles as a cancel record would.
 
 use crossbeam_channel::Sender;
 
@@ -12,9 +14,10 @@ use crate::error::{Error, Result};
 use crate::format::record::{
     CANCEL_LEN, DELIVERY_LEN, OccurrenceFields, RescheduleView, encode_cancel, encode_delivery,
 };
+use crate::format::record::{Timing, encode_message};
 use crate::message::PauseOutcome;
-use crate::schedule::plan_of;
-use crate::schedule::{PAUSED_AT_MS, Plan};
+use crate::receipt::{Receipt, ScheduleReceipt, UpdateOutcome};
+use crate::schedule::{PAUSED_AT_MS, Plan, Replaced, ScheduleUpdate, plan_of};
 use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
@@ -197,6 +200,76 @@ impl Ticker {
         self.counts.settled(timer.message_offset);
         self.wake_indexers();
         Ok(if pause { PauseOutcome::Paused } else { PauseOutcome::Resumed })
+    }
+
+    /// Replaces the schedule whose armed timer is `timer` by `update`: one
+    /// record, the new schedule's, naming `timer`, which it cancels. What
+    /// cannot be read or written is this caller's answer (nothing was
+    /// written), and the wheel goes on; a failure after the record was
+    /// written stops it (as for a cancel).
+    pub(super) fn update(
+        &mut self,
+        timer: Timer,
+        update: ScheduleUpdate,
+        reply: Sender<Result<UpdateOutcome>>,
+    ) -> Result<()> {
+        let _span = tracing::debug_span!("update_schedule", offset = timer.message_offset).entered();
+        let target = match self.wheel.locate_for_cancel(&timer) {
+            Ok(target) => target,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        let outcome = match target {
+            CancelTarget::AlreadyDelivered => Ok(UpdateOutcome::Over),
+            CancelTarget::AlreadyCancelled => Ok(UpdateOutcome::Cancelled),
+            target => match self.read_schedule(timer) {
+                Ok(Some(_)) => match self.write_update(timer, &update) {
+                    Ok(written) => {
+                        self.apply_update(timer, target, written.0)?;
+                        Ok(UpdateOutcome::Updated(ScheduleReceipt { receipt: written.1 }))
+                    }
+                    Err(e) => Err(e),
+                },
+                Ok(None) => Ok(UpdateOutcome::NotFound),
+                Err(e) => Err(e),
+            },
+        };
+        let _ = reply.send(outcome);
+        Ok(())
+    }
+
+    /// Appends the update's record; returns its offset and receipt.
+    fn write_update(&mut self, timer: Timer, update: &ScheduleUpdate) -> Result<(u64, Receipt)> {
+        let replaced = Replaced { timer_offset: timer.message_offset, deliver_at_ms: timer.deliver_at_ms };
+        let message = update.record(replaced)?;
+        let store_time_ms = self.clock.now_ms();
+        let timing = Timing { deliver_at_ms: update.first_ms, delay_level: 0 };
+        let fields = message.fields(update.queue_id, store_time_ms, timing);
+        let (offset, _) =
+            self.log.append(fields.record_len(), |buf, offset| encode_message(buf, offset, &fields))?;
+        let receipt = Receipt {
+            offset,
+            queue_id: update.queue_id,
+            store_time_ms,
+            deliver_at_ms: Some(update.first_ms),
+        };
+        Ok((offset, receipt))
+    }
+
+    /// The old schedule's armed `timer` is settled by the update's record at
+    /// `offset`, as by a cancel record there.
+    fn apply_update(&mut self, timer: Timer, target: CancelTarget, offset: u64) -> Result<()> {
+        let state = self.wheel.apply_cancel(timer, target)?;
+        debug_assert_eq!(state, CancelState::Cancelled, "located as pending");
+        self.recurring.take(&timer);
+        if let Err(e) = self.wheel.record_cancel(timer, offset) {
+            tracing::error!(error = %e, offset, "could not enter a schedule's update in the ledger");
+        }
+        self.count_cancel(timer, offset);
+        self.wake_indexers();
+        Ok(())
     }
 
     /// The schedule whose timer `timer` is: its record's offset, the

@@ -22,6 +22,7 @@ use crate::format::checkpoint::Checkpoint;
 use crate::format::record::{
     CancelView, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, check_crc,
 };
+use crate::schedule::replaced_by;
 use crate::timer::Timer;
 use crate::timer::geometry::{LEVELS, slot_index, timer_log_of};
 use crate::timer::ledger::LedgerEntry;
@@ -273,6 +274,11 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
                     wheel.insert(timer)?;
                     schedules.extend(view.schedule.then_some(timer));
                 }
+                // An update settles the timer of the schedule it replaced.
+                if let Some(r) = replaced_by(&view) {
+                    let timer = Timer { deliver_at_ms: r.deliver_at_ms, message_offset: r.timer_offset };
+                    settles.push((timer, LedgerEntry::cancel(timer, record.offset)));
+                }
             }
             RecordKind::Cancel => {
                 let cancel = CancelView::parse(&record.bytes).map_err(corrupt)?;
@@ -332,6 +338,15 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
         let (found, next) = log.visit_trusted(at, |offset, kind, bytes| {
             let corrupt = |kind| log.corruption_at(offset, kind);
             match kind {
+                // An update settles the timer of the schedule it replaced, as a cancel does.
+                RecordKind::Message => Ok(MessageView::parse(bytes)
+                    .ok()
+                    .filter(|view| view.schedule && check_crc(bytes, offset).is_ok())
+                    .and_then(|view| replaced_by(&view))
+                    .map(|r| {
+                        let timer = Timer { deliver_at_ms: r.deliver_at_ms, message_offset: r.timer_offset };
+                        Settles::Cancel { timer, entry: LedgerEntry::cancel(timer, offset) }
+                    })),
                 RecordKind::Delivery => check_crc(bytes, offset)
                     .and_then(|()| DeliveryView::parse(bytes))
                     .map(|d| Some(Settles::Delivery(d.message_offset)))

@@ -412,6 +412,10 @@ impl LogFacts {
                 self.newest_time_ms = self.newest_time_ms.max(m.store_time_ms);
                 let facts = self.message_facts(len, &m);
                 self.messages.insert(offset, facts);
+                // An update's record settles the replaced schedule's timer as a cancel does.
+                if let Some(r) = delaywheel::internals::replaced_by(&m) {
+                    self.cancels.push((offset, r.timer_offset, r.deliver_at_ms));
+                }
                 self.keep_key(offset, &m);
             }
             Record::Delivery(d) => {

@@ -10,8 +10,9 @@ use common::*;
 use delaywheel::{CancelOutcome, ManualClock, Message, Recurrence, Schedule, Store};
 
 /// Two schedules every second from T0 + 1 s: one of 3 occurrences, all
-/// delivered; one unbounded, 5 delivered then cancelled; and a third still
-/// pending. Closed cleanly.
+/// delivered; one unbounded, 5 delivered then cancelled; a third replaced
+/// by an update before its first occurrence (the replaced one counts as
+/// cancelled), the update still pending. Closed cleanly.
 fn with_schedules() -> tempfile::TempDir {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
@@ -22,7 +23,7 @@ fn with_schedules() -> tempfile::TempDir {
     };
     store.schedule(every("three").limit(3)).unwrap();
     let endless = store.schedule(every("endless")).unwrap().handle();
-    store.schedule(every("later").start_at_ms(T0 + 3_600_000)).unwrap();
+    let later = store.schedule(every("later").start_at_ms(T0 + 3_600_000)).unwrap().handle();
     let mut consumer = store.consumer(TOPIC, 0).unwrap();
     let mut got = 0;
     for s in 1..=5 {
@@ -31,6 +32,8 @@ fn with_schedules() -> tempfile::TempDir {
     }
     assert_eq!(got, 8);
     assert_eq!(store.cancel_schedule(endless).unwrap(), CancelOutcome::Cancelled);
+    let updated = store.update_schedule(later, every("later still").start_at_ms(T0 + 7_200_000)).unwrap();
+    assert!(matches!(updated, delaywheel::UpdateOutcome::Updated(_)));
     store.close().unwrap();
     dir
 }
@@ -53,10 +56,10 @@ fn a_store_with_schedules_verifies_and_audits_clean() {
     assert_eq!((out.status.code(), &doc["ok"]), (Some(0), &true.into()), "{doc}");
     assert_eq!(doc["checked"]["queue_entries"], 8, "one per occurrence delivered");
     let out = dump(dir.path(), &["audit", "--json"]);
-    let expected = serde_json::json!({"schema_version": 1, "timer_messages": 3, "delivered": 1,
-        "cancelled": 1, "pending": 1, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0,
+    let expected = serde_json::json!({"schema_version": 1, "timer_messages": 4, "delivered": 1,
+        "cancelled": 2, "pending": 1, "lost": 0, "duplicated": 0, "early": 0, "reclaimed": 0,
         "unreadable_log_stretches": 0, "unreadable_log_bytes": 0, "rescheduled": 0,
-        "fired_after_reschedule": 0, "schedules": 3, "occurrences_delivered": 8,
+        "fired_after_reschedule": 0, "schedules": 4, "occurrences_delivered": 8,
         "occurrences_duplicated": 0, "occurrences_early": 0, "occurrences_missing": 0});
     assert_eq!((out.status.code(), json(&out)), (Some(0), expected));
 }
