@@ -205,6 +205,11 @@ mod tests {
         let golden = "v=1\nevery_ms=10000\nstart_at_ms=5\nmissed=fire_once";
         let spec = Spec::decode(golden).unwrap();
         assert_eq!(spec.encode().unwrap(), golden);
+        // An update's spec, as wheel-format.md shows it.
+        let golden = "v=1\nevery_ms=10000\nstart_at_ms=5\nmissed=fire_once\nreplaces=4096@1700000000000";
+        let spec = Spec::decode(golden).unwrap();
+        assert_eq!(spec.replaces, Some(Replaced { timer_offset: 4096, deliver_at_ms: 1_700_000_000_000 }));
+        assert_eq!(spec.encode().unwrap(), golden);
     }
 
     #[test]
