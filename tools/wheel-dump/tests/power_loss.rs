@@ -38,7 +38,7 @@ use delaywheel::internals::record::MESSAGE_FIXED_LEN;
 use delaywheel::recorder::{Frozen, Recording};
 use delaywheel::{
     CancelOutcome, Clock, Config, FlushMode, ManualClock, Message, MissedRuns, Recurrence, RescheduleOutcome,
-    Schedule, Store,
+    Schedule, Store, UpdateOutcome,
 };
 
 const TOPIC: &str = "Orders";
@@ -334,7 +334,9 @@ fn after_a_power_loss_a_synced_consumer_position_holds() {
 }
 
 /// A schedule the workload created: every `period` ms from `start`, `limit`
-/// occurrences; acknowledged at `acked_by`; its record at `offset`.
+/// occurrences; acknowledged at `acked_by`; its record at `offset`. One
+/// made by an update replaced `replaces`; one replaced was replaced by the
+/// schedule `replaced_by` at `replaced_at_ms`.
 #[derive(Debug, Clone, Copy)]
 struct Asked {
     start: u64,
@@ -343,6 +345,20 @@ struct Asked {
     offset: u64,
     acked_by: u64,
     cancelled_by: Option<u64>,
+    replaces: Option<usize>,
+    replaced_by: Option<(usize, u64)>,
+}
+
+/// Every `period` ms from `start`, `limit` occurrences, body `id`.
+fn every(id: u64, start: u64, period: u64, limit: u64) -> Schedule {
+    Schedule::new(
+        Message::new(TOPIC, id.to_le_bytes().to_vec()),
+        Recurrence::every(Duration::from_millis(period)),
+    )
+    .start_at_ms(start)
+    .limit(limit)
+    // Every occurrence is owed, however late the image's clock is.
+    .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(100 * 365 * 86_400) })
 }
 
 /// Creates schedules while the clock moves, occurrences firing as it goes,
@@ -365,17 +381,49 @@ fn schedules_workload(
         assert!(asked.len() < 100_000, "the crash point {crash_at} was never reached");
         let id = asked.len() as u64;
         let (start, period, limit) = (clock.now_ms() + rng.u64(..500), rng.u64(100..500), rng.u64(2..8));
-        let schedule = Schedule::new(
-            Message::new(TOPIC, id.to_le_bytes().to_vec()),
-            Recurrence::every(Duration::from_millis(period)),
-        )
-        .start_at_ms(start)
-        .limit(limit)
-        // Every occurrence is owed, however late the image's clock is.
-        .missed_runs(MissedRuns::FireAll { window: Duration::from_secs(100 * 365 * 86_400) });
-        let Ok(receipt) = store.schedule(schedule) else { continue };
+        let Ok(receipt) = store.schedule(every(id, start, period, limit)) else { continue };
         let offset = receipt.receipt().offset();
-        asked.push(Asked { start, period, limit, offset, acked_by: recording.events(), cancelled_by: None });
+        let acked_by = recording.events();
+        let new = Asked {
+            start,
+            period,
+            limit,
+            offset,
+            acked_by,
+            cancelled_by: None,
+            replaces: None,
+            replaced_by: None,
+        };
+        asked.push(new);
+        // One in eight replaces an earlier schedule, untouched so far, often mid-series.
+        let earlier = rng.usize(..asked.len());
+        let untouched =
+            |a: &Asked| a.cancelled_by.is_none() && a.replaced_by.is_none() && a.replaces.is_none();
+        if rng.u64(..8) == 0 && untouched(&asked[earlier]) {
+            let new_id = asked.len();
+            let (start, period, limit) = (clock.now_ms() + rng.u64(..500), rng.u64(100..500), rng.u64(2..8));
+            let handle =
+                delaywheel::Handle { offset: asked[earlier].offset, deliver_at_ms: asked[earlier].start };
+            if let Ok(UpdateOutcome::Updated(receipt)) =
+                store.update_schedule(handle, every(new_id as u64, start, period, limit))
+            {
+                let offset = receipt.receipt().offset();
+                asked[earlier].replaced_by = Some((new_id, clock.now_ms()));
+                let acked_by = recording.events();
+                let replaces = Some(earlier);
+                asked.push(Asked {
+                    start,
+                    period,
+                    limit,
+                    offset,
+                    acked_by,
+                    cancelled_by: None,
+                    replaces,
+                    replaced_by: None,
+                });
+            }
+            continue;
+        }
         if rng.u64(..8) == 0
             && store.cancel_schedule(receipt.handle()).is_ok_and(|o| o == CancelOutcome::Cancelled)
         {
@@ -431,19 +479,31 @@ fn check_schedules_image(
         }
     }
     store.close().unwrap();
+    let acked = |a: &Asked| {
+        a.acked_by < frozen.event && (mode == FlushMode::Sync || a.offset < frozen.log_durable_end)
+    };
+    let whole =
+        |a: &Asked| -> Vec<(u64, u64)> { (1..=a.limit).map(|n| (n, a.start + (n - 1) * a.period)).collect() };
+    let delivered: Vec<Vec<(u64, u64)>> =
+        (0..asked.len()).map(|id| seen.remove(&(id as u64)).unwrap_or_default()).collect();
     for (id, a) in asked.iter().enumerate() {
-        let acked =
-            a.acked_by < frozen.event && (mode == FlushMode::Sync || a.offset < frozen.log_durable_end);
-        let got = seen.remove(&(id as u64)).unwrap_or_default();
-        let whole: Vec<(u64, u64)> = (1..=a.limit).map(|n| (n, a.start + (n - 1) * a.period)).collect();
-        let prefix = got.iter().copied().eq(whole.iter().copied().take(got.len()));
-        let ok = match (acked, a.cancelled_by.is_some()) {
+        let got = &delivered[id];
+        let prefix = got.iter().copied().eq(whole(a).into_iter().take(got.len()));
+        let ok = match (acked(a), a.cancelled_by.is_some(), a.replaced_by) {
+            // Replaced: the occurrences before the update, all of them if
+            // the update's record is gone (never both, never neither).
+            (acked, _, Some((new, at_ms))) => {
+                let replaced = !delivered[new].is_empty();
+                prefix
+                    && (replaced || !acked || *got == whole(a))
+                    && (!replaced || got.iter().all(|&(_, due)| due <= at_ms))
+            }
             // A schedule the crash could not take: every occurrence once, in order.
-            (true, false) => got == whole,
+            (true, false, None) => *got == whole(a),
             // Its record may be gone: all of it, or nothing.
-            (false, false) => got.is_empty() || got == whole,
+            (false, false, None) => got.is_empty() || *got == whole(a),
             // Cancelled (the cancel held, or may have): the occurrences before it, in order.
-            (_, true) => prefix,
+            (_, true, None) => prefix,
         };
         assert!(
             ok,
@@ -477,8 +537,9 @@ fn run_schedules(mode: FlushMode) {
             let image_seed = rng.u64(..);
             frozen.write_image(image.path(), image_seed, WRITEBACK).unwrap();
             eprintln!(
-                "{mode:?} schedules crash {crash} at event {crash_at} (workload seed {workload_seed:#x}), image {i} (seed {image_seed:#x}), {} schedules",
-                asked.len()
+                "{mode:?} schedules crash {crash} at event {crash_at} (workload seed {workload_seed:#x}), image {i} (seed {image_seed:#x}), {} schedules, {} by an update",
+                asked.len(),
+                asked.iter().filter(|a| a.replaces.is_some()).count()
             );
             check_schedules_image(image.path(), &asked, &frozen, mode, crashed_at_ms);
         }
