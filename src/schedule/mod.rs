@@ -300,13 +300,16 @@ impl ScheduleUpdate {
 
 /// The timer the schedule record `view` settles, if it is an update's
 /// (a spec that does not read settles nothing: the ticker quarantines it).
+///
+/// Every schedule record the dispatcher indexes asks this, so it reads the
+/// one line in place rather than decode the spec.
 pub fn replaced_by(view: &MessageView<'_>) -> Option<Replaced> {
     if !view.schedule {
         return None;
     }
-    let properties = view.properties().ok()?;
-    let (_, text) = properties.iter().find(|(name, _)| name == SPEC_PROPERTY)?;
-    Spec::decode(text).ok()?.replaces
+    let text = view.property(SPEC_PROPERTY).ok()??;
+    let line = text.lines().find_map(|line| line.strip_prefix(spec::REPLACES))?;
+    spec::replaced(line).ok()
 }
 
 /// The plan of the schedule whose record is `view`, from its spec property;

@@ -24,6 +24,17 @@ use crate::error::{Error, Result};
 /// The property of a schedule record that holds its spec.
 pub const SPEC_PROPERTY: &str = "dw.schedule";
 
+/// The line of an update's spec that names the timer it replaces.
+pub(super) const REPLACES: &str = "replaces=";
+
+/// The value of a `replaces` line: `offset@deliver_at_ms`.
+pub(super) fn replaced(text: &str) -> std::result::Result<Replaced, String> {
+    let named = text.split_once('@').and_then(|(offset, at)| Some((offset.parse().ok()?, at.parse().ok()?)));
+    let (timer_offset, deliver_at_ms) =
+        named.ok_or_else(|| format!("replaces={text:?} is not offset@deliver_at_ms"))?;
+    Ok(Replaced { timer_offset, deliver_at_ms })
+}
+
 /// The spec's version: a record of a later one is refused, naming it.
 const VERSION: &str = "1";
 
@@ -108,7 +119,7 @@ impl Spec {
             MissedRuns::FireAll { window } => format!("missed=fire_all:{}", window.as_millis()),
         };
         if let Some(replaced) = self.replaces {
-            out += &format!("\nreplaces={}@{}", replaced.timer_offset, replaced.deliver_at_ms);
+            out += &format!("\n{REPLACES}{}@{}", replaced.timer_offset, replaced.deliver_at_ms);
         }
         Ok(out)
     }
@@ -156,17 +167,7 @@ impl Spec {
             }
             None => return Err("no missed".into()),
         };
-        let replaces = match fields.remove("replaces") {
-            None => None,
-            Some(text) => {
-                let named = text
-                    .split_once('@')
-                    .and_then(|(offset, at)| Some((offset.parse().ok()?, at.parse().ok()?)));
-                let (timer_offset, deliver_at_ms) =
-                    named.ok_or_else(|| format!("replaces={text:?} is not offset@deliver_at_ms"))?;
-                Some(Replaced { timer_offset, deliver_at_ms })
-            }
-        };
+        let replaces = fields.remove("replaces").map(replaced).transpose()?;
         if let Some(key) = fields.keys().next() {
             return Err(format!("unknown field {key}"));
         }

@@ -227,6 +227,27 @@ impl<'a> MessageView<'a> {
         !self.props.is_empty()
     }
 
+    /// The value of the property `name` (the first of that name), read in
+    /// place: the others are stepped over, nothing is allocated. Malformed
+    /// blocks up to it are corruption.
+    pub fn property(&self, name: &str) -> Result<Option<&'a str>, CorruptionKind> {
+        let bad = || CorruptionKind::BadFrame("message record: malformed properties".into());
+        let take = |rest: &mut &'a [u8]| -> Result<&'a [u8], CorruptionKind> {
+            let (len, tail) = rest.split_first_chunk::<2>().ok_or_else(bad)?;
+            let (s, after) = tail.split_at_checked(u16::from_le_bytes(*len) as usize).ok_or_else(bad)?;
+            *rest = after;
+            Ok(s)
+        };
+        let mut rest = self.props;
+        while !rest.is_empty() {
+            let (key, value) = (take(&mut rest)?, take(&mut rest)?);
+            if key == name.as_bytes() {
+                return std::str::from_utf8(value).map(Some).map_err(|_| bad());
+            }
+        }
+        Ok(None)
+    }
+
     /// The properties, decoded; malformed blocks are corruption.
     pub fn properties(&self) -> Result<Vec<(String, String)>, CorruptionKind> {
         let bad = || CorruptionKind::BadFrame("message record: malformed properties".into());

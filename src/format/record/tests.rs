@@ -200,6 +200,23 @@ fn occurrence_golden_bytes_match_wheel_format_md() {
 }
 
 #[test]
+fn one_property_is_read_in_place_and_a_malformed_block_is_corruption() {
+    let msg = Message::new("T", "hi").property("a", "1").property("dw.schedule", "v=1").property("z", "");
+    let bytes = encode(&msg, 32, 0, 1, Timing::default());
+    let view = MessageView::parse(&bytes).unwrap();
+    assert_eq!(view.property("dw.schedule"), Ok(Some("v=1")));
+    assert_eq!(view.property("z"), Ok(Some("")));
+    assert_eq!(view.property("missing"), Ok(None));
+    // The last value claims more bytes than the block has.
+    let z = bytes.windows(3).position(|w| w == [1, 0, b'z']).unwrap();
+    let mut damaged = bytes.clone();
+    damaged[z + 3] = 9;
+    let view = MessageView::parse(&damaged).unwrap();
+    assert_eq!(view.property("dw.schedule"), Ok(Some("v=1")), "read before the damage");
+    assert!(matches!(view.property("missing"), Err(CorruptionKind::BadFrame(_))));
+}
+
+#[test]
 fn a_schedule_is_a_message_record_with_flag_2() {
     let mut msg = Message::new("T", "hi");
     msg.schedule = true;

@@ -226,9 +226,9 @@ impl Ticker {
             CancelTarget::AlreadyCancelled => Ok(UpdateOutcome::Cancelled),
             target => match self.read_schedule(timer) {
                 Ok(Some(_)) => match self.write_update(timer, &update) {
-                    Ok(written) => {
-                        self.apply_update(timer, target, written.0)?;
-                        Ok(UpdateOutcome::Updated(ScheduleReceipt { receipt: written.1 }))
+                    Ok(receipt) => {
+                        self.apply_update(timer, target, receipt.offset)?;
+                        Ok(UpdateOutcome::Updated(ScheduleReceipt { receipt }))
                     }
                     Err(e) => Err(e),
                 },
@@ -240,8 +240,8 @@ impl Ticker {
         Ok(())
     }
 
-    /// Appends the update's record; returns its offset and receipt.
-    fn write_update(&mut self, timer: Timer, update: &ScheduleUpdate) -> Result<(u64, Receipt)> {
+    /// Appends the update's record; returns its receipt.
+    fn write_update(&mut self, timer: Timer, update: &ScheduleUpdate) -> Result<Receipt> {
         let replaced = Replaced { timer_offset: timer.message_offset, deliver_at_ms: timer.deliver_at_ms };
         let message = update.record(replaced)?;
         let store_time_ms = self.clock.now_ms();
@@ -249,13 +249,7 @@ impl Ticker {
         let fields = message.fields(update.queue_id, store_time_ms, timing);
         let (offset, _) =
             self.log.append(fields.record_len(), |buf, offset| encode_message(buf, offset, &fields))?;
-        let receipt = Receipt {
-            offset,
-            queue_id: update.queue_id,
-            store_time_ms,
-            deliver_at_ms: Some(update.first_ms),
-        };
-        Ok((offset, receipt))
+        Ok(Receipt { offset, queue_id: update.queue_id, store_time_ms, deliver_at_ms: Some(update.first_ms) })
     }
 
     /// The old schedule's armed `timer` is settled by the update's record at
