@@ -142,13 +142,7 @@ impl Ticker {
         let _span = tracing::debug_span!("pause", offset = timer.message_offset, pause).entered();
         // What cannot be read is this caller's answer, and the wheel goes on;
         // a record that could not be written stops it (as for a cancel).
-        let target = match self.wheel.locate_for_cancel(&timer) {
-            Ok(target) => target,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return Ok(());
-            }
-        };
+        let Some(target) = self.locate_or_answer(timer, &reply) else { return Ok(()) };
         let outcome = match target {
             CancelTarget::AlreadyDelivered => Ok(PauseOutcome::Over),
             CancelTarget::AlreadyCancelled => Ok(PauseOutcome::Cancelled),
@@ -202,6 +196,18 @@ impl Ticker {
         Ok(if pause { PauseOutcome::Paused } else { PauseOutcome::Resumed })
     }
 
+    /// Where `timer` is; `None` once a failure to tell (reading the ledger)
+    /// was answered on `reply`: it is this caller's, and the wheel goes on.
+    fn locate_or_answer<T>(&mut self, timer: Timer, reply: &Sender<Result<T>>) -> Option<CancelTarget> {
+        match self.wheel.locate_for_cancel(&timer) {
+            Ok(target) => Some(target),
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                None
+            }
+        }
+    }
+
     /// Replaces the schedule whose armed timer is `timer` by `update`: one
     /// record, the new schedule's, naming `timer`, which it cancels. What
     /// cannot be read or written is this caller's answer (nothing was
@@ -214,13 +220,7 @@ impl Ticker {
         reply: Sender<Result<UpdateOutcome>>,
     ) -> Result<()> {
         let _span = tracing::debug_span!("update_schedule", offset = timer.message_offset).entered();
-        let target = match self.wheel.locate_for_cancel(&timer) {
-            Ok(target) => target,
-            Err(e) => {
-                let _ = reply.send(Err(e));
-                return Ok(());
-            }
-        };
+        let Some(target) = self.locate_or_answer(timer, &reply) else { return Ok(()) };
         let outcome = match target {
             CancelTarget::AlreadyDelivered => Ok(UpdateOutcome::Over),
             CancelTarget::AlreadyCancelled => Ok(UpdateOutcome::Cancelled),

@@ -349,6 +349,13 @@ struct Asked {
     replaced_by: Option<(usize, u64)>,
 }
 
+impl Asked {
+    /// A schedule created (`replaces`: by an update of that one) with its record at `offset`.
+    fn new(start: u64, period: u64, limit: u64, offset: u64, acked_by: u64, replaces: Option<usize>) -> Self {
+        Self { start, period, limit, offset, acked_by, cancelled_by: None, replaces, replaced_by: None }
+    }
+}
+
 /// Every `period` ms from `start`, `limit` occurrences, body `id`.
 fn every(id: u64, start: u64, period: u64, limit: u64) -> Schedule {
     Schedule::new(
@@ -383,18 +390,7 @@ fn schedules_workload(
         let (start, period, limit) = (clock.now_ms() + rng.u64(..500), rng.u64(100..500), rng.u64(2..8));
         let Ok(receipt) = store.schedule(every(id, start, period, limit)) else { continue };
         let offset = receipt.receipt().offset();
-        let acked_by = recording.events();
-        let new = Asked {
-            start,
-            period,
-            limit,
-            offset,
-            acked_by,
-            cancelled_by: None,
-            replaces: None,
-            replaced_by: None,
-        };
-        asked.push(new);
+        asked.push(Asked::new(start, period, limit, offset, recording.events(), None));
         // One in eight replaces an earlier schedule, untouched so far, often mid-series.
         let earlier = rng.usize(..asked.len());
         let untouched =
@@ -409,18 +405,7 @@ fn schedules_workload(
             {
                 let offset = receipt.receipt().offset();
                 asked[earlier].replaced_by = Some((new_id, clock.now_ms()));
-                let acked_by = recording.events();
-                let replaces = Some(earlier);
-                asked.push(Asked {
-                    start,
-                    period,
-                    limit,
-                    offset,
-                    acked_by,
-                    cancelled_by: None,
-                    replaces,
-                    replaced_by: None,
-                });
+                asked.push(Asked::new(start, period, limit, offset, recording.events(), Some(earlier)));
             }
             continue;
         }
