@@ -131,6 +131,12 @@ pub struct RetentionStats {
     pub pending_by_segment: Vec<(u64, u64)>,
     /// Consume-queue entries consumers skipped because retention deleted their records.
     pub consumer_skipped: u64,
+    /// Retention's floor in time: every timer due before this instant (ms)
+    /// has fired or was cancelled, and the last checkpoints vouch for its
+    /// delivery, so only the retention time keeps its record. It trails the
+    /// clock by the ticking, indexing and checkpointing not yet done; 0
+    /// without retention or before two checkpoints.
+    pub settled_before_ms: u64,
 }
 
 /// How far ahead the first five counts of [`Stats::pending_by_horizon`]

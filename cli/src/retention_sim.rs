@@ -84,11 +84,13 @@ pub fn run(args: RetentionSimArgs) -> Result<(), Failure> {
     let mut tally = Tally::default();
     let body = vec![b'x'; args.body_bytes];
     for hour in 0..args.days * 24 {
+        let hour_end = delaywheel::Clock::now_ms(&clock) + HOUR_MS;
         put_hour(&store, &clock, &mut rng, &args, &body, &mut tally)?;
-        clock.set_ms(START_MS + (hour + 1) * HOUR_MS);
-        // Consume what fired, let the flusher checkpoint, then reclaim.
+        clock.set_ms(hour_end);
+        // Let the hour fire and the checkpoints vouch for it, consume what
+        // fired, then reclaim: the pass sees what an hourly one would.
+        wait_settled(&store, &clock, hour_end)?;
         tally.delivered += drain(&mut consumer)?;
-        std::thread::sleep(Duration::from_millis(15));
         store.reclaim()?;
         let stats = store.stats();
         tally.peak_log_bytes = tally.peak_log_bytes.max(stats.disk.commit_log + stats.disk.relocated);
@@ -138,6 +140,30 @@ fn put_hour(
         }
     }
     Ok(())
+}
+
+/// Moves the clock on a second at a time until retention's floor has
+/// reached the hour's end, so a pass deletes what the policy allows rather
+/// than what a busy machine's threads got to. With the clock still, the
+/// floor stops at the last wheel snapshot taken before the clock's last
+/// step (the second loaded then names the log's end then): one more step
+/// with nothing put lets it pass.
+fn wait_settled(store: &Store, clock: &ManualClock, hour_end_ms: u64) -> Result<(), Failure> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let settled = store.stats().retention.settled_before_ms;
+        if settled >= hour_end_ms {
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            let why = format!(
+                "retention's floor stayed at {settled} ms for 60 s, the hour ending at {hour_end_ms} ms"
+            );
+            return Err(Failure::Run(why));
+        }
+        std::thread::sleep(Duration::from_millis(20));
+        clock.set_ms(delaywheel::Clock::now_ms(clock) + 1000);
+    }
 }
 
 fn drain(consumer: &mut delaywheel::Consumer) -> Result<u64, Failure> {

@@ -7,6 +7,7 @@
 pub(crate) mod pins;
 pub(crate) mod segment_counts;
 
+use std::collections::VecDeque;
 use std::sync::{Arc, Mutex};
 
 use crate::format::checkpoint::Checkpoint;
@@ -56,46 +57,119 @@ struct Written {
     counts: Arc<SegmentCounts>,
 }
 
-/// How many checkpoints the floor remembers to find a tick second whose
-/// deliveries are all indexed.
+/// How many tick seconds the floor remembers a checkpoint of, to find a
+/// tick second whose deliveries are all indexed.
 const HISTORY: usize = 64;
 
 /// Tells retention what it may delete, from the checkpoints written.
 #[derive(Debug, Default)]
 pub(crate) struct Floor {
-    /// The newest last.
-    written: Mutex<std::collections::VecDeque<Written>>,
+    written: Mutex<History>,
+}
+
+/// The checkpoints the floor reads.
+#[derive(Debug, Default)]
+struct History {
+    /// The last two written, the newest last: a torn checkpoint falls back
+    /// to the previous one, so the lower of the two counts.
+    last_two: VecDeque<Written>,
+    /// The first checkpoint written at each of the last [`HISTORY`] tick
+    /// seconds, the newest last. The first of a second has the lowest log
+    /// end of its second, so the others could never name a later settled
+    /// second: keeping one per second, rather than the last few written,
+    /// reaches back as far in seconds however often checkpoints are written
+    /// (every 5 ms, 64 checkpoints were a third of a second, shorter than a
+    /// loaded second stays loaded, and the floor stopped advancing).
+    first_of_second: VecDeque<Written>,
 }
 
 impl Floor {
     /// Records a checkpoint that is on disk, with the log end at its wheel
     /// snapshot and the snapshot's segment counts (the log was synced after it).
     pub fn record(&self, cp: &Checkpoint, log_end: u64, counts: Arc<SegmentCounts>) {
-        let mut written = self.written.locked();
-        if written.len() == HISTORY {
-            written.pop_front();
-        }
+        let mut history = self.written.locked();
         let log_offset = cp.dispatched.min(cp.delivery_scan_from);
-        written.push_back(Written { log_offset, tick_second: cp.tick_second, log_end, counts });
+        let written = Written { log_offset, tick_second: cp.tick_second, log_end, counts };
+        if history.first_of_second.back().is_none_or(|w| w.tick_second != written.tick_second) {
+            if history.first_of_second.len() == HISTORY {
+                history.first_of_second.pop_front();
+            }
+            history.first_of_second.push_back(written.clone());
+        }
+        if history.last_two.len() == 2 {
+            history.last_two.pop_front();
+        }
+        history.last_two.push_back(written);
     }
 
-    /// The floor, once two checkpoints are known. A torn checkpoint falls
-    /// back to the previous one, so the lower of the last two counts.
+    /// The floor, once two checkpoints are known.
     pub fn get(&self) -> Option<Mark> {
-        let mut written = self.written.locked();
-        let [.., older, newer] = written.make_contiguous() else { return None };
-        let (older, newer) = (older.clone(), newer.clone());
+        let history = self.written.locked();
+        let (Some(older), Some(newer)) = (history.last_two.front(), history.last_two.get(1)) else {
+            return None;
+        };
         let log_offset = newer.log_offset.min(older.log_offset);
+        let tick_second = newer.tick_second.min(older.tick_second);
         // The newest tick second whose deliveries all lie below the floor: the
         // dispatcher still reads the message of any delivery above it.
-        let settled_before_second = written
+        let settled_before_second = history
+            .first_of_second
             .iter()
             .filter(|w| w.log_end <= log_offset)
             .map(|w| w.tick_second)
             .max()
             .unwrap_or(0)
-            .min(newer.tick_second.min(older.tick_second));
-        let tick_second = newer.tick_second.min(older.tick_second);
+            .min(tick_second);
         Some(Mark { log_offset, settled_before_second, tick_second, counts: Arc::clone(&older.counts) })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn checkpoint(tick_second: u64, offset: u64) -> Checkpoint {
+        Checkpoint {
+            log_durable: offset,
+            dispatched: offset,
+            written_at_ms: tick_second * 1000,
+            tick_second,
+            delivery_scan_from: offset,
+            timer_log_end: 1,
+            far_timer_log_end: 1,
+            clean: false,
+            sequence: 0,
+        }
+    }
+
+    /// Checkpoints every 5 ms while a loaded second stays loaded: the floor
+    /// reaches back to the first checkpoint of the second before, however
+    /// many were written since (64 of them once hid it, and nothing was settled).
+    #[test]
+    fn the_floor_remembers_seconds_not_checkpoints() {
+        let floor = Floor::default();
+        let counts = Arc::new(SegmentCounts::new(1 << 20));
+        // Second 10 loaded at log end 1_000; its deliveries and puts append after.
+        floor.record(&checkpoint(10, 900), 1_000, Arc::clone(&counts));
+        for i in 1..=200 {
+            floor.record(&checkpoint(11, 900), 1_000 + i, Arc::clone(&counts));
+        }
+        assert_eq!(floor.get().unwrap().settled_before_second, 0, "nothing is below the floor yet");
+        // The oldest loaded second is now one loaded at log end 1_000.
+        floor.record(&checkpoint(12, 1_000), 1_300, Arc::clone(&counts));
+        floor.record(&checkpoint(12, 1_000), 1_301, Arc::clone(&counts));
+        let mark = floor.get().unwrap();
+        assert_eq!((mark.log_offset, mark.settled_before_second, mark.tick_second), (1_000, 10, 12));
+    }
+
+    #[test]
+    fn the_floor_needs_two_checkpoints_and_takes_the_lower() {
+        let floor = Floor::default();
+        let counts = Arc::new(SegmentCounts::new(1 << 20));
+        floor.record(&checkpoint(5, 500), 600, Arc::clone(&counts));
+        assert!(floor.get().is_none());
+        floor.record(&checkpoint(7, 400), 700, Arc::clone(&counts));
+        let mark = floor.get().unwrap();
+        assert_eq!((mark.log_offset, mark.tick_second, mark.settled_before_second), (400, 5, 0));
     }
 }

@@ -92,6 +92,13 @@ impl Retainer {
         Ok(())
     }
 
+    /// Every timer due before this instant has fired or was cancelled and
+    /// two checkpoints vouch for its delivery: retention's floor in time
+    /// (0 until two checkpoints are written).
+    pub fn settled_before_ms(&self) -> u64 {
+        self.floor.get().map_or(0, |mark| mark.settled_before_second.saturating_mul(1000))
+    }
+
     /// Deletes every segment and relocation window that may go now.
     pub fn pass(&self) -> Result<ReclaimReport> {
         let _running = self.running.locked();

@@ -209,6 +209,7 @@ impl Store {
             deleted_unread: counter(&self.retention.deleted_unread),
             pending_by_segment: self.wheel.synced.locked().1.iter().collect(),
             consumer_skipped: counter(&self.retention.consumer_skipped),
+            settled_before_ms: self.retainer.as_ref().map_or(0, |r| r.settled_before_ms()),
         };
         let (pending_by_topic, pending_other_topics) =
             self.topics.as_ref().and_then(|t| t.top(crate::stats::STATS_TOPICS)).unwrap_or_default();
