@@ -16,7 +16,9 @@
 //! So occurrences strictly increase, and the occurrence after an instant is
 //! a pure function of that instant: recovery and previews compute the same.
 
+use std::collections::HashMap;
 use std::str::FromStr;
+use std::sync::{Arc, Mutex, OnceLock, Weak};
 
 use chrono::{DateTime, LocalResult, NaiveDateTime, TimeZone, Timelike, Utc};
 use chrono_tz::Tz;
@@ -24,6 +26,7 @@ use croner::Cron;
 use croner::parser::{CronParser, Seconds, Year};
 
 use crate::error::{Error, Result};
+use crate::sync::Locked;
 
 /// The names of a cron expression's six fields, for errors.
 const FIELDS: [&str; 6] = ["second", "minute", "hour", "day-of-month", "month", "day-of-week"];
@@ -81,7 +84,7 @@ impl Recurrence {
 /// A recurrence checked and ready to compute occurrences.
 #[derive(Debug, Clone)]
 pub(crate) enum Rule {
-    Cron { cron: Box<Cron>, zone: Tz },
+    Cron { cron: Arc<Cron>, zone: Tz },
     Every { period_ms: u64, anchor_ms: u64 },
 }
 
@@ -94,7 +97,7 @@ impl Rule {
                 let zone = Tz::from_str(time_zone).map_err(|_| {
                     Error::invalid("time_zone", format!("{time_zone:?} is not an IANA time zone name"))
                 })?;
-                Ok(Self::Cron { cron: Box::new(parse_cron(expression)?), zone })
+                Ok(Self::Cron { cron: shared_cron(expression)?, zone })
             }
             Recurrence::Every { period_ms: 0 } => {
                 Err(Error::invalid("every", "a period of 0 ms never advances"))
@@ -124,6 +127,35 @@ impl Rule {
         };
         next.filter(|&at| at <= LAST_MS)
     }
+}
+
+/// The parsed cron expressions in use, shared by every rule made from the
+/// same text: croner keeps a byte per value of each field, the years'
+/// included, about 6.5 KB an expression, and a million schedules (whose
+/// plans the ticking thread holds while their second is loaded) mostly
+/// share a few expressions. Entries whose rules are all gone are swept once
+/// the map has doubled since the last sweep, so it stays within twice the
+/// expressions in use.
+#[derive(Default)]
+struct SharedCrons {
+    by_text: HashMap<String, Weak<Cron>>,
+    sweep_at: usize,
+}
+
+/// The parse of `expression`, shared (see [`SharedCrons`]).
+fn shared_cron(expression: &str) -> Result<Arc<Cron>> {
+    static SHARED: OnceLock<Mutex<SharedCrons>> = OnceLock::new();
+    let mut shared = SHARED.get_or_init(Mutex::default).locked();
+    if let Some(cron) = shared.by_text.get(expression).and_then(Weak::upgrade) {
+        return Ok(cron);
+    }
+    let cron = Arc::new(parse_cron(expression)?);
+    if shared.by_text.len() >= shared.sweep_at {
+        shared.by_text.retain(|_, cron| cron.strong_count() > 0);
+        shared.sweep_at = (2 * shared.by_text.len()).max(64);
+    }
+    shared.by_text.insert(expression.to_owned(), Arc::downgrade(&cron));
+    Ok(cron)
 }
 
 /// Parses a 6-field expression or an alias; a field that does not parse is named.

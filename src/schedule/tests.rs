@@ -141,3 +141,24 @@ proptest! {
         prop_assert!(rule.next_after(next).unwrap() > next);
     }
 }
+
+/// A million schedules of one expression hold one parse of it (croner's is
+/// about 6.5 KB), not a million: 10,000 cron schedules due at one second
+/// took 65 MB of heap in `perf --schedules 10000 --cron`.
+#[test]
+fn rules_of_one_expression_share_its_parse() {
+    let parse_of = |recurrence: Recurrence| match Rule::new(&recurrence, 0).unwrap() {
+        Rule::Cron { cron, .. } => cron,
+        Rule::Every { .. } => unreachable!("a cron recurrence"),
+    };
+    let utc = parse_of(Recurrence::cron("7 */5 * * * *"));
+    let shanghai = parse_of(Recurrence::cron("7 */5 * * * *").in_time_zone("Asia/Shanghai"));
+    let other = parse_of(Recurrence::cron("8 */5 * * * *"));
+    assert!(std::sync::Arc::ptr_eq(&utc, &shanghai));
+    assert!(!std::sync::Arc::ptr_eq(&utc, &other));
+    // Once no rule holds it, the next is parsed again (and still right).
+    drop((utc, shanghai));
+    let again = parse_of(Recurrence::cron("7 */5 * * * *"));
+    let rule = Rule::Cron { cron: again, zone: chrono_tz::Tz::UTC };
+    assert_eq!(rule.next_after(0), Some(7_000));
+}
