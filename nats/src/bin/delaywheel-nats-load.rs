@@ -37,6 +37,17 @@ struct Args {
     /// Delays, ms after the send starts, half-open A..B, spread evenly.
     #[arg(long, default_value = "2000..10000")]
     delay_ms: String,
+    /// Schedule mode: `--messages` recurring schedules instead of one-shot
+    /// timers, each on its own subject, e.g. "@every 10s" or "*/10 * * * * *"
+    /// (nats-server 2.14+), watched for `--run-secs`.
+    #[arg(long)]
+    recurring: Option<String>,
+    /// With `--recurring`: how long to watch the fires after the schedules are made.
+    #[arg(long, default_value_t = 60)]
+    run_secs: u64,
+    /// Replicas of the streams the tool makes (1 on a single server).
+    #[arg(long, default_value_t = 3)]
+    replicas: usize,
     /// The tier's partitions (as its nodes were started).
     #[arg(long, default_value_t = 8)]
     partitions: u32,
@@ -92,13 +103,16 @@ async fn main() -> ExitCode {
 }
 
 async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_nats::Error> {
+    if let Some(recurring) = &args.recurring {
+        return run_recurring(args, recurring).await;
+    }
     let client = async_nats::connect(args.nats.clone()).await?;
     let js = jetstream::new(client.clone());
     let (target_stream, target) = match args.mode {
         Mode::Tier => ("OUT", "out.load"),
         Mode::Schedule => ("SCHED", "sched.out"),
     };
-    prepare(&js, args.mode).await?;
+    prepare(&js, args.mode, args.replicas).await?;
     let reader = js
         .get_stream(target_stream)
         .await?
@@ -178,20 +192,98 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
     Ok(report)
 }
 
+/// `--recurring`: makes the schedules, then reads their fires for `--run-secs`.
+async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, async_nats::Error> {
+    if args.mode != Mode::Schedule {
+        return Err("--recurring needs --mode schedule (the tier has no recurring timers yet)".into());
+    }
+    let client = async_nats::connect(args.nats.clone()).await?;
+    let js = jetstream::new(client.clone());
+    prepare(&js, Mode::Schedule, args.replicas).await?;
+    let target = "sched.rout";
+    let reader = js
+        .get_stream("SCHED")
+        .await?
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: target.into(),
+            deliver_policy: DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await?;
+    let mut arrivals = reader.messages().await?;
+    let sent = Instant::now();
+    let creates = (0..args.messages).map(|i| {
+        let js = &js;
+        async move {
+            let mut headers = HeaderMap::new();
+            headers.insert("Nats-Schedule", spec);
+            headers.insert("Nats-Schedule-Target", target);
+            js.publish_with_headers(format!("sched.r.{i}"), headers, Bytes::from(i.to_string()))
+                .await?
+                .await?;
+            Ok::<_, async_nats::Error>(())
+        }
+    });
+    let results: Vec<_> = futures::stream::iter(creates).buffer_unordered(args.inflight).collect().await;
+    results.into_iter().collect::<Result<Vec<()>, _>>()?;
+    let create_secs = sent.elapsed().as_secs_f64();
+    // Each fire names the next instant (`Nats-Schedule-Next`, whole
+    // seconds): a schedule's later fires are measured against what its
+    // previous one announced; its first (made at the creation's second) is
+    // only counted.
+    let mut next_of: HashMap<u64, i64> = HashMap::new();
+    let (mut lateness, mut early, mut fires) = (Vec::new(), 0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(args.run_secs);
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        let Ok(Some(message)) = tokio::time::timeout(left, arrivals.next()).await else { break };
+        let message = message?;
+        let id: u64 = std::str::from_utf8(&message.payload)?.parse()?;
+        let stored = (message.info()?.published.unix_timestamp_nanos() / 1_000_000) as i64;
+        fires += 1;
+        if let Some(due) = next_of.get(&id) {
+            early += u64::from(stored < *due);
+            lateness.push(stored - due);
+        }
+        let next = message.headers.as_ref().and_then(|h| h.get("Nats-Schedule-Next"));
+        match next
+            .map(|v| time::OffsetDateTime::parse(v.as_str(), &time::format_description::well_known::Rfc3339))
+        {
+            Some(Ok(at)) => next_of.insert(id, (at.unix_timestamp_nanos() / 1_000_000) as i64),
+            _ => next_of.remove(&id),
+        };
+    }
+    lateness.sort_unstable();
+    let at =
+        |q: f64| lateness.get(((lateness.len() as f64 * q) as usize).min(lateness.len().saturating_sub(1)));
+    Ok(serde_json::json!({
+        "mode": "nats-schedule",
+        "recurrence": spec,
+        "schedules": args.messages,
+        "create_per_sec": args.messages as f64 / create_secs,
+        "run_secs": args.run_secs,
+        "fires": fires,
+        "fires_per_sec": fires as f64 / args.run_secs as f64,
+        "measured": lateness.len(),
+        "early": early,
+        "lateness_ms": { "p50": at(0.5), "p99": at(0.99), "max": lateness.last() },
+    }))
+}
+
 /// Makes the target stream (and, for schedules, the stream that holds them).
-async fn prepare(js: &jetstream::Context, mode: Mode) -> Result<(), async_nats::Error> {
+async fn prepare(js: &jetstream::Context, mode: Mode, replicas: usize) -> Result<(), async_nats::Error> {
     let config = match mode {
         Mode::Tier => stream::Config {
             name: "OUT".into(),
             subjects: vec!["out.>".into()],
-            num_replicas: 3,
+            num_replicas: replicas,
             ..Default::default()
         },
         // A schedule and its target must be in one stream.
         Mode::Schedule => stream::Config {
             name: "SCHED".into(),
             subjects: vec!["sched.>".into()],
-            num_replicas: 3,
+            num_replicas: replicas,
             allow_message_schedules: true,
             allow_rollup: true,
             ..Default::default()
