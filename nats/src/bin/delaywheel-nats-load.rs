@@ -113,16 +113,7 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
         Mode::Schedule => ("SCHED", "sched.out"),
     };
     prepare(&js, args.mode, args.replicas).await?;
-    let reader = js
-        .get_stream(target_stream)
-        .await?
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: target.into(),
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut arrivals = reader.messages().await?;
+    let mut arrivals = arrivals(&js, target_stream, target).await?;
 
     let start_ms = now_ms();
     let due = |i: usize| start_ms + lo + (i as u64 * 7_919) % (hi - lo);
@@ -201,16 +192,7 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
     let js = jetstream::new(client.clone());
     prepare(&js, Mode::Schedule, args.replicas).await?;
     let target = "sched.rout";
-    let reader = js
-        .get_stream("SCHED")
-        .await?
-        .create_consumer(pull::OrderedConfig {
-            filter_subject: target.into(),
-            deliver_policy: DeliverPolicy::New,
-            ..Default::default()
-        })
-        .await?;
-    let mut arrivals = reader.messages().await?;
+    let mut arrivals = arrivals(&js, "SCHED", target).await?;
     let sent = Instant::now();
     let creates = (0..args.messages).map(|i| {
         let js = &js;
@@ -268,6 +250,24 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
         "early": early,
         "lateness_ms": { "p50": at(0.5), "p99": at(0.99), "max": lateness.last() },
     }))
+}
+
+/// What arrives on `subject` of `stream` from now on.
+async fn arrivals(
+    js: &jetstream::Context,
+    stream: &str,
+    subject: &str,
+) -> Result<pull::Ordered, async_nats::Error> {
+    let reader = js
+        .get_stream(stream)
+        .await?
+        .create_consumer(pull::OrderedConfig {
+            filter_subject: subject.into(),
+            deliver_policy: DeliverPolicy::New,
+            ..Default::default()
+        })
+        .await?;
+    Ok(reader.messages().await?)
 }
 
 /// Makes the target stream (and, for schedules, the stream that holds them).
