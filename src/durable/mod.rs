@@ -12,7 +12,7 @@ use std::sync::{Arc, Mutex};
 
 use crate::format::checkpoint::Checkpoint;
 use crate::sync::Locked;
-pub(crate) use pins::{Pin, Pins};
+pub(crate) use pins::{Pin, Pins, PinsRead};
 pub(crate) use segment_counts::SegmentCounts;
 
 /// What the flusher's channel carries.

@@ -315,13 +315,11 @@ pub fn replaced_by(view: &MessageView<'_>) -> Option<Replaced> {
 /// The plan of the schedule whose record is `view`, from its spec property;
 /// the error says what does not read.
 pub(crate) fn plan_of(view: &MessageView<'_>) -> std::result::Result<Plan, String> {
-    let properties = view.properties().map_err(|e| e.to_string())?;
-    let (_, text) = properties
-        .iter()
-        .find(|(name, _)| name == SPEC_PROPERTY)
+    let text = view
+        .property(SPEC_PROPERTY)
+        .map_err(|e| e.to_string())?
         .ok_or_else(|| format!("a schedule record without its {SPEC_PROPERTY:?} property"))?;
-    let spec = Spec::decode(text).map_err(|why| format!("the schedule's spec: {why}"))?;
-    spec.plan().map_err(|e| format!("the schedule's spec: {e}"))
+    spec::plan_of_text(text).map_err(|why| format!("the schedule's spec: {why}"))
 }
 
 #[cfg(test)]

@@ -93,17 +93,25 @@ impl Rule {
     /// an `Every` counts from `anchor_ms`.
     pub fn new(recurrence: &Recurrence, anchor_ms: u64) -> Result<Self> {
         match recurrence {
-            Recurrence::Cron { expression, time_zone } => {
-                let zone = Tz::from_str(time_zone).map_err(|_| {
-                    Error::invalid("time_zone", format!("{time_zone:?} is not an IANA time zone name"))
-                })?;
-                Ok(Self::Cron { cron: shared_cron(expression)?, zone })
-            }
-            Recurrence::Every { period_ms: 0 } => {
-                Err(Error::invalid("every", "a period of 0 ms never advances"))
-            }
-            &Recurrence::Every { period_ms } => Ok(Self::Every { period_ms, anchor_ms }),
+            Recurrence::Cron { expression, time_zone } => Self::cron(expression, time_zone),
+            &Recurrence::Every { period_ms } => Self::every(period_ms, anchor_ms),
         }
+    }
+
+    /// The cron `expression` evaluated in the zone named `time_zone`.
+    pub fn cron(expression: &str, time_zone: &str) -> Result<Self> {
+        let zone = Tz::from_str(time_zone).map_err(|_| {
+            Error::invalid("time_zone", format!("{time_zone:?} is not an IANA time zone name"))
+        })?;
+        Ok(Self::Cron { cron: shared_cron(expression)?, zone })
+    }
+
+    /// Every `period_ms` from `anchor_ms`.
+    pub fn every(period_ms: u64, anchor_ms: u64) -> Result<Self> {
+        if period_ms == 0 {
+            return Err(Error::invalid("every", "a period of 0 ms never advances"));
+        }
+        Ok(Self::Every { period_ms, anchor_ms })
     }
 
     /// The first occurrence strictly after `after_ms`, if one falls before

@@ -35,7 +35,7 @@ use std::sync::Arc;
 
 use bloomfilter::Bloom;
 
-use crate::durable::{Pin, Pins};
+use crate::durable::{Pin, Pins, PinsRead};
 use crate::error::Result;
 use crate::format::CANCEL_LEDGER_MAGIC;
 use crate::format::layout::CANCEL_LEDGER_DIR;
@@ -165,16 +165,14 @@ impl CancelLedger {
 
     /// Reads every reschedule entry into the pins (each message's latest).
     pub fn load_pins(&self) -> Result<()> {
-        let mut by_message = BTreeMap::new();
+        let mut pins = PinsRead::default();
         for index in self.log.first()..self.log.end() {
             if let Some(e) = self.entry(index)?.filter(|e| e.kind == LedgerKind::Reschedule) {
-                by_message.insert(
-                    e.timer.message_offset,
-                    Pin { timer: e.record_offset, deliver_at_ms: e.timer.deliver_at_ms },
-                );
+                let pin = Pin { timer: e.record_offset, deliver_at_ms: e.timer.deliver_at_ms };
+                pins.set(e.timer.message_offset, pin);
             }
         }
-        self.pins.replace_all(by_message);
+        self.pins.replace_all(pins);
         Ok(())
     }
 

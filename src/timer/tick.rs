@@ -200,7 +200,7 @@ pub(crate) struct Ticker {
     pub received: u64,
     /// Where each checked loaded timer goes: its topic, queue and tags.
     pub routes: Routes,
-    /// Which loaded timers are recurring schedules', and their plans.
+    /// Which loaded timers are recurring schedules'.
     pub recurring: Recurring,
     /// Schedules' timers a restart restored from the relocation area, to
     /// learn once the thread runs (see [`Ticker::learn_late`]).
@@ -418,9 +418,9 @@ impl Ticker {
     /// refuses it.
     fn learn_late(&mut self, timer: Timer) {
         let (recurring, held_in) = (&mut self.recurring, self.wheel.newest_loaded_second());
-        let learn = |view: &MessageView<'_>, message: u64, fired: u64| {
+        let learn = |view: &MessageView<'_>, _: u64, _: u64| {
             if view.schedule {
-                learn_recurring(recurring, (timer, held_in), message, fired, view);
+                recurring.learn(held_in, timer);
             }
         };
         let checked = check_timer_record(&mut self.reader, timer, learn);
@@ -684,24 +684,6 @@ pub(super) fn check_timer_record(
     }
 }
 
-/// Notes a schedule's timer (see `recurring.rs`). A spec that does not read
-/// is logged: the timer then fires once, as a timed message's.
-fn learn_recurring(
-    recurring: &mut Recurring,
-    at: (Timer, u64),
-    schedule: u64,
-    fired: u64,
-    view: &MessageView<'_>,
-) {
-    if let Err(why) = recurring.learn(at, schedule, fired, view) {
-        tracing::error!(
-            schedule,
-            why,
-            "a schedule's record does not read: its timer fires once, as a timed message's"
-        );
-    }
-}
-
 /// Keeps the timers whose record is the timed message they name, due when
 /// they say, its checksum checked: a timer is never delivered for a damaged
 /// message or for another record at its offset. Each one left out is logged
@@ -719,9 +701,9 @@ fn retain_checked(
     let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
     std::hint::black_box(touched);
     timers.retain(|timer| {
-        let learn = |view: &MessageView<'_>, message: u64, fired: u64| match view.schedule {
+        let learn = |view: &MessageView<'_>, _: u64, _: u64| match view.schedule {
             false => routes.learn(second, *timer, view.topic, view.queue_id, tag_hash(view.tags)),
-            true => learn_recurring(recurring, (*timer, second), message, fired, view),
+            true => recurring.learn(second, *timer),
         };
         let why = match check_timer_record(reader, *timer, learn) {
             Ok(true) => return true,

@@ -6,7 +6,7 @@
 //! load every occurrence is owed and a gap is a loss.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use delaywheel::{Clock, Config, Message, MissedRuns, Recurrence, Schedule, Store, SystemClock};
@@ -33,7 +33,7 @@ enum Kind {
 /// What consumers saw, per schedule and in all.
 struct Seen {
     /// Per schedule: the number of the last occurrence seen.
-    last: Vec<AtomicU64>,
+    last: Vec<AtomicU32>,
     delivered: AtomicU64,
     duplicated: AtomicU64,
     /// Occurrences that skipped a number (each one skipped counts).
@@ -61,7 +61,7 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
     let (dir, tmp) = store_dir(args.dir.clone(), "delaywheel-perf-")?;
     let store = Arc::new(Store::open(Config::new(&dir).with_queues_per_topic(args.consumers))?);
     let seen = Arc::new(Seen {
-        last: (0..count).map(|_| AtomicU64::new(0)).collect(),
+        last: (0..count).map(|_| AtomicU32::new(0)).collect(),
         delivered: AtomicU64::new(0),
         duplicated: AtomicU64::new(0),
         gaps: AtomicU64::new(0),
@@ -70,13 +70,7 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
     });
     // Every schedule starts after the last is created: now + 2 s + N / 100,000 s.
     let start_ms = SystemClock.now_ms() + 2_000 + count / 100;
-    let starts: Arc<Vec<u64>> = Arc::new(match &kind {
-        Kind::Every(every) => {
-            let mut rng = fastrand::Rng::with_seed(count);
-            (0..count).map(|_| start_ms + rng.u64(0..*every)).collect()
-        }
-        Kind::Cron { .. } => vec![start_ms; count as usize],
-    });
+    let starts = Arc::new(Starts::new(&kind, start_ms, count)?);
     let stop = Arc::new(AtomicBool::new(false));
     let consumers = (0..args.consumers)
         .map(|queue| {
@@ -98,7 +92,7 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
     let end_ms = SystemClock.now_ms();
     // Let what was due before the end arrive: a saturated store delivers
     // it late, which the lateness shows; only what never comes is lost.
-    let owed = owed_by(&firsts, &kind, end_ms)?;
+    let owed = owed_by(firsts.iter().map(|&first| start_ms + u64::from(first)), &kind, end_ms)?;
     let settled = Instant::now();
     let mut lost = not_seen(&seen, &owed);
     while lost > 0 && settled.elapsed() < Duration::from_millis(SETTLE_MS) {
@@ -151,6 +145,38 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
     Ok(())
 }
 
+/// Each schedule's planned start, in 4 bytes a schedule (the run's own
+/// memory counts in its heap peak, and the store's is what is measured).
+struct Starts {
+    base_ms: u64,
+    count: u64,
+    /// For `Every`, each one's random phase after `base_ms`; cron ones all start then.
+    phases: Vec<u32>,
+}
+
+impl Starts {
+    fn new(kind: &Kind, base_ms: u64, count: u64) -> Result<Self, Failure> {
+        let phases = match kind {
+            Kind::Every(every) => {
+                let mut rng = fastrand::Rng::with_seed(count);
+                (0..count).map(|_| Self::phase(rng.u64(0..*every))).collect::<Result<_, _>>()?
+            }
+            Kind::Cron { .. } => Vec::new(),
+        };
+        Ok(Self { base_ms, count, phases })
+    }
+
+    fn of(&self, id: u64) -> u64 {
+        self.base_ms + self.phases.get(id as usize).map_or(0, |&phase| u64::from(phase))
+    }
+
+    /// An instant after the base, as kept.
+    fn phase(ms: u64) -> Result<u32, Failure> {
+        u32::try_from(ms)
+            .map_err(|_| Failure::Usage(format!("{ms} ms after the start is past what a run keeps")))
+    }
+}
+
 /// The schedule of id `id`.
 fn schedule(id: u64, kind: &Kind, start_ms: u64, queues: u32) -> Schedule {
     let message = Message::new(TOPIC, id.to_le_bytes().to_vec()).queue_id((id % u64::from(queues)) as u32);
@@ -171,21 +197,22 @@ fn schedule(id: u64, kind: &Kind, start_ms: u64, queues: u32) -> Schedule {
 fn create_all(
     store: &Arc<Store>,
     kind: &Kind,
-    starts: &Arc<Vec<u64>>,
+    starts: &Arc<Starts>,
     args: &PerfArgs,
-) -> Result<Vec<u64>, Failure> {
+) -> Result<Vec<u32>, Failure> {
     let producers = args.producers as u64;
     let queues = args.consumers;
-    let firsts: Arc<Vec<AtomicU64>> = Arc::new(starts.iter().map(|_| AtomicU64::new(0)).collect());
+    let firsts: Arc<Vec<AtomicU32>> = Arc::new((0..starts.count).map(|_| AtomicU32::new(0)).collect());
     let threads = (0..producers)
         .map(|p| {
             let (store, starts, kind) = (Arc::clone(store), Arc::clone(starts), kind.clone());
             let firsts = Arc::clone(&firsts);
             std::thread::Builder::new().name(format!("perf-producer-{p}")).spawn(move || {
-                (p..starts.len() as u64).step_by(producers as usize).try_for_each(|id| {
-                    let receipt = store.schedule(schedule(id, &kind, starts[id as usize], queues))?;
-                    firsts[id as usize].store(receipt.first_occurrence_ms(), Ordering::Release);
-                    Ok::<_, delaywheel::Error>(())
+                (p..starts.count).step_by(producers as usize).try_for_each(|id| {
+                    let receipt = store.schedule(schedule(id, &kind, starts.of(id), queues))?;
+                    let first = Starts::phase(receipt.first_occurrence_ms() - starts.base_ms)?;
+                    firsts[id as usize].store(first, Ordering::Release);
+                    Ok::<_, Failure>(())
                 })
             })
         })
@@ -219,12 +246,11 @@ fn owed(kind: &Kind, start_ms: u64, until_ms: u64) -> Result<u64, Failure> {
 
 /// Per schedule, the occurrences due by `end_ms`, counted from the first
 /// occurrence the store answered.
-fn owed_by(firsts: &[u64], kind: &Kind, end_ms: u64) -> Result<Vec<u64>, Failure> {
+fn owed_by(firsts: impl Iterator<Item = u64>, kind: &Kind, end_ms: u64) -> Result<Vec<u32>, Failure> {
     // Cron schedules share their instants: count once per first occurrence.
     let mut by_first = std::collections::HashMap::new();
     firsts
-        .iter()
-        .map(|&first| match kind {
+        .map(|first| match kind {
             Kind::Every(_) => owed(kind, first, end_ms),
             Kind::Cron { .. } => match by_first.get(&first) {
                 Some(&n) => Ok(n),
@@ -233,16 +259,19 @@ fn owed_by(firsts: &[u64], kind: &Kind, end_ms: u64) -> Result<Vec<u64>, Failure
                 }),
             },
         })
+        .map(|owed| {
+            owed.and_then(|n| u32::try_from(n).map_err(|_| "more occurrences owed than u32 holds".into()))
+        })
         .collect()
 }
 
 /// Occurrences owed that no consumer saw: a schedule's last seen number
 /// short of what it owed, and every number skipped.
-fn not_seen(seen: &Seen, owed: &[u64]) -> u64 {
+fn not_seen(seen: &Seen, owed: &[u32]) -> u64 {
     let short: u64 = owed
         .iter()
         .zip(&seen.last)
-        .map(|(&owed, last)| owed.saturating_sub(last.load(Ordering::Acquire)))
+        .map(|(&owed, last)| u64::from(owed.saturating_sub(last.load(Ordering::Acquire))))
         .sum();
     seen.gaps.load(Ordering::Acquire) + short
 }
@@ -261,7 +290,7 @@ fn consume(
     store: &Store,
     queue: u32,
     seen: &Seen,
-    starts: &[u64],
+    starts: &Starts,
     kind: &Kind,
     stop: &AtomicBool,
 ) -> Result<Histogram<u64>, String> {
@@ -274,7 +303,11 @@ fn consume(
             let id = u64::from_le_bytes(m.body()[..8].try_into().map_err(|_| "short body")?);
             let occurrence = m.occurrence().ok_or("a delivery that is no occurrence")?;
             let due = m.deliver_at_ms().ok_or("an occurrence without its instant")?;
-            let start = *starts.get(id as usize).ok_or("an id no schedule has")?;
+            if id >= starts.count {
+                return Err("an id no schedule has".into());
+            }
+            let start = starts.of(id);
+            let number = u32::try_from(occurrence.number).map_err(|_| "an occurrence number past u32")?;
             if now_ms < due || m.delivered_at_ms() < due {
                 seen.early.fetch_add(1, Ordering::AcqRel);
             }
@@ -282,11 +315,11 @@ fn consume(
                 seen.off_schedule.fetch_add(1, Ordering::AcqRel);
             }
             lateness.saturating_record(now_ms.saturating_sub(due));
-            let last = seen.last[id as usize].fetch_max(occurrence.number, Ordering::AcqRel);
-            if occurrence.number <= last {
+            let last = seen.last[id as usize].fetch_max(number, Ordering::AcqRel);
+            if number <= last {
                 seen.duplicated.fetch_add(1, Ordering::AcqRel);
             } else {
-                seen.gaps.fetch_add(occurrence.number - last - 1, Ordering::AcqRel);
+                seen.gaps.fetch_add(u64::from(number - last - 1), Ordering::AcqRel);
                 seen.delivered.fetch_add(1, Ordering::AcqRel);
             }
         }
@@ -306,11 +339,11 @@ mod tests {
     #[test]
     fn what_is_owed_counts_from_the_first_occurrence_answered() {
         let every = Kind::Every(1_000);
-        assert_eq!(owed_by(&[10_000, 12_000], &every, 12_500).ok(), Some(vec![3, 1]));
+        assert_eq!(owed_by([10_000, 12_000].into_iter(), &every, 12_500).ok(), Some(vec![3, 1]));
         let cron = Kind::Cron { expression: "*/10 * * * * *".into(), time_zone: "UTC".into() };
-        assert_eq!(owed_by(&[10_000, 30_000, 10_000], &cron, 30_000).ok(), Some(vec![3, 1, 3]));
+        assert_eq!(owed_by([10_000, 30_000, 10_000].into_iter(), &cron, 30_000).ok(), Some(vec![3, 1, 3]));
         let seen = Seen {
-            last: [3, 0, 1].into_iter().map(AtomicU64::new).collect(),
+            last: [3, 0, 1].into_iter().map(AtomicU32::new).collect(),
             delivered: AtomicU64::new(4),
             duplicated: AtomicU64::new(0),
             gaps: AtomicU64::new(1),

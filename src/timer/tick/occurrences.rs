@@ -21,8 +21,15 @@ use crate::schedule::{PAUSED_AT_MS, Plan, Replaced, ScheduleUpdate, plan_of};
 use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
-use crate::timer::recurring::Armed;
 use crate::timer::state::cancels::{CancelState, CancelTarget};
+
+/// A schedule's timer, as its records say: the schedule (its record's
+/// offset), the occurrences it delivered before this timer's, its plan.
+struct Armed {
+    schedule: u64,
+    fired: u64,
+    plan: Plan,
+}
 
 /// The record a fired schedule timer is written as.
 enum Written {
@@ -54,8 +61,8 @@ impl Ticker {
         let mut plain = Vec::with_capacity(due.len());
         let mut fired = Vec::new();
         for timer in due {
-            match self.recurring.take(&timer) {
-                Some(armed) => fired.push((timer, written(&armed, timer, now_ms))),
+            match self.recurring.take(&timer).then(|| self.read_armed(timer)).flatten() {
+                Some(schedule) => fired.push((timer, written(&schedule, timer, now_ms))),
                 None => plain.push(timer),
             }
         }
@@ -264,6 +271,25 @@ impl Ticker {
         self.count_cancel(timer, offset);
         self.wake_indexers();
         Ok(())
+    }
+
+    /// The schedule of `timer`, a timer learnt as a schedule's as it was
+    /// loaded. One whose records no longer check out, or whose spec does not
+    /// read, is logged: it then fires as a timed message's, once.
+    fn read_armed(&mut self, timer: Timer) -> Option<Armed> {
+        match self.read_schedule(timer) {
+            Ok(Some((schedule, fired, plan))) => return Some(Armed { schedule, fired, plan }),
+            Ok(None) => tracing::error!(
+                message = timer.message_offset,
+                "a schedule's timer no longer names a schedule: it fires once, as a timed message's"
+            ),
+            Err(e) => tracing::error!(
+                message = timer.message_offset,
+                error = %e,
+                "a schedule's record does not read: its timer fires once, as a timed message's"
+            ),
+        }
+        None
     }
 
     /// The schedule whose timer `timer` is: its record's offset, the
