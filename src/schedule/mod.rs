@@ -153,13 +153,19 @@ impl Schedule {
     /// unknown time zone, a period of 0, an end not after the start, a
     /// limit of 0, or a template with a deliver time.
     pub(crate) fn plan(&self, created_ms: u64) -> Result<Plan> {
+        self.checked(created_ms).map(|(_, plan)| plan)
+    }
+
+    /// [`plan`](Self::plan), with the spec it was made from.
+    pub(crate) fn checked(&self, created_ms: u64) -> Result<(Spec, Plan)> {
         if !self.template.is_untimed() {
             return Err(Error::invalid(
                 "template",
                 "a schedule's template has no deliver time, delay or delay level: each occurrence gives it one",
             ));
         }
-        let plan = self.spec(created_ms)?.plan()?;
+        let spec = self.spec(created_ms)?;
+        let plan = spec.plan()?;
         if plan.first(created_ms).is_none() {
             let from = plan.start_ms.max(created_ms);
             // With no end in the way, the recurrence itself never fires.
@@ -176,7 +182,7 @@ impl Schedule {
                 format!("no occurrence falls from {from} until {until}: the schedule would never fire"),
             ));
         }
-        Ok(plan)
+        Ok((spec, plan))
     }
 }
 

@@ -77,7 +77,14 @@ impl Spec {
     /// The spec as text. A cron expression or zone name with a line break
     /// is refused, naming the field: the text is one field per line.
     pub(crate) fn encode(&self) -> Result<String> {
-        let mut out = format!("v={VERSION}\n");
+        use std::fmt::Write;
+        // One string, written in place: creating schedules spent a tenth of
+        // its time formatting pieces of this and appending them.
+        let mut out = String::with_capacity(96);
+        let mut line = |args: std::fmt::Arguments<'_>| {
+            let _ = out.write_fmt(args);
+        };
+        line(format_args!("v={VERSION}\n"));
         match &self.recurrence {
             Recurrence::Cron { expression, time_zone } => {
                 for (field, value) in [("cron", expression), ("time_zone", time_zone)] {
@@ -85,24 +92,24 @@ impl Spec {
                         return Err(Error::invalid(field, format!("{value:?} holds a line break")));
                     }
                 }
-                out += &format!("cron={expression}\ntz={time_zone}\n");
+                line(format_args!("cron={expression}\ntz={time_zone}\n"));
             }
-            Recurrence::Every { period_ms } => out += &format!("every_ms={period_ms}\n"),
+            Recurrence::Every { period_ms } => line(format_args!("every_ms={period_ms}\n")),
         }
-        out += &format!("start_at_ms={}\n", self.start_ms);
+        line(format_args!("start_at_ms={}\n", self.start_ms));
         if let Some(end) = self.end_ms {
-            out += &format!("end_at_ms={end}\n");
+            line(format_args!("end_at_ms={end}\n"));
         }
         if let Some(limit) = self.limit {
-            out += &format!("limit={limit}\n");
+            line(format_args!("limit={limit}\n"));
         }
-        out += &match self.missed {
-            MissedRuns::FireOnce => "missed=fire_once".to_string(),
-            MissedRuns::Skip => "missed=skip".to_string(),
-            MissedRuns::FireAll { window } => format!("missed=fire_all:{}", window.as_millis()),
-        };
+        match self.missed {
+            MissedRuns::FireOnce => line(format_args!("missed=fire_once")),
+            MissedRuns::Skip => line(format_args!("missed=skip")),
+            MissedRuns::FireAll { window } => line(format_args!("missed=fire_all:{}", window.as_millis())),
+        }
         if let Some(replaced) = self.replaces {
-            out += &format!("\n{REPLACES}{}@{}", replaced.timer_offset, replaced.deliver_at_ms);
+            line(format_args!("\n{REPLACES}{}@{}", replaced.timer_offset, replaced.deliver_at_ms));
         }
         Ok(out)
     }

@@ -67,10 +67,10 @@ impl Store {
             return Err(Error::invalid("template", why));
         }
         let created_ms = self.config.clock.now_ms();
-        let plan = schedule.plan(created_ms)?;
+        let (spec, plan) = schedule.checked(created_ms)?;
         let first =
             plan.first(created_ms).ok_or_else(|| Error::invalid("schedule", "no first occurrence"))?;
-        Ok((schedule.spec(created_ms)?, first))
+        Ok((spec, first))
     }
 
     /// Replaces the recurring schedule `handle` names by `schedule`, at

@@ -41,6 +41,9 @@ struct Seen {
     early: AtomicU64,
     /// Occurrences at another instant than their schedule's.
     off_schedule: AtomicU64,
+    /// The latest an occurrence was seen (ms), and when it was due: where in the run the worst came.
+    latest: AtomicU64,
+    latest_due: AtomicU64,
 }
 
 pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
@@ -67,6 +70,8 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
         gaps: AtomicU64::new(0),
         early: AtomicU64::new(0),
         off_schedule: AtomicU64::new(0),
+        latest: AtomicU64::new(0),
+        latest_due: AtomicU64::new(0),
     });
     // Every schedule starts after the last is created: now + 2 s + N / 100,000 s.
     let start_ms = SystemClock.now_ms() + 2_000 + count / 100;
@@ -123,6 +128,7 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
         "early": seen.early.load(Ordering::Acquire),
         "off_schedule": seen.off_schedule.load(Ordering::Acquire),
         "lateness_ms": lateness_json(&lateness),
+        "latest_due_after_secs": seen.latest_due.load(Ordering::Acquire).saturating_sub(run_from_ms) as f64 / 1000.0,
         "scheduler_lateness_ms": {
             "p50": stats.lateness_ms.p50, "p90": stats.lateness_ms.p90, "p99": stats.lateness_ms.p99,
             "p999": stats.lateness_ms.p999, "max": stats.lateness_ms.max,
@@ -314,7 +320,11 @@ fn consume(
             if instant(kind, start, occurrence.number).is_some_and(|at| at != due) {
                 seen.off_schedule.fetch_add(1, Ordering::AcqRel);
             }
-            lateness.saturating_record(now_ms.saturating_sub(due));
+            let late = now_ms.saturating_sub(due);
+            lateness.saturating_record(late);
+            if late > seen.latest.fetch_max(late, Ordering::AcqRel) {
+                seen.latest_due.store(due, Ordering::Release);
+            }
             let last = seen.last[id as usize].fetch_max(number, Ordering::AcqRel);
             if number <= last {
                 seen.duplicated.fetch_add(1, Ordering::AcqRel);
@@ -349,6 +359,8 @@ mod tests {
             gaps: AtomicU64::new(1),
             early: AtomicU64::new(0),
             off_schedule: AtomicU64::new(0),
+            latest: AtomicU64::new(0),
+            latest_due: AtomicU64::new(0),
         };
         assert_eq!(not_seen(&seen, &[3, 1, 3]), 1 + 1 + 2);
     }
