@@ -67,13 +67,22 @@ mod tests {
         let report = std::thread::Builder::new()
             .name("cpu-probe".into())
             .spawn(|| {
-                // Burn a little CPU so the count can be above zero.
+                // Burn CPU until the process's count (in clock ticks, 10 ms)
+                // is above zero: a release build's short burn may not be.
+                let started = std::time::Instant::now();
                 let mut x = 0u64;
-                for i in 0..20_000_000u64 {
-                    x = x.wrapping_mul(31).wrapping_add(i);
+                loop {
+                    for i in 0..1_000_000u64 {
+                        x = x.wrapping_mul(31).wrapping_add(i);
+                    }
+                    std::hint::black_box(x);
+                    let report = report();
+                    if report["process"].as_f64().is_some_and(|cpu| cpu > 0.0)
+                        || started.elapsed().as_secs() > 10
+                    {
+                        return report;
+                    }
                 }
-                std::hint::black_box(x);
-                report()
             })
             .unwrap()
             .join()
