@@ -118,7 +118,7 @@ impl Paged {
     fn set(&mut self, at: usize, pin: (u64, Pin)) {
         debug_assert!(at < self.len);
         self.pages[at / PAGE][at % PAGE] = pin;
-        if at % PAGE == 0 {
+        if at.is_multiple_of(PAGE) {
             self.firsts[at / PAGE] = pin.0;
         }
     }
