@@ -13,7 +13,8 @@
 //! * `ledger.rs`: every cancel answered, on disk, for a repeated cancel;
 //!   `routes.rs`: where each loaded timer goes (topic, queue, tags), so a run
 //!   that fires together is one deliveries record per queue;
-//!   `recurring.rs`: which loaded timers are recurring schedules', and their plans;
+//!   `recurring.rs`: which loaded timers are recurring schedules' (their
+//!   plans are read again from the records when they fire);
 //! * `log.rs`: the timer logs the slots chain through; `tails.rs`: where each
 //!   slot's chain begins; `levels.rs`: the legacy level table;
 //! * `tick.rs`: the ticking thread; `front.rs`: the wheel's side of the
