@@ -174,12 +174,40 @@ impl Paged {
 }
 
 /// Pins being read from the ledger, in its order (a message's latest last).
+///
+/// The ledger holds a reschedule entry per occurrence of every schedule, in
+/// the order they fired, so its messages come in no order: set one by one,
+/// each would search a page at random (a million schedules' 3.6 M entries
+/// took 1.5 s). They are set a batch at a time instead, sorted by message,
+/// so the search walks the pages in order.
 #[derive(Default)]
-pub(crate) struct PinsRead(Inner);
+pub(crate) struct PinsRead {
+    read: Inner,
+    batch: Vec<(u64, Pin)>,
+}
+
+/// Entries sorted and set together (12 MB).
+const READ_BATCH: usize = 1 << 19;
 
 impl PinsRead {
     pub fn set(&mut self, message_offset: u64, pin: Pin) {
-        self.0.set(message_offset, pin);
+        self.batch.push((message_offset, pin));
+        if self.batch.len() >= READ_BATCH {
+            self.set_batch();
+        }
+    }
+
+    fn set_batch(&mut self) {
+        // Stable: a message's entries keep the ledger's order, so its latest is set last.
+        self.batch.sort_by_key(|(message, _)| *message);
+        for (message, pin) in self.batch.drain(..) {
+            self.read.set(message, pin);
+        }
+    }
+
+    fn finish(mut self) -> Inner {
+        self.set_batch();
+        self.read
     }
 }
 
@@ -190,7 +218,7 @@ impl Pins {
 
     /// Every pin, read whole from the ledger.
     pub fn replace_all(&self, read: PinsRead) {
-        *self.inner() = Inner { ready: true, ..read.0 };
+        *self.inner() = Inner { ready: true, ..read.finish() };
     }
 
     /// Whether the pins were read from the ledger.
@@ -225,7 +253,7 @@ mod tests {
     /// out of order (enough to be merged), and moves of both.
     #[test]
     fn pins_read_as_a_map_of_each_messages_latest() {
-        let (pins, mut model) = (Pins::default(), BTreeMap::new());
+        let (pins, mut model, mut history) = (Pins::default(), BTreeMap::new(), Vec::new());
         let mut rng = fastrand::Rng::with_seed(7);
         for i in 0..20_000u64 {
             let message = match rng.u8(0..4) {
@@ -235,6 +263,7 @@ mod tests {
             let pin = Pin { timer: message + 1 + i, deliver_at_ms: rng.u64(0..1_000) };
             pins.set(message, pin);
             model.insert(message, pin);
+            history.push((message, pin));
             if i % 997 == 0 {
                 let probe = rng.u64(0..=i * 10 + 5);
                 assert_eq!(pins.get(probe), model.get(&probe).copied(), "pin of {probe}");
@@ -247,8 +276,9 @@ mod tests {
                 model.range(lo..hi).filter(|(_, p)| p.deliver_at_ms >= 500).map(|(&m, &p)| (m, p)).collect();
             assert_eq!(found, expected);
         }
+        // Read back from the whole history, as from the ledger: each message's latest wins.
         let (reread, mut read) = (Pins::default(), PinsRead::default());
-        model.iter().rev().for_each(|(&m, &p)| read.set(m, p));
+        history.into_iter().for_each(|(m, p)| read.set(m, p));
         reread.replace_all(read);
         assert!(reread.ready());
         let mut all = reread.due_from(0..u64::MAX, 0);
