@@ -14,7 +14,8 @@
 //! and rebuilds the newest file's bucket heads from its entries; the entries
 //! before it were synced before the checkpoint that replay start comes
 //! from. A missing index (a store made before it existed) or a damaged one
-//! is rebuilt from the relocated copies and the log up to the replay start.
+//! is rebuilt from the relocated copies and the log up to the replay start;
+//! a directory with no file is an empty index, not a missing one.
 //! Retention deletes a file once no copy of any message it names is left:
 //! every segment it covers is deleted and no relocated copy lies in its range.
 
@@ -75,9 +76,13 @@ impl KeyIndex {
             per_file,
             files: Mutex::new(Files { by_first: BTreeMap::new(), last: None }),
         };
+        // An index with no file is an empty one (no timed message had a key,
+        // or retention deleted the files of all that had): a missing
+        // directory is what calls for a rebuild.
         let opened = if existed { index.open_files(replay_from) } else { Ok(false) };
         match opened {
             Ok(true) => return Ok(index),
+            Ok(false) if existed => return Ok(index),
             Ok(false) => {}
             Err(e) => {
                 tracing::error!(dir = %dir.display(), error = %e, "the key index is damaged: rebuilding it from the log");

@@ -407,3 +407,31 @@ fn counts_by_due_time_match_the_timers_put_second_by_second_and_add_up() {
     }
     store.close().unwrap();
 }
+
+/// A store none of whose timers has a key has an empty key index, not a
+/// missing one: reopening it reads nothing of the log below its checkpoint.
+/// (It was rebuilt at every open: every record read, to find no key.)
+#[test]
+fn an_empty_key_index_is_not_rebuilt_from_the_log() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let offsets: Vec<u64> = (0..20)
+        .map(|i| store.put(Message::new("orders", "x").deliver_at_ms(T0 + 1_500 + i)).unwrap().offset())
+        .collect();
+    // They fire, so the wheel's scan for settled timers starts after them.
+    for second in 1..=5 {
+        clock.set_ms(T0 + second * 1_000);
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    store.close().unwrap();
+    // Both checkpoint slots past them.
+    store_at(dir.path(), &clock).close().unwrap();
+    assert_eq!(key_index_files(dir.path()), Vec::<std::path::PathBuf>::new(), "no key, no file");
+    // Damage the frame of a record the checkpoint is past: only a walk of the whole log meets it.
+    flip(&dir.path().join("commitlog").join(format!("{:020}", 0)), offsets[10] as usize + 8);
+    let store = store_at(dir.path(), &clock);
+    let stats = store.stats();
+    assert_eq!(stats.damaged_log_spans, 0, "the open read no record below the checkpoint");
+    store.close().unwrap();
+}
