@@ -9,11 +9,11 @@
 
 pub use crate::format::{
     CANCEL_LEDGER_MAGIC, COMMITLOG_MAGIC, COMMITLOG_VERSION, CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN,
-    FORMAT_VERSION, FileHeader, HeaderProblem, KEY_INDEX_MAGIC, RELOCATED_MAGIC, RELOCATION_INDEX_MAGIC,
-    SEGMENT_PENDING_MAGIC, TAILS_MAGIC, TIMER_LOG_MAGIC, TOPIC_PENDING_MAGIC, WHEEL_MAGIC, chain, checkpoint,
-    consumer_offsets, key_index, layout, numbered_file_name, parse_numbered_file_name, queue_entry, record,
-    recorded_per_file, relocation, segment_counts, segment_size_on_disk, slot, tail, timer_entry,
-    topic_counts, versions, walk,
+    FORMAT_VERSION, FileHeader, HeaderProblem, KEY_INDEX_MAGIC, PINS_MAGIC, RELOCATED_MAGIC,
+    RELOCATION_INDEX_MAGIC, SEGMENT_PENDING_MAGIC, TAILS_MAGIC, TIMER_LOG_MAGIC, TOPIC_PENDING_MAGIC,
+    WHEEL_MAGIC, chain, checkpoint, consumer_offsets, key_index, layout, numbered_file_name,
+    parse_numbered_file_name, pins, queue_entry, record, recorded_per_file, relocation, segment_counts,
+    segment_size_on_disk, slot, tail, timer_entry, topic_counts, versions, walk,
 };
 pub use crate::message::validate_topic;
 pub use crate::timer::geometry;

@@ -33,6 +33,7 @@ use crate::store::{Store, Wakes};
 use crate::threads::{Stop, StopFlag, Threads};
 use crate::timer::WheelFront;
 use crate::timer::levels::DelayLevels;
+use crate::timer::pins_snapshot::{PinsSnapshotter, SnapshotGate};
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
 use crate::timer::wheel::restart::Restarted;
 use crate::topic_counts::TopicCounts;
@@ -70,6 +71,8 @@ struct Parts {
     offsets: Arc<OffsetStore>,
     shared: Arc<WheelShared>,
     floor: Arc<Floor>,
+    /// Shared by the ticking thread and `dw-pins` (see `timer/pins_snapshot.rs`).
+    pins_gate: Arc<SnapshotGate>,
     /// Where the dispatcher's replay starts.
     replay_from: u64,
     dispatched: Arc<AtomicU64>,
@@ -207,6 +210,7 @@ impl Parts {
             offsets,
             shared,
             floor,
+            pins_gate: Arc::default(),
             replay_from,
             dispatched: Arc::new(AtomicU64::new(replay_from)),
             wakes,
@@ -249,6 +253,15 @@ impl Parts {
         let stop = StopFlag::new(None);
         let wheel = inboxes.wheel;
         threads.spawn("tick", Stop::Flag(stop.clone()), move || ticker.run(wheel, stop))?;
+        let snapshotter = PinsSnapshotter::new(
+            self.layout.timer(),
+            Arc::clone(&self.floor),
+            Arc::clone(&self.pins_gate),
+            self.config.flush_interval,
+        );
+        let (wake, inbox) = crossbeam_channel::bounded(1);
+        let stop = StopFlag::new(Some(wake));
+        threads.spawn("pins", Stop::Flag(stop.clone()), move || snapshotter.run(inbox, stop))?;
         let scheduler = self.scheduler_front(levels, &mut threads)?;
         let plan = DispatchPlan {
             from: self.replay_from,
@@ -325,6 +338,7 @@ impl Parts {
             received: indexed,
             routes: Default::default(),
             recurring: Default::default(),
+            pins_gate: Arc::clone(&self.pins_gate),
         }
     }
 

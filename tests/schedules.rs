@@ -560,3 +560,51 @@ fn a_damaged_occurrence_entry_is_made_again_from_the_log() {
     assert_eq!(numbers, [1, 2, 3]);
     store.close().unwrap();
 }
+
+/// The handles of schedules that fired many times find their armed timer
+/// after a `kill -9`, read back from the pins snapshot (`timer/pins`) and
+/// the ledger's entries after it: each lists the same next occurrence and
+/// count as before, and a cancel stops it.
+#[test]
+fn schedules_restored_from_the_pins_snapshot_list_and_cancel_as_before_a_kill() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(
+        small_config(dir.path()).with_clock(clock.clone()).with_flush_interval(Duration::from_millis(20)),
+    )
+    .unwrap();
+    let handles: Vec<_> = (0..40).map(|_| store.schedule(every(100, T0 + 100)).unwrap().handle()).collect();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    let snapshot = dir.path().join("timer/pins");
+    let mut now = T0;
+    let waited = std::time::Instant::now();
+    // Until the snapshot thread folded some occurrences, and some more fired since.
+    let mut after_snapshot = 0;
+    while after_snapshot < 20 {
+        assert!(waited.elapsed() < Duration::from_secs(60), "no pins snapshot was written");
+        now += 100;
+        assert_eq!(until(&clock, &mut consumer, now, 40).len(), 40, "at {now}");
+        if snapshot.exists() {
+            after_snapshot += 1;
+        }
+    }
+    let live: Vec<_> = handles.iter().map(|&h| store.schedule_of(h).unwrap().unwrap()).collect();
+    let image = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), image.path());
+    store.close().unwrap();
+
+    let store = store_at(image.path(), &clock);
+    for (&handle, before) in handles.iter().zip(&live) {
+        let after = store.schedule_of(handle).unwrap().expect("still scheduled");
+        assert_eq!(
+            (after.deliver_at_ms, after.schedule.as_ref().unwrap().fired),
+            (before.deliver_at_ms, before.schedule.as_ref().unwrap().fired),
+            "the armed timer of {handle:?}"
+        );
+        assert_eq!(store.cancel_schedule(handle).unwrap(), CancelOutcome::Cancelled);
+    }
+    let mut consumer = store.consumer("S", 0).unwrap();
+    consumer.seek(consumer.queue_len());
+    assert_eq!(until(&clock, &mut consumer, now + 2_000, 0), [], "every schedule stopped");
+    store.close().unwrap();
+}

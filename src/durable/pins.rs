@@ -7,9 +7,10 @@
 //! message is relocated, and its copy's window kept, by the pin's time.
 //!
 //! The pins are the cancel ledger's reschedule entries (each message's
-//! latest), read from the ledger when the ticking thread starts and kept up
-//! to date by it as it writes them: nothing of them is on disk but the
-//! ledger. A pin stays after its timer fired or was cancelled (the ledger
+//! latest), read when the ticking thread starts (from the pins snapshot,
+//! `timer/pins`, and the ledger's entries after it: see
+//! `timer/pins_snapshot.rs`) and kept up to date by it as it writes them.
+//! A pin stays after its timer fired or was cancelled (the ledger
 //! does not know deliveries), which only keeps its message until the pin's
 //! time has passed retention's `needed_from`; it goes with its ledger file.
 
@@ -56,6 +57,14 @@ const APART_KEPT: usize = 1_024;
 
 impl Inner {
     fn set(&mut self, message: u64, pin: Pin) {
+        // Above every pin (pins read back in order, a new schedule): no search.
+        let above_all = |inner: &Self| {
+            inner.sorted.last().is_none_or(|last| last < message)
+                && inner.apart.last_key_value().is_none_or(|(&m, _)| m < message)
+        };
+        if above_all(self) {
+            return self.sorted.push((message, pin));
+        }
         match self.sorted.search(message) {
             Ok(at) => self.sorted.set(at, (message, pin)),
             Err(at)
@@ -110,6 +119,10 @@ impl Paged {
         self.len
     }
 
+    fn last(&self) -> Option<u64> {
+        self.len.checked_sub(1).map(|at| self.get(at).0)
+    }
+
     fn get(&self, at: usize) -> (u64, Pin) {
         debug_assert!(at < self.len);
         self.pages[at / PAGE][at % PAGE]
@@ -135,6 +148,22 @@ impl Paged {
         debug_assert!(self.len == 0 || self.get(self.len - 1).0 < pin.0, "pushed in order");
         self.grow_to(self.len + 1);
         self.set(self.len - 1, pin);
+    }
+
+    /// Keeps the pins `keep` says, in order, moving them down in place
+    /// (no second array); emptied pages are freed.
+    fn retain(&mut self, keep: impl Fn(&Pin) -> bool) {
+        let mut kept = 0;
+        for at in 0..self.len {
+            let pin = self.get(at);
+            if keep(&pin.1) {
+                self.set(kept, pin);
+                kept += 1;
+            }
+        }
+        self.len = kept;
+        self.pages.truncate(kept.div_ceil(PAGE));
+        self.firsts.truncate(kept.div_ceil(PAGE));
     }
 
     /// Where `message` is (`Ok`), or would go (`Err`).
@@ -221,6 +250,14 @@ impl Pins {
         *self.inner() = Inner { ready: true, ..read.finish() };
     }
 
+    /// Forgets the pins of reschedule records below `record_offset` (their
+    /// ledger entries were deleted), in place.
+    pub fn forget_timers_below(&self, record_offset: u64) {
+        let mut inner = self.inner();
+        inner.sorted.retain(|pin| pin.timer >= record_offset);
+        inner.apart.retain(|_, pin| pin.timer >= record_offset);
+    }
+
     /// Whether the pins were read from the ledger.
     pub fn ready(&self) -> bool {
         self.inner().ready
@@ -275,6 +312,18 @@ mod tests {
             let expected: Vec<_> =
                 model.range(lo..hi).filter(|(_, p)| p.deliver_at_ms >= 500).map(|(&m, &p)| (m, p)).collect();
             assert_eq!(found, expected);
+        }
+        // Forgetting old timers keeps the rest in order, as a model would.
+        let forgotten = Pins::default();
+        history.iter().for_each(|&(m, p)| forgotten.set(m, p));
+        forgotten.forget_timers_below(100_000);
+        let mut left = forgotten.due_from(0..u64::MAX, 0);
+        left.sort_unstable_by_key(|(m, _)| *m);
+        let kept: Vec<_> = model.iter().filter(|(_, p)| p.timer >= 100_000).map(|(&m, &p)| (m, p)).collect();
+        assert_eq!(left, kept);
+        assert!(!kept.is_empty() && kept.len() < model.len());
+        for (m, p) in kept.iter().step_by(97) {
+            assert_eq!(forgotten.get(*m), Some(*p), "found by search after the move");
         }
         // Read back from the whole history, as from the ledger: each message's latest wins.
         let (reread, mut read) = (Pins::default(), PinsRead::default());

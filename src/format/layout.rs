@@ -15,6 +15,7 @@
 //! timer/timerlog/<20-digit index>        index: level-0 slots' timer entries
 //! timer/timerlog-far/<20-digit index>    index: level-1 and level-2 slots' timer entries
 //! timer/cancelled/<20-digit index>       index: every cancel answered `Cancelled`
+//! timer/pins                             index: the ledger's reschedules folded, up to an entry
 //! timer/segment_pending                  index: pending timers per segment
 //! index/keys/<20-digit offset>           index: timed messages by topic and key
 //! index/topic_pending                    index: pending timers per topic
@@ -54,6 +55,8 @@ pub const TIMER_LOG_DIR: &str = "timerlog";
 pub const FAR_TIMER_LOG_DIR: &str = "timerlog-far";
 /// The cancel ledger's directory inside [`TIMER_DIR`].
 pub const CANCEL_LEDGER_DIR: &str = "cancelled";
+/// The pins snapshot's file name, inside [`TIMER_DIR`].
+pub const PINS_FILE: &str = "pins";
 /// The segment counts' file name, inside [`TIMER_DIR`].
 pub const SEGMENT_COUNTS_FILE: &str = "segment_pending";
 /// The directory of the indexes by content.
@@ -145,6 +148,11 @@ impl Layout {
     /// `timer/cancelled/`.
     pub fn cancel_ledger(&self) -> PathBuf {
         self.timer().join(CANCEL_LEDGER_DIR)
+    }
+
+    /// `timer/pins`.
+    pub fn pins(&self) -> PathBuf {
+        self.timer().join(PINS_FILE)
     }
 
     /// `timer/segment_pending`.

@@ -13,6 +13,7 @@ pub mod checkpoint;
 pub mod consumer_offsets;
 pub mod key_index;
 pub mod layout;
+pub mod pins;
 pub mod queue_entry;
 pub mod record;
 pub mod relocation;
@@ -56,6 +57,8 @@ pub const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
 pub const KEY_INDEX_MAGIC: [u8; 8] = *b"DWKEYS\0\0";
 /// Magic of `index/topic_pending`, the pending timers per topic.
 pub const TOPIC_PENDING_MAGIC: [u8; 8] = *b"DWTOPC\0\0";
+/// Magic of `timer/pins`, the snapshot of the cancel ledger's reschedule entries.
+pub const PINS_MAGIC: [u8; 8] = *b"DWPINS\0\0";
 /// The format version of every file but commit-log segments: the only one
 /// this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;

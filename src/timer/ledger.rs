@@ -38,7 +38,7 @@ use bloomfilter::Bloom;
 use crate::durable::{Pin, Pins, PinsRead};
 use crate::error::Result;
 use crate::format::CANCEL_LEDGER_MAGIC;
-use crate::format::layout::CANCEL_LEDGER_DIR;
+use crate::format::layout::{CANCEL_LEDGER_DIR, PINS_FILE};
 use crate::format::timer_entry::TimerEntry;
 use crate::mmap::Mapped;
 use crate::timer::Timer;
@@ -99,6 +99,8 @@ pub(crate) struct CancelLedger {
     /// then kept up to date: every cancel asks for it, and a lookup in the
     /// files cost as much as the cancel itself (measured).
     pins: Arc<Pins>,
+    /// `timer/pins`, the reschedule entries folded up to an index (see `pins_snapshot.rs`).
+    snapshot: std::path::PathBuf,
     /// Entries read, for tests of what a lookup costs.
     #[cfg(test)]
     entries_read: std::cell::Cell<u64>,
@@ -120,6 +122,7 @@ impl CancelLedger {
             log,
             filters: RefCell::new(BTreeMap::new()),
             pins: Arc::default(),
+            snapshot: timer_dir.join(PINS_FILE),
             #[cfg(test)]
             entries_read: std::cell::Cell::new(0),
         };
@@ -163,17 +166,66 @@ impl CancelLedger {
             .map(|pin| LedgerEntry::reschedule(message_offset, pin.deliver_at_ms, pin.timer)))
     }
 
-    /// Reads every reschedule entry into the pins (each message's latest).
+    /// Reads the pins: from the snapshot and the entries after it, or, if
+    /// the snapshot does not belong to this ledger, from every reschedule
+    /// entry (each message's latest).
     pub fn load_pins(&self) -> Result<()> {
+        let started = std::time::Instant::now();
         let mut pins = PinsRead::default();
-        for index in self.log.first()..self.log.end() {
+        let from = match self.read_snapshot(&mut pins)? {
+            Some(covered) => covered,
+            None => {
+                pins = PinsRead::default();
+                self.log.first()
+            }
+        };
+        for index in from..self.log.end() {
             if let Some(e) = self.entry(index)?.filter(|e| e.kind == LedgerKind::Reschedule) {
                 let pin = Pin { timer: e.record_offset, deliver_at_ms: e.timer.deliver_at_ms };
                 pins.set(e.timer.message_offset, pin);
             }
         }
         self.pins.replace_all(pins);
+        let entries = self.log.end() - from;
+        tracing::info!(
+            entries,
+            from_snapshot = from > self.log.first(),
+            ms = started.elapsed().as_millis() as u64,
+            "pins read"
+        );
         Ok(())
+    }
+
+    /// Reads the snapshot's pins into `pins` and returns the index it
+    /// covers to, if it is whole and this ledger's: the entry before that
+    /// index is still here and reads as its fingerprint. Its pins of
+    /// entries retention has deleted since are left out, as a full read
+    /// would not find them.
+    fn read_snapshot(&self, pins: &mut PinsRead) -> Result<Option<u64>> {
+        let Some((covers, mut decoder)) = crate::timer::pins_snapshot::open(&self.snapshot) else {
+            return Ok(None);
+        };
+        let (first, end) = (self.log.first(), self.log.end());
+        let last = covers.covered.checked_sub(1).filter(|&last| last >= first && last < end);
+        let Some(last) = last else { return Ok(None) };
+        if self.log.read(last)?.map(|e| e.encode(last)) != Some(covers.fingerprint) {
+            tracing::info!(file = %self.snapshot.display(), "the pins snapshot is of another ledger: the whole ledger is read");
+            return Ok(None);
+        }
+        let kept_from = self.entry(first)?.map_or(0, |e| e.record_offset);
+        loop {
+            match decoder.next_pin() {
+                Ok(Some(pin)) if pin.timer >= kept_from => {
+                    pins.set(pin.message, Pin { timer: pin.timer, deliver_at_ms: pin.deliver_at_ms })
+                }
+                Ok(Some(_)) => {}
+                Ok(None) => return Ok(Some(covers.covered)),
+                Err(kind) => {
+                    tracing::warn!(file = %self.snapshot.display(), %kind, "the pins snapshot is damaged: the whole ledger is read");
+                    return Ok(None);
+                }
+            }
+        }
     }
 
     /// The pins this ledger keeps, to share with retention.
@@ -273,9 +325,13 @@ impl CancelLedger {
             }
         }
         let deleted = self.log.delete_files_below(first_needed)?;
-        if deleted > 0 {
-            // The pins of the deleted entries go with them.
-            self.load_pins()?;
+        if deleted > 0
+            && let Some(first) = self.entry(self.log.first())?
+        {
+            // The pins of the deleted entries go with them: their records lie
+            // below the first entry's. (Reading the pins again would hold the
+            // ticking thread for as long as a restart reads them.)
+            self.pins.forget_timers_below(first.record_offset);
         }
         let first = self.log.first();
         self.filters.borrow_mut().retain(|&file_start, _| file_start + LEDGER_ENTRIES_PER_FILE > first);
@@ -307,6 +363,7 @@ impl FileFilter {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn timer(message_offset: u64) -> Timer {
         Timer { deliver_at_ms: 1_700_000_000_000 + message_offset, message_offset }
@@ -426,5 +483,144 @@ mod tests {
         assert!(ledger.contains((last_of_first + 1) * 10).unwrap());
         assert_eq!(ledger.reclaim(u64::MAX, far_future).unwrap(), 1, "never the newest file");
         assert!(ledger.contains((per_file * 2 - 1) * 10).unwrap());
+    }
+
+    /// Deleting a file forgets the pins of its entries in memory, as a
+    /// fresh read would not find them, without reading the ledger again.
+    #[test]
+    fn reclaim_forgets_the_pins_of_the_entries_it_deletes_without_reading_the_ledger_again() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        let per_file = LEDGER_ENTRIES_PER_FILE;
+        // Each message once in the first file (entries 1..per_file); the
+        // second pins messages 1..=1000 again.
+        for i in 1..per_file * 2 {
+            let message = if i < per_file { i } else { i % 1000 + 1 };
+            ledger.record(LedgerEntry::reschedule(message, 1, per_file + i * 10)).unwrap();
+        }
+        ledger.load_pins().unwrap();
+        let before = ledger.pins().due_from(0..u64::MAX, 0).len();
+        ledger.entries_read.set(0);
+        // The log starts at the second file's first record: its scan stops there.
+        assert_eq!(ledger.reclaim(per_file + per_file * 10, u64::MAX).unwrap(), 1);
+        assert!(ledger.entries_read.get() <= per_file + 1, "read {} entries", ledger.entries_read.get());
+        let after = ledger.pins().due_from(0..u64::MAX, 0);
+        drop(ledger);
+        assert_eq!(after, pins_read(dir.path()).0, "what a fresh read finds");
+        assert_eq!((after.len(), before), (1_000, per_file as usize - 1));
+    }
+
+    /// The pins every read of `dir`'s ledger gives, and how many entries the read took.
+    fn pins_read(dir: &Path) -> (Vec<(u64, Pin)>, u64) {
+        let ledger = CancelLedger::open(dir, u64::MAX).unwrap();
+        ledger.entries_read.set(0);
+        ledger.load_pins().unwrap();
+        let pins = ledger.pins().due_from(0..u64::MAX, 0);
+        (pins, ledger.entries_read.get())
+    }
+
+    fn floor_at(offset: u64) -> Arc<crate::durable::Floor> {
+        let floor = Arc::new(crate::durable::Floor::default());
+        let counts = Arc::new(crate::durable::SegmentCounts::new(1 << 20));
+        for tick_second in [1, 2] {
+            let cp = crate::format::checkpoint::Checkpoint {
+                log_durable: offset,
+                dispatched: offset,
+                delivery_scan_from: offset,
+                tick_second,
+                ..Default::default()
+            };
+            floor.record(&cp, offset, Arc::clone(&counts));
+        }
+        floor
+    }
+
+    /// A restart reads the snapshot and the entries after it, and finds
+    /// the pins a read of the whole ledger finds; a snapshot that is
+    /// damaged, or of a ledger since replaced, costs a whole read, never a pin.
+    #[test]
+    fn the_pins_snapshot_spares_a_restart_the_entries_it_folds_and_no_pin() {
+        use crate::timer::pins_snapshot::{PinsSnapshotter, SnapshotGate};
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        let mut rng = fastrand::Rng::with_seed(11);
+        let record = std::cell::Cell::new(1_000u64);
+        let mut write = |ledger: &mut CancelLedger, n: u64| {
+            for _ in 0..n {
+                let record = record.replace(record.get() + 100) + 100;
+                let message = rng.u64(0..500) * 2;
+                let entry = match rng.u8(0..8) {
+                    0 => LedgerEntry::cancel(timer(message), record),
+                    _ => LedgerEntry::reschedule(message, record * 3, record),
+                };
+                ledger.record(entry).unwrap();
+            }
+        };
+        write(&mut ledger, 20_000);
+        // Every entry so far lies below the floor; none after.
+        let mut snapshotter = PinsSnapshotter::new(
+            dir.path().into(),
+            floor_at(record.get() + 1),
+            Arc::new(SnapshotGate::default()),
+            Duration::from_secs(1),
+        );
+        assert!(!snapshotter.round().unwrap(), "nothing is left for another round");
+        assert!(dir.path().join(PINS_FILE).exists(), "a snapshot is published");
+        write(&mut ledger, 300);
+        drop(ledger);
+        let (pins, read) = pins_read(dir.path());
+        assert_eq!(read, 301, "the first entry (retention's mark) and the 300 after the snapshot");
+        let snapshot = dir.path().join(PINS_FILE);
+        let bytes = std::fs::read(&snapshot).unwrap();
+        std::fs::remove_file(&snapshot).unwrap();
+        let (all, read) = pins_read(dir.path());
+        assert!(read >= 20_300, "{read}");
+        assert_eq!(pins, all, "the snapshot and the tail give what the whole ledger gives");
+        let mut damaged = bytes.clone();
+        damaged[200] ^= 1;
+        std::fs::write(&snapshot, &damaged).unwrap();
+        assert_eq!(pins_read(dir.path()).0, all, "a damaged snapshot is passed over");
+        // A ledger built afresh with other entries: the fingerprint no longer matches.
+        std::fs::write(&snapshot, &bytes).unwrap();
+        std::fs::remove_dir_all(dir.path().join(CANCEL_LEDGER_DIR)).unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        write(&mut ledger, 20_300);
+        drop(ledger);
+        std::fs::write(&snapshot, &bytes).unwrap();
+        let (pins, read) = pins_read(dir.path());
+        std::fs::remove_file(&snapshot).unwrap();
+        assert!(read >= 20_300, "{read}");
+        assert_eq!(pins, pins_read(dir.path()).0);
+    }
+
+    /// Rounds fold the ledger a bounded batch at a time into the file they
+    /// rewrite; the result is the whole ledger's pins.
+    #[test]
+    fn successive_rounds_merge_into_one_file() {
+        use crate::timer::pins_snapshot::{PinsSnapshotter, SnapshotGate};
+        let dir = tempfile::tempdir().unwrap();
+        let mut ledger = CancelLedger::open(dir.path(), 0).unwrap();
+        let gate = Arc::new(SnapshotGate::default());
+        let mut record = 1_000u64;
+        for round in 0..4u64 {
+            for i in 0..5_000u64 {
+                record += 10;
+                ledger.record(LedgerEntry::reschedule((i * 7 + round) % 9_000, record * 2, record)).unwrap();
+            }
+            let mut snapshotter = PinsSnapshotter::new(
+                dir.path().into(),
+                floor_at(record + 1),
+                Arc::clone(&gate),
+                Duration::from_secs(1),
+            );
+            assert!(!snapshotter.round().unwrap(), "round {round} folds every entry");
+        }
+        record += 10;
+        ledger.record(LedgerEntry::reschedule(1, record * 2, record)).unwrap();
+        drop(ledger);
+        let (pins, read) = pins_read(dir.path());
+        assert_eq!(read, 2, "the first entry (retention's mark), then the one after the snapshot");
+        std::fs::remove_file(dir.path().join(PINS_FILE)).unwrap();
+        assert_eq!(pins, pins_read(dir.path()).0);
     }
 }

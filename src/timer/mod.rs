@@ -33,6 +33,7 @@ pub mod geometry;
 pub(crate) mod ledger;
 pub(crate) mod levels;
 pub(crate) mod log;
+pub(crate) mod pins_snapshot;
 mod recurring;
 mod routes;
 pub(crate) mod state;

@@ -25,6 +25,7 @@ use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::timer::Timer;
+use crate::timer::pins_snapshot::SnapshotGate;
 use crate::timer::recurring::Recurring;
 use crate::timer::routes::{Planned, Routes};
 use crate::timer::wheel::restart::{RestartPlan, restart_wheel};
@@ -195,6 +196,8 @@ pub(crate) struct Ticker {
     pub quarantined: Arc<AtomicU64>,
     /// Where the thread says it waits for disk space.
     pub stall: Arc<Stall>,
+    /// Closed to the pins snapshot's last round when the wheel is rebuilt (its ledger is replaced).
+    pub pins_gate: Arc<SnapshotGate>,
     /// Just past the newest timer's message received from the dispatcher: a
     /// rebuild indexes the log up to here.
     pub received: u64,
@@ -267,6 +270,7 @@ impl Ticker {
     /// cancel records, relocated timers restored) and every timed message
     /// the dispatcher has already handed over is indexed into it again.
     fn rebuild(&mut self) -> Result<()> {
+        self.pins_gate.bump();
         let tick_second = self.wheel.tick_second().min(self.floor.get().map_or(u64::MAX, |m| m.tick_second));
         // Every timer received so far, also those after the last progress
         // (and the one being inserted when the old wheel failed).

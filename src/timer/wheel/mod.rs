@@ -24,7 +24,9 @@ use std::sync::Arc;
 
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::chain::{self, Chain, Lookup, WalkError};
-use crate::format::layout::{CANCEL_LEDGER_DIR, FAR_TIMER_LOG_DIR, TAILS_FILE, TIMER_LOG_DIR, WHEEL_FILE};
+use crate::format::layout::{
+    CANCEL_LEDGER_DIR, FAR_TIMER_LOG_DIR, PINS_FILE, TAILS_FILE, TIMER_LOG_DIR, WHEEL_FILE,
+};
 use crate::format::slot::{SLOT_LEN, Slot, slot_position};
 use crate::format::timer_entry::TimerEntry;
 use crate::format::{FILE_HEADER_LEN, FileHeader, WHEEL_MAGIC, check_file_header};
@@ -132,7 +134,10 @@ impl Wheel {
         let path = dir.join(WHEEL_FILE);
         if resume.is_none() {
             // Nothing vouches for these files: start over (the commit log is the truth).
-            for stale in [WHEEL_FILE, TIMER_LOG_DIR, FAR_TIMER_LOG_DIR, TAILS_FILE, CANCEL_LEDGER_DIR] {
+            // The pins snapshot goes with the ledger it folds.
+            for stale in
+                [WHEEL_FILE, TIMER_LOG_DIR, FAR_TIMER_LOG_DIR, TAILS_FILE, CANCEL_LEDGER_DIR, PINS_FILE]
+            {
                 crate::fs::remove_all(&dir.join(stale))?;
             }
             crate::fs::sync_dir(dir)?;

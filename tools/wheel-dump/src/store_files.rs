@@ -30,6 +30,8 @@ pub enum FileKind {
     RelocationIndex,
     /// `timer/segment_pending`: pending timers per commit-log segment.
     SegmentPending,
+    /// `timer/pins`: the cancel ledger's reschedules folded, up to an entry.
+    Pins,
     /// `timer/tails`: where each wheel slot's chain begins.
     Tails,
     /// `index/keys/<first message offset>`: timed messages by topic and key.
@@ -47,6 +49,7 @@ impl FileKind {
             Self::RelocationWindow => internals::RELOCATED_MAGIC,
             Self::RelocationIndex => internals::RELOCATION_INDEX_MAGIC,
             Self::SegmentPending => internals::SEGMENT_PENDING_MAGIC,
+            Self::Pins => internals::PINS_MAGIC,
             Self::Tails => internals::TAILS_MAGIC,
             Self::KeyIndex => internals::KEY_INDEX_MAGIC,
         }
@@ -73,6 +76,8 @@ pub struct StoreFiles {
     pub tails: PathBuf,
     /// `timer/segment_pending` (may not exist).
     pub segment_pending: PathBuf,
+    /// `timer/pins`, the pins snapshot (may not exist).
+    pub pins: PathBuf,
     /// `commitlog/relocated/`: the relocation area's directory.
     pub relocated_dir: PathBuf,
     /// `commitlog/relocated/index` (may not exist).
@@ -132,6 +137,7 @@ impl StoreFiles {
             cancel_ledger: numbered_files(&layout.cancel_ledger())?,
             tails: layout.tails(),
             segment_pending: layout.segment_counts(),
+            pins: layout.pins(),
             relocation_index: layout.relocation_index(),
             relocation_compacted: layout.relocation_compacted(),
             relocation_windows: numbered_files(&relocated_dir)?,

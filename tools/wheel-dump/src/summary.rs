@@ -507,5 +507,6 @@ fn file_infos(files: &StoreFiles) -> Result<Vec<FileInfo>> {
         add(path, Some(FileKind::CancelLedger))?;
     }
     add(&files.segment_pending, Some(FileKind::SegmentPending))?;
+    add(&files.pins, Some(FileKind::Pins))?;
     Ok(out)
 }

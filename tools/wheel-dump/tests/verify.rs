@@ -322,3 +322,24 @@ fn the_key_index_the_topic_counts_and_the_consumer_offsets_are_checked() {
     assert_eq!(problem(copy.path()), (1, offsets, 0));
     std::fs::remove_file(elsewhere).unwrap();
 }
+
+/// `timer/pins` is read through its checksum: a whole one is counted, a
+/// flipped bit fails `verify`, naming the file.
+#[test]
+fn the_pins_snapshot_is_read_through_its_checksum() {
+    use internals::pins::{Covers, Encoder, FilePin};
+    let h = healthy();
+    let copy = copy_of(h.path());
+    let path = copy.path().join("timer/pins");
+    let covers = Covers { covered: 2, fingerprint: [0; 28] };
+    let mut encoder = Encoder::new(Vec::new(), &covers).unwrap();
+    for message in [32, 64] {
+        encoder.push(FilePin { message, timer: message + 1_000, deliver_at_ms: T0 }).unwrap();
+    }
+    std::fs::write(&path, encoder.finish().unwrap().0).unwrap();
+    let out = dump(copy.path(), &["verify", "--json"]);
+    assert_eq!(out.status.code(), Some(0), "{}", stdout(&out));
+    assert_eq!(json(&out)["checked"]["snapshot_pins"], 2);
+    flip_bit(&path, 32 + 28 + 24 + 3);
+    assert_eq!(problem(copy.path()), (1, path, 0));
+}
