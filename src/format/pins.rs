@@ -124,6 +124,15 @@ impl<R: Read> Decoder<R> {
             Ok(kind) => kind,
             Err(version) => CorruptionKind::BadFrame(format!("pins file of version {version}")),
         })?;
+        if header.b != 0 {
+            return Err(CorruptionKind::BadReference(format!("pins header field b is {}, not 0", header.b)));
+        }
+        // Each pin comes from a distinct ledger entry below `a`: a length
+        // claiming more is refused before anything is read into memory.
+        if pins >= header.a.max(1) {
+            let why = format!("{pins} pins from the ledger entries below {}", header.a);
+            return Err(CorruptionKind::BadReference(why));
+        }
         let mut fingerprint = [0u8; ENTRY_LEN];
         read_exact(&mut input, &mut fingerprint)?;
         let covers = Covers { covered: header.a, fingerprint };
@@ -226,11 +235,11 @@ mod tests {
     #[test]
     fn a_flipped_bit_a_short_file_or_pins_out_of_order_are_refused() {
         // More pins than a chunk: the checksum runs across chunks.
-        let covers = Covers { covered: 3, fingerprint: [7; ENTRY_LEN] };
+        let covers = Covers { covered: 10_000, fingerprint: [7; ENTRY_LEN] };
         let pins: Vec<FilePin> =
             (1..=5_000).map(|m| FilePin { message: m * 100, timer: m * 100 + 1, deliver_at_ms: m }).collect();
         let bytes = write(&covers, &pins);
-        assert_eq!(read(&bytes), Ok((covers, pins)));
+        assert_eq!(read(&bytes), Ok((covers, pins.clone())));
         for at in [FILE_HEADER_LEN + 3, FILE_HEADER_LEN + ENTRY_LEN + 30, bytes.len() - 5] {
             let mut flipped = bytes.clone();
             flipped[at] ^= 1;
@@ -238,6 +247,13 @@ mod tests {
         }
         assert!(read(&bytes[..bytes.len() - 1]).is_err());
         assert!(read(&bytes[..bytes.len() - PIN_LEN]).is_err(), "a whole pin short: the count disagrees");
+        // More pins than ledger entries below the covered index, or a header
+        // field that is not 0: refused before any pin is read.
+        let few = Covers { covered: 5_000, ..covers };
+        assert!(matches!(read(&write(&few, &pins)), Err(CorruptionKind::BadReference(_))));
+        let mut other_b = bytes.clone();
+        other_b[..FILE_HEADER_LEN].copy_from_slice(&FileHeader::new(PINS_MAGIC, 10_000, 1).encode());
+        assert!(matches!(read(&other_b), Err(CorruptionKind::BadReference(_))));
         let swapped = [
             FilePin { message: 9, timer: 10, deliver_at_ms: 0 },
             FilePin { message: 8, timer: 10, deliver_at_ms: 0 },

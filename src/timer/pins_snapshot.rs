@@ -27,7 +27,7 @@ use std::fs::File;
 use std::io::{BufReader, BufWriter};
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Receiver;
@@ -63,10 +63,12 @@ impl SnapshotGate {
         *self.0.locked()
     }
 
-    /// Called before the wheel's files are replaced: no round that began
-    /// before publishes.
-    pub fn bump(&self) {
-        *self.0.locked() += 1;
+    /// Held while the wheel's files are replaced: no round that began
+    /// before publishes, and none begins until it is dropped.
+    pub fn replacing(&self) -> MutexGuard<'_, u64> {
+        let mut generation = self.0.locked();
+        *generation += 1;
+        generation
     }
 
     /// Runs `publish` unless the ledger was replaced since `generation`.
@@ -197,16 +199,22 @@ impl LedgerFiles {
                 }
             }
         }
-        // Stable, so of a message's entries the latest comes last, and is kept.
+        // Stable, so of a message's entries the latest comes last, and is
+        // kept: moved down in place over the earlier ones.
         read.sort_by_key(|pin| pin.message);
-        let mut latest: Vec<FilePin> = Vec::with_capacity(read.len());
-        for pin in read {
-            match latest.last_mut() {
-                Some(last) if last.message == pin.message => *last = pin,
-                _ => latest.push(pin),
+        let mut kept = 0usize;
+        for at in 0..read.len() {
+            let pin = read[at];
+            match kept.checked_sub(1) {
+                Some(last) if read[last].message == pin.message => read[last] = pin,
+                _ => {
+                    read[kept] = pin;
+                    kept += 1;
+                }
             }
         }
-        Ok(latest)
+        read.truncate(kept);
+        Ok(read)
     }
 }
 

@@ -270,7 +270,13 @@ impl Ticker {
     /// cancel records, relocated timers restored) and every timed message
     /// the dispatcher has already handed over is indexed into it again.
     fn rebuild(&mut self) -> Result<()> {
-        self.pins_gate.bump();
+        // The pins snapshot folds the ledger being replaced: it goes first
+        // (a restart from the rebuild checkpoint must not find it), and no
+        // round of `dw-pins` publishes or begins until the new ledger is in place.
+        let gate = Arc::clone(&self.pins_gate);
+        let _replacing = gate.replacing();
+        crate::fs::remove_all(&self.timer_dir.join(crate::format::layout::PINS_FILE))?;
+        crate::fs::sync_dir(&self.timer_dir)?;
         let tick_second = self.wheel.tick_second().min(self.floor.get().map_or(u64::MAX, |m| m.tick_second));
         // Every timer received so far, also those after the last progress
         // (and the one being inserted when the old wheel failed).
