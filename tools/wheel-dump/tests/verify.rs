@@ -331,7 +331,7 @@ fn the_pins_snapshot_is_read_through_its_checksum() {
     let h = healthy();
     let copy = copy_of(h.path());
     let path = copy.path().join("timer/pins");
-    let covers = Covers { covered: 2, fingerprint: [0; 28] };
+    let covers = Covers { covered: 3, fingerprint: [0; 28] };
     let mut encoder = Encoder::new(Vec::new(), &covers).unwrap();
     for message in [32, 64] {
         encoder.push(FilePin { message, timer: message + 1_000, deliver_at_ms: T0 }).unwrap();
