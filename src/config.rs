@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::clock::{Clock, SystemClock};
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
+use crate::format::key_index::Geometry;
 use crate::format::record::MAX_FIXED_MESSAGE_LEN;
 
 /// When a `put` may return relative to its bytes reaching the disk.
@@ -71,6 +72,7 @@ pub struct Config {
     pub(crate) delay_levels: String,
     pub(crate) timer_log_file_entries: u64,
     pub(crate) key_index_file_entries: u64,
+    pub(crate) dedup_window: Duration,
     pub(crate) disk_reserve: Option<u64>,
     pub(crate) deliver: bool,
     pub(crate) scheduler: Scheduler,
@@ -120,6 +122,9 @@ const SMALL_FILES_RESERVE: u64 = 64 << 10;
 /// The smallest segment size accepted (tests use it to roll segments quickly).
 pub const MIN_SEGMENT_SIZE: u64 = 64 * 1024;
 
+/// How long a dedup key stands after its timer fired or was cancelled, by default.
+pub const DEFAULT_DEDUP_WINDOW: Duration = Duration::from_secs(24 * 3600);
+
 /// RocketMQ's default delay-level table: levels 1 to 18.
 pub const DEFAULT_DELAY_LEVELS: &str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h";
 
@@ -140,6 +145,7 @@ impl Config {
             delay_levels: DEFAULT_DELAY_LEVELS.to_string(),
             timer_log_file_entries: crate::format::timer_entry::DEFAULT_ENTRIES_PER_FILE,
             key_index_file_entries: crate::format::key_index::DEFAULT_ENTRIES_PER_FILE,
+            dedup_window: DEFAULT_DEDUP_WINDOW,
             disk_reserve: None,
             deliver: true,
             scheduler: Scheduler::Wheel,
@@ -204,9 +210,11 @@ impl Config {
         let timer_log_file = 32 + self.timer_log_file_entries * crate::format::timer_entry::ENTRY_LEN as u64;
         let queue_file = 32 + self.queue_file_entries * crate::format::queue_entry::ENTRY_LEN as u64;
         let key_index_file = crate::format::key_index::file_len(self.key_index_file_entries);
+        let dedup_index_file = Geometry::dedup(self.key_index_file_entries).file_len();
         // Two timer logs (near and far), each may need a new file.
-        self.disk_reserve
-            .unwrap_or(4 * timer_log_file + 2 * queue_file + key_index_file + SMALL_FILES_RESERVE)
+        self.disk_reserve.unwrap_or(
+            4 * timer_log_file + 2 * queue_file + key_index_file + dedup_index_file + SMALL_FILES_RESERVE,
+        )
     }
 
     /// Whether the ticking thread delivers due timers (default). With `false`
@@ -266,6 +274,18 @@ impl Config {
     /// [`Store::pending_by_key`](crate::Store::pending_by_key)).
     pub fn with_key_index_file_entries(mut self, entries: u64) -> Self {
         self.key_index_file_entries = entries;
+        self
+    }
+
+    /// How long a dedup key stands after its message's timer fired (from
+    /// its due time) or was cancelled, or after an ordinary message was put
+    /// (default 24 h; see [`Message::dedup_key`](crate::Message::dedup_key)).
+    /// Days or months are fine: the dedup index stays on disk, and a key
+    /// stands while its message's record is kept, so the window is bounded
+    /// by retention ([`Retention::keep_for`], 72 h by default): a longer
+    /// window needs a longer retention.
+    pub fn with_dedup_window(mut self, window: Duration) -> Self {
+        self.dedup_window = window;
         self
     }
 

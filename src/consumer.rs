@@ -14,7 +14,8 @@ use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::Entry;
 use crate::format::record::{
-    DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, deliveries_count, deliveries_timer,
+    DEDUP_PROPERTY, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, deliveries_count,
+    deliveries_timer,
 };
 use crate::message::{ConsumedMessage, Extras, Handle};
 use crate::offsets::OffsetStore;
@@ -376,6 +377,10 @@ impl Consumer {
                 let non_empty = |s: &str| (!s.is_empty()).then(|| s.to_string());
                 let mut properties = view.properties().map_err(corrupt)?;
                 let mut occurrence = None;
+                let dedup_key = view.dedup_key().map(str::to_string);
+                if dedup_key.is_some() {
+                    properties.retain(|(name, _)| name != DEDUP_PROPERTY);
+                }
                 if view.schedule
                     && let Some(timer) = timer
                 {
@@ -386,7 +391,8 @@ impl Consumer {
                     occurrence =
                         Some(Occurrence { schedule, number: fired_before.saturating_add(1), next_at_ms });
                 }
-                Some(Box::new(Extras { key: non_empty(key), tags: non_empty(tags), properties, occurrence }))
+                let (key, tags) = (non_empty(key), non_empty(tags));
+                Some(Box::new(Extras { key, tags, properties, dedup_key, occurrence }))
             }
         };
         let (body_at, queue_id, store_time_ms, timing) =

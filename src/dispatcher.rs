@@ -27,7 +27,7 @@ use crate::format::queue_entry::{self, Entry, FLAG_TIMER_DELIVERY, batch_flags, 
 use crate::format::record::{
     CancelView, DELIVERY_LEN, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView,
 };
-use crate::key_index::KeyIndex;
+use crate::key_index::KeyIndexes;
 use crate::message::validate_topic;
 use crate::schedule::{PAUSED_AT_MS, replaced_by};
 use crate::scheduler::SchedulerFront;
@@ -49,7 +49,7 @@ pub(crate) struct Dispatcher {
     originals: RefCell<LogReader>,
     queues: Arc<QueueRegistry>,
     /// Timed messages by topic and key.
-    keys: Arc<KeyIndex>,
+    keys: Arc<KeyIndexes>,
     /// Pending timers per topic (the wheel scheduler only).
     topics: Option<Arc<TopicCounts>>,
     /// What the records indexed did to their topics' counts, not yet added.
@@ -81,7 +81,7 @@ pub(crate) struct Dispatcher {
 /// What the dispatcher writes to: the consume queues, the key index, the
 /// pending counts per topic, and the scheduler.
 pub(crate) type Indexes =
-    (Arc<QueueRegistry>, Arc<KeyIndex>, Option<Arc<TopicCounts>>, Arc<dyn SchedulerFront>);
+    (Arc<QueueRegistry>, Arc<KeyIndexes>, Option<Arc<TopicCounts>>, Arc<dyn SchedulerFront>);
 
 /// Where a dispatcher starts and how it indexes.
 pub(crate) struct DispatchPlan {
@@ -233,10 +233,8 @@ impl Dispatcher {
                     Err(e @ Error::Corruption { .. }) => return self.quarantine(offset, e),
                     Err(e) => return Err(e),
                 };
+                self.keys.add(offset, &view)?;
                 if view.timer_deliver_at_ms().is_some() {
-                    if !view.key.is_empty() {
-                        self.keys.add(offset, view.topic, view.key)?;
-                    }
                     let queue = self.scheduler.index(offset, bytes.len(), &view)?;
                     match replaced_by(&view) {
                         // An update: the schedule it replaces (of the same topic) is settled.

@@ -20,7 +20,7 @@ use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::Result;
 use crate::format::checkpoint::Checkpoint;
 use crate::fs::write_atomically;
-use crate::key_index::KeyIndex;
+use crate::key_index::KeyIndexes;
 use crate::offsets::OffsetStore;
 use crate::sync::Locked;
 use crate::timer::tick::{WheelCheckpoint, WheelShared, WheelSnapshot};
@@ -29,7 +29,7 @@ use crate::topic_counts::TopicCounts;
 pub(crate) struct Flusher {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
-    pub keys: Arc<KeyIndex>,
+    pub keys: Arc<KeyIndexes>,
     pub topics: Option<Arc<TopicCounts>>,
     pub offsets: Arc<OffsetStore>,
     pub wheel: Arc<WheelShared>,

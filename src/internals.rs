@@ -8,8 +8,8 @@
 //! bytes that fail their checks give a [`CorruptionKind`](crate::CorruptionKind).
 
 pub use crate::format::{
-    CANCEL_LEDGER_MAGIC, COMMITLOG_MAGIC, COMMITLOG_VERSION, CONSUME_QUEUE_MAGIC, FILE_HEADER_LEN,
-    FORMAT_VERSION, FileHeader, HeaderProblem, KEY_INDEX_MAGIC, PINS_MAGIC, RELOCATED_MAGIC,
+    CANCEL_LEDGER_MAGIC, COMMITLOG_MAGIC, COMMITLOG_VERSION, CONSUME_QUEUE_MAGIC, DEDUP_INDEX_MAGIC,
+    FILE_HEADER_LEN, FORMAT_VERSION, FileHeader, HeaderProblem, KEY_INDEX_MAGIC, PINS_MAGIC, RELOCATED_MAGIC,
     RELOCATION_INDEX_MAGIC, SEGMENT_PENDING_MAGIC, TAILS_MAGIC, TIMER_LOG_MAGIC, TOPIC_PENDING_MAGIC,
     WHEEL_MAGIC, chain, checkpoint, consumer_offsets, key_index, layout, numbered_file_name,
     parse_numbered_file_name, pins, queue_entry, record, recorded_per_file, relocation, segment_counts,

@@ -18,6 +18,11 @@
 //! a directory with no file is an empty index, not a missing one.
 //! Retention deletes a file once no copy of any message it names is left:
 //! every segment it covers is deleted and no relocated copy lies in its range.
+//!
+//! The dedup index (`index/dedup/`, [`IndexKind::Dedup`]) is the same
+//! structure over another key: every message put with a dedup key, timed or
+//! not, under its topic and dedup key, with shorter chains (a put looks its
+//! key up; see `dedup.rs`).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -26,19 +31,101 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::commitlog::CommitLog;
 use crate::error::{CorruptionKind, Error, Result};
-use crate::format::key_index::{
-    ENTRY_LEN, HEAD_LEN, KeyEntry, entry_position, file_len, head_position, heads_len, key_hash,
-};
+use crate::format::key_index::{ENTRY_LEN, Geometry, HEAD_LEN, KeyEntry, key_hash};
+use crate::format::layout::Layout;
 use crate::format::record::{MessageView, RecordKind};
-use crate::format::{FILE_HEADER_LEN, FileHeader, KEY_INDEX_MAGIC, check_file_header, get_u32, put_u32};
+use crate::format::{DEDUP_INDEX_MAGIC, FILE_HEADER_LEN, FileHeader, KEY_INDEX_MAGIC, check_file_header};
+use crate::format::{get_u32, put_u32};
 use crate::format::{numbered_file_name, parse_numbered_file_name};
 use crate::mmap::{MapWriter, Mapped};
 use crate::sync::Locked;
 
-/// The key index of one store.
+/// The two indexes by content of a store: by routing key and by dedup key.
+pub(crate) struct KeyIndexes {
+    /// Timed messages by topic and key (`index/keys/`).
+    pub keys: KeyIndex,
+    /// Messages by topic and dedup key (`index/dedup/`).
+    pub dedup: KeyIndex,
+}
+
+impl KeyIndexes {
+    /// Opens (or rebuilds) both, for a log whose indexes resume at `replay_from`.
+    pub fn open(layout: &Layout, per_file: u64, log: &CommitLog, replay_from: u64) -> Result<Self> {
+        Ok(Self {
+            keys: KeyIndex::open(IndexKind::Keys, &layout.key_index(), per_file, log, replay_from)?,
+            dedup: KeyIndex::open(IndexKind::Dedup, &layout.dedup_index(), per_file, log, replay_from)?,
+        })
+    }
+
+    /// Indexes the message `view` at `offset` in each index it has a key of.
+    pub fn add(&self, offset: u64, view: &MessageView<'_>) -> Result<()> {
+        for index in [&self.keys, &self.dedup] {
+            if let Some(key) = index.kind.key_of(view) {
+                index.add(offset, view.topic, key)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Syncs both (see [`KeyIndex::flush`]).
+    pub fn flush(&self) -> Result<()> {
+        self.keys.flush()?;
+        self.dedup.flush()
+    }
+
+    /// Deletes the files of both that no message they name is left of; returns how many.
+    pub fn delete_unneeded(&self, log: &CommitLog) -> Result<u64> {
+        Ok(self.keys.delete_unneeded(log)? + self.dedup.delete_unneeded(log)?)
+    }
+
+    /// Bytes of both indexes' files.
+    pub fn disk_bytes(&self) -> u64 {
+        self.keys.disk_bytes() + self.dedup.disk_bytes()
+    }
+}
+
+/// Which index: what it holds, and the shape of its files.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum IndexKind {
+    /// Timed messages by topic and routing key (`index/keys/`).
+    Keys,
+    /// Messages by topic and dedup key (`index/dedup/`): every put with a
+    /// dedup key looks it up (see `dedup.rs`).
+    Dedup,
+}
+
+impl IndexKind {
+    fn magic(self) -> [u8; 8] {
+        match self {
+            IndexKind::Keys => KEY_INDEX_MAGIC,
+            IndexKind::Dedup => DEDUP_INDEX_MAGIC,
+        }
+    }
+
+    fn geometry(self, per_file: u64) -> Geometry {
+        match self {
+            IndexKind::Keys => Geometry::keys(per_file),
+            IndexKind::Dedup => Geometry::dedup(per_file),
+        }
+    }
+
+    /// The key the message `view` is indexed under, if any.
+    pub fn key_of<'a>(self, view: &MessageView<'a>) -> Option<&'a str> {
+        match self {
+            IndexKind::Keys => {
+                (view.timer_deliver_at_ms().is_some() && !view.key.is_empty()).then_some(view.key)
+            }
+            // A bucket scheduler's copy is not the message put.
+            IndexKind::Dedup => view.dedup_key().filter(|_| !view.rescheduled),
+        }
+    }
+}
+
+/// The key index (or the dedup index) of one store.
 pub(crate) struct KeyIndex {
+    kind: IndexKind,
     dir: PathBuf,
-    per_file: u64,
+    geometry: Geometry,
     /// By first message offset. One lock: the dispatcher appends an entry in
     /// a few tens of nanoseconds, a lookup walks one bucket per file.
     files: Mutex<Files>,
@@ -67,13 +154,14 @@ struct IndexFile {
 impl KeyIndex {
     /// Opens the index in `dir` for a log whose indexes resume at
     /// `replay_from` (see the module docs); rebuilds it if it is missing or damaged.
-    pub fn open(dir: &Path, per_file: u64, log: &CommitLog, replay_from: u64) -> Result<Self> {
+    fn open(kind: IndexKind, dir: &Path, per_file: u64, log: &CommitLog, replay_from: u64) -> Result<Self> {
         let existed = dir.exists();
         crate::fs::create_dir(dir)?;
-        let per_file = crate::format::adopted_per_file(dir, KEY_INDEX_MAGIC, per_file);
+        let per_file = crate::format::adopted_per_file(dir, kind.magic(), per_file);
         let index = Self {
+            kind,
             dir: dir.to_path_buf(),
-            per_file,
+            geometry: kind.geometry(per_file),
             files: Mutex::new(Files { by_first: BTreeMap::new(), last: None }),
         };
         // An index with no file is an empty one (no timed message had a key,
@@ -85,7 +173,7 @@ impl KeyIndex {
             Ok(false) if existed => return Ok(index),
             Ok(false) => {}
             Err(e) => {
-                tracing::error!(dir = %dir.display(), error = %e, "the key index is damaged: rebuilding it from the log");
+                tracing::error!(dir = %dir.display(), error = %e, "an index is damaged: rebuilding it from the log");
                 index.remove_all()?;
             }
         }
@@ -102,7 +190,7 @@ impl KeyIndex {
     }
 
     /// Opens the files, dropping entries from `replay_from` on. `Ok(false)`:
-    /// there were none (the index is then built from the log).
+    /// there were none.
     fn open_files(&self, replay_from: u64) -> Result<bool> {
         let mut found = Vec::new();
         for entry in std::fs::read_dir(&self.dir).map_err(|e| Error::io("list", &self.dir, e))? {
@@ -120,18 +208,19 @@ impl KeyIndex {
                 crate::fs::remove_file(&path)?;
                 continue;
             }
-            let map = Mapped::open(&path, file_len(self.per_file))?;
-            check_file_header(&path, map.view(0, FILE_HEADER_LEN), KEY_INDEX_MAGIC, self.per_file, first)?;
-            let full = IndexFile { map, count: self.per_file, synced: self.per_file, heads_synced: true };
+            let per_file = self.geometry.per_file;
+            let map = Mapped::open(&path, self.geometry.file_len())?;
+            check_file_header(&path, map.view(0, FILE_HEADER_LEN), self.kind.magic(), per_file, first)?;
+            let full = IndexFile { map, count: per_file, synced: per_file, heads_synced: true };
             files.by_first.insert(first, full);
         }
         let Some((&first, newest)) = files.by_first.iter_mut().next_back() else { return Ok(false) };
         let path = self.path(first);
-        let (count, last) = cut_point(&newest.map, &path, self.per_file, first..replay_from)?;
+        let (count, last) = cut_point(&newest.map, &path, self.geometry, first..replay_from)?;
         newest.count = count;
         newest.synced = count;
-        newest.heads_synced = count == self.per_file;
-        rebuild_heads(newest, &path, self.per_file)?;
+        newest.heads_synced = count == self.geometry.per_file;
+        rebuild_heads(newest, &path, self.geometry)?;
         files.last = last;
         Ok(true)
     }
@@ -150,7 +239,9 @@ impl KeyIndex {
     /// Indexes the relocated copies, then the log below `to`, in offset order.
     fn rebuild(&self, log: &CommitLog, to: u64) -> Result<()> {
         let area = log.relocated();
-        let _span = tracing::info_span!("rebuild_key_index", copies = area.entries(), to).entered();
+        let _span =
+            tracing::info_span!("rebuild_index", kind = ?self.kind, copies = area.entries(), to).entered();
+        let keyed = |_at: u64, kind: RecordKind, bytes: &[u8]| keyed(self.kind, kind, bytes);
         for i in 0..area.entries() {
             let copy = area.entry(i)?;
             match log.visit_checked(copy.original_offset, keyed) {
@@ -172,26 +263,27 @@ impl KeyIndex {
         self.flush()
     }
 
-    /// Indexes the timed message at `message_offset` under its topic and key.
+    /// Indexes the message at `message_offset` under its topic and key.
     pub fn add(&self, message_offset: u64, topic: &str, key: &str) -> Result<()> {
         let hash = key_hash(topic, key);
+        let per_file = self.geometry.per_file;
         let mut files = self.lock();
         if files.last.is_some_and(|last| message_offset <= last) {
             return Ok(());
         }
-        let needs_file = files.by_first.values().next_back().is_none_or(|f| f.count == self.per_file);
+        let needs_file = files.by_first.values().next_back().is_none_or(|f| f.count == per_file);
         if needs_file {
-            let header = FileHeader::new(KEY_INDEX_MAGIC, self.per_file, message_offset).encode();
-            let map = Mapped::create(&self.path(message_offset), file_len(self.per_file), &header)?;
+            let header = FileHeader::new(self.kind.magic(), per_file, message_offset).encode();
+            let map = Mapped::create(&self.path(message_offset), self.geometry.file_len(), &header)?;
             let empty = IndexFile { map, count: 0, synced: 0, heads_synced: false };
             files.by_first.insert(message_offset, empty);
         }
         let (_, file) = files.by_first.iter_mut().next_back().expect("just ensured");
         let number = file.count;
-        let head = head_position(self.per_file, hash);
+        let head = self.geometry.head_position(hash);
         let prev = get_u32(file.map.view(head, HEAD_LEN), 0);
         let entry = KeyEntry { message_offset, key_hash: hash, prev };
-        let at = entry_position(self.per_file, number);
+        let at = self.geometry.entry_position(number);
         file.map.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(number as u32));
         put_u32(file.map.unpublished_mut(head, HEAD_LEN), 0, number as u32 + 1);
         file.count += 1;
@@ -206,14 +298,14 @@ impl KeyIndex {
         let files = self.lock();
         let mut found = Vec::new();
         for (&first, file) in &files.by_first {
-            let mut next = get_u32(file.map.view(head_position(self.per_file, hash), HEAD_LEN), 0);
+            let mut next = get_u32(file.map.view(self.geometry.head_position(hash), HEAD_LEN), 0);
             let mut chain = Vec::new();
             while next != 0 {
                 let number = next - 1;
-                let at = entry_position(self.per_file, u64::from(number));
+                let at = self.geometry.entry_position(u64::from(number));
                 let Some(entry) = KeyEntry::decode(file.map.view(at, ENTRY_LEN), number) else {
                     tracing::warn!(file = %self.path(first).display(), offset = at,
-                        "a key-index entry does not check out: the rest of its chain is not read");
+                        "an index entry does not check out: the rest of its chain is not read");
                     break;
                 };
                 if entry.key_hash == hash {
@@ -230,21 +322,22 @@ impl KeyIndex {
     /// of files that filled up since. The lock is not held while syncing:
     /// the dispatcher goes on adding entries meanwhile.
     pub fn flush(&self) -> Result<()> {
+        let (geometry, per_file) = (self.geometry, self.geometry.per_file);
         let to_sync: Vec<(u64, Arc<Mapped>, Range<u64>, bool)> = self
             .lock()
             .by_first
             .iter()
-            .filter(|(_, f)| f.synced < f.count || (f.count == self.per_file && !f.heads_synced))
+            .filter(|(_, f)| f.synced < f.count || (f.count == per_file && !f.heads_synced))
             .map(|(&first, f)| {
-                let heads = f.count == self.per_file && !f.heads_synced;
+                let heads = f.count == per_file && !f.heads_synced;
                 (first, Arc::clone(f.map.shared()), f.synced..f.count, heads)
             })
             .collect();
         for (first, map, entries, heads) in to_sync {
-            let from = entry_position(self.per_file, entries.start);
-            map.flush(from, entry_position(self.per_file, entries.end) - from)?;
+            let from = geometry.entry_position(entries.start);
+            map.flush(from, geometry.entry_position(entries.end) - from)?;
             if heads {
-                map.flush(FILE_HEADER_LEN, heads_len(self.per_file))?;
+                map.flush(FILE_HEADER_LEN, geometry.heads_len())?;
             }
             if let Some(file) = self.lock().by_first.get_mut(&first) {
                 file.synced = file.synced.max(entries.end);
@@ -273,7 +366,7 @@ impl KeyIndex {
             files.by_first.remove(&covers.start);
             let path = self.path(covers.start);
             crate::fs::remove_file(&path)?;
-            tracing::info!(file = %path.display(), "deleted a key-index file whose messages are all gone");
+            tracing::info!(file = %path.display(), "deleted an index file whose messages are all gone");
             deleted += 1;
         }
         if deleted > 0 {
@@ -284,18 +377,17 @@ impl KeyIndex {
 
     /// Bytes of the index's files.
     pub fn disk_bytes(&self) -> u64 {
-        self.lock().by_first.len() as u64 * file_len(self.per_file)
+        self.lock().by_first.len() as u64 * self.geometry.file_len()
     }
 }
 
-/// The topic and key of a timed message with a key.
-fn keyed(_at: u64, kind: RecordKind, bytes: &[u8]) -> Option<(String, String)> {
+/// The topic and key a record is indexed under by an index of `index`, if any.
+fn keyed(index: IndexKind, kind: RecordKind, bytes: &[u8]) -> Option<(String, String)> {
     if kind != RecordKind::Message {
         return None;
     }
     let view = MessageView::parse(bytes).ok()?;
-    (view.timer_deliver_at_ms().is_some() && !view.key.is_empty())
-        .then(|| (view.topic.to_string(), view.key.to_string()))
+    index.key_of(&view).map(|key| (view.topic.to_string(), key.to_string()))
 }
 
 /// How many of the newest file's entries to keep, and the last one's
@@ -303,9 +395,15 @@ fn keyed(_at: u64, kind: RecordKind, bytes: &[u8]) -> Option<(String, String)> {
 /// (below the replay start). An entry
 /// that checks out past the first one that does not, and still lies below
 /// the replay start, means the file was damaged, not cut by a crash.
-fn cut_point(map: &MapWriter, path: &Path, per_file: u64, kept: Range<u64>) -> Result<(u64, Option<u64>)> {
+fn cut_point(
+    map: &MapWriter,
+    path: &Path,
+    geometry: Geometry,
+    kept: Range<u64>,
+) -> Result<(u64, Option<u64>)> {
+    let per_file = geometry.per_file;
     let read = |number: u64| {
-        let bytes = map.view(entry_position(per_file, number), ENTRY_LEN);
+        let bytes = map.view(geometry.entry_position(number), ENTRY_LEN);
         KeyEntry::decode(bytes, number as u32)
     };
     let mut last = None;
@@ -320,14 +418,14 @@ fn cut_point(map: &MapWriter, path: &Path, per_file: u64, kept: Range<u64>) -> R
         }
     }
     for number in count + 1..per_file {
-        let bytes = map.view(entry_position(per_file, number), ENTRY_LEN);
+        let bytes = map.view(geometry.entry_position(number), ENTRY_LEN);
         if bytes.iter().all(|&b| b == 0) {
             continue;
         }
         if read(number)
             .is_some_and(|e| last.is_some_and(|l| e.message_offset > l) && kept.contains(&e.message_offset))
         {
-            let at = entry_position(per_file, count) as u64;
+            let at = geometry.entry_position(count) as u64;
             let why = format!("entry {count} does not check out, entry {number} after it does");
             return Err(Error::corruption(path, at, CorruptionKind::BadReference(why)));
         }
@@ -337,18 +435,18 @@ fn cut_point(map: &MapWriter, path: &Path, per_file: u64, kept: Range<u64>) -> R
 
 /// Makes the bucket heads of `file` point at its newest entries, and zeroes
 /// the entries past its count.
-fn rebuild_heads(file: &mut IndexFile, path: &Path, per_file: u64) -> Result<()> {
-    file.map.zero_tail(entry_position(per_file, file.count))?;
-    let heads = file.map.unpublished_mut(FILE_HEADER_LEN, heads_len(per_file));
+fn rebuild_heads(file: &mut IndexFile, path: &Path, geometry: Geometry) -> Result<()> {
+    file.map.zero_tail(geometry.entry_position(file.count))?;
+    let heads = file.map.unpublished_mut(FILE_HEADER_LEN, geometry.heads_len());
     heads.fill(0);
     for number in 0..file.count {
-        let at = entry_position(per_file, number);
+        let at = geometry.entry_position(number);
         let Some(entry) = KeyEntry::decode(file.map.view(at, ENTRY_LEN), number as u32) else {
             let why = format!("entry {number} changed while the index was opened");
             return Err(Error::corruption(path, at as u64, CorruptionKind::BadReference(why)));
         };
-        let head = head_position(per_file, entry.key_hash);
+        let head = geometry.head_position(entry.key_hash);
         put_u32(file.map.unpublished_mut(head, HEAD_LEN), 0, number as u32 + 1);
     }
-    file.map.shared().flush(FILE_HEADER_LEN, heads_len(per_file))
+    file.map.shared().flush(FILE_HEADER_LEN, geometry.heads_len())
 }

@@ -33,6 +33,7 @@ mod committer;
 mod config;
 mod consume_queue;
 mod consumer;
+mod dedup;
 mod dispatcher;
 mod durable;
 mod error;

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::format::record::{MessageFields, Timing, properties_len};
+use crate::format::record::{DEDUP_PROPERTY, MessageFields, Timing, properties_len};
 pub use crate::receipt::{Handle, Receipt, Written};
 use crate::timer::levels::DelayLevels;
 
@@ -25,6 +25,8 @@ pub struct Message {
     /// A recurring schedule's record (`Store::schedule` alone sets it): its
     /// spec is in its properties, and each occurrence delivers it.
     pub(crate) schedule: bool,
+    /// The dedup key, also in `properties` as [`DEDUP_PROPERTY`] (see `dedup.rs`).
+    pub(crate) dedup_key: Option<String>,
 }
 
 /// When a message should be delivered, as the producer asked.
@@ -54,6 +56,7 @@ impl Message {
             body: body.into(),
             timing: When::Now,
             schedule: false,
+            dedup_key: None,
         }
     }
 
@@ -91,6 +94,39 @@ impl Message {
     /// messages with one key stay in order.
     pub fn key(mut self, key: impl Into<String>) -> Self {
         self.key = Some(key.into());
+        self
+    }
+
+    /// A dedup key (1 to [`MAX_KEY_LEN`] bytes), unlike the routing
+    /// [`key`](Self::key) unique per topic: while a message put with the same
+    /// topic and dedup key stands, a put of this one writes nothing and
+    /// answers the first one's receipt, marked
+    /// [`is_duplicate`](Receipt::is_duplicate). It stands while its timer is
+    /// pending and for the dedup window after
+    /// ([`Config::with_dedup_window`](crate::Config::with_dedup_window),
+    /// 24 h by default): after its put, after its due time (for a timer that
+    /// fired) or after its cancel, whichever is later. Racing puts with one
+    /// key make one message. Consumers read it as
+    /// [`ConsumedMessage::dedup_key`].
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::{Config, Message, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let timeout = || Message::new("OrderTimeout", "order-42").dedup_key("order-42").delay(Duration::from_secs(1800));
+    /// let first = store.put(timeout())?;
+    /// let retry = store.put(timeout())?; // a retry, or another replica: nothing is written
+    /// assert!(retry.is_duplicate());
+    /// assert_eq!(retry.handle(), first.handle());
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
+        let key = key.into();
+        self.properties.retain(|(name, _)| name != DEDUP_PROPERTY);
+        self.properties.push((DEDUP_PROPERTY.to_string(), key.clone()));
+        self.dedup_key = Some(key);
         self
     }
 
@@ -155,6 +191,7 @@ impl Message {
         if self.key.as_ref().is_some_and(|k| k.len() > MAX_KEY_LEN) {
             return Err(Error::invalid("key", format!("longer than {MAX_KEY_LEN} bytes")));
         }
+        self.validate_dedup_key()?;
         if self.tags.as_ref().is_some_and(|t| t.len() > MAX_TAGS_LEN) {
             return Err(Error::invalid("tags", format!("longer than {MAX_TAGS_LEN} bytes")));
         }
@@ -169,6 +206,26 @@ impl Message {
 }
 
 impl Message {
+    /// The dedup key's length; the reserved property set only through it.
+    fn validate_dedup_key(&self) -> Result<()> {
+        if let Some(key) = &self.dedup_key {
+            if key.is_empty() {
+                return Err(Error::invalid("dedup_key", "empty"));
+            }
+            if key.len() > MAX_KEY_LEN {
+                return Err(Error::invalid("dedup_key", format!("longer than {MAX_KEY_LEN} bytes")));
+            }
+        }
+        let set = self.properties.iter().filter(|(name, _)| name == DEDUP_PROPERTY);
+        if set.map(|(_, value)| Some(value)).ne(self.dedup_key.as_ref().map(Some)) {
+            return Err(Error::invalid(
+                "properties",
+                format!("{DEDUP_PROPERTY} is reserved: set it with Message::dedup_key"),
+            ));
+        }
+        Ok(())
+    }
+
     /// The record fields of this (validated) message on `queue_id`, stored at `store_time_ms`.
     pub(crate) fn fields(&self, queue_id: u32, store_time_ms: u64, timing: Timing) -> MessageFields<'_> {
         MessageFields {
@@ -305,6 +362,7 @@ pub(crate) struct Extras {
     pub key: Option<String>,
     pub tags: Option<String>,
     pub properties: Vec<(String, String)>,
+    pub dedup_key: Option<String>,
     /// Which occurrence of a recurring schedule it is.
     pub occurrence: Option<crate::receipt::Occurrence>,
 }
@@ -350,6 +408,10 @@ impl ConsumedMessage {
     /// Its tags, if it had any.
     pub fn tags(&self) -> Option<&str> {
         self.extras.as_ref().and_then(|e| e.tags.as_deref())
+    }
+    /// Its dedup key, if it was put with one (see [`Message::dedup_key`]).
+    pub fn dedup_key(&self) -> Option<&str> {
+        self.extras.as_ref().and_then(|e| e.dedup_key.as_deref())
     }
     /// Its properties, in the order they were added.
     pub fn properties(&self) -> &[(String, String)] {

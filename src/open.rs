@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::flusher::Flusher;
 use crate::format::checkpoint::Checkpoint;
 use crate::format::layout::Layout;
-use crate::key_index::KeyIndex;
+use crate::key_index::KeyIndexes;
 use crate::offsets::{self, OffsetStore};
 use crate::prefault::Prefaulter;
 use crate::recovery::{Recovered, recover};
@@ -66,7 +66,7 @@ struct Parts {
     layout: Layout,
     log: Arc<CommitLog>,
     queues: Arc<QueueRegistry>,
-    keys: Arc<KeyIndex>,
+    keys: Arc<KeyIndexes>,
     topics: Option<Arc<TopicCounts>>,
     offsets: Arc<OffsetStore>,
     shared: Arc<WheelShared>,
@@ -118,12 +118,15 @@ impl Store {
         let Started { scheduler, retainer, threads } =
             parts.start(timers, counts, checkpoint, inboxes, &levels)?;
         tracing::info!(end = report.end, replay_from, scheduler = ?parts.config.scheduler, "store open");
+        let window_ms = u64::try_from(parts.config.dedup_window.as_millis()).unwrap_or(u64::MAX);
+        let dedup = crate::dedup::Dedup::new(window_ms, parts.log.write_end());
         Ok(Store {
             config: parts.config,
             levels,
             log: parts.log,
             queues: parts.queues,
             keys: parts.keys,
+            dedup,
             topics: parts.topics,
             offsets: parts.offsets,
             wheel: parts.shared,
@@ -163,8 +166,7 @@ impl Parts {
         let open_counts = Arc::new(counts.clone());
         let queues =
             Arc::new(QueueRegistry::open(&layout.consume_queues(), config.queue_file_entries, replay_from)?);
-        let keys =
-            Arc::new(KeyIndex::open(&layout.key_index(), config.key_index_file_entries, &log, replay_from)?);
+        let keys = Arc::new(KeyIndexes::open(&layout, config.key_index_file_entries, &log, replay_from)?);
         let topics = (config.scheduler == Scheduler::Wheel)
             .then(|| Arc::new(TopicCounts::open(&layout.topic_pending(), &log, replay_from)));
         let offsets = Arc::new(offsets::open(&layout.consumer_offsets(), &log)?);

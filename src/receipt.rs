@@ -10,6 +10,8 @@ pub struct Receipt {
     pub(crate) queue_id: u32,
     pub(crate) store_time_ms: u64,
     pub(crate) deliver_at_ms: Option<u64>,
+    /// A put with a dedup key that wrote nothing: this is the first put's receipt.
+    pub(crate) duplicate: bool,
 }
 
 impl Receipt {
@@ -31,6 +33,13 @@ impl Receipt {
     /// When a timed message is due (`None` for an ordinary message).
     pub fn deliver_at_ms(&self) -> Option<u64> {
         self.deliver_at_ms
+    }
+
+    /// Whether the put wrote nothing because a message with its topic and
+    /// dedup key stands (see [`Message::dedup_key`](crate::Message::dedup_key)):
+    /// the receipt is then that message's, the first put's.
+    pub fn is_duplicate(&self) -> bool {
+        self.duplicate
     }
 
     /// The handle that cancels this message's timer (`None` for an ordinary message).

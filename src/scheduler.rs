@@ -79,6 +79,10 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// answer per timer, in order.
     fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<Option<PendingEntry>>>;
 
+    /// What became of `timer` (a message's own timer), as the timer that
+    /// counts for its message now, at one instant.
+    fn fate_of(&self, timer: Timer) -> Result<crate::timer::wheel::window::TimerFate>;
+
     /// The pending timers counted by due time between `bounds_ms`
     /// (ascending): one count before the first bound, one per interval, one
     /// from the last bound on.

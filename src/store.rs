@@ -28,6 +28,7 @@ use crate::timer::Timer;
 use crate::timer::levels::DelayLevels;
 use crate::timer::tick::WheelShared;
 
+mod dedup;
 mod puts;
 mod queries;
 mod schedules;
@@ -43,8 +44,11 @@ pub struct Store {
     pub(crate) levels: DelayLevels,
     pub(crate) log: Arc<CommitLog>,
     pub(crate) queues: Arc<QueueRegistry>,
-    /// Timed messages by topic and key (see [`pending_by_key`](Self::pending_by_key)).
-    pub(crate) keys: Arc<crate::key_index::KeyIndex>,
+    /// Timed messages by topic and key (see [`pending_by_key`](Self::pending_by_key)),
+    /// messages by topic and dedup key (see `dedup.rs`).
+    pub(crate) keys: Arc<crate::key_index::KeyIndexes>,
+    /// What the dedup index may not hold yet, and the dedup window.
+    pub(crate) dedup: crate::dedup::Dedup,
     /// Pending timers per topic (the wheel scheduler only).
     pub(crate) topics: Option<Arc<crate::topic_counts::TopicCounts>>,
     pub(crate) offsets: Arc<OffsetStore>,

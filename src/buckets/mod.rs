@@ -177,6 +177,13 @@ impl SchedulerFront for BucketFront {
         ))
     }
 
+    fn fate_of(&self, _timer: crate::timer::Timer) -> Result<crate::timer::wheel::window::TimerFate> {
+        Err(Error::invalid(
+            "scheduler",
+            "the bucket scheduler cannot tell what became of a timer; use the wheel",
+        ))
+    }
+
     fn pending_counts(&self, _bounds_ms: Vec<u64>) -> Result<Vec<u64>> {
         Err(Error::invalid("scheduler", "the bucket scheduler cannot count pending timers by due time"))
     }

@@ -1,9 +1,11 @@
-//! The key index's layout (see `key_index.rs` for how it is kept): one file
-//! per run of commit-log offsets, each a hash table of chains.
+//! The layout of the key index and of the dedup index (see `key_index.rs`
+//! for how they are kept): one file per run of commit-log offsets, each a
+//! hash table of chains. The two differ only in their magic and in how many
+//! entries share a bucket (64 and 8).
 //!
 //! ```text
 //! header (32 B): magic DWKEYS, a = entries per file (N), b = first message offset
-//! heads  (4B B): u32 per bucket (B: the greatest power of two <= max(1, N / 64)), the newest entry of its chain + 1 (0: empty)
+//! heads  (4B B): u32 per bucket (B: the greatest power of two <= max(1, N / 64), N / 8 for dedup), the newest entry of its chain + 1 (0: empty)
 //! entries (20N B): message_offset u64 | key_hash u32 | prev u32 | crc32c u32
 //! ```
 //!
@@ -45,7 +47,7 @@ pub fn key_hash(topic: &str, key: &str) -> u32 {
     crc32c::crc32c_append(crc, key.as_bytes())
 }
 
-/// Entries per bucket of a full file. Few buckets keep the heads small
+/// Entries per bucket of a full key-index file. Few buckets keep the heads small
 /// enough to stay in the L2 cache (64 KiB for the default 1 Mi entries)
 /// while the dispatcher writes them at random: with one bucket per entry
 /// (4 MiB of heads) each add missed the cache, and the 1 M burst's puts,
@@ -53,31 +55,82 @@ pub fn key_hash(topic: &str, key: &str) -> u32 {
 /// with one per 64 within the noise. A lookup walks about 64 entries per file.
 pub const ENTRIES_PER_BUCKET: u64 = 64;
 
-/// The buckets of a file of `per_file` entries: a power of two, so a
-/// bucket is a mask of the hash (a division was most of an add's cost).
+/// Entries per bucket of a full dedup-index file: every put with a dedup
+/// key looks its key up, so chains are kept short (512 KiB of heads for
+/// 1 Mi entries; a lookup walks about 8 entries per file).
+pub const DEDUP_ENTRIES_PER_BUCKET: u64 = 8;
+
+/// The shape of one index file: entries per file and per bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Geometry {
+    /// Entries per file (`N`, the header's `a`).
+    pub per_file: u64,
+    /// Entries per bucket of a full file (fixed per kind of index).
+    pub per_bucket: u64,
+}
+
+impl Geometry {
+    /// A key-index file of `per_file` entries.
+    pub fn keys(per_file: u64) -> Self {
+        Self { per_file, per_bucket: ENTRIES_PER_BUCKET }
+    }
+
+    /// A dedup-index file of `per_file` entries.
+    pub fn dedup(per_file: u64) -> Self {
+        Self { per_file, per_bucket: DEDUP_ENTRIES_PER_BUCKET }
+    }
+
+    /// The buckets: a power of two, so a bucket is a mask of the hash (a
+    /// division was most of an add's cost).
+    pub fn buckets(&self) -> u64 {
+        let wanted = (self.per_file / self.per_bucket).max(1);
+        1 << wanted.ilog2()
+    }
+
+    /// Bytes of the bucket heads.
+    pub fn heads_len(&self) -> usize {
+        self.buckets() as usize * HEAD_LEN
+    }
+
+    /// Where the head of the bucket of `key_hash` lies.
+    pub fn head_position(&self, key_hash: u32) -> usize {
+        FILE_HEADER_LEN + (u64::from(key_hash) & (self.buckets() - 1)) as usize * HEAD_LEN
+    }
+
+    /// Where entry `number` lies.
+    pub fn entry_position(&self, number: u64) -> usize {
+        FILE_HEADER_LEN + self.heads_len() + number as usize * ENTRY_LEN
+    }
+
+    /// The size of a file.
+    pub fn file_len(&self) -> u64 {
+        self.entry_position(self.per_file) as u64
+    }
+}
+
+/// The buckets of a key-index file of `per_file` entries.
 pub fn buckets(per_file: u64) -> u64 {
-    let wanted = (per_file / ENTRIES_PER_BUCKET).max(1);
-    1 << wanted.ilog2()
+    Geometry::keys(per_file).buckets()
 }
 
-/// Bytes of the bucket heads of a file of `per_file` entries.
+/// Bytes of the bucket heads of a key-index file of `per_file` entries.
 pub fn heads_len(per_file: u64) -> usize {
-    buckets(per_file) as usize * HEAD_LEN
+    Geometry::keys(per_file).heads_len()
 }
 
-/// Where the head of the bucket of `key_hash` lies in a file of `per_file` entries.
+/// Where the head of the bucket of `key_hash` lies in a key-index file of `per_file` entries.
 pub fn head_position(per_file: u64, key_hash: u32) -> usize {
-    FILE_HEADER_LEN + (u64::from(key_hash) & (buckets(per_file) - 1)) as usize * HEAD_LEN
+    Geometry::keys(per_file).head_position(key_hash)
 }
 
-/// Where entry `number` of a file of `per_file` entries lies.
+/// Where entry `number` of a key-index file of `per_file` entries lies.
 pub fn entry_position(per_file: u64, number: u64) -> usize {
-    FILE_HEADER_LEN + heads_len(per_file) + number as usize * ENTRY_LEN
+    Geometry::keys(per_file).entry_position(number)
 }
 
-/// The size of a file of `per_file` entries.
+/// The size of a key-index file of `per_file` entries.
 pub fn file_len(per_file: u64) -> u64 {
-    entry_position(per_file, per_file) as u64
+    Geometry::keys(per_file).file_len()
 }
 
 impl KeyEntry {
@@ -128,5 +181,8 @@ mod tests {
         assert_eq!(file_len(1024), 32 + 64 + 1024 * 20, "sixteen buckets");
         assert_eq!(buckets(1500), 16, "a power of two");
         assert_eq!(head_position(1024, 21), 32 + 5 * 4);
+        let dedup = Geometry::dedup(1024);
+        assert_eq!(dedup.buckets(), 128, "one bucket per 8 entries");
+        assert_eq!(dedup.file_len(), 32 + 512 + 1024 * 20);
     }
 }

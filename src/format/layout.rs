@@ -63,6 +63,8 @@ pub const SEGMENT_COUNTS_FILE: &str = "segment_pending";
 pub const INDEX_DIR: &str = "index";
 /// The key index's directory, inside [`INDEX_DIR`].
 pub const KEY_INDEX_DIR: &str = "keys";
+/// The dedup index's directory, inside [`INDEX_DIR`].
+pub const DEDUP_INDEX_DIR: &str = "dedup";
 /// The pending counts per topic, inside [`INDEX_DIR`].
 pub const TOPIC_PENDING_FILE: &str = "topic_pending";
 /// The bucket scheduler's directory (its presence marks a bucket store).
@@ -163,6 +165,11 @@ impl Layout {
     /// `index/keys/`.
     pub fn key_index(&self) -> PathBuf {
         self.dir.join(INDEX_DIR).join(KEY_INDEX_DIR)
+    }
+
+    /// `index/dedup/`.
+    pub fn dedup_index(&self) -> PathBuf {
+        self.dir.join(INDEX_DIR).join(DEDUP_INDEX_DIR)
     }
 
     /// `index/topic_pending`.

@@ -55,6 +55,8 @@ pub const TAILS_MAGIC: [u8; 8] = *b"DWTAIL\0\0";
 pub const SEGMENT_PENDING_MAGIC: [u8; 8] = *b"DWSPND\0\0";
 /// Magic of a key-index file (`index/keys/`).
 pub const KEY_INDEX_MAGIC: [u8; 8] = *b"DWKEYS\0\0";
+/// Magic of a dedup-index file (`index/dedup/`).
+pub const DEDUP_INDEX_MAGIC: [u8; 8] = *b"DWDEDUP\0";
 /// Magic of `index/topic_pending`, the pending timers per topic.
 pub const TOPIC_PENDING_MAGIC: [u8; 8] = *b"DWTOPC\0\0";
 /// Magic of `timer/pins`, the snapshot of the cancel ledger's reschedule entries.

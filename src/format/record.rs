@@ -27,8 +27,8 @@ pub use delivery::{
 #[cfg(feature = "internals")]
 pub use message::MESSAGE_FIXED_LEN;
 pub use message::{
-    MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN, MessageFields,
-    MessageView, Timing, encode_message, encode_rescheduled, properties_len,
+    DEDUP_PROPERTY, MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN,
+    MessageFields, MessageView, Timing, encode_message, encode_rescheduled, properties_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 

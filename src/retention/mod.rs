@@ -31,7 +31,7 @@ use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{
     CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, RescheduleView, record_time_ms,
 };
-use crate::key_index::KeyIndex;
+use crate::key_index::KeyIndexes;
 use crate::schedule::replaced_by;
 use crate::stats::RetentionCounters;
 use crate::sync::Locked;
@@ -59,7 +59,7 @@ pub struct ReclaimReport {
 pub(crate) struct Retainer {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
-    pub keys: Arc<KeyIndex>,
+    pub keys: Arc<KeyIndexes>,
     pub topics: Option<Arc<TopicCounts>>,
     /// Tells the ticking thread (which owns the timer logs) to look for
     /// timer-log files to delete, after each pass.

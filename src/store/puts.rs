@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::Store;
 use crate::buckets::SCHEDULE_TOPIC;
-use crate::config::FlushMode;
+use crate::config::{FlushMode, Scheduler};
 use crate::error::{Error, Result};
 use crate::format::record::{MessageFields, Timing, encode_message};
 use crate::message::{Message, Receipt, Written};
@@ -80,8 +80,18 @@ impl Store {
         Ok(PutTicket::new(receipt, end, Arc::clone(&self.log)))
     }
 
-    /// Checks and appends one message; returns its receipt and where its record ends.
+    /// Checks and appends one message, unless its dedup key stands (see
+    /// `dedup.rs`); returns its receipt (or the standing one's) and where
+    /// that record ends.
     fn append_message(&self, message: &Message) -> Result<(Receipt, u64)> {
+        match &message.dedup_key {
+            Some(key) => self.append_deduplicated(message, key),
+            None => self.append_new(message),
+        }
+    }
+
+    /// Checks and appends one message; returns its receipt and where its record ends.
+    pub(super) fn append_new(&self, message: &Message) -> Result<(Receipt, u64)> {
         let queue_id = self.check_message(message)?;
         self.wait_for_indexes()?;
         let accepting = self.accepting.reading();
@@ -100,7 +110,10 @@ impl Store {
         drop(accepting);
         self.wake_after_append(prefault);
         let deliver_at_ms = (deliver_at_ms != 0).then_some(deliver_at_ms);
-        Ok((Receipt { offset, queue_id, store_time_ms, deliver_at_ms }, offset + len as u64))
+        Ok((
+            Receipt { offset, queue_id, store_time_ms, deliver_at_ms, duplicate: false },
+            offset + len as u64,
+        ))
     }
 
     /// Appends a batch of messages together: all of them or none. In sync
@@ -232,7 +245,14 @@ impl Store {
     fn check_batch(&self, messages: &[Message]) -> Result<Vec<u32>> {
         (messages.iter().enumerate())
             .map(|(index, m)| {
-                self.check_message(m).map_err(|e| Error::InBatch { index, source: Box::new(e) })
+                let checked = match m.dedup_key {
+                    // Not yet: a batch is written whole, and its duplicates would be left out.
+                    Some(_) => {
+                        Err(Error::invalid("dedup_key", "not taken in a batch yet: put the message alone"))
+                    }
+                    None => self.check_message(m),
+                };
+                checked.map_err(|e| Error::InBatch { index, source: Box::new(e) })
             })
             .collect()
     }
@@ -266,6 +286,7 @@ impl Store {
                 queue_id,
                 store_time_ms: batch.store_time_ms,
                 deliver_at_ms: (deliver_at_ms != 0).then_some(deliver_at_ms),
+                duplicate: false,
             })
             .collect();
         let end = match (offsets.last(), batch.lens.last()) {
@@ -288,6 +309,12 @@ impl Store {
             return Err(Error::invalid(
                 "topic",
                 format!("{POSITIONS_TOPIC} is reserved for consumer positions"),
+            ));
+        }
+        if message.dedup_key.is_some() && self.config.scheduler != Scheduler::Wheel {
+            return Err(Error::invalid(
+                "dedup_key",
+                "the bucket scheduler does not deduplicate; use the wheel",
             ));
         }
         message.resolve_queue(self.config.queues_per_topic)

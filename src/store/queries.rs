@@ -173,7 +173,8 @@ impl Store {
     /// does not check out is left out with a warning.
     pub fn pending_by_key(&self, topic: &str, key: &str, limit: usize) -> Result<Vec<PendingTimer>> {
         self.wait_indexed_to(self.log.write_end())?;
-        let timers = crate::pending::timers_with_key(&self.log, self.keys.candidates(topic, key), topic, key);
+        let timers =
+            crate::pending::timers_with_key(&self.log, self.keys.keys.candidates(topic, key), topic, key);
         if timers.is_empty() {
             return Ok(Vec::new());
         }

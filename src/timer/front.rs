@@ -19,7 +19,7 @@ use crate::stats::TimerStats;
 use crate::sync::Locked;
 use crate::timer::Timer;
 use crate::timer::tick::{Control, WheelCommand, WheelShared};
-use crate::timer::wheel::window::PendingEntry;
+use crate::timer::wheel::window::{PendingEntry, TimerFate};
 
 /// The wheel's front.
 pub(crate) struct WheelFront {
@@ -143,6 +143,10 @@ impl SchedulerFront for WheelFront {
 
     fn pending_of(&self, timers: Vec<Timer>) -> Result<Vec<Option<PendingEntry>>> {
         self.ask(|reply| WheelCommand::PendingOf { timers, reply })?
+    }
+
+    fn fate_of(&self, timer: Timer) -> Result<TimerFate> {
+        self.ask(|reply| WheelCommand::FateOf { timer, reply })?
     }
 
     fn pending_counts(&self, bounds_ms: Vec<u64>) -> Result<Vec<u64>> {

@@ -154,6 +154,12 @@ impl CancelLedger {
         Ok(self.last_of(timer_offset, LedgerKind::Cancel)?.is_some())
     }
 
+    /// The offset of the cancel record of the timer of the record at
+    /// `timer_offset`, if a cancel of it was recorded.
+    pub fn cancel_record_of(&self, timer_offset: u64) -> Result<Option<u64>> {
+        Ok(self.last_of(timer_offset, LedgerKind::Cancel)?.map(|entry| entry.record_offset))
+    }
+
     /// The latest reschedule of the message at `message_offset`, if any: its
     /// record names the message's timer now (see `latest`).
     pub fn latest_reschedule(&self, message_offset: u64) -> Result<Option<LedgerEntry>> {

@@ -29,7 +29,7 @@ use crate::timer::pins_snapshot::SnapshotGate;
 use crate::timer::recurring::Recurring;
 use crate::timer::routes::{Planned, Routes};
 use crate::timer::wheel::restart::{RestartPlan, restart_wheel};
-use crate::timer::wheel::window::PendingEntry;
+use crate::timer::wheel::window::{PendingEntry, TimerFate};
 use crate::timer::wheel::{FilesToSync, Wheel};
 
 mod control;
@@ -72,6 +72,8 @@ pub(crate) enum WheelCommand {
     Pending { window_ms: std::ops::Range<u64>, limit: usize, reply: Sender<Result<Vec<PendingEntry>>> },
     /// Answer which of these timers of messages are pending (see `wheel/window.rs`).
     PendingOf { timers: Vec<Timer>, reply: Sender<Result<Vec<Option<PendingEntry>>>> },
+    /// Answer what became of this timer of a message (see `wheel/window.rs`).
+    FateOf { timer: Timer, reply: Sender<Result<TimerFate>> },
     /// Answer the pending timers counted by due time between ascending bounds (see `wheel/gauges.rs`).
     PendingCounts { bounds_ms: Vec<u64>, reply: Sender<Result<Vec<u64>>> },
 }
@@ -492,6 +494,10 @@ impl Ticker {
             }
             WheelCommand::PendingOf { timers, reply } => {
                 let _ = reply.send(self.wheel.pending_of(&timers));
+                Ok(())
+            }
+            WheelCommand::FateOf { timer, reply } => {
+                let _ = reply.send(self.wheel.fate_of(timer));
                 Ok(())
             }
             WheelCommand::PendingCounts { bounds_ms, reply } => {

@@ -40,6 +40,10 @@ pub struct Timing {
     pub delay_level: u16,
 }
 
+/// The property that holds a message's dedup key (`Message::dedup_key`):
+/// reserved, hidden from consumers, who read it as `ConsumedMessage::dedup_key`.
+pub const DEDUP_PROPERTY: &str = "dw.dedup_key";
+
 /// Encoded size of a property list: `u16 name_len | name | u16 value_len | value` per pair.
 pub fn properties_len(props: &[(String, String)]) -> usize {
     props.iter().map(|(k, v)| 4 + k.len() + v.len()).sum()
@@ -220,6 +224,16 @@ impl<'a> MessageView<'a> {
     /// bucket scheduler's copy of a delivered one (indexed at once).
     pub fn timer_deliver_at_ms(&self) -> Option<u64> {
         (self.timing.deliver_at_ms != 0 && !self.rescheduled).then_some(self.timing.deliver_at_ms)
+    }
+
+    /// Its dedup key: `None` if it has none, or if its properties do not
+    /// read (the record's checksum held, so a writer's bug, logged where the
+    /// properties are read whole).
+    pub fn dedup_key(&self) -> Option<&'a str> {
+        if self.props.is_empty() {
+            return None;
+        }
+        self.property(DEDUP_PROPERTY).ok().flatten().filter(|key| !key.is_empty())
     }
 
     /// Whether it carries any properties.

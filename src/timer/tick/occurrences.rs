@@ -256,7 +256,8 @@ impl Ticker {
         let fields = message.fields(update.queue_id, store_time_ms, timing);
         let (offset, _) =
             self.log.append(fields.record_len(), |buf, offset| encode_message(buf, offset, &fields))?;
-        Ok(Receipt { offset, queue_id: update.queue_id, store_time_ms, deliver_at_ms: Some(update.first_ms) })
+        let deliver_at_ms = Some(update.first_ms);
+        Ok(Receipt { offset, queue_id: update.queue_id, store_time_ms, deliver_at_ms, duplicate: false })
     }
 
     /// The old schedule's armed `timer` is settled by the update's record at

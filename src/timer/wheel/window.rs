@@ -22,6 +22,22 @@ use crate::timer::geometry::{LEVELS, slot_index, window_of, window_start};
 use crate::timer::state::cancels::CancelTarget;
 use crate::timer::wheel::Wheel;
 
+/// What became of a timer (see [`Wheel::fate_of`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TimerFate {
+    Pending,
+    /// Fired, when due at `deliver_at_ms` (its latest deliver time).
+    Delivered {
+        deliver_at_ms: u64,
+    },
+    /// Cancelled by the record at `record_offset` (`None`: the ledger no
+    /// longer knows which), when it was due at `deliver_at_ms`.
+    Cancelled {
+        record_offset: Option<u64>,
+        deliver_at_ms: u64,
+    },
+}
+
 /// A pending timer and the finest wheel level holding it (0 for the loaded seconds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct PendingEntry {
@@ -124,6 +140,20 @@ impl Wheel {
                 Ok(Some(PendingEntry { timer, level }))
             })
             .collect()
+    }
+
+    /// What became of `own` (a message's own timer), as the timer that
+    /// counts for its message now: pending, delivered or cancelled.
+    pub fn fate_of(&self, own: Timer) -> Result<TimerFate> {
+        let timer = self.current_timer(own)?;
+        Ok(match self.locate_for_cancel(&timer)? {
+            CancelTarget::AlreadyDelivered => TimerFate::Delivered { deliver_at_ms: timer.deliver_at_ms },
+            CancelTarget::AlreadyCancelled => TimerFate::Cancelled {
+                record_offset: self.cancels.ledger().cancel_record_of(timer.message_offset)?,
+                deliver_at_ms: timer.deliver_at_ms,
+            },
+            CancelTarget::Loaded | CancelTarget::Prefetching | CancelTarget::Slot => TimerFate::Pending,
+        })
     }
 
     /// The live slots whose window overlaps `window_ms`, by first second.

@@ -225,6 +225,7 @@ fn render_checked(c: &verify::Checked) -> String {
         ("consume queues", c.consume_queues),
         ("  entries", c.queue_entries),
         ("key-index entries (index/keys/)", c.key_index_entries),
+        ("dedup-index entries (index/dedup/)", c.dedup_index_entries),
         ("topics counted (index/topic_pending)", c.topic_pending_topics),
         ("positions (consumer_offsets.json)", c.consumer_offsets),
     ] {

@@ -8,6 +8,9 @@
 //!   (or one below the oldest segment: retention deleted it). In a store not
 //!   closed cleanly an entry of the newest file that does not check out ends
 //!   it (the open zeroes it and the replay adds it again).
+//! * `index/dedup/`: the same, for the dedup index (its own magic and bucket
+//!   count), but its entries are not matched against records: they name
+//!   ordinary messages too, which the log's facts do not gather.
 //! * `index/topic_pending`: decodes (its CRC, every count), and counts no
 //!   record past the end of the log.
 //! * `consumer_offsets.json`: not a symbolic link (the store refuses to read
@@ -33,9 +36,34 @@ pub fn check(
     clean: bool,
     checked: &mut Checked,
 ) -> Result<()> {
-    check_key_index(files, facts, log_start, clean, checked)?;
+    check_key_index(files, facts, log_start, clean, checked, SideIndex::KEYS)?;
+    check_key_index(files, facts, log_start, clean, checked, SideIndex::DEDUP)?;
     check_topic_pending(&files.layout.topic_pending(), facts, checked)?;
     check_consumer_offsets(&files.layout.consumer_offsets(), checked)
+}
+
+/// One of the two indexes of `key_index.rs`.
+struct SideIndex {
+    name: &'static str,
+    kind: FileKind,
+    geometry: fn(u64) -> key_index::Geometry,
+    /// Whether every entry names a timed message record.
+    names_timers: bool,
+}
+
+impl SideIndex {
+    const KEYS: Self = Self {
+        name: "key-index",
+        kind: FileKind::KeyIndex,
+        geometry: key_index::Geometry::keys,
+        names_timers: true,
+    };
+    const DEDUP: Self = Self {
+        name: "dedup-index",
+        kind: FileKind::DedupIndex,
+        geometry: key_index::Geometry::dedup,
+        names_timers: false,
+    };
 }
 
 fn check_key_index(
@@ -44,8 +72,12 @@ fn check_key_index(
     log_start: u64,
     clean: bool,
     checked: &mut Checked,
+    index: SideIndex,
 ) -> Result<()> {
-    let dir = files.layout.key_index();
+    let dir = match index.kind {
+        FileKind::DedupIndex => files.layout.dedup_index(),
+        _ => files.layout.key_index(),
+    };
     if !dir.is_dir() {
         return Ok(());
     }
@@ -54,14 +86,15 @@ fn check_key_index(
     let mut last = None;
     for (&first, path) in &key_files {
         let file = DataFile::open(path)?;
-        let per_file = key_file_header(&file, first)?;
+        let geometry = (index.geometry)(key_file_header(&file, first, &index)?);
+        let per_file = geometry.per_file;
         checked.file_headers += 1;
-        let entries = file
-            .read(key_index::entry_position(per_file, 0) as u64, per_file as usize * key_index::ENTRY_LEN)?;
+        let entries =
+            file.read(geometry.entry_position(0) as u64, per_file as usize * key_index::ENTRY_LEN)?;
         for (number, bytes) in entries.chunks_exact(key_index::ENTRY_LEN).enumerate() {
-            let position = key_index::entry_position(per_file, number as u64) as u64;
+            let position = geometry.entry_position(number as u64) as u64;
             let bad = |why: String| {
-                DumpError::bad_reference(path, position, format!("key-index entry {number}: {why}"))
+                DumpError::bad_reference(path, position, format!("{} entry {number}: {why}", index.name))
             };
             if bytes.iter().all(|&b| b == 0) {
                 break;
@@ -76,7 +109,10 @@ fn check_key_index(
                 }
                 return Err(bad("does not check out (its CRC, or a link forward)".into()));
             };
-            checked.key_index_entries += 1;
+            match index.kind {
+                FileKind::DedupIndex => checked.dedup_index_entries += 1,
+                _ => checked.key_index_entries += 1,
+            }
             let at = entry.message_offset;
             if at < first || last.is_some_and(|last| at <= last) {
                 return Err(bad(format!(
@@ -87,7 +123,7 @@ fn check_key_index(
             if at < log_start || (!clean && at >= facts.end.offset()) {
                 continue; // deleted by retention, or appended after the log was read
             }
-            if facts.timed(at).is_none() {
+            if index.names_timers && facts.timed(at).is_none() {
                 return Err(bad(format!("names log offset {at}, which is not a timed message record")));
             }
         }
@@ -98,14 +134,14 @@ fn check_key_index(
 /// The entries per file a key-index file's header gives, after checking
 /// its magic, that it names its first message offset as its name does, and
 /// its size.
-fn key_file_header(file: &DataFile, first: u64) -> Result<u64> {
-    let header = file.header(FileKind::KeyIndex)?;
+fn key_file_header(file: &DataFile, first: u64, index: &SideIndex) -> Result<u64> {
+    let header = file.header(index.kind)?;
     // Entries are numbered in 32 bits.
     if header.a == 0 || header.a > u64::from(u32::MAX) {
         return Err(DumpError::bad_reference(&file.path, 0, format!("{} entries per file", header.a)));
     }
     file.expect_field("first message offset", header.b, first)?;
-    file.expect_len(key_index::file_len(header.a))?;
+    file.expect_len((index.geometry)(header.a).file_len())?;
     Ok(header.a)
 }
 

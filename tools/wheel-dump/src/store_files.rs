@@ -36,6 +36,8 @@ pub enum FileKind {
     Tails,
     /// `index/keys/<first message offset>`: timed messages by topic and key.
     KeyIndex,
+    /// `index/dedup/<first message offset>`: messages by topic and dedup key.
+    DedupIndex,
 }
 
 impl FileKind {
@@ -52,6 +54,7 @@ impl FileKind {
             Self::Pins => internals::PINS_MAGIC,
             Self::Tails => internals::TAILS_MAGIC,
             Self::KeyIndex => internals::KEY_INDEX_MAGIC,
+            Self::DedupIndex => internals::DEDUP_INDEX_MAGIC,
         }
     }
 }

@@ -161,6 +161,7 @@ pub struct Checked {
     pub queue_entries: u64,
     /// Entries of the key index (`index/keys/`), checked.
     pub key_index_entries: u64,
+    pub dedup_index_entries: u64,
     /// Topics counted in `index/topic_pending`.
     pub topic_pending_topics: u64,
     /// Positions in `consumer_offsets.json`.

@@ -216,12 +216,13 @@ const VERIFY_TEXT: &str = r#"ok: every checksum and cross-reference checked
   consume queues                             1
     entries                                  3
   key-index entries (index/keys/)            1
+  dedup-index entries (index/dedup/)         0
   topics counted (index/topic_pending)       1
   positions (consumer_offsets.json)          0
   the commit log ends at offset 469
 "#;
 
-const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":11,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"near_timer_log_entries":5,"far_timer_log_entries":1,"timer_log_first_entries":[1,1],"cancel_ledger_entries":1,"cancel_ledger_deleted":0,"cancel_ledger_first_entry":1,"wheel_slots":75840,"non_empty_slots":4,"chains_walked":3,"chain_entries":4,"chains_gone_stale":0,"chain_starts":3,"chain_starts_unknown":0,"consume_queues":1,"queue_entries":3,"key_index_entries":1,"topic_pending_topics":1,"consumer_offsets":0,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1,"snapshot_pins":null},"problem":null}
+const VERIFY_JSON: &str = r#"{"schema_version":1,"ok":true,"checked":{"checkpoint_slots":2,"file_headers":11,"records":9,"messages":6,"timed_messages":5,"deliveries":2,"cancels":1,"log_end":469,"torn_tail":null,"timer_log_entries":6,"near_timer_log_entries":5,"far_timer_log_entries":1,"timer_log_first_entries":[1,1],"cancel_ledger_entries":1,"cancel_ledger_deleted":0,"cancel_ledger_first_entry":1,"wheel_slots":75840,"non_empty_slots":4,"chains_walked":3,"chain_entries":4,"chains_gone_stale":0,"chain_starts":3,"chain_starts_unknown":0,"consume_queues":1,"queue_entries":3,"key_index_entries":1,"dedup_index_entries":0,"topic_pending_topics":1,"consumer_offsets":0,"past_log_end":0,"oldest_segment":0,"relocation_records":0,"relocation_index_entries":0,"relocation_unfinished":0,"relocation_torn":0,"relocation_window_files":0,"relocated_copies":0,"relocated_timers":0,"relocated_cancels":0,"relocated_window_deleted":0,"named_relocated":0,"named_deleted":0,"queue_entries_deleted":0,"segment_counts":1,"snapshot_pins":null},"problem":null}
 "#;
 
 const AUDIT_TEXT: &str = r#"timed messages              count

@@ -1,0 +1,136 @@
+//! Puts with a dedup key (see `dedup.rs`): the lookup of the message that
+//! stands for a key, and how long it stands.
+
+use std::sync::atomic::Ordering;
+
+use super::Store;
+use crate::dedup::Recent;
+use crate::error::{Error, Result};
+use crate::format::record::{CancelView, MessageView, RecordKind};
+use crate::message::{Message, Receipt};
+use crate::timer::Timer;
+use crate::timer::wheel::window::TimerFate;
+
+/// The message that stands for a dedup key: its receipt, marked as a
+/// duplicate's, and where its record ends.
+struct Standing {
+    receipt: Receipt,
+    end: u64,
+}
+
+impl Store {
+    /// Appends `message`, whose dedup key is `key`, unless a message of its
+    /// topic with that key stands: then writes nothing and returns that
+    /// message's receipt and where its record ends.
+    pub(super) fn append_deduplicated(&self, message: &Message, key: &str) -> Result<(Receipt, u64)> {
+        self.check_message(message)?;
+        self.wait_dedup_ready()?;
+        let (hash, mut recent) = self.dedup.shard(message.topic(), key);
+        // Read before the index: every record below it is in the index.
+        recent.forget_below(self.dispatched.load(Ordering::Acquire));
+        if let Some(standing) = self.standing(message.topic(), key, hash, &recent)? {
+            return Ok((standing.receipt, standing.end));
+        }
+        let (receipt, end) = self.append_new(message)?;
+        recent.push(hash, receipt.offset);
+        Ok((receipt, end))
+    }
+
+    /// Waits, once, until the dispatcher has passed the log's end at open.
+    fn wait_dedup_ready(&self) -> Result<()> {
+        if let Some(open_end) = self.dedup.open_end() {
+            let started = std::time::Instant::now();
+            while self.dispatched.load(Ordering::Acquire) < open_end {
+                self.health()?;
+                if started.elapsed() >= self.config.put_timeout {
+                    let lag_bytes = open_end - self.dispatched.load(Ordering::Acquire).min(open_end);
+                    return Err(Error::Busy { lag_bytes, waited_ms: started.elapsed().as_millis() as u64 });
+                }
+                let _ = self.wakes.dispatch.try_send(());
+                std::thread::sleep(std::time::Duration::from_millis(1));
+            }
+            self.dedup.set_caught_up();
+        }
+        Ok(())
+    }
+
+    /// The newest message of `topic` with dedup key `key` (hash `hash`),
+    /// if it still stands.
+    fn standing(&self, topic: &str, key: &str, hash: u32, recent: &Recent) -> Result<Option<Standing>> {
+        let mut candidates = self.keys.dedup.candidates(topic, key);
+        candidates.extend(recent.of(hash));
+        candidates.sort_unstable();
+        candidates.dedup();
+        for &offset in candidates.iter().rev() {
+            let Some((standing, timer)) = self.read_keyed(offset, topic, key) else { continue };
+            // The newest message with the key decides: older ones settled before it.
+            return Ok(self.stands(&standing, timer)?.then_some(standing));
+        }
+        Ok(None)
+    }
+
+    /// The message at `offset` if it is of `topic` with dedup key `key`,
+    /// with its own timer if it is timed.
+    fn read_keyed(&self, offset: u64, topic: &str, key: &str) -> Option<(Standing, Option<Timer>)> {
+        let visited = self.log.visit_checked(offset, |at, kind, bytes| {
+            let view =
+                MessageView::parse(bytes).ok().filter(|_| at == offset && kind == RecordKind::Message)?;
+            if view.topic != topic || view.dedup_key() != Some(key) {
+                return None;
+            }
+            let deliver_at_ms = view.timer_deliver_at_ms();
+            let receipt = Receipt {
+                offset,
+                queue_id: view.queue_id,
+                store_time_ms: view.store_time_ms,
+                deliver_at_ms,
+                duplicate: true,
+            };
+            let timer = deliver_at_ms.map(|deliver_at_ms| Timer { deliver_at_ms, message_offset: offset });
+            Some((Standing { receipt, end: offset + bytes.len() as u64 }, timer))
+        });
+        match visited {
+            Ok((found, _)) => found,
+            // Retention deleted it: its window is bounded by retention.
+            Err(Error::Reclaimed { .. }) => None,
+            Err(e) => {
+                tracing::warn!(offset, error = %e, "a message the dedup index names does not check out: passed over");
+                None
+            }
+        }
+    }
+
+    /// Whether the message `standing` (with its own `timer`, if timed) stands now.
+    fn stands(&self, standing: &Standing, timer: Option<Timer>) -> Result<bool> {
+        let now_ms = self.config.clock.now_ms();
+        let window_ms = self.dedup.window_ms();
+        let within = |from_ms: u64| now_ms < from_ms.saturating_add(window_ms);
+        // Whatever became of its timer, it settled after it was put.
+        if within(standing.receipt.store_time_ms) {
+            return Ok(true);
+        }
+        let Some(timer) = timer else { return Ok(false) };
+        // The wheel answers for the timers it holds.
+        self.wait_indexed_to(standing.end)?;
+        Ok(match self.scheduler.fate_of(timer)? {
+            TimerFate::Pending => true,
+            TimerFate::Delivered { deliver_at_ms } => within(deliver_at_ms),
+            TimerFate::Cancelled { record_offset: Some(record), deliver_at_ms } => {
+                within(self.cancelled_at(record).unwrap_or(deliver_at_ms))
+            }
+            // The ledger forgot the cancel: the latest it can have been is the due time.
+            TimerFate::Cancelled { record_offset: None, deliver_at_ms } => within(deliver_at_ms),
+        })
+    }
+
+    /// When the cancel record at `offset` was written (an update's record:
+    /// when it was put); `None` if it does not read.
+    fn cancelled_at(&self, offset: u64) -> Option<u64> {
+        let visited = self.log.visit_checked(offset, |_, kind, bytes| match kind {
+            RecordKind::Cancel => CancelView::parse(bytes).ok().map(|c| c.cancelled_at_ms),
+            RecordKind::Message => MessageView::parse(bytes).ok().map(|m| m.store_time_ms),
+            _ => None,
+        });
+        visited.ok().and_then(|(at, _)| at)
+    }
+}

@@ -1,0 +1,231 @@
+//! Idempotent puts: a dedup key makes a retried or repeated put answer the
+//! first receipt while the first message stands, and a new put after.
+
+mod common;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use delaywheel::{CancelOutcome, Config, Error, ManualClock, Message, Receipt, Scheduler, Store};
+
+const MINUTE: u64 = 60_000;
+const HOUR: u64 = 60 * MINUTE;
+
+fn store_with_window(dir: &std::path::Path, clock: &ManualClock, window_ms: u64) -> Store {
+    let config =
+        small_config(dir).with_clock(clock.clone()).with_dedup_window(Duration::from_millis(window_ms));
+    Store::open(config).unwrap()
+}
+
+fn timeout(key: &str, body: &str, at: u64) -> Message {
+    Message::new("OrderTimeout", body.to_string()).queue_id(0).dedup_key(key).deliver_at_ms(at)
+}
+
+fn put(store: &Store, message: Message) -> Receipt {
+    store.put(message).unwrap()
+}
+
+#[test]
+fn a_repeated_put_while_pending_answers_the_first_receipt_and_one_message_fires() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let first = put(&store, timeout("order-42", "first", T0 + 1_000));
+    assert!(!first.is_duplicate());
+    let again = put(&store, timeout("order-42", "second", T0 + 5_000));
+    assert!(again.is_duplicate(), "{again:?}");
+    assert_eq!((again.offset(), again.handle(), again.store_time_ms()), (first.offset(), first.handle(), T0));
+    let other = put(&store, timeout("order-43", "other", T0 + 1_000));
+    assert!(!other.is_duplicate(), "another key is another message");
+    let other_topic = put(&store, Message::new("Other", "x").dedup_key("order-42").deliver_at_ms(T0 + 1_000));
+    assert!(!other_topic.is_duplicate(), "a key is unique per topic");
+    assert_eq!(store.fresh_stats().unwrap().pending, 3);
+
+    let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
+    clock.set_ms(T0 + 10_000);
+    let got = drain_idle(&mut consumer, 3, Duration::from_millis(500));
+    assert_eq!(bodies(&got), ["first", "other"], "the duplicate wrote nothing");
+    assert_eq!(got[0].dedup_key(), Some("order-42"));
+    assert!(got[0].properties().is_empty(), "the key is not a property: {:?}", got[0].properties());
+}
+
+#[test]
+fn after_firing_the_key_stands_for_the_window_from_its_due_time() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_with_window(dir.path(), &clock, 10 * MINUTE);
+    let first = put(&store, timeout("k", "first", T0 + HOUR));
+    let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
+    clock.set_ms(T0 + HOUR + 1_000);
+    assert_eq!(bodies(&drain_idle(&mut consumer, 1, Duration::from_secs(2))), ["first"]);
+
+    // An hour after the put, but inside the window after it fired.
+    clock.set_ms(T0 + HOUR + 9 * MINUTE);
+    let late_retry = put(&store, timeout("k", "retry", T0 + 2 * HOUR));
+    assert!(late_retry.is_duplicate());
+    assert_eq!(late_retry.offset(), first.offset());
+
+    clock.set_ms(T0 + HOUR + 11 * MINUTE);
+    let next = put(&store, timeout("k", "next", T0 + 2 * HOUR));
+    assert!(!next.is_duplicate(), "the window after it fired passed");
+    clock.set_ms(T0 + 2 * HOUR);
+    assert_eq!(bodies(&drain_idle(&mut consumer, 2, Duration::from_millis(500))), ["next"]);
+}
+
+#[test]
+fn after_a_cancel_the_key_stands_for_the_window_from_the_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_with_window(dir.path(), &clock, 10 * MINUTE);
+    let first = put(&store, timeout("k", "first", T0 + 2 * HOUR));
+    clock.set_ms(T0 + 30 * MINUTE);
+    assert_eq!(store.cancel(first.handle().unwrap()).unwrap(), CancelOutcome::Cancelled);
+
+    clock.set_ms(T0 + 39 * MINUTE);
+    assert!(
+        put(&store, timeout("k", "retry", T0 + 2 * HOUR)).is_duplicate(),
+        "inside the window after the cancel"
+    );
+    clock.set_ms(T0 + 41 * MINUTE);
+    let next = put(&store, timeout("k", "next", T0 + 2 * HOUR));
+    assert!(!next.is_duplicate(), "the window runs from the cancel, not from the due time");
+    let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
+    clock.set_ms(T0 + 2 * HOUR);
+    assert_eq!(bodies(&drain_idle(&mut consumer, 2, Duration::from_millis(500))), ["next"]);
+}
+
+#[test]
+fn a_pending_timer_holds_its_key_past_the_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_with_window(dir.path(), &clock, MINUTE);
+    let first = put(&store, timeout("k", "first", T0 + 24 * HOUR));
+    clock.set_ms(T0 + 12 * HOUR);
+    let retry = put(&store, timeout("k", "retry", T0 + 24 * HOUR));
+    assert!(retry.is_duplicate(), "pending, long after the window after its put");
+    assert_eq!(retry.handle(), first.handle());
+}
+
+#[test]
+fn an_ordinary_message_keeps_its_key_for_the_window_after_its_put() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_with_window(dir.path(), &clock, MINUTE);
+    let plain = || Message::new("Payments", "pay").queue_id(0).dedup_key("payment-7");
+    let first = put(&store, plain());
+    let retry = put(&store, plain());
+    assert!(retry.is_duplicate());
+    assert_eq!((retry.offset(), retry.handle()), (first.offset(), None));
+    clock.set_ms(T0 + MINUTE);
+    assert!(!put(&store, plain()).is_duplicate(), "the window passed");
+    let mut consumer = store.consumer("Payments", 0).unwrap();
+    assert_eq!(drain_idle(&mut consumer, 3, Duration::from_millis(500)).len(), 2);
+}
+
+#[test]
+fn racing_producers_with_the_same_keys_make_one_message_per_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Arc::new(store_at(dir.path(), &clock));
+    let (threads, keys, rounds) = (8, 50, 4);
+    let workers: Vec<_> = (0..threads)
+        .map(|t| {
+            let store = Arc::clone(&store);
+            std::thread::spawn(move || {
+                let mut answers = Vec::new();
+                for round in 0..rounds {
+                    for k in 0..keys {
+                        let key = format!("order-{}", (k + t * 7 + round) % keys);
+                        let receipt = store.put(timeout(&key, &format!("{t}"), T0 + HOUR)).unwrap();
+                        answers.push((key, receipt));
+                    }
+                }
+                answers
+            })
+        })
+        .collect();
+    let answers: Vec<(String, Receipt)> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    let mut by_key = std::collections::HashMap::<String, Vec<Receipt>>::new();
+    for (key, receipt) in answers {
+        by_key.entry(key).or_default().push(receipt);
+    }
+    assert_eq!(by_key.len(), keys);
+    for (key, receipts) in &by_key {
+        assert_eq!(receipts.iter().filter(|r| !r.is_duplicate()).count(), 1, "{key}: one put wrote");
+        assert!(receipts.iter().all(|r| r.offset() == receipts[0].offset()), "{key}: one message");
+    }
+    assert_eq!(store.fresh_stats().unwrap().pending, keys as u64);
+}
+
+#[test]
+fn a_duplicate_is_recognised_after_a_kill_and_a_reopen() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(no_periodic_flush(dir.path()).with_clock(clock.clone())).unwrap();
+    // Some indexed before the kill, and the last one not yet (its index entries lie past the checkpoint).
+    let firsts: Vec<Receipt> =
+        (0..20).map(|i| put(&store, timeout(&format!("k{i}"), &format!("{i}"), T0 + HOUR))).collect();
+    let image = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), image.path());
+    drop(store);
+
+    let store = Store::open(no_periodic_flush(image.path()).with_clock(clock.clone())).unwrap();
+    for (i, first) in firsts.iter().enumerate() {
+        let retry = put(&store, timeout(&format!("k{i}"), "retry", T0 + HOUR));
+        assert!(retry.is_duplicate(), "k{i}");
+        assert_eq!(retry.handle(), first.handle(), "k{i}");
+    }
+    assert!(!put(&store, timeout("k20", "new", T0 + HOUR)).is_duplicate());
+    store.close().unwrap();
+    // The dedup index is rebuilt if it is lost: the log is the truth.
+    std::fs::remove_dir_all(image.path().join("index").join("dedup")).unwrap();
+    let store = Store::open(no_periodic_flush(image.path()).with_clock(clock.clone())).unwrap();
+    for i in [0, 19, 20] {
+        assert!(put(&store, timeout(&format!("k{i}"), "retry", T0 + HOUR)).is_duplicate(), "k{i}");
+    }
+    assert_eq!(store.fresh_stats().unwrap().pending, 21);
+}
+
+#[test]
+fn a_submitted_duplicate_resolves_with_the_first_message() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(
+        small_config(dir.path()).with_clock(clock.clone()).with_flush_mode(delaywheel::FlushMode::Sync),
+    )
+    .unwrap();
+    let first = store.submit(timeout("k", "first", T0 + HOUR)).unwrap();
+    let retry = store.submit(timeout("k", "retry", T0 + HOUR)).unwrap();
+    assert!(retry.receipt().is_duplicate());
+    retry.wait(Duration::from_secs(10)).unwrap();
+    first.wait(Duration::from_secs(10)).unwrap();
+    assert_eq!(retry.receipt().offset(), first.receipt().offset());
+}
+
+#[test]
+fn bad_dedup_keys_are_refused_naming_the_field() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let field = |result: Result<Receipt, Error>| match result {
+        Err(Error::Invalid { what, .. }) => what,
+        other => panic!("expected Invalid, got {other:?}"),
+    };
+    assert_eq!(field(store.put(timeout("", "b", T0 + 1)),), "dedup_key");
+    assert_eq!(field(store.put(timeout(&"k".repeat(delaywheel::MAX_KEY_LEN + 1), "b", T0 + 1))), "dedup_key");
+    let forged = Message::new("T", "b").property("dw.dedup_key", "k");
+    assert_eq!(field(store.put(forged)), "properties", "the property is set only through dedup_key");
+    match store.put_batch([Message::new("T", "a"), timeout("k", "b", T0 + 1)]) {
+        Err(Error::InBatch { index: 1, source }) => {
+            assert!(matches!(*source, Error::Invalid { what: "dedup_key", .. }))
+        }
+        other => panic!("expected InBatch, got {other:?}"),
+    }
+    assert_eq!(store.fresh_stats().unwrap().pending, 0, "nothing was written");
+    store.close().unwrap();
+
+    let buckets = tempfile::tempdir().unwrap();
+    let store = Store::open(Config::new(buckets.path()).with_scheduler(Scheduler::Buckets)).unwrap();
+    assert_eq!(field(store.put(Message::new("T", "b").dedup_key("k").delay_level(1))), "dedup_key");
+}
