@@ -10,7 +10,8 @@
 //! only a hint, and one left by a record a crash took names nothing.
 //!
 //! A put holds its key's shard from the lookup to the append, so racing puts
-//! of one key make one message and duplicates. Before the first lookup, the
+//! of one key make one message and duplicates (a batch holds the shards of
+//! all its keys, taken in shard order). Before the first lookup, the
 //! dispatcher must have passed the log's end at open: what was appended
 //! before then is in the index, what after, in [`Recent`].
 //!
@@ -21,6 +22,7 @@
 //! needs nothing more; a later one asks the ticking thread what became of
 //! the timer.
 
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard};
 
@@ -66,10 +68,26 @@ impl Dedup {
         self.caught_up.store(true, Ordering::Release);
     }
 
+    /// The hash of `topic` and `key`, and their shard.
+    pub fn locate(topic: &str, key: &str) -> (u32, usize) {
+        let hash = key_hash(topic, key);
+        (hash, hash as usize % SHARDS)
+    }
+
     /// The shard of `topic` and `key`, locked, with its hash.
     pub fn shard(&self, topic: &str, key: &str) -> (u32, MutexGuard<'_, Recent>) {
-        let hash = key_hash(topic, key);
-        (hash, self.shards[hash as usize % SHARDS].locked())
+        let (hash, shard) = Self::locate(topic, key);
+        (hash, self.shards[shard].locked())
+    }
+
+    /// Locks the shards `wanted` (repeats allowed), in shard order, so puts
+    /// that lock several never wait for each other in a cycle.
+    pub fn lock_shards(
+        &self,
+        wanted: impl Iterator<Item = usize>,
+    ) -> BTreeMap<usize, MutexGuard<'_, Recent>> {
+        let wanted: BTreeSet<usize> = wanted.collect();
+        wanted.into_iter().map(|shard| (shard, self.shards[shard].locked())).collect()
     }
 }
 

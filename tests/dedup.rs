@@ -216,16 +216,83 @@ fn bad_dedup_keys_are_refused_naming_the_field() {
     assert_eq!(field(store.put(timeout(&"k".repeat(delaywheel::MAX_KEY_LEN + 1), "b", T0 + 1))), "dedup_key");
     let forged = Message::new("T", "b").property("dw.dedup_key", "k");
     assert_eq!(field(store.put(forged)), "properties", "the property is set only through dedup_key");
-    match store.put_batch([Message::new("T", "a"), timeout("k", "b", T0 + 1)]) {
-        Err(Error::InBatch { index: 1, source }) => {
+    match store.put_batch([Message::new("T", "a"), timeout("k", "b", T0 + 1), timeout("", "c", T0 + 1)]) {
+        Err(Error::InBatch { index: 2, source }) => {
             assert!(matches!(*source, Error::Invalid { what: "dedup_key", .. }))
         }
         other => panic!("expected InBatch, got {other:?}"),
     }
-    assert_eq!(store.fresh_stats().unwrap().pending, 0, "nothing was written");
+    let past_the_clock = timeout("k2", "c", delaywheel::MAX_DELIVER_AT_MS + 1);
+    match store.put_batch([timeout("k", "a", T0 + 1), Message::new("T", "b"), past_the_clock]) {
+        Err(Error::InBatch { index: 2, source }) => {
+            assert!(matches!(*source, Error::Invalid { what: "deliver time", .. }), "{source:?}")
+        }
+        other => panic!("expected InBatch naming the third message, got {other:?}"),
+    }
+    assert!(!put(&store, timeout("k", "after", T0 + 1)).is_duplicate(), "the refused batch wrote nothing");
+    assert_eq!(store.fresh_stats().unwrap().pending, 1, "only the put after the batches");
     store.close().unwrap();
 
     let buckets = tempfile::tempdir().unwrap();
     let store = Store::open(Config::new(buckets.path()).with_scheduler(Scheduler::Buckets)).unwrap();
     assert_eq!(field(store.put(Message::new("T", "b").dedup_key("k").delay_level(1))), "dedup_key");
+}
+
+#[test]
+fn a_batch_writes_only_the_messages_whose_key_does_not_stand() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let standing = put(&store, timeout("k2", "standing", T0 + HOUR));
+    let batch = [
+        timeout("k1", "a", T0 + HOUR),
+        Message::new("OrderTimeout", "b").queue_id(0),
+        timeout("k1", "a again", T0 + HOUR),
+        timeout("k2", "retry", T0 + HOUR),
+        timeout("k3", "c", T0 + HOUR),
+    ];
+    let receipts = store.put_batch(batch.clone()).unwrap();
+    let duplicates: Vec<bool> = receipts.iter().map(Receipt::is_duplicate).collect();
+    assert_eq!(duplicates, [false, false, true, true, false]);
+    assert_eq!(receipts[2].offset(), receipts[0].offset(), "a key twice in one batch is one message");
+    assert_eq!(receipts[3].handle(), standing.handle());
+    let again = store.submit_batch(batch).unwrap();
+    assert!(
+        again.iter().filter(|t| t.receipt().deliver_at_ms().is_some()).all(|t| t.receipt().is_duplicate())
+    );
+    for ticket in &again {
+        ticket.wait(Duration::from_secs(10)).unwrap();
+    }
+    assert!(
+        store.try_submit_batch(&[timeout("k1", "x", T0 + HOUR)]).unwrap().is_none(),
+        "a keyed batch may wait"
+    );
+    assert_eq!(store.fresh_stats().unwrap().pending, 3, "k1, k2 and k3 once each");
+}
+
+#[test]
+fn a_sync_put_that_timed_out_is_retried_as_a_duplicate_and_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    // A put timeout shorter than any sync: the put answers NotYetDurable, though its message stands.
+    let config = small_config(dir.path())
+        .with_clock(clock.clone())
+        .with_flush_mode(delaywheel::FlushMode::Sync)
+        .with_put_timeout(Duration::from_nanos(1));
+    let store = Store::open(config).unwrap();
+    let first = match store.put(timeout("order-42", "first", T0 + 1_000)) {
+        Err(Error::NotYetDurable { written: delaywheel::Written::Put(receipt), .. }) => receipt,
+        other => panic!("a sync takes more than a nanosecond: {other:?}"),
+    };
+    // The caller took the error for a failure and retries.
+    let retried = match store.put(timeout("order-42", "retry", T0 + 1_000)) {
+        Ok(receipt) | Err(Error::NotYetDurable { written: delaywheel::Written::Put(receipt), .. }) => receipt,
+        other => panic!("{other:?}"),
+    };
+    assert!(retried.is_duplicate());
+    assert_eq!(retried.handle(), first.handle());
+    store.wait_durable(&retried, Duration::from_secs(10)).unwrap();
+    let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
+    clock.set_ms(T0 + 2_000);
+    assert_eq!(bodies(&drain_idle(&mut consumer, 2, Duration::from_millis(500))), ["first"]);
 }

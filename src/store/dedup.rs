@@ -1,10 +1,12 @@
 //! Puts with a dedup key (see `dedup.rs`): the lookup of the message that
 //! stands for a key, and how long it stands.
 
+use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 
 use super::Store;
-use crate::dedup::Recent;
+use crate::dedup::{Dedup, Recent};
 use crate::error::{Error, Result};
 use crate::format::record::{CancelView, MessageView, RecordKind};
 use crate::message::{Message, Receipt};
@@ -132,5 +134,80 @@ impl Store {
             _ => None,
         });
         visited.ok().and_then(|(at, _)| at)
+    }
+}
+
+/// What a put of a batch with dedup keys does with one message.
+enum Answer {
+    /// Appended: the position among the messages appended.
+    Appended(usize),
+    /// A duplicate of a message that stands.
+    Standing(Standing),
+    /// A duplicate of an earlier message of the batch, by its position in the batch.
+    Earlier(usize),
+}
+
+impl Store {
+    /// [`append_deduplicated`](Self::append_deduplicated) for a checked
+    /// batch: appends, all or nothing, the messages whose dedup key does not
+    /// stand (a key twice in the batch stands from its first message on);
+    /// returns each message's receipt, in input order, and where the last
+    /// record they name ends.
+    pub(super) fn append_batch_deduplicated(
+        &self,
+        messages: &[Message],
+        queue_ids: Vec<u32>,
+    ) -> Result<(Vec<Receipt>, u64)> {
+        self.wait_dedup_ready()?;
+        let keys: Vec<Option<(&str, u32, usize)>> = (messages.iter())
+            .map(|m| m.dedup_key.as_deref().map(|key| (key, Dedup::locate(m.topic(), key))))
+            .map(|keyed| keyed.map(|(key, (hash, shard))| (key, hash, shard)))
+            .collect();
+        let mut shards = self.dedup.lock_shards(keys.iter().flatten().map(|&(_, _, shard)| shard));
+        let dispatched = self.dispatched.load(Ordering::Acquire);
+        shards.values_mut().for_each(|recent| recent.forget_below(dispatched));
+        let (mut answers, mut fresh, mut fresh_queues) = (Vec::new(), Vec::new(), Vec::new());
+        let mut first_of = HashMap::new();
+        for (i, (message, keyed)) in messages.iter().zip(&keys).enumerate() {
+            let answer = match *keyed {
+                None => None,
+                Some((key, hash, shard)) => match first_of.entry((message.topic(), key)) {
+                    Entry::Occupied(first) => Some(Answer::Earlier(*first.get())),
+                    Entry::Vacant(first) => {
+                        first.insert(i);
+                        self.standing(message.topic(), key, hash, &shards[&shard])?.map(Answer::Standing)
+                    }
+                },
+            };
+            answers.push(answer.unwrap_or_else(|| {
+                fresh.push(message.clone());
+                fresh_queues.push(queue_ids[i]);
+                Answer::Appended(fresh.len() - 1)
+            }));
+        }
+        let positions: Vec<usize> = (answers.iter().enumerate())
+            .filter_map(|(i, answer)| matches!(answer, Answer::Appended(_)).then_some(i))
+            .collect();
+        let (appended, mut end) = self.append_checked_batch(&fresh, fresh_queues).map_err(|e| match e {
+            Error::InBatch { index, source } => Error::InBatch { index: positions[index], source },
+            e => e,
+        })?;
+        for (receipt, &i) in appended.iter().zip(&positions) {
+            if let Some((_, hash, shard)) = keys[i] {
+                shards.get_mut(&shard).expect("locked above").push(hash, receipt.offset);
+            }
+        }
+        let mut receipts: Vec<Receipt> = Vec::with_capacity(messages.len());
+        for answer in answers {
+            receipts.push(match answer {
+                Answer::Appended(n) => appended[n],
+                Answer::Standing(standing) => {
+                    end = end.max(standing.end);
+                    standing.receipt
+                }
+                Answer::Earlier(first) => Receipt { duplicate: true, ..receipts[first] },
+            });
+        }
+        Ok((receipts, end))
     }
 }

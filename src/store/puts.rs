@@ -164,7 +164,8 @@ impl Store {
     /// [`submit_batch`](Self::submit_batch), but only if it takes no wait:
     /// `Ok(None)`, with nothing written, where `submit_batch` would wait —
     /// for the indexes to catch up, for another append, for a new segment to
-    /// be made (file work), for close. For async code, which appends on its
+    /// be made (file work), for close; and always for a batch with a dedup
+    /// key (its lookup holds a lock other puts of the key hold). For async code, which appends on its
     /// own thread when it can and otherwise hands the batch to one that may
     /// block (`spawn_blocking`), where `submit_batch` waits as long as it must.
     ///
@@ -189,7 +190,8 @@ impl Store {
         if messages.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        if self.index_lag() > self.config.max_index_lag {
+        // A dedup key's shard may be held by another put: that is a wait.
+        if messages.iter().any(|m| m.dedup_key.is_some()) || self.index_lag() > self.config.max_index_lag {
             return Ok(None);
         }
         let accepting = match self.accepting.try_read() {
@@ -218,10 +220,24 @@ impl Store {
         receipts.into_iter().map(|r| PutTicket::new(r, end, Arc::clone(&self.log))).collect()
     }
 
-    /// Checks and appends a batch, all or nothing; returns the receipts and
-    /// where the batch's last record ends (0 for an empty batch).
+    /// Checks and appends a batch, all or nothing, but for the messages
+    /// whose dedup key stands (see `dedup.rs`); returns the receipts and
+    /// where the last record they name ends (0 for an empty batch).
     fn append_batch(&self, messages: &[Message]) -> Result<(Vec<Receipt>, u64)> {
         let queue_ids = self.check_batch(messages)?;
+        if messages.iter().any(|m| m.dedup_key.is_some()) {
+            return self.append_batch_deduplicated(messages, queue_ids);
+        }
+        self.append_checked_batch(messages, queue_ids)
+    }
+
+    /// Appends a checked batch, all or nothing; returns the receipts and
+    /// where the batch's last record ends (0 for an empty batch).
+    pub(super) fn append_checked_batch(
+        &self,
+        messages: &[Message],
+        queue_ids: Vec<u32>,
+    ) -> Result<(Vec<Receipt>, u64)> {
         if messages.is_empty() {
             return Ok((Vec::new(), 0));
         }
@@ -245,14 +261,7 @@ impl Store {
     fn check_batch(&self, messages: &[Message]) -> Result<Vec<u32>> {
         (messages.iter().enumerate())
             .map(|(index, m)| {
-                let checked = match m.dedup_key {
-                    // Not yet: a batch is written whole, and its duplicates would be left out.
-                    Some(_) => {
-                        Err(Error::invalid("dedup_key", "not taken in a batch yet: put the message alone"))
-                    }
-                    None => self.check_message(m),
-                };
-                checked.map_err(|e| Error::InBatch { index, source: Box::new(e) })
+                self.check_message(m).map_err(|e| Error::InBatch { index, source: Box::new(e) })
             })
             .collect()
     }
