@@ -294,7 +294,11 @@ impl KeyIndex {
     /// The offsets of the messages indexed under a hash equal to that of
     /// `topic` and `key`, oldest first: a superset of that key's messages.
     pub fn candidates(&self, topic: &str, key: &str) -> Vec<u64> {
-        let hash = key_hash(topic, key);
+        self.candidates_of(key_hash(topic, key))
+    }
+
+    /// The offsets of the messages indexed under `hash`, oldest first.
+    pub fn candidates_of(&self, hash: u32) -> Vec<u64> {
         let files = self.lock();
         let mut found = Vec::new();
         for (&first, file) in &files.by_first {

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::format::record::{DEDUP_PROPERTY, MessageFields, Timing, properties_len};
+use crate::format::record::{DEDUP_PROPERTY, MessageFields, Timing, dedup_property_len, properties_len};
 pub use crate::receipt::{Handle, Receipt, Written};
 use crate::timer::levels::DelayLevels;
 
@@ -25,7 +25,7 @@ pub struct Message {
     /// A recurring schedule's record (`Store::schedule` alone sets it): its
     /// spec is in its properties, and each occurrence delivers it.
     pub(crate) schedule: bool,
-    /// The dedup key, also in `properties` as [`DEDUP_PROPERTY`] (see `dedup.rs`).
+    /// The dedup key, written as the property [`DEDUP_PROPERTY`] (see `dedup.rs`).
     pub(crate) dedup_key: Option<String>,
 }
 
@@ -123,10 +123,7 @@ impl Message {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn dedup_key(mut self, key: impl Into<String>) -> Self {
-        let key = key.into();
-        self.properties.retain(|(name, _)| name != DEDUP_PROPERTY);
-        self.properties.push((DEDUP_PROPERTY.to_string(), key.clone()));
-        self.dedup_key = Some(key);
+        self.dedup_key = Some(key.into());
         self
     }
 
@@ -156,7 +153,7 @@ impl Message {
     /// The properties' size encoded, as [`MAX_PROPERTIES_LEN`] counts it: a
     /// caller that adds properties of its own later checks its room with this.
     pub fn properties_len(&self) -> usize {
-        properties_len(&self.properties)
+        dedup_property_len(self.dedup_key.as_deref().unwrap_or("")) + properties_len(&self.properties)
     }
 
     /// The body.
@@ -195,7 +192,7 @@ impl Message {
         if self.tags.as_ref().is_some_and(|t| t.len() > MAX_TAGS_LEN) {
             return Err(Error::invalid("tags", format!("longer than {MAX_TAGS_LEN} bytes")));
         }
-        if properties_len(&self.properties) > MAX_PROPERTIES_LEN {
+        if self.properties_len() > MAX_PROPERTIES_LEN {
             return Err(Error::invalid(
                 "properties",
                 format!("more than {MAX_PROPERTIES_LEN} bytes encoded"),
@@ -216,8 +213,7 @@ impl Message {
                 return Err(Error::invalid("dedup_key", format!("longer than {MAX_KEY_LEN} bytes")));
             }
         }
-        let set = self.properties.iter().filter(|(name, _)| name == DEDUP_PROPERTY);
-        if set.map(|(_, value)| Some(value)).ne(self.dedup_key.as_ref().map(Some)) {
+        if self.properties.iter().any(|(name, _)| name == DEDUP_PROPERTY) {
             return Err(Error::invalid(
                 "properties",
                 format!("{DEDUP_PROPERTY} is reserved: set it with Message::dedup_key"),
@@ -233,6 +229,7 @@ impl Message {
             key: self.key.as_deref().unwrap_or(""),
             tags: self.tags.as_deref().unwrap_or(""),
             properties: &self.properties,
+            dedup_key: self.dedup_key.as_deref().unwrap_or(""),
             body: &self.body,
             queue_id,
             store_time_ms,

@@ -16,6 +16,11 @@
 //! reschedule (or of one asked for after it, whose answer died with the
 //! child), and fire once.
 //!
+//! Last, with dedup keys (`d<id>`), one at a time or in batches of up to
+//! eight, each put followed by a retry of an earlier acknowledged id: every
+//! retry, before the kill and of every acknowledged id after it, must
+//! answer as a duplicate, and each id still fires once.
+//!
 //! `cargo test --test crash` runs 20 kills of the first and 6 of each other
 //! mode; `DELAYWHEEL_CRASH_KILLS=50` runs more of the first,
 //! `DELAYWHEEL_CRASH_SEED=n` repeats a run.
@@ -28,7 +33,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::crash_copy;
-use common::kill::{Audit, audit, fresh_stats, kill_child_with, kills_and_seed};
+use common::kill::{Acks, Audit, audit, fresh_stats, kill_child_reading, kill_child_with, kills_and_seed};
 use delaywheel::{
     CancelOutcome, Clock, Config, FlushMode, Message, PutTicket, Receipt, RescheduleOutcome, Store,
     SystemClock,
@@ -45,6 +50,7 @@ enum Mode {
     SyncBatches,
     SyncPipelined,
     Reschedules,
+    Dedup,
 }
 
 impl Mode {
@@ -54,6 +60,7 @@ impl Mode {
             Self::SyncBatches => "batches",
             Self::SyncPipelined => "pipelined",
             Self::Reschedules => "reschedules",
+            Self::Dedup => "dedup",
         }
     }
 
@@ -62,13 +69,14 @@ impl Mode {
             Ok("batches") => Self::SyncBatches,
             Ok("pipelined") => Self::SyncPipelined,
             Ok("reschedules") => Self::Reschedules,
+            Ok("dedup") => Self::Dedup,
             _ => Self::OneAtATime,
         }
     }
 
     fn config(self, dir: &Path) -> Config {
         match self {
-            Self::OneAtATime | Self::Reschedules => config(dir),
+            Self::OneAtATime | Self::Reschedules | Self::Dedup => config(dir),
             Self::SyncBatches | Self::SyncPipelined => config(dir).with_flush_mode(FlushMode::Sync),
         }
     }
@@ -87,6 +95,9 @@ fn config(dir: &Path) -> Config {
 /// says, and prints the id of each one acknowledged; cancels one in eight
 /// once acknowledged and prints `c <id>` when the answer is `Cancelled`.
 fn child(dir: &str, mode: Mode) -> ! {
+    if mode == Mode::Dedup {
+        dedup_child(dir);
+    }
     let store = Store::open(mode.config(Path::new(dir))).expect("child opens the store");
     let mut rng = fastrand::Rng::new();
     let mut resched_rng = fastrand::Rng::new();
@@ -136,6 +147,7 @@ fn child(dir: &str, mode: Mode) -> ! {
                 tickets.push_back((id, store.submit(message(id, &mut rng)).expect("submit")));
                 id += 1;
             }
+            Mode::Dedup => unreachable!("dedup_child"),
             Mode::SyncPipelined => {
                 let ids = id..id + rng.u64(1..16);
                 let batch =
@@ -157,6 +169,82 @@ fn child(dir: &str, mode: Mode) -> ! {
             std::thread::sleep(Duration::from_millis(2));
         }
     }
+}
+
+/// A message of id `id` with dedup key `d<id>`, due 0-1.5 s ahead.
+fn keyed_message(id: u64, rng: &mut fastrand::Rng) -> Message {
+    let at = SystemClock.now_ms() + rng.u64(0..1_500);
+    Message::new(TOPIC, id.to_le_bytes().to_vec()).dedup_key(format!("d{id}")).deliver_at_ms(at)
+}
+
+/// The child of [`Mode::Dedup`]: puts keyed messages one at a time or in
+/// batches (each batch also retrying an earlier id), prints each new id
+/// acknowledged, then retries an earlier acknowledged id and prints `x <id>`
+/// if that retry was not answered as a duplicate.
+fn dedup_child(dir: &str) -> ! {
+    let store = Store::open(config(Path::new(dir))).expect("child opens the store");
+    let mut rng = fastrand::Rng::new();
+    let mut out = std::io::stdout().lock();
+    let mut id = 0u64;
+    loop {
+        let retried = (id > 0).then(|| id - 1 - rng.u64(0..id.min(64)));
+        let ids: Vec<u64> = (id..id + rng.u64(1..8)).collect();
+        let receipts = if ids.len() == 1 {
+            vec![store.put(keyed_message(id, &mut rng)).expect("put")]
+        } else {
+            let batch: Vec<Message> =
+                ids.iter().chain(&retried).map(|&i| keyed_message(i, &mut rng)).collect();
+            store.put_batch(batch).expect("put_batch")
+        };
+        for (&i, receipt) in ids.iter().zip(&receipts) {
+            writeln!(out, "{i}").expect("stdout");
+            if receipt.is_duplicate() {
+                writeln!(out, "x {i}").expect("stdout");
+            }
+        }
+        if let (Some(i), Some(receipt)) = (retried, receipts.get(ids.len())) {
+            if !receipt.is_duplicate() {
+                writeln!(out, "x {i}").expect("stdout");
+            }
+        }
+        if let Some(i) = retried
+            && !store.put(keyed_message(i, &mut rng)).expect("retry").is_duplicate()
+        {
+            writeln!(out, "x {i}").expect("stdout");
+        }
+        id = ids[ids.len() - 1] + 1;
+        out.flush().expect("stdout");
+        if id.is_multiple_of(512) {
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    }
+}
+
+/// One kill of [`Mode::Dedup`]: what it left, audited after every
+/// acknowledged id was put again on the reopened store, and how many puts
+/// (before or after the kill) were answered wrongly: a retry written again,
+/// or a new id answered as a duplicate.
+fn run_dedup_once(seed: u64, kill_after: Duration) -> (Audit, u64) {
+    let dir = tempfile::tempdir().expect("temp dir");
+    let acks = Acks { acked: Vec::new(), cancelled: Default::default(), reschedules: Default::default() };
+    let env = [(MODE_ENV, Mode::Dedup.name())];
+    let (acks, mut wrong) =
+        kill_child_reading(CHILD_ENV, dir.path(), kill_after, &env, (acks, 0u64), |(acks, wrong), line| {
+            match line.strip_prefix("x ") {
+                Some(_) => *wrong += 1,
+                None => acks.acked.extend(line.parse::<u64>().ok()),
+            }
+        });
+    let store = Store::open(config(dir.path())).unwrap_or_else(|e| panic!("seed {seed}: reopen failed: {e}"));
+    let mut rng = fastrand::Rng::with_seed(seed);
+    // Newest first: the records the replay has not reached yet come first.
+    for &id in acks.acked.iter().rev() {
+        let retry = store.put(keyed_message(id, &mut rng)).expect("retry after the kill");
+        wrong += u64::from(!retry.is_duplicate());
+    }
+    let audit = audit(&store, TOPIC, &acks, |_| false);
+    store.close().expect("close");
+    (audit, wrong)
 }
 
 /// What `delaywheel recover` would print as pending for a copy of `dir`,
@@ -199,14 +287,30 @@ fn main() {
         child(&dir, Mode::from_env());
     }
     let (kills, seed) = kills_and_seed(20);
-    let runs =
-        [(Mode::OneAtATime, kills), (Mode::SyncBatches, 6), (Mode::SyncPipelined, 6), (Mode::Reschedules, 6)];
+    let runs = [
+        (Mode::OneAtATime, kills),
+        (Mode::SyncBatches, 6),
+        (Mode::SyncPipelined, 6),
+        (Mode::Reschedules, 6),
+        (Mode::Dedup, 6),
+    ];
     println!("crash test: {runs:?}, seed {seed}");
     let mut rng = fastrand::Rng::with_seed(seed);
     let (mut failed, mut total) = (0, 0);
     for (mode, kills) in runs {
         for kill in 0..kills {
             let kill_after = Duration::from_millis(rng.u64(150..1_200));
+            if mode == Mode::Dedup {
+                let (audit, wrong) = run_dedup_once(seed, kill_after);
+                let ok = audit.ok() && wrong == 0;
+                println!(
+                    "dedup kill {kill} after {kill_after:?}: {audit:?}, wrong answers {wrong} {}",
+                    if ok { "ok" } else { "FAILED" }
+                );
+                failed += u64::from(!ok);
+                total += 1;
+                continue;
+            }
             let (audit, recovered, delivered, topics_agree) = run_once(seed, mode, kill_after);
             let ok = audit.ok() && recovered == delivered && topics_agree;
             println!(

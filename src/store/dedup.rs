@@ -59,7 +59,7 @@ impl Store {
     /// The newest message of `topic` with dedup key `key` (hash `hash`),
     /// if it still stands.
     fn standing(&self, topic: &str, key: &str, hash: u32, recent: &Recent) -> Result<Option<Standing>> {
-        let mut candidates = self.keys.dedup.candidates(topic, key);
+        let mut candidates = self.keys.dedup.candidates_of(hash);
         candidates.extend(recent.of(hash));
         candidates.sort_unstable();
         candidates.dedup();

@@ -75,6 +75,11 @@ pub struct PerfArgs {
     /// index (`Store::pending_by_key`): run with and without to see its cost.
     #[arg(long)]
     keys: bool,
+    /// Give each message a dedup key (`order-<id>`, `Message::dedup_key`):
+    /// each put looks its key up first. After the puts, 10,000 of them are
+    /// put again and timed: each must answer as a duplicate.
+    #[arg(long)]
+    dedup_keys: bool,
     /// Fraction of messages to cancel after putting them.
     #[arg(long, default_value_t = 0.0)]
     cancel_ratio: f64,
@@ -236,6 +241,7 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let (latest_due, put_latency) = put_all(&store, &ledger, workload, &args)?;
     let enqueue_secs = started.elapsed().as_secs_f64();
     ledger.puts_done_ms.store(SystemClock.now_ms(), Ordering::Release);
+    let duplicates = if args.dedup_keys { Some(put_duplicates(&store, args.messages)?) } else { None };
     let acked = args.messages;
     if args.no_wait {
         wait_for_indexing(&store, acked - ledger.cancelled_count.load(Ordering::Acquire));
@@ -258,6 +264,13 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
     let report = serde_json::json!({
         "scheduler": args.scheduler.name(),
         "keys": args.keys,
+        "dedup_keys": args.dedup_keys,
+        // `--dedup-keys`: puts of messages already put, each timed alone (µs).
+        "duplicate_put_us": duplicates.as_ref().map(|(h, _)| serde_json::json!({
+            "puts": h.len(), "p50": h.value_at_quantile(0.5), "p99": h.value_at_quantile(0.99), "max": h.max(),
+        })),
+        // Of those, how many wrote a message: must be 0.
+        "duplicates_written": duplicates.as_ref().map(|(_, written)| *written),
         "messages": args.messages,
         "enqueue_secs": enqueue_secs,
         "enqueue_per_sec": args.messages as f64 / enqueue_secs,
@@ -316,6 +329,24 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
 }
 
 /// Percentiles of put latency, recorded in microseconds, in milliseconds.
+/// Puts again (`--dedup-keys`) up to 10,000 of the `messages` put, spread
+/// over them; returns each one's latency in µs and how many were not
+/// answered as duplicates.
+fn put_duplicates(store: &Store, messages: u64) -> Result<(Histogram<u64>, u64), Failure> {
+    let mut latency = Histogram::new_with_bounds(1, 60_000_000, 3).map_err(|e| e.to_string())?;
+    let step = (messages / 10_000).max(1);
+    let mut written = 0;
+    for id in (0..messages).step_by(step as usize) {
+        let message =
+            Message::new(TOPIC, "again").dedup_key(format!("order-{id}")).delay(Duration::from_secs(3600));
+        let since = Instant::now();
+        let receipt = store.put(message)?;
+        latency.saturating_record(since.elapsed().as_micros() as u64);
+        written += u64::from(!receipt.is_duplicate());
+    }
+    Ok((latency, written))
+}
+
 fn put_latency_json(h: &Histogram<u64>) -> serde_json::Value {
     let ms = |us: u64| us as f64 / 1000.0;
     let q = |q: f64| if h.is_empty() { 0.0 } else { ms(h.value_at_quantile(q)) };

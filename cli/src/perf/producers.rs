@@ -58,6 +58,8 @@ struct Producer {
     cancel_ratio: f64,
     /// Whether each message gets a key (`--keys`).
     keys: bool,
+    /// Whether each message gets a dedup key (`--dedup-keys`).
+    dedup_keys: bool,
     /// The topic's queues: message `id` goes to queue `id % queues`.
     queues: u32,
     pace: Pace,
@@ -76,7 +78,8 @@ impl Producer {
         body.put_bytes(b'x', self.body_bytes - 8);
         let queue = (id % u64::from(self.queues)) as u32;
         let message = self.workload.message(body.freeze(), queue, &mut self.rng, SystemClock.now_ms());
-        if self.keys { message.key(format!("order-{id}")) } else { message }
+        let message = if self.keys { message.key(format!("order-{id}")) } else { message };
+        if self.dedup_keys { message.dedup_key(format!("order-{id}")) } else { message }
     }
 
     /// The put of `id`, made at `since`, is acknowledged with `receipt`; cancels it now and then.
@@ -176,6 +179,7 @@ pub fn put_all(
                 body_bytes: args.body_bytes,
                 cancel_ratio: args.cancel_ratio,
                 keys: args.keys,
+                dedup_keys: args.dedup_keys,
                 queues: args.consumers,
                 pace: Pace::new(args.rate, args.producers as u64),
                 latest_due: 0,

@@ -49,6 +49,11 @@ pub fn properties_len(props: &[(String, String)]) -> usize {
     props.iter().map(|(k, v)| 4 + k.len() + v.len()).sum()
 }
 
+/// Encoded size of the dedup key's property (none for an empty key).
+pub fn dedup_property_len(dedup_key: &str) -> usize {
+    if dedup_key.is_empty() { 0 } else { 4 + DEDUP_PROPERTY.len() + dedup_key.len() }
+}
+
 /// The fields of a message record, borrowed from the producer's message
 /// (checked against the limits in `message.rs` before they get here).
 #[derive(Debug, Clone, Copy)]
@@ -61,6 +66,8 @@ pub struct MessageFields<'a> {
     pub tags: &'a str,
     /// The properties.
     pub properties: &'a [(String, String)],
+    /// The dedup key, empty if none: written as the first property, [`DEDUP_PROPERTY`].
+    pub dedup_key: &'a str,
     /// The body.
     pub body: &'a [u8],
     /// The queue of its topic.
@@ -80,8 +87,13 @@ impl MessageFields<'_> {
             + self.topic.len()
             + self.key.len()
             + self.tags.len()
-            + properties_len(self.properties)
+            + self.properties_len()
             + self.body.len()
+    }
+
+    /// Size of the properties block, the dedup key's included.
+    pub fn properties_len(&self) -> usize {
+        dedup_property_len(self.dedup_key) + properties_len(self.properties)
     }
 }
 
@@ -102,7 +114,7 @@ pub fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
     buf[M_RESERVED] = 0;
     put_u16(buf, M_KEY_LEN, m.key.len() as u16);
     put_u16(buf, M_TAGS_LEN, m.tags.len() as u16);
-    put_u32(buf, M_PROPS_LEN, properties_len(m.properties) as u32);
+    put_u32(buf, M_PROPS_LEN, m.properties_len() as u32);
     put_u32(buf, M_BODY_LEN, m.body.len() as u32);
     let mut at = MESSAGE_FIXED_LEN;
     let mut push = |bytes: &[u8]| {
@@ -112,7 +124,9 @@ pub fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
     push(m.topic.as_bytes());
     push(m.key.as_bytes());
     push(m.tags.as_bytes());
-    for (name, value) in m.properties {
+    let dedup = (!m.dedup_key.is_empty()).then_some((DEDUP_PROPERTY, m.dedup_key));
+    let properties = m.properties.iter().map(|(name, value)| (name.as_str(), value.as_str()));
+    for (name, value) in dedup.into_iter().chain(properties) {
         push(&(name.len() as u16).to_le_bytes());
         push(name.as_bytes());
         push(&(value.len() as u16).to_le_bytes());

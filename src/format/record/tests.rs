@@ -316,3 +316,25 @@ proptest! {
         prop_assert_eq!((view.queue_id, view.store_time_ms, view.timing), (queue, store, timing));
     }
 }
+
+#[test]
+fn a_dedup_key_is_the_first_property_golden_bytes_match_wheel_format_md() {
+    let msg = Message::new("T", "hi").property("p", "v").dedup_key("k");
+    let bytes = encode(&msg, 32, 1, 1_700_000_000_000, Timing::default());
+    // Lengths: topic 1, (reserved), key 0, tags 0, properties 4 + 12 + 1 (the dedup key) + 4 + 1 + 1, body 2.
+    assert_eq!(hex(&bytes[34..48]), "0100000000001700000002000000");
+    let props = "0c00".to_string()
+        + &hex(b"dw.dedup_key")
+        + "0100"
+        + &hex(b"k")
+        + "0100"
+        + &hex(b"p")
+        + "0100"
+        + &hex(b"v");
+    assert_eq!(hex(&bytes[49..49 + 23]), props);
+    let view = MessageView::parse(&bytes).unwrap();
+    assert_eq!(view.dedup_key(), Some("k"));
+    assert_eq!(view.property("p"), Ok(Some("v")));
+    let plain = encode(&Message::new("T", "hi"), 32, 1, 0, Timing::default());
+    assert_eq!(MessageView::parse(&plain).unwrap().dedup_key(), None);
+}
