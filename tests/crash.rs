@@ -202,10 +202,10 @@ fn dedup_child(dir: &str) -> ! {
                 writeln!(out, "x {i}").expect("stdout");
             }
         }
-        if let (Some(i), Some(receipt)) = (retried, receipts.get(ids.len())) {
-            if !receipt.is_duplicate() {
-                writeln!(out, "x {i}").expect("stdout");
-            }
+        if let (Some(i), Some(receipt)) = (retried, receipts.get(ids.len()))
+            && !receipt.is_duplicate()
+        {
+            writeln!(out, "x {i}").expect("stdout");
         }
         if let Some(i) = retried
             && !store.put(keyed_message(i, &mut rng)).expect("retry").is_duplicate()
