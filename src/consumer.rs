@@ -14,8 +14,8 @@ use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::Entry;
 use crate::format::record::{
-    DEDUP_PROPERTY, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, deliveries_count,
-    deliveries_timer,
+    DEDUP_PROPERTY, DeliveriesView, DeliveryView, MessageView, REPLACES_PROPERTY, RecordKind, RescheduleView,
+    deliveries_count, deliveries_timer,
 };
 use crate::message::{ConsumedMessage, Extras, Handle};
 use crate::offsets::OffsetStore;
@@ -378,9 +378,8 @@ impl Consumer {
                 let mut properties = view.properties().map_err(corrupt)?;
                 let mut occurrence = None;
                 let dedup_key = view.dedup_key().map(str::to_string);
-                if dedup_key.is_some() {
-                    properties.retain(|(name, _)| name != DEDUP_PROPERTY);
-                }
+                // The store's own: the dedup key is its own field, the replaced timer is settled.
+                properties.retain(|(name, _)| name != DEDUP_PROPERTY && name != REPLACES_PROPERTY);
                 if view.schedule
                     && let Some(timer) = timer
                 {

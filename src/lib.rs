@@ -85,7 +85,7 @@ pub use message::{
 };
 pub use offsets::POSITIONS_TOPIC;
 pub use pending::{MAX_COUNT_BOUNDS, PendingTimer, ScheduleState};
-pub use receipt::{Occurrence, ScheduleReceipt, UpdateOutcome};
+pub use receipt::{Occurrence, ReplaceOutcome, ScheduleReceipt, UpdateOutcome};
 pub use retention::ReclaimReport;
 pub use schedule::{MissedRuns, Recurrence, Schedule};
 pub use sealed::SealedHandle;

@@ -6,7 +6,9 @@ use std::time::Duration;
 use bytes::Bytes;
 
 use crate::error::{Error, Result};
-use crate::format::record::{DEDUP_PROPERTY, MessageFields, Timing, dedup_property_len, properties_len};
+use crate::format::record::{
+    DEDUP_PROPERTY, MessageFields, REPLACES_PROPERTY, Timing, dedup_property_len, properties_len,
+};
 pub use crate::receipt::{Handle, Receipt, Written};
 use crate::timer::levels::DelayLevels;
 
@@ -27,6 +29,23 @@ pub struct Message {
     pub(crate) schedule: bool,
     /// The dedup key, written as the property [`DEDUP_PROPERTY`] (see `dedup.rs`).
     pub(crate) dedup_key: Option<String>,
+}
+
+/// A checked timed message to write in place of a pending timer
+/// (`Store::put_replacing`), by the ticking thread, which alone can tell
+/// the timer is still pending as it writes.
+#[derive(Debug)]
+pub(crate) struct Replacement {
+    pub message: Message,
+    pub queue_id: u32,
+    pub timing: Timing,
+}
+
+impl Replacement {
+    /// Writes the record of the message, naming `replaced` (`offset@deliver_at_ms`).
+    pub fn fields<'a>(&'a self, store_time_ms: u64, replaced: &'a str) -> MessageFields<'a> {
+        MessageFields { replaces: replaced, ..self.message.fields(self.queue_id, store_time_ms, self.timing) }
+    }
 }
 
 /// When a message should be delivered, as the producer asked.
@@ -213,11 +232,12 @@ impl Message {
                 return Err(Error::invalid("dedup_key", format!("longer than {MAX_KEY_LEN} bytes")));
             }
         }
-        if self.properties.iter().any(|(name, _)| name == DEDUP_PROPERTY) {
-            return Err(Error::invalid(
-                "properties",
-                format!("{DEDUP_PROPERTY} is reserved: set it with Message::dedup_key"),
-            ));
+        if let Some((name, _)) = self
+            .properties
+            .iter()
+            .find(|(name, _)| [DEDUP_PROPERTY, REPLACES_PROPERTY].contains(&name.as_str()))
+        {
+            return Err(Error::invalid("properties", format!("{name} is reserved for the store's own use")));
         }
         Ok(())
     }
@@ -230,6 +250,7 @@ impl Message {
             tags: self.tags.as_deref().unwrap_or(""),
             properties: &self.properties,
             dedup_key: self.dedup_key.as_deref().unwrap_or(""),
+            replaces: "",
             body: &self.body,
             queue_id,
             store_time_ms,

@@ -164,6 +164,32 @@ pub enum UpdateOutcome {
     NotFound,
 }
 
+/// What [`Store::put_replacing`](crate::Store::put_replacing) did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ReplaceOutcome {
+    /// A timer with the message's topic and dedup key was pending: this
+    /// message took its place, by one record. The old timer (`replaced`,
+    /// now answering `Cancelled`) never fires; this one, with a handle of its
+    /// own, fires once.
+    Replaced {
+        /// The new message's.
+        receipt: Receipt,
+        /// The handle of the timer it replaced.
+        replaced: Handle,
+    },
+    /// None was pending: the message was put, as by `put`.
+    Put(Receipt),
+}
+
+impl ReplaceOutcome {
+    /// The receipt of the message written.
+    pub fn receipt(&self) -> Receipt {
+        match self {
+            Self::Replaced { receipt, .. } | Self::Put(receipt) => *receipt,
+        }
+    }
+}
+
 /// One occurrence of a recurring schedule, as a consumer reads it (see
 /// [`ConsumedMessage::occurrence`](crate::ConsumedMessage::occurrence)).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::consume_queue::ConsumeQueue;
 use crate::error::Result;
 use crate::format::record::{MessageView, RescheduleView};
-use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, Receipt, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
 use crate::stats::TimerStats;
@@ -52,6 +52,13 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// (the caller checked it is a schedule's) by `update`, by one record.
     fn update_schedule(&self, _timer: Timer, _update: ScheduleUpdate) -> Result<UpdateOutcome> {
         Err(crate::error::Error::invalid("scheduler", "recurring schedules need the wheel scheduler"))
+    }
+
+    /// Writes `replacement` in place of the timer a handle names (`timer`:
+    /// the message's own), if it is pending, by one record; `None` if it
+    /// was not (nothing written).
+    fn replace(&self, _timer: Timer, _replacement: crate::message::Replacement) -> Result<Option<Receipt>> {
+        Err(crate::error::Error::invalid("scheduler", "replacing by key needs the wheel scheduler"))
     }
 
     /// Moves `timer` (a timed message record the caller checked, or the

@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use delaywheel::{CancelOutcome, Config, Error, ManualClock, Message, Receipt, Scheduler, Store};
+use delaywheel::{
+    CancelOutcome, Config, Error, ManualClock, Message, Receipt, ReplaceOutcome, Scheduler, Store,
+};
 
 const MINUTE: u64 = 60_000;
 const HOUR: u64 = 60 * MINUTE;
@@ -295,4 +297,81 @@ fn a_sync_put_that_timed_out_is_retried_as_a_duplicate_and_delivered_once() {
     let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
     clock.set_ms(T0 + 2_000);
     assert_eq!(bodies(&drain_idle(&mut consumer, 2, Duration::from_millis(500))), ["first"]);
+}
+
+fn replacing(store: &Store, body: &str, at: u64) -> ReplaceOutcome {
+    store.put_replacing(timeout("order-42", body, at)).unwrap()
+}
+
+#[test]
+fn put_replacing_takes_the_place_of_the_pending_timer_and_only_the_new_one_fires() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let ReplaceOutcome::Put(first) = replacing(&store, "first", T0 + 5_000) else {
+        panic!("nothing to replace")
+    };
+    let ReplaceOutcome::Replaced { receipt: second, replaced } = replacing(&store, "second", T0 + 20_000)
+    else {
+        panic!("the first is pending")
+    };
+    assert_eq!(Some(replaced), first.handle());
+    assert_ne!(second.offset(), first.offset());
+    let ReplaceOutcome::Replaced { receipt: third, replaced } = replacing(&store, "third", T0 + 10_000)
+    else {
+        panic!("the second is pending")
+    };
+    assert_eq!(Some(replaced), second.handle(), "each replacement names the timer it replaced");
+    assert_eq!(store.cancel(first.handle().unwrap()).unwrap(), CancelOutcome::Cancelled, "replaced");
+    assert_eq!(store.fresh_stats().unwrap().pending, 1);
+    let retry = put(&store, timeout("order-42", "retry", T0 + 1_000));
+    assert!(retry.is_duplicate() && retry.handle() == third.handle(), "the key names the latest");
+
+    let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
+    clock.set_ms(T0 + 30_000);
+    let got = drain_idle(&mut consumer, 3, Duration::from_millis(500));
+    assert_eq!(bodies(&got), ["third"]);
+    assert_eq!(got[0].deliver_at_ms(), Some(T0 + 10_000));
+    assert!(got[0].properties().is_empty(), "{:?}", got[0].properties());
+    // Fired: a replacement now is a plain put.
+    assert!(matches!(replacing(&store, "later", T0 + 40_000), ReplaceOutcome::Put(_)));
+    clock.set_ms(T0 + 40_000);
+    assert_eq!(bodies(&drain_idle(&mut consumer, 2, Duration::from_millis(500))), ["later"]);
+}
+
+#[test]
+fn a_replaced_timer_stays_replaced_after_a_kill_and_a_rescheduled_one_is_replaced_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = Store::open(no_periodic_flush(dir.path()).with_clock(clock.clone())).unwrap();
+    let first = replacing(&store, "first", T0 + 5_000).receipt();
+    store.reschedule(first.handle().unwrap(), T0 + 7_000).unwrap();
+    assert!(matches!(replacing(&store, "second", T0 + 9_000), ReplaceOutcome::Replaced { .. }));
+    let image = tempfile::tempdir().unwrap();
+    crash_copy(dir.path(), image.path());
+    drop(store);
+
+    let store = Store::open(no_periodic_flush(image.path()).with_clock(clock.clone())).unwrap();
+    assert_eq!(store.fresh_stats().unwrap().pending, 1);
+    let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
+    clock.set_ms(T0 + 10_000);
+    let got = drain_idle(&mut consumer, 3, Duration::from_millis(500));
+    assert_eq!(bodies(&got), ["second"], "neither the first nor its reschedule fires");
+}
+
+#[test]
+fn put_replacing_needs_a_timed_message_with_a_dedup_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let what = |m: Message| match store.put_replacing(m) {
+        Err(Error::Invalid { what, .. }) => what,
+        other => panic!("expected Invalid, got {other:?}"),
+    };
+    assert_eq!(what(Message::new("T", "b").deliver_at_ms(T0 + 1)), "dedup_key");
+    assert_eq!(what(Message::new("T", "b").dedup_key("k")), "timing");
+    assert_eq!(
+        what(Message::new("T", "b").property("dw.replaces", "1@2").dedup_key("k").deliver_at_ms(T0 + 1)),
+        "properties"
+    );
 }

@@ -28,8 +28,8 @@ pub use delivery::{
 pub use message::MESSAGE_FIXED_LEN;
 pub use message::{
     DEDUP_PROPERTY, MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN,
-    MessageFields, MessageView, Timing, dedup_property_len, encode_message, encode_rescheduled,
-    properties_len,
+    MessageFields, MessageView, REPLACES_PROPERTY, Timing, dedup_property_len, encode_message,
+    encode_rescheduled, properties_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 

@@ -13,7 +13,7 @@ mod spec;
 use std::time::Duration;
 
 use crate::error::{Error, Result};
-use crate::format::record::MessageView;
+use crate::format::record::{MessageView, REPLACES_PROPERTY};
 use crate::message::{MAX_DELIVER_AT_MS, Message};
 pub use recurrence::Recurrence;
 use recurrence::Rule;
@@ -304,14 +304,17 @@ impl ScheduleUpdate {
     }
 }
 
-/// The timer the schedule record `view` settles, if it is an update's
-/// (a spec that does not read settles nothing: the ticker quarantines it).
+/// The timer the timed message record `view` settles, if it is a
+/// schedule's update or a message put in place of a pending timer
+/// (`Store::put_replacing`, its `dw.replaces` property). A spec or property
+/// that does not read settles nothing (the ticker quarantines a schedule's).
 ///
-/// Every schedule record the dispatcher indexes asks this, so it reads the
-/// one line in place rather than decode the spec.
+/// Every timed record the dispatcher indexes asks this, so it reads the one
+/// line in place rather than decode the spec.
 pub fn replaced_by(view: &MessageView<'_>) -> Option<Replaced> {
     if !view.schedule {
-        return None;
+        let text = view.property(REPLACES_PROPERTY).ok()??;
+        return view.timer_deliver_at_ms().and_then(|_| spec::replaced(text).ok());
     }
     let text = view.property(SPEC_PROPERTY).ok()??;
     let line = text.lines().find_map(|line| line.strip_prefix(spec::REPLACES))?;

@@ -6,10 +6,14 @@ use std::collections::hash_map::Entry;
 use std::sync::atomic::Ordering;
 
 use super::Store;
+use crate::config::FlushMode;
 use crate::dedup::{Dedup, Recent};
 use crate::error::{Error, Result};
+use crate::format::record::Timing;
 use crate::format::record::{CancelView, MessageView, RecordKind};
-use crate::message::{Message, Receipt};
+use crate::message::{Message, Receipt, Replacement, Written};
+use crate::receipt::ReplaceOutcome;
+use crate::sync::ReadWrite;
 use crate::timer::Timer;
 use crate::timer::wheel::window::TimerFate;
 
@@ -59,16 +63,103 @@ impl Store {
     /// The newest message of `topic` with dedup key `key` (hash `hash`),
     /// if it still stands.
     fn standing(&self, topic: &str, key: &str, hash: u32, recent: &Recent) -> Result<Option<Standing>> {
+        match self.newest_keyed(topic, key, hash, recent) {
+            // The newest message with the key decides: older ones settled before it.
+            Some((standing, timer)) => Ok(self.stands(&standing, timer)?.then_some(standing)),
+            None => Ok(None),
+        }
+    }
+
+    /// The newest message of `topic` with dedup key `key` (hash `hash`),
+    /// with its own timer if it is timed.
+    fn newest_keyed(
+        &self,
+        topic: &str,
+        key: &str,
+        hash: u32,
+        recent: &Recent,
+    ) -> Option<(Standing, Option<Timer>)> {
         let mut candidates = self.keys.dedup.candidates_of(hash);
         candidates.extend(recent.of(hash));
         candidates.sort_unstable();
         candidates.dedup();
-        for &offset in candidates.iter().rev() {
-            let Some((standing, timer)) = self.read_keyed(offset, topic, key) else { continue };
-            // The newest message with the key decides: older ones settled before it.
-            return Ok(self.stands(&standing, timer)?.then_some(standing));
+        candidates.iter().rev().find_map(|&offset| self.read_keyed(offset, topic, key))
+    }
+
+    /// Puts `message` in place of the pending timer of its topic and dedup
+    /// key, if there is one (see [`ReplaceOutcome`]); else puts it.
+    ///
+    /// The replacement is one record, the new message's, naming the old
+    /// timer, which it settles as a cancel record would: the old timer never
+    /// fires, the new one fires once, and a crash keeps one of them, never
+    /// both, never neither. It is written by the ticking thread, which alone
+    /// knows the old timer is still pending as it writes. The new message
+    /// has a handle of its own (the old handle answers `Cancelled`); its
+    /// dedup key names the latest. Racing puts of one key are taken one at
+    /// a time. Durable as a put is.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::{Config, Message, ReplaceOutcome, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let reminder = |body: &str, secs| Message::new("Reminders", body.to_string()).dedup_key("cart-7").delay(Duration::from_secs(secs));
+    /// assert!(matches!(store.put_replacing(reminder("first", 600))?, ReplaceOutcome::Put(_)));
+    /// // The cart changed: the reminder moves and says something else; only this one fires.
+    /// let ReplaceOutcome::Replaced { receipt, replaced } = store.put_replacing(reminder("updated", 900))? else {
+    ///     unreachable!("the first is pending")
+    /// };
+    /// assert_ne!(receipt.handle(), Some(replaced));
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors, with nothing written: [`Error::Invalid`] naming `dedup_key`
+    /// for a message without one, `timing` for one that is not timed, or
+    /// the field of a message `put` would refuse; else those of
+    /// [`put`](Self::put) and of [`cancel`](Self::cancel).
+    pub fn put_replacing(&self, message: Message) -> Result<ReplaceOutcome> {
+        let Some(key) = message.dedup_key.as_deref() else {
+            return Err(Error::invalid(
+                "dedup_key",
+                "put_replacing finds the timer to replace by the dedup key",
+            ));
+        };
+        if message.is_untimed() {
+            return Err(Error::invalid(
+                "timing",
+                "put_replacing puts a timer: give it a deliver time or a delay",
+            ));
         }
-        Ok(None)
+        let queue_id = self.check_message(&message)?;
+        if !*self.accepting.reading() {
+            return Err(Error::Closed);
+        }
+        self.wait_dedup_ready()?;
+        let (hash, mut recent) = self.dedup.shard(message.topic(), key);
+        recent.forget_below(self.dispatched.load(Ordering::Acquire));
+        if let Some((standing, Some(timer))) = self.newest_keyed(message.topic(), key, hash, &recent) {
+            let now_ms = self.config.clock.now_ms();
+            let (deliver_at_ms, delay_level) = message.resolve_timing(now_ms, &self.levels)?;
+            let timing = Timing { deliver_at_ms, delay_level };
+            let replacement = Replacement { message: message.clone(), queue_id, timing };
+            if let Some(receipt) = self.scheduler.replace(timer, replacement)? {
+                recent.push(hash, receipt.offset);
+                drop(recent);
+                if self.config.flush_mode == FlushMode::Sync {
+                    self.wait_durable_for(self.log.write_end(), Written::Put(receipt))?;
+                }
+                let replaced = standing.receipt.handle().expect("a timed message has a handle");
+                return Ok(ReplaceOutcome::Replaced { receipt, replaced });
+            }
+        }
+        let (receipt, end) = self.append_new(&message)?;
+        recent.push(hash, receipt.offset);
+        drop(recent);
+        if self.config.flush_mode == FlushMode::Sync {
+            self.wait_durable_for(end, Written::Put(receipt))?;
+        }
+        Ok(ReplaceOutcome::Put(receipt))
     }
 
     /// The message at `offset` if it is of `topic` with dedup key `key`,

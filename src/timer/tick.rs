@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::queue_entry::tag_hash;
 use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deliveries, encode_delivery};
-use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, Receipt, Replacement, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
 use crate::stall::{RETRY, Stall};
@@ -88,6 +88,8 @@ pub(crate) enum Control {
     Pause(bool, Sender<Result<PauseOutcome>>),
     /// Replace the recurring schedule it is the timer of by a new one.
     Update(Box<ScheduleUpdate>, Sender<Result<UpdateOutcome>>),
+    /// Replace it, if pending, by this message: `None` if it was not pending.
+    Replace(Box<Replacement>, Sender<Result<Option<Receipt>>>),
 }
 
 impl Control {
@@ -98,6 +100,7 @@ impl Control {
             Control::Reschedule(_, reply) => drop(reply.send(Err(e))),
             Control::Pause(_, reply) => drop(reply.send(Err(e))),
             Control::Update(_, reply) => drop(reply.send(Err(e))),
+            Control::Replace(_, reply) => drop(reply.send(Err(e))),
         }
     }
 }

@@ -44,6 +44,11 @@ pub struct Timing {
 /// reserved, hidden from consumers, who read it as `ConsumedMessage::dedup_key`.
 pub const DEDUP_PROPERTY: &str = "dw.dedup_key";
 
+/// The property of a message put by `Store::put_replacing` in place of a
+/// pending timer: `offset@deliver_at_ms` of that timer, which the record
+/// settles as a cancel record would. Reserved, hidden from consumers.
+pub const REPLACES_PROPERTY: &str = "dw.replaces";
+
 /// Encoded size of a property list: `u16 name_len | name | u16 value_len | value` per pair.
 pub fn properties_len(props: &[(String, String)]) -> usize {
     props.iter().map(|(k, v)| 4 + k.len() + v.len()).sum()
@@ -52,6 +57,12 @@ pub fn properties_len(props: &[(String, String)]) -> usize {
 /// Encoded size of the dedup key's property (none for an empty key).
 pub fn dedup_property_len(dedup_key: &str) -> usize {
     if dedup_key.is_empty() { 0 } else { 4 + DEDUP_PROPERTY.len() + dedup_key.len() }
+}
+
+/// Encoded size of the store's own properties: the dedup key's, then the replaced timer's.
+fn own_properties_len(dedup_key: &str, replaces: &str) -> usize {
+    let replaces_len = if replaces.is_empty() { 0 } else { 4 + REPLACES_PROPERTY.len() + replaces.len() };
+    dedup_property_len(dedup_key) + replaces_len
 }
 
 /// The fields of a message record, borrowed from the producer's message
@@ -68,6 +79,9 @@ pub struct MessageFields<'a> {
     pub properties: &'a [(String, String)],
     /// The dedup key, empty if none: written as the first property, [`DEDUP_PROPERTY`].
     pub dedup_key: &'a str,
+    /// The timer it replaces (`offset@deliver_at_ms`), empty if none:
+    /// written next, [`REPLACES_PROPERTY`].
+    pub replaces: &'a str,
     /// The body.
     pub body: &'a [u8],
     /// The queue of its topic.
@@ -93,7 +107,7 @@ impl MessageFields<'_> {
 
     /// Size of the properties block, the dedup key's included.
     pub fn properties_len(&self) -> usize {
-        dedup_property_len(self.dedup_key) + properties_len(self.properties)
+        own_properties_len(self.dedup_key, self.replaces) + properties_len(self.properties)
     }
 }
 
@@ -124,9 +138,10 @@ pub fn encode_message(buf: &mut [u8], offset: u64, m: &MessageFields<'_>) {
     push(m.topic.as_bytes());
     push(m.key.as_bytes());
     push(m.tags.as_bytes());
-    let dedup = (!m.dedup_key.is_empty()).then_some((DEDUP_PROPERTY, m.dedup_key));
+    let own = [(DEDUP_PROPERTY, m.dedup_key), (REPLACES_PROPERTY, m.replaces)];
+    let own = own.into_iter().filter(|(_, value)| !value.is_empty());
     let properties = m.properties.iter().map(|(name, value)| (name.as_str(), value.as_str()));
-    for (name, value) in dedup.into_iter().chain(properties) {
+    for (name, value) in own.chain(properties) {
         push(&(name.len() as u16).to_le_bytes());
         push(name.as_bytes());
         push(&(value.len() as u16).to_le_bytes());

@@ -6,8 +6,8 @@ use crossbeam_channel::Sender;
 
 use super::{Control, Ticker};
 use crate::error::{Error, Result};
-use crate::format::record::{CANCEL_LEN, RESCHEDULE_LEN, RescheduleView, encode_cancel};
-use crate::message::{CancelOutcome, RescheduleOutcome};
+use crate::format::record::{CANCEL_LEN, RESCHEDULE_LEN, RescheduleView, encode_cancel, encode_message};
+use crate::message::{CancelOutcome, Receipt, Replacement, RescheduleOutcome};
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
 use crate::timer::state::cancels::{CancelState, CancelTarget};
@@ -37,7 +37,51 @@ impl Ticker {
             }
             Control::Pause(pause, reply) => self.pause(timer, pause, reply),
             Control::Update(update, reply) => self.update(timer, *update, reply),
+            Control::Replace(replacement, reply) => self.replace(timer, &replacement, reply),
         }
+    }
+
+    /// Writes `replacement` in place of `timer` if it is pending, by one
+    /// record (the message's, naming the timer), which settles it as a
+    /// cancel record would; answers its receipt, or `None` if the timer was
+    /// not pending (nothing written). What cannot be read or written is this
+    /// caller's answer, and the wheel goes on; a failure after the record was
+    /// written stops it (as for a cancel).
+    fn replace(
+        &mut self,
+        timer: Timer,
+        replacement: &Replacement,
+        reply: Sender<Result<Option<Receipt>>>,
+    ) -> Result<()> {
+        let _span = tracing::debug_span!("replace", offset = timer.message_offset).entered();
+        let Some(target) = self.locate_or_answer(timer, &reply) else { return Ok(()) };
+        if matches!(target, CancelTarget::AlreadyDelivered | CancelTarget::AlreadyCancelled) {
+            let _ = reply.send(Ok(None));
+            return Ok(());
+        }
+        let store_time_ms = self.clock.now_ms();
+        let replaced = format!("{}@{}", timer.message_offset, timer.deliver_at_ms);
+        let fields = replacement.fields(store_time_ms, &replaced);
+        let written =
+            self.log.append(fields.record_len(), |buf, offset| encode_message(buf, offset, &fields));
+        let offset = match written {
+            Ok((offset, _)) => offset,
+            Err(e) => {
+                let _ = reply.send(Err(e));
+                return Ok(());
+            }
+        };
+        self.settle_replaced(timer, target, offset)?;
+        let deliver_at_ms = Some(replacement.timing.deliver_at_ms);
+        let queue_id = replacement.queue_id;
+        let _ = reply.send(Ok(Some(Receipt {
+            offset,
+            queue_id,
+            store_time_ms,
+            deliver_at_ms,
+            duplicate: false,
+        })));
+        Ok(())
     }
 
     /// Decides a timer's fate.

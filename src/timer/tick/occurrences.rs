@@ -205,7 +205,11 @@ impl Ticker {
 
     /// Where `timer` is; `None` once a failure to tell (reading the ledger)
     /// was answered on `reply`: it is this caller's, and the wheel goes on.
-    fn locate_or_answer<T>(&mut self, timer: Timer, reply: &Sender<Result<T>>) -> Option<CancelTarget> {
+    pub(super) fn locate_or_answer<T>(
+        &mut self,
+        timer: Timer,
+        reply: &Sender<Result<T>>,
+    ) -> Option<CancelTarget> {
         match self.wheel.locate_for_cancel(&timer) {
             Ok(target) => Some(target),
             Err(e) => {
@@ -234,7 +238,7 @@ impl Ticker {
             target => match self.read_schedule(timer) {
                 Ok(Some(_)) => match self.write_update(timer, &update) {
                     Ok(receipt) => {
-                        self.apply_update(timer, target, receipt.offset)?;
+                        self.settle_replaced(timer, target, receipt.offset)?;
                         Ok(UpdateOutcome::Updated(ScheduleReceipt { receipt }))
                     }
                     Err(e) => Err(e),
@@ -260,9 +264,10 @@ impl Ticker {
         Ok(Receipt { offset, queue_id: update.queue_id, store_time_ms, deliver_at_ms, duplicate: false })
     }
 
-    /// The old schedule's armed `timer` is settled by the update's record at
+    /// The replaced `timer` (a schedule's armed timer, or a timer a
+    /// replacing put took the place of) is settled by the record at
     /// `offset`, as by a cancel record there.
-    fn apply_update(&mut self, timer: Timer, target: CancelTarget, offset: u64) -> Result<()> {
+    pub(super) fn settle_replaced(&mut self, timer: Timer, target: CancelTarget, offset: u64) -> Result<()> {
         let state = self.wheel.apply_cancel(timer, target)?;
         debug_assert_eq!(state, CancelState::Cancelled, "located as pending");
         self.recurring.take(&timer);

@@ -338,10 +338,10 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
         let (found, next) = log.visit_trusted(at, |offset, kind, bytes| {
             let corrupt = |kind| log.corruption_at(offset, kind);
             match kind {
-                // An update settles the timer of the schedule it replaced, as a cancel does.
+                // An update or a replacing put settles the timer it replaced, as a cancel does.
                 RecordKind::Message => Ok(MessageView::parse(bytes)
                     .ok()
-                    .filter(|view| view.schedule && check_crc(bytes, offset).is_ok())
+                    .filter(|view| view.has_properties() && check_crc(bytes, offset).is_ok())
                     .and_then(|view| replaced_by(&view))
                     .map(|r| {
                         let timer = Timer { deliver_at_ms: r.deliver_at_ms, message_offset: r.timer_offset };
