@@ -147,6 +147,12 @@ impl ScheduleReceipt {
     pub fn receipt(&self) -> &Receipt {
         &self.receipt
     }
+
+    /// Whether nothing was written because a schedule (or message) of the
+    /// template's topic and dedup key stands: this is its receipt.
+    pub fn is_duplicate(&self) -> bool {
+        self.receipt.duplicate
+    }
 }
 
 /// What [`Store::update_schedule`](crate::Store::update_schedule) did.

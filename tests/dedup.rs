@@ -375,3 +375,52 @@ fn put_replacing_needs_a_timed_message_with_a_dedup_key() {
         "properties"
     );
 }
+
+fn daily(key: &str, every_ms: u64) -> delaywheel::Schedule {
+    let template = Message::new("Reports", "report").queue_id(0).dedup_key(key);
+    delaywheel::Schedule::new(template, delaywheel::Recurrence::every(Duration::from_millis(every_ms)))
+}
+
+#[test]
+fn a_schedule_with_a_dedup_key_is_created_once_while_it_is_active() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_with_window(dir.path(), &clock, MINUTE);
+    let first = store.schedule(daily("report", 10_000)).unwrap();
+    let again = store.schedule(daily("report", 20_000)).unwrap();
+    assert!(again.is_duplicate() && again.handle() == first.handle(), "a second replica's create");
+    clock.set_ms(T0 + HOUR);
+    assert!(store.schedule(daily("report", 10_000)).unwrap().is_duplicate(), "active, long after the window");
+    assert_eq!(store.schedules(Some("Reports"), 10).unwrap().len(), 1);
+    assert_eq!(store.cancel_schedule(first.handle()).unwrap(), CancelOutcome::Cancelled);
+    clock.set_ms(T0 + HOUR + 2 * MINUTE);
+    assert!(!store.schedule(daily("report", 10_000)).unwrap().is_duplicate(), "cancelled, past the window");
+}
+
+#[test]
+fn schedule_replacing_updates_the_active_schedule_of_the_key_or_creates_one() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let ReplaceOutcome::Put(first) = store.schedule_replacing(daily("report", 10_000)).unwrap() else {
+        panic!("none to replace")
+    };
+    let ReplaceOutcome::Replaced { receipt, replaced } =
+        store.schedule_replacing(daily("report", 60_000)).unwrap()
+    else {
+        panic!("the first is active")
+    };
+    assert_eq!(Some(replaced), first.handle());
+    assert_eq!(store.schedule_of(replaced).unwrap(), None, "the old one is replaced");
+    let listed = store.schedules(Some("Reports"), 10).unwrap();
+    assert_eq!(listed.len(), 1);
+    assert_eq!(Some(listed[0].handle), receipt.handle());
+    let what = match store.schedule_replacing(delaywheel::Schedule::new(
+        Message::new("Reports", "r"),
+        delaywheel::Recurrence::every(Duration::from_secs(1)),
+    )) {
+        Err(Error::Invalid { what, .. }) => what,
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(what, "template");
+}

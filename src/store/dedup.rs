@@ -3,6 +3,7 @@
 
 use std::collections::HashMap;
 use std::collections::hash_map::Entry;
+use std::sync::MutexGuard;
 use std::sync::atomic::Ordering;
 
 use super::Store;
@@ -19,8 +20,8 @@ use crate::timer::wheel::window::TimerFate;
 
 /// The message that stands for a dedup key: its receipt, marked as a
 /// duplicate's, and where its record ends.
-struct Standing {
-    receipt: Receipt,
+pub(super) struct Standing {
+    pub receipt: Receipt,
     end: u64,
 }
 
@@ -40,6 +41,18 @@ impl Store {
         let (receipt, end) = self.append_new(message)?;
         recent.push(hash, receipt.offset);
         Ok((receipt, end))
+    }
+
+    /// The shard of `topic` and `key`, locked and brought up to date, with
+    /// their hash, for a put that writes in place of what the key names.
+    pub(super) fn dedup_shard(&self, topic: &str, key: &str) -> Result<(u32, MutexGuard<'_, Recent>)> {
+        if !*self.accepting.reading() {
+            return Err(Error::Closed);
+        }
+        self.wait_dedup_ready()?;
+        let (hash, mut recent) = self.dedup.shard(topic, key);
+        recent.forget_below(self.dispatched.load(Ordering::Acquire));
+        Ok((hash, recent))
     }
 
     /// Waits, once, until the dispatcher has passed the log's end at open.
@@ -72,7 +85,7 @@ impl Store {
 
     /// The newest message of `topic` with dedup key `key` (hash `hash`),
     /// with its own timer if it is timed.
-    fn newest_keyed(
+    pub(super) fn newest_keyed(
         &self,
         topic: &str,
         key: &str,
@@ -132,12 +145,7 @@ impl Store {
             ));
         }
         let queue_id = self.check_message(&message)?;
-        if !*self.accepting.reading() {
-            return Err(Error::Closed);
-        }
-        self.wait_dedup_ready()?;
-        let (hash, mut recent) = self.dedup.shard(message.topic(), key);
-        recent.forget_below(self.dispatched.load(Ordering::Acquire));
+        let (hash, mut recent) = self.dedup_shard(message.topic(), key)?;
         if let Some((standing, Some(timer))) = self.newest_keyed(message.topic(), key, hash, &recent) {
             let now_ms = self.config.clock.now_ms();
             let (deliver_at_ms, delay_level) = message.resolve_timing(now_ms, &self.levels)?;

@@ -7,9 +7,9 @@ use super::Store;
 use crate::config::{FlushMode, Scheduler};
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RecordKind};
-use crate::message::{CancelOutcome, Handle, PauseOutcome, Written};
+use crate::message::{CancelOutcome, Handle, Message, PauseOutcome, Written};
 use crate::pending::PendingTimer;
-use crate::receipt::{ScheduleReceipt, UpdateOutcome};
+use crate::receipt::{ReplaceOutcome, ScheduleReceipt, UpdateOutcome};
 use crate::schedule::{PAUSED_AT_MS, Replaced, SPEC_PROPERTY, Schedule, ScheduleUpdate, Spec, plan_of};
 use crate::sync::ReadWrite;
 use crate::timer::Timer;
@@ -49,12 +49,67 @@ impl Store {
     /// # Ok::<(), Box<dyn std::error::Error>>(())
     /// ```
     pub fn schedule(&self, schedule: Schedule) -> Result<ScheduleReceipt> {
-        let (spec, first) = self.check_schedule(&schedule)?;
+        let receipt = self.put(self.schedule_record(&schedule)?).map_err(as_template_error)?;
+        Ok(ScheduleReceipt { receipt })
+    }
+
+    /// The record of `schedule` created now, as a message.
+    fn schedule_record(&self, schedule: &Schedule) -> Result<Message> {
+        let (spec, first) = self.check_schedule(schedule)?;
         let mut message =
             schedule.template().clone().property(SPEC_PROPERTY, spec.encode()?).deliver_at_ms(first);
         message.schedule = true;
-        let receipt = self.put(message).map_err(as_template_error)?;
-        Ok(ScheduleReceipt { receipt })
+        Ok(message)
+    }
+
+    /// [`update_schedule`](Self::update_schedule) of the active schedule of
+    /// the template's topic and dedup key, found by that key; else
+    /// [`schedule`](Self::schedule): what every replica of a service that
+    /// publishes the same schedule calls, so the last one's holds, once.
+    /// `Replaced` with the new schedule's receipt (its handle is the
+    /// schedule's) and the old one's handle, or `Put`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use delaywheel::{Config, Message, Recurrence, ReplaceOutcome, Schedule, Store};
+    /// # let dir = tempfile::tempdir()?;
+    /// let store = Store::open(Config::new(dir.path()))?;
+    /// let report = |cron| Schedule::new(Message::new("Reports", "settlement").dedup_key("daily-report"), Recurrence::cron(cron));
+    /// assert!(matches!(store.schedule_replacing(report("0 0 9 * * *"))?, ReplaceOutcome::Put(_)));
+    /// let ReplaceOutcome::Replaced { receipt, .. } = store.schedule_replacing(report("0 30 9 * * *"))? else {
+    ///     unreachable!("the first is active")
+    /// };
+    /// assert_eq!(store.schedules(Some("Reports"), 10)?.len(), 1);
+    /// # let _ = receipt;
+    /// # store.close()?;
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    ///
+    /// Errors, with nothing written: [`Error::Invalid`] naming `template`
+    /// for a template without a dedup key; else those of `schedule` and
+    /// `update_schedule`.
+    pub fn schedule_replacing(&self, schedule: Schedule) -> Result<ReplaceOutcome> {
+        let topic = schedule.template().topic();
+        let Some(key) = schedule.template().dedup_key.as_deref() else {
+            return Err(Error::invalid("template", "dedup_key: schedule_replacing finds the schedule by it"));
+        };
+        let record = self.schedule_record(&schedule)?;
+        self.check_message(&record).map_err(as_template_error)?;
+        let (hash, mut recent) = self.dedup_shard(topic, key)?;
+        if let Some((standing, Some(_))) = self.newest_keyed(topic, key, hash, &recent) {
+            let replaced = standing.receipt.handle().expect("a timed record has a handle");
+            if let UpdateOutcome::Updated(new) = self.update_schedule(replaced, schedule)? {
+                recent.push(hash, new.receipt.offset);
+                return Ok(ReplaceOutcome::Replaced { receipt: new.receipt, replaced });
+            }
+        }
+        let (receipt, end) = self.append_new(&record).map_err(as_template_error)?;
+        recent.push(hash, receipt.offset);
+        drop(recent);
+        if self.config.flush_mode == FlushMode::Sync {
+            self.wait_durable_for(end, Written::Put(receipt))?;
+        }
+        Ok(ReplaceOutcome::Put(receipt))
     }
 
     /// Checks `schedule` as one created now: its spec and first occurrence.
