@@ -81,13 +81,19 @@ impl Dedup {
     }
 
     /// Locks the shards `wanted` (repeats allowed), in shard order, so puts
-    /// that lock several never wait for each other in a cycle.
+    /// that lock several never wait for each other in a cycle; if not
+    /// `wait`, `None` where one is held (none is kept locked then).
     pub fn lock_shards(
         &self,
         wanted: impl Iterator<Item = usize>,
-    ) -> BTreeMap<usize, MutexGuard<'_, Recent>> {
+        wait: bool,
+    ) -> Option<BTreeMap<usize, MutexGuard<'_, Recent>>> {
         let wanted: BTreeSet<usize> = wanted.collect();
-        wanted.into_iter().map(|shard| (shard, self.shards[shard].locked())).collect()
+        let lock = |shard: usize| match wait {
+            true => Some(self.shards[shard].locked()),
+            false => self.shards[shard].try_locked(),
+        };
+        wanted.into_iter().map(|shard| Some((shard, lock(shard)?))).collect()
     }
 }
 

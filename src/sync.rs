@@ -5,16 +5,26 @@
 //! each lock consistent between statements, and the commit log, not memory,
 //! is the truth recovery rebuilds from.
 
-use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::{Mutex, MutexGuard, PoisonError, RwLock, RwLockReadGuard, RwLockWriteGuard, TryLockError};
 
-/// [`Mutex::lock`], past a poisoning.
+/// [`Mutex::lock`] and [`Mutex::try_lock`], past a poisoning.
 pub(crate) trait Locked<T: ?Sized> {
     fn locked(&self) -> MutexGuard<'_, T>;
+    /// `None` if another thread holds it.
+    fn try_locked(&self) -> Option<MutexGuard<'_, T>>;
 }
 
 impl<T: ?Sized> Locked<T> for Mutex<T> {
     fn locked(&self) -> MutexGuard<'_, T> {
         self.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    fn try_locked(&self) -> Option<MutexGuard<'_, T>> {
+        match self.try_lock() {
+            Ok(guard) => Some(guard),
+            Err(TryLockError::Poisoned(poisoned)) => Some(poisoned.into_inner()),
+            Err(TryLockError::WouldBlock) => None,
+        }
     }
 }
 

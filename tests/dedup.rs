@@ -265,10 +265,8 @@ fn a_batch_writes_only_the_messages_whose_key_does_not_stand() {
     for ticket in &again {
         ticket.wait(Duration::from_secs(10)).unwrap();
     }
-    assert!(
-        store.try_submit_batch(&[timeout("k1", "x", T0 + HOUR)]).unwrap().is_none(),
-        "a keyed batch may wait"
-    );
+    let tried = store.try_submit_batch(&[timeout("k1", "x", T0 + HOUR)]).unwrap().expect("no wait");
+    assert!(tried[0].receipt().is_duplicate(), "inside the window after the put: no need to ask the wheel");
     assert_eq!(store.fresh_stats().unwrap().pending, 3, "k1, k2 and k3 once each");
 }
 
@@ -423,4 +421,24 @@ fn schedule_replacing_updates_the_active_schedule_of_the_key_or_creates_one() {
         other => panic!("{other:?}"),
     };
     assert_eq!(what, "template");
+}
+
+#[test]
+fn try_submit_batch_leaves_to_submit_batch_a_key_only_the_wheel_can_judge() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_with_window(dir.path(), &clock, MINUTE);
+    let first = put(&store, timeout("k", "first", T0 + HOUR));
+    clock.set_ms(T0 + 2 * MINUTE);
+    assert!(
+        store.try_submit_batch(&[timeout("k", "retry", T0 + HOUR)]).unwrap().is_none(),
+        "the wheel must say"
+    );
+    let tickets = store.submit_batch([timeout("k", "retry", T0 + HOUR)]).unwrap();
+    assert!(tickets[0].receipt().is_duplicate() && tickets[0].receipt().offset() == first.offset());
+    let fresh = store
+        .try_submit_batch(&[timeout("other", "new", T0 + HOUR)])
+        .unwrap()
+        .expect("a new key needs no wait");
+    assert!(!fresh[0].receipt().is_duplicate());
 }

@@ -206,8 +206,7 @@ impl Store {
         let now_ms = self.config.clock.now_ms();
         let window_ms = self.dedup.window_ms();
         let within = |from_ms: u64| now_ms < from_ms.saturating_add(window_ms);
-        // Whatever became of its timer, it settled after it was put.
-        if within(standing.receipt.store_time_ms) {
+        if self.within_window_of_put(standing) {
             return Ok(true);
         }
         let Some(timer) = timer else { return Ok(false) };
@@ -222,6 +221,13 @@ impl Store {
             // The ledger forgot the cancel: the latest it can have been is the due time.
             TimerFate::Cancelled { record_offset: None, deliver_at_ms } => within(deliver_at_ms),
         })
+    }
+
+    /// Whether `standing` was put less than the dedup window ago: whatever
+    /// became of its timer then, it settled after it was put, so it stands.
+    fn within_window_of_put(&self, standing: &Standing) -> bool {
+        let now_ms = self.config.clock.now_ms();
+        now_ms < standing.receipt.store_time_ms.saturating_add(self.dedup.window_ms())
     }
 
     /// When the cancel record at `offset` was written (an update's record:
@@ -246,23 +252,41 @@ enum Answer {
     Earlier(usize),
 }
 
+/// Whether a put may wait (see [`Store::try_submit_batch`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Waits {
+    AsLongAsNeeded,
+    /// Gives up, with nothing written, where it would wait.
+    Never,
+}
+
 impl Store {
     /// [`append_deduplicated`](Self::append_deduplicated) for a checked
     /// batch: appends, all or nothing, the messages whose dedup key does not
     /// stand (a key twice in the batch stands from its first message on);
     /// returns each message's receipt, in input order, and where the last
-    /// record they name ends.
-    pub(super) fn append_batch_deduplicated(
+    /// record they name ends. `None`, with nothing written, where it would
+    /// wait and `waits` is [`Waits::Never`].
+    pub(super) fn batch_deduplicated(
         &self,
         messages: &[Message],
         queue_ids: Vec<u32>,
-    ) -> Result<(Vec<Receipt>, u64)> {
+        waits: Waits,
+    ) -> Result<Option<(Vec<Receipt>, u64)>> {
+        if waits == Waits::Never
+            && self.dedup.open_end().is_some_and(|end| self.dispatched.load(Ordering::Acquire) < end)
+        {
+            return Ok(None);
+        }
         self.wait_dedup_ready()?;
         let keys: Vec<Option<(&str, u32, usize)>> = (messages.iter())
             .map(|m| m.dedup_key.as_deref().map(|key| (key, Dedup::locate(m.topic(), key))))
             .map(|keyed| keyed.map(|(key, (hash, shard))| (key, hash, shard)))
             .collect();
-        let mut shards = self.dedup.lock_shards(keys.iter().flatten().map(|&(_, _, shard)| shard));
+        let wanted = keys.iter().flatten().map(|&(_, _, shard)| shard);
+        let Some(mut shards) = self.dedup.lock_shards(wanted, waits == Waits::AsLongAsNeeded) else {
+            return Ok(None);
+        };
         let dispatched = self.dispatched.load(Ordering::Acquire);
         shards.values_mut().for_each(|recent| recent.forget_below(dispatched));
         let (mut answers, mut fresh, mut fresh_queues) = (Vec::new(), Vec::new(), Vec::new());
@@ -274,7 +298,9 @@ impl Store {
                     Entry::Occupied(first) => Some(Answer::Earlier(*first.get())),
                     Entry::Vacant(first) => {
                         first.insert(i);
-                        self.standing(message.topic(), key, hash, &shards[&shard])?.map(Answer::Standing)
+                        let newest = self.newest_keyed(message.topic(), key, hash, &shards[&shard]);
+                        let Some(stands) = self.stands_if_known(newest, waits)? else { return Ok(None) };
+                        stands.map(Answer::Standing)
                     }
                 },
             };
@@ -287,10 +313,15 @@ impl Store {
         let positions: Vec<usize> = (answers.iter().enumerate())
             .filter_map(|(i, answer)| matches!(answer, Answer::Appended(_)).then_some(i))
             .collect();
-        let (appended, mut end) = self.append_checked_batch(&fresh, fresh_queues).map_err(|e| match e {
+        let appended = match waits {
+            Waits::AsLongAsNeeded => self.append_checked_batch(&fresh, fresh_queues).map(Some),
+            Waits::Never => self.try_append_checked_batch(&fresh, fresh_queues),
+        };
+        let appended = appended.map_err(|e| match e {
             Error::InBatch { index, source } => Error::InBatch { index: positions[index], source },
             e => e,
         })?;
+        let Some((appended, mut end)) = appended else { return Ok(None) };
         for (receipt, &i) in appended.iter().zip(&positions) {
             if let Some((_, hash, shard)) = keys[i] {
                 shards.get_mut(&shard).expect("locked above").push(hash, receipt.offset);
@@ -307,6 +338,22 @@ impl Store {
                 Answer::Earlier(first) => Receipt { duplicate: true, ..receipts[first] },
             });
         }
-        Ok((receipts, end))
+        Ok(Some((receipts, end)))
+    }
+
+    /// Whether the newest message of a key (`newest`, with its own timer)
+    /// stands: `Some(Some(it))` if it does, `Some(None)` if not or if there is
+    /// none; `None` where telling would wait and `waits` is [`Waits::Never`]
+    /// (the ticking thread must say what became of its timer).
+    fn stands_if_known(
+        &self,
+        newest: Option<(Standing, Option<Timer>)>,
+        waits: Waits,
+    ) -> Result<Option<Option<Standing>>> {
+        let Some((standing, timer)) = newest else { return Ok(Some(None)) };
+        if waits == Waits::Never && timer.is_some() && !self.within_window_of_put(&standing) {
+            return Ok(None);
+        }
+        Ok(Some(self.stands(&standing, timer)?.then_some(standing)))
     }
 }

@@ -17,6 +17,8 @@ use crate::retention::is_size_cap;
 use crate::sync::ReadWrite;
 use crate::ticket::PutTicket;
 
+use super::dedup::Waits;
+
 impl Store {
     /// Appends a message. In async flush mode it returns once the message is in
     /// the page cache (a killed process loses nothing); in sync mode once it is
@@ -164,8 +166,9 @@ impl Store {
     /// [`submit_batch`](Self::submit_batch), but only if it takes no wait:
     /// `Ok(None)`, with nothing written, where `submit_batch` would wait —
     /// for the indexes to catch up, for another append, for a new segment to
-    /// be made (file work), for close; and always for a batch with a dedup
-    /// key (its lookup holds a lock other puts of the key hold). For async code, which appends on its
+    /// be made (file work), for close, for a put of the same dedup key, for
+    /// the ticking thread to say what became of the timer of a dedup key
+    /// put longer ago than the dedup window. For async code, which appends on its
     /// own thread when it can and otherwise hands the batch to one that may
     /// block (`spawn_blocking`), where `submit_batch` waits as long as it must.
     ///
@@ -190,8 +193,25 @@ impl Store {
         if messages.is_empty() {
             return Ok(Some(Vec::new()));
         }
-        // A dedup key's shard may be held by another put: that is a wait.
-        if messages.iter().any(|m| m.dedup_key.is_some()) || self.index_lag() > self.config.max_index_lag {
+        let appended = match messages.iter().any(|m| m.dedup_key.is_some()) {
+            true => self.batch_deduplicated(messages, queue_ids, Waits::Never)?,
+            false => self.try_append_checked_batch(messages, queue_ids)?,
+        };
+        Ok(appended.map(|(receipts, end)| self.tickets(receipts, end)))
+    }
+
+    /// Appends a checked batch, all or nothing, if that takes no wait: the
+    /// receipts and where the batch's last record ends, or `None`, with
+    /// nothing appended.
+    pub(super) fn try_append_checked_batch(
+        &self,
+        messages: &[Message],
+        queue_ids: Vec<u32>,
+    ) -> Result<Option<(Vec<Receipt>, u64)>> {
+        if messages.is_empty() {
+            return Ok(Some((Vec::new(), 0)));
+        }
+        if self.index_lag() > self.config.max_index_lag {
             return Ok(None);
         }
         let accepting = match self.accepting.try_read() {
@@ -207,8 +227,7 @@ impl Store {
             self.log.try_append_batch(&batch.lens, |i, buf, at| encode_message(buf, at, &batch.fields[i]));
         drop(accepting);
         let Some((offsets, prefault)) = appended? else { return Ok(None) };
-        let (receipts, end) = self.appended(&batch, &offsets, prefault);
-        Ok(Some(self.tickets(receipts, end)))
+        Ok(Some(self.appended(&batch, &offsets, prefault)))
     }
 
     /// The tickets of a batch appended up to `end`, the committer woken.
@@ -226,7 +245,8 @@ impl Store {
     fn append_batch(&self, messages: &[Message]) -> Result<(Vec<Receipt>, u64)> {
         let queue_ids = self.check_batch(messages)?;
         if messages.iter().any(|m| m.dedup_key.is_some()) {
-            return self.append_batch_deduplicated(messages, queue_ids);
+            let appended = self.batch_deduplicated(messages, queue_ids, Waits::AsLongAsNeeded)?;
+            return Ok(appended.expect("a put that may wait always appends"));
         }
         self.append_checked_batch(messages, queue_ids)
     }
