@@ -28,6 +28,8 @@ pub struct PendingTimer {
     pub queue: u32,
     /// Its business key, if it had one.
     pub key: Option<String>,
+    /// Its dedup key, if it was put with one (see `Message::dedup_key`).
+    pub dedup_key: Option<String>,
     /// When it is due (epoch ms).
     pub deliver_at_ms: u64,
     /// The legacy delay level it was put with, if any.
@@ -162,6 +164,7 @@ fn describe_message(
         topic: topics.get(view.topic),
         queue: view.queue_id,
         key: (!view.key.is_empty()).then(|| view.key.to_string()),
+        dedup_key: view.dedup_key().map(str::to_string),
         deliver_at_ms: entry.timer.deliver_at_ms,
         delay_level: (view.timing.delay_level != 0).then_some(view.timing.delay_level),
         wheel_level: entry.level,

@@ -43,6 +43,11 @@ fn a_repeated_put_while_pending_answers_the_first_receipt_and_one_message_fires(
     let other_topic = put(&store, Message::new("Other", "x").dedup_key("order-42").deliver_at_ms(T0 + 1_000));
     assert!(!other_topic.is_duplicate(), "a key is unique per topic");
     assert_eq!(store.fresh_stats().unwrap().pending, 3);
+    let listed = store.pending(T0..T0 + 2_000, 10).unwrap();
+    assert_eq!(
+        listed.iter().filter_map(|t| t.dedup_key.as_deref()).collect::<Vec<_>>(),
+        ["order-42", "order-43", "order-42"]
+    );
 
     let mut consumer = store.consumer("OrderTimeout", 0).unwrap();
     clock.set_ms(T0 + 10_000);

@@ -4,6 +4,9 @@
 //! What the protocol carries that the store has no field for is kept as
 //! properties whose names start with `__` (refused in user properties):
 //! the client's message id, born time and host, every key, the body's encoding.
+//! The message id is also the store message's dedup key (`Message::dedup_key`):
+//! a resend of a message with an id of its topic answers the first send's
+//! receipt, writing nothing.
 
 use delaywheel::{MAX_DELIVER_AT_MS, Message as StoreMessage, validate_topic};
 
@@ -124,7 +127,10 @@ pub(crate) fn to_store(
         }
         out = out.property(name, value);
     }
-    out = out.property(property::MESSAGE_ID, message_id.clone());
+    // The id is kept for consumers and dead letters, and is the message's
+    // dedup key: a client resends a message whose answer it did not get with
+    // the same id, and is answered the first one's receipt.
+    out = out.property(property::MESSAGE_ID, message_id.clone()).dedup_key(message_id.clone());
     if let Some(group) = group {
         out = out.property(property::MESSAGE_GROUP, group);
     }

@@ -802,3 +802,30 @@ async fn a_schedules_occurrences_carry_its_handle_number_and_next_also_when_rede
     assert_eq!(property(&again[0], "DW_SCHEDULE").as_deref(), Some(schedule.as_str()));
     server.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resend_with_the_same_message_id_answers_the_first_send_and_is_delivered_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut server = start(dir.path()).await;
+    let client = &mut server.client;
+    let due = now_ms() as i64 + 500;
+    let first = send(client, vec![message("Orders", "retry-1", "first", Some(due))]).await;
+    assert_eq!(code(&first.status), Code::Ok);
+    // The client's deadline passed before the answer: it sends the same message again.
+    let again = send(client, vec![message("Orders", "retry-1", "again", Some(due + 60_000))]).await;
+    assert_eq!(code(&again.status), Code::Ok);
+    assert_eq!(again.entries[0].offset, first.entries[0].offset, "the first send's receipt");
+    assert_eq!(again.entries[0].recall_handle, first.entries[0].recall_handle);
+    let other_topic = send(client, vec![message("Payments", "retry-1", "other", None)]).await;
+    assert_ne!(other_topic.entries[0].offset, first.entries[0].offset, "an id is a dedup key per topic");
+    let (status, pending) = http_get(server.http, "/pending?topic=Orders&key=order-1").await;
+    assert!(status.contains("200"), "{status}");
+    assert!(pending.contains(r#""dedup_key":"retry-1""#), "the pending timer shows its dedup key: {pending}");
+
+    heartbeat(client, "G").await;
+    let (got, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(3)).await;
+    assert_eq!(got.iter().map(body).collect::<Vec<_>>(), ["first"]);
+    let (more, _) = receive(client, "G", "Orders", Duration::from_secs(30), Duration::from_secs(1)).await;
+    assert!(more.is_empty(), "delivered once: {more:?}");
+    server.stop().await;
+}
