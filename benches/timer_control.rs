@@ -1,15 +1,18 @@
 //! What moving a timer costs: `Store::reschedule` against what it replaces,
 //! a cancel followed by a put of the message again (not atomic, and a new
-//! handle), and a cancel alone; each on timers a day ahead, one handle per
-//! operation, on a manual clock (nothing fires). Criterion runs the three
-//! side by side in one run.
+//! handle), a cancel alone, and `Store::put_replacing` (a new body and
+//! time in place of the pending timer of a dedup key, found by the key);
+//! each on timers a day ahead, one timer per operation, on a manual clock
+//! (nothing fires). Criterion runs the four side by side in one run.
 //!
 //! `cargo bench --bench timer_control`
 
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use delaywheel::{CancelOutcome, Config, Handle, ManualClock, Message, RescheduleOutcome, Store};
+use delaywheel::{
+    CancelOutcome, Config, Handle, ManualClock, Message, ReplaceOutcome, RescheduleOutcome, Store,
+};
 
 const T0: u64 = 1_700_000_000_000;
 const DAY_MS: u64 = 86_400_000;
@@ -53,6 +56,25 @@ fn timer_control(c: &mut Criterion) {
                 let again =
                     Message::new("bench", vec![7u8; 128]).deliver_at_ms(h.deliver_at_ms + 600_000 + i as u64);
                 store.put(again).expect("put");
+            }
+            started.elapsed()
+        })
+    });
+    group.bench_function("put_replacing", |b| {
+        b.iter_custom(|iters| {
+            let keyed: Vec<Message> =
+                (next..next + iters).map(|i| message(i).dedup_key(format!("k{i}"))).collect();
+            let first = next;
+            next += iters;
+            store.put_batch(keyed).expect("put");
+            store.fresh_stats().expect("indexed");
+            let started = Instant::now();
+            for i in first..first + iters {
+                let at = T0 + DAY_MS + 600_000 + i % 3_600_000;
+                let again =
+                    Message::new("bench", vec![7u8; 128]).dedup_key(format!("k{i}")).deliver_at_ms(at);
+                let outcome = store.put_replacing(again).expect("put_replacing");
+                assert!(matches!(outcome, ReplaceOutcome::Replaced { .. }));
             }
             started.elapsed()
         })
