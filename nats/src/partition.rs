@@ -416,30 +416,53 @@ impl Part {
     }
 
     /// Puts timers into the local store, holding the index so a timer that
-    /// fires at once is known before it is looked up.
+    /// fires at once is known before it is looked up; drops the duplicates.
     async fn put(&self, timers: Vec<Indexed>, read_up_to: u64) -> Result<()> {
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let count = timers.len() as u64;
-        tokio::task::spawn_blocking(move || {
+        let duplicates = tokio::task::spawn_blocking(move || {
             let mut index = pending.lock().expect("index lock");
             let (messages, timers): (Vec<Message>, Vec<_>) =
                 timers.into_iter().map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack))).unzip();
             let receipts = store.put_batch(messages)?;
+            let mut duplicates = Vec::new();
             for ((sequence, deliver_at_ms, ack), receipt) in timers.into_iter().zip(receipts) {
                 let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
                     sequence,
                     problem: "the local store took it as an untimed message".into(),
                 })?;
+                if receipt.is_duplicate() {
+                    // A timer with its Nats-Msg-Id stands (or this one, redelivered).
+                    if !index.timers.contains_key(&sequence) {
+                        duplicates.push((sequence, ack));
+                    }
+                    continue;
+                }
                 debug_assert_eq!(handle.deliver_at_ms, deliver_at_ms.max(1), "0 is kept as 1");
                 index.timers.insert(sequence, PendingTimer { handle, ack });
             }
             index.read_up_to = index.read_up_to.max(read_up_to);
-            Ok::<_, TierError>(())
+            Ok::<_, TierError>(duplicates)
         })
         .await
         .expect("a local put does not panic")?;
-        metrics::counter!("delaytier_indexed_total").increment(count);
+        metrics::counter!("delaytier_indexed_total").increment(count - duplicates.len() as u64);
+        self.drop_duplicates(duplicates).await;
         Ok(())
+    }
+
+    /// Removes from the stream timers whose Nats-Msg-Id an earlier timer of
+    /// the partition holds (pending, or fired within the local store's dedup
+    /// window): they never fire. One that cannot be removed now stays in the
+    /// stream and is found a duplicate again when the partition is read again.
+    async fn drop_duplicates(&self, duplicates: Vec<(u64, async_nats::Subject)>) {
+        for (sequence, ack) in duplicates {
+            metrics::counter!("delaytier_duplicates_total").increment(1);
+            tracing::debug!(sequence, "a timer with the Nats-Msg-Id of an earlier one: dropped");
+            if let Err(err) = acknowledge(&self.shared.client, sequence, ack).await {
+                tracing::warn!(sequence, %err, "a duplicate timer stays in the stream for now");
+            }
+        }
     }
 
     async fn forget_all(&self) {
@@ -1017,6 +1040,13 @@ fn index(
         Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
     };
     let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
+    // The producer's id is the timer's dedup key beyond JetStream's own
+    // duplicate window: while the timer is pending, and after it fired for
+    // the local store's dedup window (while this node owns the partition).
+    let local = match message.headers.as_ref().and_then(|h| h.get(wire::MSG_ID)).map(|id| id.as_str()) {
+        Some(id) if !id.is_empty() && id.len() <= delaywheel::MAX_KEY_LEN => local.dedup_key(id),
+        _ => local,
+    };
     Ok(Indexed { sequence, deliver_at_ms, ack, local })
 }
 

@@ -273,3 +273,38 @@ async fn a_node_restarted_without_its_directory_rebuilds_from_the_stream() {
     check_once_never_early(&arrivals.lock().unwrap(), "r", 1_000);
     wait_for_pending(&client, 10).await; // the far timers wait in the stream
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstreams_window() {
+    let Some(binary) = cluster::nats_server() else { return };
+    let cluster = Cluster::start(binary).await;
+    let client = cluster.connect().await;
+    cluster::create_target_stream(&client).await;
+    // JetStream forgets a Nats-Msg-Id after one second; the tier does not while the timer is pending.
+    cluster::create_delay_stream_with(&client, Duration::from_secs(1)).await;
+    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    let (arrivals, _reader) = collect(&client).await;
+    let _node = TierNode::start(&cluster, "a", LEASE_MS);
+    let with_id = |id: &str| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        headers
+    };
+    let due = now_ms() + 5_000;
+    let first = tier.schedule_with_headers("order-42", "out.fired", due, with_id("order-42"), "first".into());
+    first.await.unwrap();
+    let other = tier.schedule_with_headers("order-43", "out.fired", due, with_id("order-43"), "other".into());
+    other.await.unwrap();
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    // A retry from another replica, past JetStream's window: the stream takes it as new.
+    let again = tier.schedule_with_headers("order-42", "out.fired", due, with_id("order-42"), "again".into());
+    again.await.unwrap();
+    wait_for(&arrivals, 2, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let seen = arrivals.lock().unwrap();
+    assert_eq!(seen.count.get("first"), Some(&1));
+    assert_eq!(seen.count.get("other"), Some(&1));
+    assert_eq!(seen.count.get("again"), None, "the duplicate never fires: {:?}", seen.count);
+    drop(seen);
+    wait_for_pending(&client, 0).await;
+}

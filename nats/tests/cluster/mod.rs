@@ -304,6 +304,11 @@ pub async fn create_target_stream(client: &async_nats::Client) {
 /// Creates the delay stream as the nodes would (so producers can publish
 /// before any node runs).
 pub async fn create_delay_stream(client: &async_nats::Client) {
+    create_delay_stream_with(client, Duration::from_secs(120)).await;
+}
+
+/// [`create_delay_stream`] whose own duplicate window (`Nats-Msg-Id`) is `window`.
+pub async fn create_delay_stream_with(client: &async_nats::Client, window: Duration) {
     let js = jetstream::new(client.clone());
     js.get_or_create_stream(stream::Config {
         name: "DELAY".into(),
@@ -312,6 +317,7 @@ pub async fn create_delay_stream(client: &async_nats::Client) {
         retention: stream::RetentionPolicy::WorkQueue,
         storage: stream::StorageType::File,
         allow_direct: true,
+        duplicate_window: window,
         ..Default::default()
     })
     .await

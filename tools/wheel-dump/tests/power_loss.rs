@@ -11,6 +11,10 @@
 //!   a timer rescheduled (acknowledged before the crash, in sync mode) is
 //!   delivered for its new time, otherwise for its old or its new one;
 //! * nothing is delivered twice, nothing early;
+//! * every put has a dedup key (`d<id>`): after the open, each put is made
+//!   again, and one acknowledged before the crash (as above) must answer
+//!   as a duplicate (so it is not delivered twice); one that was not may
+//!   be written anew (once: its first record did not survive);
 //! * `wheel-dump verify` finds nothing wrong in the image as the power loss
 //!   left it (what the open cuts or rebuilds is the normal recovery), and
 //!   `verify` and `audit` find nothing wrong after the open;
@@ -34,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::{T0, dump, json, stdout};
-use delaywheel::internals::record::MESSAGE_FIXED_LEN;
+use delaywheel::internals::record::{MESSAGE_FIXED_LEN, dedup_property_len};
 use delaywheel::recorder::{Frozen, Recording};
 use delaywheel::{
     CancelOutcome, Clock, Config, FlushMode, ManualClock, Message, MissedRuns, Recurrence, RescheduleOutcome,
@@ -92,12 +96,10 @@ fn workload(dir: &Path, mode: FlushMode, crash_at: u64, seed: u64) -> (Vec<Put>,
             2 => Some(now + 5 * 365 * 86_400_000 + rng.u64(..86_400_000)),
             _ => Some(now + rng.u64(..3_000)),
         };
-        let mut message = Message::new(TOPIC, id.to_le_bytes().to_vec());
-        if let Some(at) = deliver_at_ms {
-            message = message.deliver_at_ms(at);
-        }
-        let Ok(receipt) = store.put(message) else { continue };
-        let end = receipt.offset() + (MESSAGE_FIXED_LEN + TOPIC.len() + 8) as u64;
+        let Ok(receipt) = store.put(keyed(id, deliver_at_ms)) else { continue };
+        assert!(!receipt.is_duplicate(), "every put has a key of its own");
+        let key_len = dedup_property_len(&format!("d{id}"));
+        let end = receipt.offset() + (MESSAGE_FIXED_LEN + TOPIC.len() + key_len + 8) as u64;
         puts.push(Put {
             deliver_at_ms,
             end,
@@ -132,9 +134,23 @@ fn workload(dir: &Path, mode: FlushMode, crash_at: u64, seed: u64) -> (Vec<Put>,
     (puts, frozen, crashed_at_ms)
 }
 
+/// The message of put `id`: its id as its body, its dedup key `d<id>`.
+fn keyed(id: u64, deliver_at_ms: Option<u64>) -> Message {
+    let message = Message::new(TOPIC, id.to_le_bytes().to_vec()).dedup_key(format!("d{id}"));
+    match deliver_at_ms {
+        Some(at) => message.deliver_at_ms(at),
+        None => message,
+    }
+}
+
+/// Whether `put` was acknowledged before the crash (so it had to survive it).
+fn acked(put: &Put, frozen: &Frozen, mode: FlushMode) -> bool {
+    put.acked_by < frozen.event && (mode == FlushMode::Sync || put.end <= frozen.log_durable_end)
+}
+
 /// Whether `put` had to survive the crash, and how often it may be delivered.
 fn expected(put: &Put, frozen: &Frozen, mode: FlushMode) -> (usize, usize) {
-    let acked = put.acked_by < frozen.event && (mode == FlushMode::Sync || put.end <= frozen.log_durable_end);
+    let acked = acked(put, frozen, mode);
     let cancelled = put.cancelled_by.is_some_and(|by| by < frozen.event) && mode == FlushMode::Sync;
     match (acked, cancelled, put.cancelled_by.is_some()) {
         (true, true, _) => (0, 0),
@@ -154,6 +170,17 @@ fn check_image(image: &Path, puts: &[Put], frozen: &Frozen, mode: FlushMode, cra
     let clock = ManualClock::new(crashed_at_ms);
     let store =
         Store::open(config(image, &clock, mode)).unwrap_or_else(|e| panic!("open {}: {e}", image.display()));
+    // Every put made again, as a producer that did not see its answer would.
+    for (id, put) in puts.iter().enumerate() {
+        let retry = store.put(keyed(id as u64, put.deliver_at_ms)).unwrap();
+        if acked(put, frozen, mode) {
+            assert!(
+                retry.is_duplicate(),
+                "{}: the retry of acknowledged put {id} wrote again",
+                image.display()
+            );
+        }
+    }
     // Everything comes due: the far timers years later.
     clock.set_ms(crashed_at_ms + 20 * 365 * 86_400_000);
     let mut consumer = store.consumer(TOPIC, 0).unwrap();
