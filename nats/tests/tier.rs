@@ -301,10 +301,11 @@ async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstrea
     again.await.unwrap();
     wait_for(&arrivals, 2, Duration::from_secs(30)).await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    let seen = arrivals.lock().unwrap();
-    assert_eq!(seen.count.get("first"), Some(&1));
-    assert_eq!(seen.count.get("other"), Some(&1));
-    assert_eq!(seen.count.get("again"), None, "the duplicate never fires: {:?}", seen.count);
-    drop(seen);
+    {
+        let seen = arrivals.lock().unwrap();
+        assert_eq!(seen.count.get("first"), Some(&1));
+        assert_eq!(seen.count.get("other"), Some(&1));
+        assert_eq!(seen.count.get("again"), None, "the duplicate never fires: {:?}", seen.count);
+    }
     wait_for_pending(&client, 0).await;
 }
