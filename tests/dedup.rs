@@ -373,6 +373,9 @@ fn put_replacing_needs_a_timed_message_with_a_dedup_key() {
     };
     assert_eq!(what(Message::new("T", "b").deliver_at_ms(T0 + 1)), "dedup_key");
     assert_eq!(what(Message::new("T", "b").dedup_key("k")), "timing");
+    store.schedule(daily("report", 10_000)).unwrap();
+    let onto_a_schedule = Message::new("Reports", "b").dedup_key("report").deliver_at_ms(T0 + 1);
+    assert_eq!(what(onto_a_schedule), "dedup_key", "a schedule is replaced by schedule_replacing");
     assert_eq!(
         what(Message::new("T", "b").property("dw.replaces", "1@2").dedup_key("k").deliver_at_ms(T0 + 1)),
         "properties"

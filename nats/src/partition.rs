@@ -143,6 +143,8 @@ struct PendingTimer {
     handle: Handle,
     /// The subject that acknowledges its delivery, removing it from the stream.
     ack: async_nats::Subject,
+    /// Its producer's `Nats-Msg-Id`, if it had one.
+    msg_id: Option<Box<str>>,
 }
 
 /// What the partition's tasks share about the timers read so far.
@@ -157,6 +159,28 @@ struct Index {
     malformed: usize,
     /// Timers fired lately, with when: the sweep checks they left the stream.
     fired: VecDeque<(Instant, u64)>,
+    /// The sequence of the indexed timer holding each `Nats-Msg-Id`.
+    by_msg_id: HashMap<Box<str>, u64>,
+}
+
+impl Index {
+    /// Forgets the indexed timer `sequence` (fired, cancelled or gone).
+    fn remove(&mut self, sequence: u64) {
+        let Some(timer) = self.timers.remove(&sequence) else { return };
+        if let Some(id) = timer.msg_id
+            && self.by_msg_id.get(&id) == Some(&sequence)
+        {
+            self.by_msg_id.remove(&id);
+        }
+    }
+
+    /// The indexed timer, other than `sequence`, that holds `msg_id`.
+    fn holder_of(&self, msg_id: &str, sequence: u64) -> Option<u64> {
+        self.by_msg_id
+            .get(msg_id)
+            .copied()
+            .filter(|&held| held != sequence && self.timers.contains_key(&held))
+    }
 }
 
 type Pending = Arc<Mutex<Index>>;
@@ -296,6 +320,8 @@ struct Indexed {
     /// What the local store keeps: the message itself, or (when its headers
     /// or payload are too large for a local record) only its sequence.
     local: Message,
+    /// Its producer's `Nats-Msg-Id`, if it had one.
+    msg_id: Option<Box<str>>,
 }
 
 /// A timer read from the stream that will not be indexed.
@@ -422,24 +448,35 @@ impl Part {
         let count = timers.len() as u64;
         let duplicates = tokio::task::spawn_blocking(move || {
             let mut index = pending.lock().expect("index lock");
-            let (messages, timers): (Vec<Message>, Vec<_>) =
-                timers.into_iter().map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack))).unzip();
-            let receipts = store.put_batch(messages)?;
+            // A timer with the Nats-Msg-Id of a pending one (an earlier
+            // sequence, or an earlier timer of this batch) never fires.
             let mut duplicates = Vec::new();
-            for ((sequence, deliver_at_ms, ack), receipt) in timers.into_iter().zip(receipts) {
+            let mut claimed: HashMap<Box<str>, u64> = HashMap::new();
+            let mut kept = Vec::with_capacity(timers.len());
+            for timer in timers {
+                if let Some(id) = timer.msg_id.as_deref() {
+                    let held = index.holder_of(id, timer.sequence).or_else(|| claimed.get(id).copied());
+                    if held.is_some() {
+                        duplicates.push((timer.sequence, timer.ack));
+                        continue;
+                    }
+                    claimed.insert(id.into(), timer.sequence);
+                }
+                kept.push(timer);
+            }
+            let (messages, timers): (Vec<Message>, Vec<_>) =
+                kept.into_iter().map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id))).unzip();
+            let receipts = store.put_batch(messages)?;
+            for ((sequence, deliver_at_ms, ack, msg_id), receipt) in timers.into_iter().zip(receipts) {
                 let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
                     sequence,
                     problem: "the local store took it as an untimed message".into(),
                 })?;
-                if receipt.is_duplicate() {
-                    // A timer with its Nats-Msg-Id stands (or this one, redelivered).
-                    if !index.timers.contains_key(&sequence) {
-                        duplicates.push((sequence, ack));
-                    }
-                    continue;
-                }
                 debug_assert_eq!(handle.deliver_at_ms, deliver_at_ms.max(1), "0 is kept as 1");
-                index.timers.insert(sequence, PendingTimer { handle, ack });
+                if let Some(id) = &msg_id {
+                    index.by_msg_id.insert(id.clone(), sequence);
+                }
+                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id });
             }
             index.read_up_to = index.read_up_to.max(read_up_to);
             Ok::<_, TierError>(duplicates)
@@ -451,10 +488,10 @@ impl Part {
         Ok(())
     }
 
-    /// Removes from the stream timers whose Nats-Msg-Id an earlier timer of
-    /// the partition holds (pending, or fired within the local store's dedup
-    /// window): they never fire. One that cannot be removed now stays in the
-    /// stream and is found a duplicate again when the partition is read again.
+    /// Removes from the stream timers whose Nats-Msg-Id a pending timer of
+    /// the partition holds: they never fire. One that cannot be removed now
+    /// stays in the stream and is found a duplicate again when the partition
+    /// is read again (in sequence order, so the first one is kept).
     async fn drop_duplicates(&self, duplicates: Vec<(u64, async_nats::Subject)>) {
         for (sequence, ack) in duplicates {
             metrics::counter!("delaytier_duplicates_total").increment(1);
@@ -471,6 +508,7 @@ impl Part {
             let mut index = pending.lock().expect("index lock");
             index.read_up_to = 0;
             index.malformed = 0;
+            index.by_msg_id.clear();
             let handles: Vec<Handle> = index.timers.drain().map(|(_, t)| t.handle).collect();
             store.cancel_batch(&handles)
         })
@@ -592,7 +630,7 @@ impl Part {
                 Ok(Some(Due { ack, source: owned_pairs(&message.headers), payload: message.payload }))
             }
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
-                self.pending.lock().expect("index lock").timers.remove(&sequence);
+                self.pending.lock().expect("index lock").remove(sequence);
                 metrics::counter!("delaytier_skipped_total").increment(1);
                 Ok(None) // deleted from the stream by hand
             }
@@ -741,7 +779,7 @@ impl Part {
     /// remembers it for the sweep, in case its acknowledgement is lost.
     fn forget(&self, sequence: u64) {
         let mut index = self.pending.lock().expect("index lock");
-        index.timers.remove(&sequence);
+        index.remove(sequence);
         if index.fired.len() == MAX_REMEMBERED {
             index.fired.pop_front();
         }
@@ -874,7 +912,7 @@ impl Part {
     }
 
     async fn cancel_indexed(&self, sequence: u64, timer: PendingTimer) -> Result<CancelAnswer> {
-        let PendingTimer { handle, ack } = timer;
+        let PendingTimer { handle, ack, .. } = timer;
         let store = self.store.clone();
         let outcome = tokio::task::spawn_blocking(move || store.cancel(handle))
             .await
@@ -882,7 +920,7 @@ impl Part {
         match outcome {
             CancelOutcome::Cancelled => {
                 acknowledge(&self.shared.client, sequence, ack).await?;
-                self.pending.lock().expect("index lock").timers.remove(&sequence);
+                self.pending.lock().expect("index lock").remove(sequence);
                 metrics::counter!("delaytier_cancelled_total").increment(1);
                 Ok(CancelAnswer::Cancelled)
             }
@@ -1040,14 +1078,10 @@ fn index(
         Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
     };
     let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
-    // The producer's id is the timer's dedup key beyond JetStream's own
-    // duplicate window: while the timer is pending, and after it fired for
-    // the local store's dedup window (while this node owns the partition).
-    let local = match message.headers.as_ref().and_then(|h| h.get(wire::MSG_ID)).map(|id| id.as_str()) {
-        Some(id) if !id.is_empty() && id.len() <= delaywheel::MAX_KEY_LEN => local.dedup_key(id),
-        _ => local,
-    };
-    Ok(Indexed { sequence, deliver_at_ms, ack, local })
+    // The producer's id holds beyond JetStream's own duplicate window while
+    // the timer is pending (see `Part::put`).
+    let msg_id = headers.get(wire::MSG_ID).map(|id| id.as_str()).filter(|id| !id.is_empty()).map(Box::from);
+    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id })
 }
 
 pub(crate) fn now_ms() -> u64 {

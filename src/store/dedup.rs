@@ -19,10 +19,11 @@ use crate::timer::Timer;
 use crate::timer::wheel::window::TimerFate;
 
 /// The message that stands for a dedup key: its receipt, marked as a
-/// duplicate's, and where its record ends.
+/// duplicate's, where its record ends, and whether it is a recurring schedule's.
 pub(super) struct Standing {
     pub receipt: Receipt,
     end: u64,
+    schedule: bool,
 }
 
 impl Store {
@@ -59,6 +60,8 @@ impl Store {
     fn wait_dedup_ready(&self) -> Result<()> {
         if let Some(open_end) = self.dedup.open_end() {
             let started = std::time::Instant::now();
+            // In sync mode the dispatcher takes only what is durable.
+            let _ = self.wakes.commit.try_send(());
             while self.dispatched.load(Ordering::Acquire) < open_end {
                 self.health()?;
                 if started.elapsed() >= self.config.put_timeout {
@@ -76,7 +79,7 @@ impl Store {
     /// The newest message of `topic` with dedup key `key` (hash `hash`),
     /// if it still stands.
     fn standing(&self, topic: &str, key: &str, hash: u32, recent: &Recent) -> Result<Option<Standing>> {
-        match self.newest_keyed(topic, key, hash, recent) {
+        match self.newest_keyed(topic, key, hash, recent)? {
             // The newest message with the key decides: older ones settled before it.
             Some((standing, timer)) => Ok(self.stands(&standing, timer)?.then_some(standing)),
             None => Ok(None),
@@ -91,12 +94,24 @@ impl Store {
         key: &str,
         hash: u32,
         recent: &Recent,
-    ) -> Option<(Standing, Option<Timer>)> {
+    ) -> Result<Option<(Standing, Option<Timer>)>> {
         let mut candidates = self.keys.dedup.candidates_of(hash);
         candidates.extend(recent.of(hash));
         candidates.sort_unstable();
         candidates.dedup();
-        candidates.iter().rev().find_map(|&offset| self.read_keyed(offset, topic, key))
+        for &offset in candidates.iter().rev() {
+            if let Some(found) = self.read_keyed(offset, topic, key)? {
+                return Ok(Some(found));
+            }
+        }
+        Ok(None)
+    }
+
+    /// Waits until everything written so far is indexed (in sync mode, the
+    /// committer is woken: the indexes take only what is durable).
+    pub(super) fn wait_all_indexed(&self) -> Result<()> {
+        let _ = self.wakes.commit.try_send(());
+        self.wait_indexed_to(self.log.write_end())
     }
 
     /// Puts `message` in place of the pending timer of its topic and dedup
@@ -146,7 +161,15 @@ impl Store {
         }
         let queue_id = self.check_message(&message)?;
         let (hash, mut recent) = self.dedup_shard(message.topic(), key)?;
-        if let Some((standing, Some(timer))) = self.newest_keyed(message.topic(), key, hash, &recent) {
+        for look in 0..2 {
+            let Some((standing, Some(timer))) = self.newest_keyed(message.topic(), key, hash, &recent)?
+            else {
+                break;
+            };
+            if standing.schedule {
+                let why = "names a recurring schedule: replace it with schedule_replacing";
+                return Err(Error::invalid("dedup_key", why));
+            }
             let now_ms = self.config.clock.now_ms();
             let (deliver_at_ms, delay_level) = message.resolve_timing(now_ms, &self.levels)?;
             let timing = Timing { deliver_at_ms, delay_level };
@@ -160,6 +183,12 @@ impl Store {
                 let replaced = standing.receipt.handle().expect("a timed message has a handle");
                 return Ok(ReplaceOutcome::Replaced { receipt, replaced });
             }
+            // Not pending: a replacement a timed-out call left with the
+            // ticking thread may have written a newer timer of the key. Look
+            // again once everything written is indexed.
+            if look == 0 {
+                self.wait_all_indexed()?;
+            }
         }
         let (receipt, end) = self.append_new(&message)?;
         recent.push(hash, receipt.offset);
@@ -172,7 +201,7 @@ impl Store {
 
     /// The message at `offset` if it is of `topic` with dedup key `key`,
     /// with its own timer if it is timed.
-    fn read_keyed(&self, offset: u64, topic: &str, key: &str) -> Option<(Standing, Option<Timer>)> {
+    fn read_keyed(&self, offset: u64, topic: &str, key: &str) -> Result<Option<(Standing, Option<Timer>)>> {
         let visited = self.log.visit_checked(offset, |at, kind, bytes| {
             let view =
                 MessageView::parse(bytes).ok().filter(|_| at == offset && kind == RecordKind::Message)?;
@@ -188,16 +217,18 @@ impl Store {
                 duplicate: true,
             };
             let timer = deliver_at_ms.map(|deliver_at_ms| Timer { deliver_at_ms, message_offset: offset });
-            Some((Standing { receipt, end: offset + bytes.len() as u64 }, timer))
+            Some((Standing { receipt, end: offset + bytes.len() as u64, schedule: view.schedule }, timer))
         });
         match visited {
-            Ok((found, _)) => found,
+            Ok((found, _)) => Ok(found),
             // Retention deleted it: its window is bounded by retention.
-            Err(Error::Reclaimed { .. }) => None,
-            Err(e) => {
+            Err(Error::Reclaimed { .. }) => Ok(None),
+            Err(e @ Error::Corruption { .. }) => {
                 tracing::warn!(offset, error = %e, "a message the dedup index names does not check out: passed over");
-                None
+                Ok(None)
             }
+            // Not knowing whether the key stands, the put writes nothing.
+            Err(e) => Err(e),
         }
     }
 
@@ -298,7 +329,7 @@ impl Store {
                     Entry::Occupied(first) => Some(Answer::Earlier(*first.get())),
                     Entry::Vacant(first) => {
                         first.insert(i);
-                        let newest = self.newest_keyed(message.topic(), key, hash, &shards[&shard]);
+                        let newest = self.newest_keyed(message.topic(), key, hash, &shards[&shard])?;
                         let Some(stands) = self.stands_if_known(newest, waits)? else { return Ok(None) };
                         stands.map(Answer::Standing)
                     }

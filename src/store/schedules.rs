@@ -96,12 +96,26 @@ impl Store {
         let record = self.schedule_record(&schedule)?;
         self.check_message(&record).map_err(as_template_error)?;
         let (hash, mut recent) = self.dedup_shard(topic, key)?;
-        if let Some((standing, Some(_))) = self.newest_keyed(topic, key, hash, &recent) {
-            let replaced = standing.receipt.handle().expect("a timed record has a handle");
-            if let UpdateOutcome::Updated(new) = self.update_schedule(replaced, schedule)? {
-                recent.push(hash, new.receipt.offset);
-                return Ok(ReplaceOutcome::Replaced { receipt: new.receipt, replaced });
+        for look in 0..2 {
+            if let Some((standing, Some(_))) = self.newest_keyed(topic, key, hash, &recent)? {
+                let replaced = standing.receipt.handle().expect("a timed record has a handle");
+                if let UpdateOutcome::Updated(new) =
+                    self.update_schedule_unsynced(replaced, schedule.clone())?
+                {
+                    recent.push(hash, new.receipt.offset);
+                    drop(recent);
+                    self.wait_durable_if_sync(Written::Put(new.receipt))?;
+                    return Ok(ReplaceOutcome::Replaced { receipt: new.receipt, replaced });
+                }
+                // Over or replaced: an update a timed-out call left with the
+                // ticking thread may have written a newer one. Look again once
+                // everything written is indexed.
+                if look == 0 {
+                    self.wait_all_indexed()?;
+                    continue;
+                }
             }
+            break;
         }
         let (receipt, end) = self.append_new(&record).map_err(as_template_error)?;
         recent.push(hash, receipt.offset);
@@ -161,6 +175,23 @@ impl Store {
     /// for the new schedule, and [`Error::Invalid`] naming `template` for
     /// one of another topic; else those of [`put`](Self::put).
     pub fn update_schedule(&self, handle: Handle, schedule: Schedule) -> Result<UpdateOutcome> {
+        let outcome = self.update_schedule_unsynced(handle, schedule)?;
+        if let UpdateOutcome::Updated(receipt) = &outcome {
+            self.wait_durable_if_sync(Written::Put(*receipt.receipt()))?;
+        }
+        Ok(outcome)
+    }
+
+    /// In sync mode, waits until everything written so far is durable.
+    fn wait_durable_if_sync(&self, written: Written) -> Result<()> {
+        match self.config.flush_mode {
+            FlushMode::Sync => self.wait_durable_for(self.log.write_end(), written),
+            FlushMode::Async => Ok(()),
+        }
+    }
+
+    /// [`update_schedule`](Self::update_schedule) but for the wait for durability.
+    fn update_schedule_unsynced(&self, handle: Handle, schedule: Schedule) -> Result<UpdateOutcome> {
         if !*self.accepting.reading() {
             return Err(Error::Closed);
         }
@@ -180,11 +211,6 @@ impl Store {
         let update = ScheduleUpdate { queue_id, ..update };
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
         let outcome = self.scheduler.update_schedule(timer, update)?;
-        if let UpdateOutcome::Updated(receipt) = &outcome
-            && self.config.flush_mode == FlushMode::Sync
-        {
-            self.wait_durable_for(self.log.write_end(), Written::Put(*receipt.receipt()))?;
-        }
         Ok(outcome)
     }
 
