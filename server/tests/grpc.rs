@@ -774,10 +774,16 @@ async fn a_schedules_occurrences_carry_its_handle_number_and_next_also_when_rede
     let client = &mut server.client;
     heartbeat(client, "G").await;
 
-    let mut seen = Vec::new();
+    let mut seen: Vec<Message> = Vec::new();
     while seen.len() < 2 {
-        let (got, _) = receive(client, "G", "Reports", Duration::from_secs(1), Duration::from_secs(5)).await;
-        seen.extend(got);
+        let (got, _) = receive(client, "G", "Reports", Duration::from_secs(2), Duration::from_secs(5)).await;
+        for m in got {
+            // Acked at once, before its invisibility ends (a busy machine takes its time).
+            if seen.is_empty() {
+                assert_eq!(ack(client, "G", "Reports", &m).await, Code::Ok);
+            }
+            seen.push(m);
+        }
     }
     let property = |m: &Message, name: &str| m.user_properties.get(name).cloned();
     let delivered_at = |m: &Message| {
@@ -792,7 +798,6 @@ async fn a_schedules_occurrences_carry_its_handle_number_and_next_also_when_rede
     }
     assert_eq!(property(&seen[0], "DW_NEXT_OCCURRENCE_MS"), Some((start + 1000).to_string()));
     assert_eq!(property(&seen[1], "DW_NEXT_OCCURRENCE_MS"), None, "the last has no next");
-    assert_eq!(ack(client, "G", "Reports", &seen[0]).await, Code::Ok);
 
     // The second was not acked: its redelivery, a retry copy, says the same.
     let (again, _) = receive(client, "G", "Reports", Duration::from_secs(30), Duration::from_secs(10)).await;
