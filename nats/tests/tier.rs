@@ -176,7 +176,9 @@ async fn one_nats_server_of_three_killed_loses_nothing() {
     schedule_many(&tier, "t", 4_000, |i| start + (i as u64 * 7_919) % 4_000).await;
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     cluster.kill(0);
-    wait_for(&arrivals, 4_000, Duration::from_secs(60)).await;
+    // What is tested is that nothing is lost; on a busy 2-core CI machine
+    // the cluster took over a minute to settle once (1,036 of 4,000 in 60 s).
+    wait_for(&arrivals, 4_000, Duration::from_secs(180)).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     check_once_never_early(&arrivals.lock().unwrap(), "t", 4_000);
     wait_for_pending(&client, 0).await;
