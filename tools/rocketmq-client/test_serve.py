@@ -6,9 +6,11 @@ acking all but 10; then checks that exactly the un-recalled timed messages
 arrived, none before its delivery timestamp; that the 10 un-acked came back
 after their invisible duration; that the 10-year one is pending
 (`/pending`); and that after `kill -9` and a restart nothing acked comes back
-and nothing unacked is lost. Last, with `--access-key`, that a client with
-the right credentials sends and one with a wrong secret is refused. Exit 0
-when everything holds.
+and nothing unacked is lost. Then that a send the client repeats with the
+same message id (as its retry after a timeout does) answers the first
+send's receipt and is delivered once, across a restart too. Last, with
+`--access-key`, that a client with the right credentials sends and one with
+a wrong secret is refused. Exit 0 when everything holds.
 
 Usage: test_serve.py path/to/delaywheel
 """
@@ -22,6 +24,7 @@ import time
 
 from common import Server, wait_until
 from rocketmq import ClientConfiguration, Credentials, FilterExpression, Message, Producer, SimpleConsumer
+from rocketmq.v5.util import MessageIdCodec
 
 TOPIC = "Orders"
 GROUP = "OrderService"
@@ -183,8 +186,72 @@ def run(binary, store, servers):
     consumer.shutdown()
     code = server.stop()
     check(code == 0, f"SIGTERM closes the store and exits 0 (exit {code})")
+    check_resend(binary, servers)
     check_signatures(binary, store, servers)
     print(f"ok: {len(checks)} checks passed in {time.time() - started:.0f} s")
+
+
+class OneMessageId:
+    """Every send in the block carries one message id, as the client's own
+    retry of a send whose answer timed out does (`Producer.__send` reuses the
+    id that `send` drew from `MessageIdCodec`)."""
+
+    def __init__(self, message_id):
+        self.message_id, self.saved = message_id, None
+
+    def __enter__(self):
+        self.saved = MessageIdCodec.next_message_id
+        MessageIdCodec.next_message_id = lambda codec: self.message_id
+
+    def __exit__(self, *exc):
+        MessageIdCodec.next_message_id = self.saved
+
+
+def check_resend(binary, servers):
+    """A send repeated with one message id answers the first receipt and is
+    delivered once, before and after a restart; a fresh id is a new message."""
+    store = tempfile.mkdtemp(prefix="delaywheel-resend-test-")
+    server = Server(binary, store).start()
+    servers.append(server)
+    config = ClientConfiguration(server.endpoint, Credentials())
+    producer = Producer(config, (TOPIC,))
+    producer.startup()
+    due_s = int(time.time()) + 3
+    with OneMessageId("0DW0RESEND0000000000000001"):
+        first = producer.send(message("resent", deliver_at_s=due_s))
+        again = producer.send(message("resent, second copy", deliver_at_s=due_s))
+    fresh = producer.send(message("fresh", deliver_at_s=due_s))
+    check(again.message_id == first.message_id and again.offset == first.offset
+          and again.recall_handle == first.recall_handle,
+          f"a resend with one message id answers the first receipt ({first.offset}, {again.offset})")
+    check(fresh.offset != first.offset, "a fresh message id is a new message")
+    producer.shutdown()
+    server.kill9()
+
+    server = Server(binary, store, server.grpc_port, server.http_port).start()
+    servers.append(server)
+    config = ClientConfiguration(server.endpoint, Credentials())
+    producer = Producer(config, (TOPIC,))
+    producer.startup()
+    with OneMessageId("0DW0RESEND0000000000000001"):
+        after_kill = producer.send(message("resent, third copy", deliver_at_s=due_s))
+    check(after_kill.offset == first.offset, "and so does a resend after kill -9")
+    producer.shutdown()
+
+    consumer = SimpleConsumer(config, GROUP, {TOPIC: FilterExpression()}, await_duration=2)
+    consumer.startup()
+    bodies = []
+
+    def on_message(m, at):
+        bodies.append(m.body.decode())
+        consumer.ack(m)
+
+    receive_until(consumer, lambda: len(bodies) >= 2, 30, on_message)
+    # A second copy would be due at the same second: wait a little longer for it.
+    receive_until(consumer, lambda: False, 3, on_message)
+    check(sorted(bodies) == ["fresh", "resent"], f"the resent message is delivered once ({bodies})")
+    consumer.shutdown()
+    check(server.stop() == 0, "the resend server stops cleanly")
 
 
 def check_signatures(binary, store, servers):
