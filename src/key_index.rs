@@ -21,8 +21,9 @@
 //!
 //! The dedup index (`index/dedup/`, [`IndexKind::Dedup`]) is the same
 //! structure over another key: every message put with a dedup key, timed or
-//! not, under its topic and dedup key, with shorter chains (a put looks its
-//! key up; see `dedup.rs`).
+//! not, under its topic and dedup key, with shorter chains and, in memory
+//! beside each file, a [`HashFilter`] of its hashes (a put looks its key
+//! up, and a key never seen is the common case; see `dedup.rs`).
 
 use std::collections::BTreeMap;
 use std::ops::Range;
@@ -37,6 +38,7 @@ use crate::format::record::{MessageView, RecordKind};
 use crate::format::{DEDUP_INDEX_MAGIC, FILE_HEADER_LEN, FileHeader, KEY_INDEX_MAGIC, check_file_header};
 use crate::format::{get_u32, put_u32};
 use crate::format::{numbered_file_name, parse_numbered_file_name};
+use crate::hash_filter::HashFilter;
 use crate::mmap::{MapWriter, Mapped};
 use crate::sync::Locked;
 
@@ -102,6 +104,14 @@ impl IndexKind {
         }
     }
 
+    /// A filter for a new file of `per_file` entries, if this index keeps them.
+    fn filter(self, per_file: u64) -> Option<HashFilter> {
+        match self {
+            IndexKind::Keys => None,
+            IndexKind::Dedup => Some(HashFilter::with_capacity(per_file)),
+        }
+    }
+
     fn geometry(self, per_file: u64) -> Geometry {
         match self {
             IndexKind::Keys => Geometry::keys(per_file),
@@ -149,6 +159,9 @@ struct IndexFile {
     /// entries, so a cycle writes only the entries added (heads change
     /// all over the file).
     heads_synced: bool,
+    /// The hashes of its entries (dedup index only): a lookup skips the
+    /// file where the filter says the hash is not in it.
+    filter: Option<HashFilter>,
 }
 
 impl KeyIndex {
@@ -211,7 +224,8 @@ impl KeyIndex {
             let per_file = self.geometry.per_file;
             let map = Mapped::open(&path, self.geometry.file_len())?;
             check_file_header(&path, map.view(0, FILE_HEADER_LEN), self.kind.magic(), per_file, first)?;
-            let full = IndexFile { map, count: per_file, synced: per_file, heads_synced: true };
+            let filter = self.filter_of(&map, per_file);
+            let full = IndexFile { map, count: per_file, synced: per_file, heads_synced: true, filter };
             files.by_first.insert(first, full);
         }
         let Some((&first, newest)) = files.by_first.iter_mut().next_back() else { return Ok(false) };
@@ -221,8 +235,23 @@ impl KeyIndex {
         newest.synced = count;
         newest.heads_synced = count == self.geometry.per_file;
         rebuild_heads(newest, &path, self.geometry)?;
+        newest.filter = self.filter_of(&newest.map, count);
         files.last = last;
         Ok(true)
+    }
+
+    /// A filter of the hashes of the first `count` entries in `map`, if
+    /// this index keeps filters. An entry that does not check out is left
+    /// out: a chain walk stops before it too.
+    fn filter_of(&self, map: &MapWriter, count: u64) -> Option<HashFilter> {
+        let mut filter = self.kind.filter(self.geometry.per_file)?;
+        for number in 0..count {
+            let bytes = map.view(self.geometry.entry_position(number), ENTRY_LEN);
+            if let Some(entry) = KeyEntry::decode(bytes, number as u32) {
+                filter.insert(entry.key_hash);
+            }
+        }
+        Some(filter)
     }
 
     fn remove_all(&self) -> Result<()> {
@@ -275,7 +304,8 @@ impl KeyIndex {
         if needs_file {
             let header = FileHeader::new(self.kind.magic(), per_file, message_offset).encode();
             let map = Mapped::create(&self.path(message_offset), self.geometry.file_len(), &header)?;
-            let empty = IndexFile { map, count: 0, synced: 0, heads_synced: false };
+            let filter = self.kind.filter(per_file);
+            let empty = IndexFile { map, count: 0, synced: 0, heads_synced: false, filter };
             files.by_first.insert(message_offset, empty);
         }
         let (_, file) = files.by_first.iter_mut().next_back().expect("just ensured");
@@ -286,6 +316,9 @@ impl KeyIndex {
         let at = self.geometry.entry_position(number);
         file.map.unpublished_mut(at, ENTRY_LEN).copy_from_slice(&entry.encode(number as u32));
         put_u32(file.map.unpublished_mut(head, HEAD_LEN), 0, number as u32 + 1);
+        if let Some(filter) = &mut file.filter {
+            filter.insert(hash);
+        }
         file.count += 1;
         files.last = Some(message_offset);
         Ok(())
@@ -302,6 +335,9 @@ impl KeyIndex {
         let files = self.lock();
         let mut found = Vec::new();
         for (&first, file) in &files.by_first {
+            if file.filter.as_ref().is_some_and(|filter| !filter.may_contain(hash)) {
+                continue;
+            }
             let mut next = get_u32(file.map.view(self.geometry.head_position(hash), HEAD_LEN), 0);
             let mut chain = Vec::new();
             while next != 0 {

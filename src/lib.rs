@@ -38,6 +38,7 @@ mod dispatcher;
 mod durable;
 mod error;
 mod flusher;
+mod hash_filter;
 mod key_index;
 // Some codecs and rules exist for the tools that read them through `internals`.
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]

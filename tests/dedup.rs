@@ -195,6 +195,29 @@ fn a_duplicate_is_recognised_after_a_kill_and_a_reopen() {
 }
 
 #[test]
+fn a_key_in_any_dedup_index_file_is_found_after_a_reopen() {
+    // Four entries a file: the keys lie in full files, whose in-memory
+    // filters a reopen fills from the entries, and in the newest one.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config = || small_config(dir.path()).with_clock(clock.clone()).with_key_index_file_entries(4);
+    let store = Store::open(config()).unwrap();
+    let firsts: Vec<Receipt> =
+        (0..30).map(|i| put(&store, timeout(&format!("k{i}"), &format!("{i}"), T0 + HOUR))).collect();
+    store.close().unwrap();
+    let files = std::fs::read_dir(dir.path().join("index").join("dedup")).unwrap().count();
+    assert!(files >= 7, "{files} dedup index files");
+
+    let store = Store::open(config()).unwrap();
+    for (i, first) in firsts.iter().enumerate() {
+        let retry = put(&store, timeout(&format!("k{i}"), "retry", T0 + HOUR));
+        assert!(retry.is_duplicate() && retry.handle() == first.handle(), "k{i}");
+    }
+    assert!(!put(&store, timeout("k30", "new", T0 + HOUR)).is_duplicate());
+    assert_eq!(store.fresh_stats().unwrap().pending, 31);
+}
+
+#[test]
 fn a_submitted_duplicate_resolves_with_the_first_message() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
