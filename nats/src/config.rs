@@ -43,6 +43,13 @@ pub struct TierConfig {
     /// A timer whose target's stream exists but keeps failing to acknowledge
     /// it for this long goes to the dead letter.
     pub give_up_after: Duration,
+    /// How long a producer's `Nats-Msg-Id` stands after its timer settled
+    /// (fired, moved to the dead letter, or cancelled): a timer with the id
+    /// of a pending one never fires, nor one with the id of a timer that
+    /// settled less than this ago.
+    pub dedup_window: Duration,
+    /// The KV bucket holding the ids of settled timers for the dedup window.
+    pub dedup_bucket: String,
 }
 
 impl TierConfig {
@@ -61,6 +68,8 @@ impl TierConfig {
             allow_target_prefixes: Vec::new(),
             dead_letter: DEFAULT_DEAD_LETTER.into(),
             give_up_after: Duration::from_secs(60),
+            dedup_window: Duration::from_secs(24 * 3600),
+            dedup_bucket: "delaytier_msg_ids".into(),
         }
     }
 
@@ -90,6 +99,13 @@ impl TierConfig {
         token("stream", &self.stream)?;
         token("subject prefix", &self.prefix)?;
         token("lease bucket", &self.lease_bucket)?;
+        token("dedup bucket", &self.dedup_bucket)?;
+        if self.dedup_bucket == self.lease_bucket {
+            return Err(TierError::Config("the dedup bucket and the lease bucket must differ".into()));
+        }
+        if self.dedup_window < Duration::from_secs(1) {
+            return Err(TierError::Config(format!("dedup window {:?}: at least 1 s", self.dedup_window)));
+        }
         if self.servers.is_empty() {
             return Err(TierError::Config("no NATS server URL".into()));
         }
@@ -138,7 +154,7 @@ mod tests {
         let good = TierConfig::new(vec!["nats://127.0.0.1:4222".into()], "/tmp/x", "node-1");
         good.validate().unwrap();
         type Spoil = fn(&mut TierConfig);
-        let cases: [(&str, Spoil); 9] = [
+        let cases: [(&str, Spoil); 12] = [
             ("node id", |c| c.node_id = "a.b".into()),
             ("partitions 0", |c| c.partitions = 0),
             ("replicas 7", |c| c.replicas = 7),
@@ -148,6 +164,9 @@ mod tests {
             ("dead letter \"delay\": overlaps", |c| c.dead_letter = "delay".into()),
             ("dead letter \"dead.>\": not a plain", |c| c.dead_letter = "dead.>".into()),
             ("allowed target prefix \"orders.*\"", |c| c.allow_target_prefixes = vec!["orders.*".into()]),
+            ("dedup window", |c| c.dedup_window = Duration::from_millis(10)),
+            ("dedup bucket \"a.b\"", |c| c.dedup_bucket = "a.b".into()),
+            ("the dedup bucket and the lease bucket", |c| c.dedup_bucket = c.lease_bucket.clone()),
         ];
         for (field, spoil) in cases {
             let mut config = good.clone();

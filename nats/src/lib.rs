@@ -21,7 +21,14 @@
 //! partition (died, or stalled past its lease) before deleting it; the copy
 //! carries the same `Nats-Msg-Id`, so the target stream drops it if it comes
 //! within its duplicate window (2 minutes by default). A copy later than the
-//! window — an owner stalled for longer — is delivered twice.
+//! window — an owner stalled for longer — is delivered twice, unless the
+//! timer carried a producer's `Nats-Msg-Id` that the owner recorded as
+//! settled before it lost the partition.
+//!
+//! A producer's `Nats-Msg-Id` stands while its timer is pending and for the
+//! tier's dedup window after it settled ([`TierConfig::dedup_window`], kept
+//! in a KV bucket: see `settled_ids.rs`): a timer carrying it meanwhile is
+//! removed from the stream unfired.
 
 #![warn(missing_docs)]
 
@@ -32,6 +39,7 @@ mod headers;
 mod lease;
 mod node;
 mod partition;
+mod settled_ids;
 mod strays;
 pub mod target;
 pub mod wire;

@@ -51,6 +51,13 @@ struct Args {
     /// long goes to the dead letter.
     #[arg(long, default_value_t = 60_000)]
     give_up_after_ms: u64,
+    /// How long a producer's Nats-Msg-Id stands after its timer fired or was
+    /// cancelled: a timer with it is dropped meanwhile (ms).
+    #[arg(long, default_value_t = 86_400_000)]
+    dedup_window_ms: u64,
+    /// The KV bucket of the Nats-Msg-Ids of settled timers.
+    #[arg(long, default_value = "delaytier_msg_ids")]
+    dedup_bucket: String,
     /// Serve Prometheus metrics (delaytier_*) on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -75,6 +82,8 @@ async fn main() -> ExitCode {
     config.allow_target_prefixes = args.allow_target_prefixes;
     config.dead_letter = args.dead_letter;
     config.give_up_after = Duration::from_millis(args.give_up_after_ms);
+    config.dedup_window = Duration::from_millis(args.dedup_window_ms);
+    config.dedup_bucket = args.dedup_bucket;
     if let Err(err) = config.validate() {
         eprintln!("delaywheel-nats: {err}");
         return ExitCode::from(2);

@@ -10,6 +10,7 @@ use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
 use crate::partition::{OwnedPartition, Shared, remove_stale_stores};
+use crate::settled_ids::SettledIds;
 use crate::wire;
 use crate::{Result, TierConfig, TierError};
 
@@ -36,6 +37,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         .build(client.clone());
     let (stream, strays_possible) = ensure_stream(&js, &config).await?;
     let leases = Leases::open(&js, &config).await?;
+    let settled_ids = SettledIds::open(&js, &config).await?;
     let renew_every = config.renew_every();
     let policy = config.target_policy();
     let shared = Arc::new(Shared {
@@ -47,6 +49,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         captured: Default::default(),
         takes: Default::default(),
         strays_possible,
+        settled_ids,
     });
     let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
     tracing::info!(node = %node.shared.config.node_id, "tier node started");

@@ -39,8 +39,8 @@ use bytes::Bytes;
 use delaywheel::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store,
 };
-use futures::StreamExt;
 use futures::stream::FuturesUnordered;
+use futures::{StreamExt, TryStreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -49,6 +49,7 @@ use crate::error::bounded;
 use crate::headers::{
     borrowed_pairs, dead_letter_headers, deliver_at, fired_headers, header_pairs, owned_pairs, target_of,
 };
+use crate::settled_ids::{RecentlySettled, SettledIds};
 use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierConfig, TierError};
@@ -57,6 +58,11 @@ use crate::{Result, TierConfig, TierError};
 const FIRE_TOPIC: &str = "fire";
 /// Timers read from the stream per local batch put.
 const INGEST_BATCH: usize = 1024;
+/// Lookups of settled `Nats-Msg-Id`s a batch read from the stream makes at once.
+const SETTLED_LOOKUPS: usize = 64;
+/// The longest `Nats-Msg-Id` a timer may carry (the store's dedup key limit):
+/// it becomes a key of the settled-ids bucket.
+const MAX_MSG_ID_LEN: usize = 1024;
 /// Fired timers published at once (a timer waiting to be tried again holds
 /// no lane, so those behind it go on).
 const FIRE_CONCURRENCY: usize = 128;
@@ -105,6 +111,8 @@ pub(crate) struct Shared {
     /// Whether the delay stream captures subjects no partition reads (made
     /// by hand or by an older node), so partition 0's owner looks for them.
     pub strays_possible: bool,
+    /// The `Nats-Msg-Id`s of timers that settled within the dedup window.
+    pub settled_ids: SettledIds,
 }
 
 /// Targets lately seen captured by a stream, and when a stream lookup last
@@ -161,6 +169,9 @@ struct Index {
     fired: VecDeque<(Instant, u64)>,
     /// The sequence of the indexed timer holding each `Nats-Msg-Id`.
     by_msg_id: HashMap<Box<str>, u64>,
+    /// The `Nats-Msg-Id`s of the timers this partition settled lately (see
+    /// `settled_ids.rs`): kept across a read of the partition again.
+    recently_settled: RecentlySettled,
 }
 
 impl Index {
@@ -172,6 +183,15 @@ impl Index {
         {
             self.by_msg_id.remove(&id);
         }
+    }
+
+    /// Forgets the indexed timer `sequence`, which settled (fired, moved to
+    /// the dead letter, or cancelled) after its id was recorded.
+    fn settle(&mut self, sequence: u64) {
+        if let Some(id) = self.timers.get(&sequence).and_then(|t| t.msg_id.clone()) {
+            self.recently_settled.insert(id, sequence);
+        }
+        self.remove(sequence);
     }
 
     /// The indexed timer, other than `sequence`, that holds `msg_id`.
@@ -444,18 +464,25 @@ impl Part {
     /// Puts timers into the local store, holding the index so a timer that
     /// fires at once is known before it is looked up; drops the duplicates.
     async fn put(&self, timers: Vec<Indexed>, read_up_to: u64) -> Result<()> {
+        let settled = self.settled_ids_of(&timers).await?;
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let count = timers.len() as u64;
         let duplicates = tokio::task::spawn_blocking(move || {
             let mut index = pending.lock().expect("index lock");
             // A timer with the Nats-Msg-Id of a pending one (an earlier
-            // sequence, or an earlier timer of this batch) never fires.
+            // sequence, or an earlier timer of this batch), or of one that
+            // settled within the window (itself too: it was fired, and its
+            // acknowledgement lost), never fires.
             let mut duplicates = Vec::new();
             let mut claimed: HashMap<Box<str>, u64> = HashMap::new();
             let mut kept = Vec::with_capacity(timers.len());
             for timer in timers {
                 if let Some(id) = timer.msg_id.as_deref() {
-                    let held = index.holder_of(id, timer.sequence).or_else(|| claimed.get(id).copied());
+                    let held = index
+                        .holder_of(id, timer.sequence)
+                        .or_else(|| claimed.get(id).copied())
+                        .or_else(|| index.recently_settled.get(id))
+                        .or_else(|| settled.get(id).copied());
                     if held.is_some() {
                         duplicates.push((timer.sequence, timer.ack));
                         continue;
@@ -486,6 +513,47 @@ impl Part {
         metrics::counter!("delaytier_indexed_total").increment(count - duplicates.len() as u64);
         self.drop_duplicates(duplicates).await;
         Ok(())
+    }
+
+    /// The ids of `timers` that the settled-ids bucket holds, with the
+    /// sequence of the timer that settled; asked only for the ids no pending
+    /// timer holds and this partition did not settle lately (most asked are
+    /// not there: a new timer).
+    async fn settled_ids_of(&self, timers: &[Indexed]) -> Result<HashMap<Box<str>, u64>> {
+        let to_ask: Vec<Box<str>> = {
+            let index = self.pending.lock().expect("index lock");
+            let mut ids: Vec<Box<str>> = timers
+                .iter()
+                .filter_map(|t| Some((t.msg_id.as_ref()?, t.sequence)))
+                .filter(|(id, sequence)| {
+                    index.holder_of(id, *sequence).is_none() && index.recently_settled.get(id).is_none()
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let settled_ids = &self.shared.settled_ids;
+        let lookups = to_ask.into_iter().map(|id| async move {
+            let sequence = settled_ids.settled(self.partition, &id).await?;
+            Ok::<_, TierError>(sequence.map(|s| (id, s)))
+        });
+        let found: Vec<Option<(Box<str>, u64)>> =
+            futures::stream::iter(lookups).buffer_unordered(SETTLED_LOOKUPS).try_collect().await?;
+        Ok(found.into_iter().flatten().collect())
+    }
+
+    /// Records the `Nats-Msg-Id` of timer `sequence`, if it has one, as
+    /// settled: before the timer leaves the stream, so that a retry of it
+    /// within the dedup window never fires, whichever node reads it.
+    async fn record_settled(&self, sequence: u64) -> Result<()> {
+        let msg_id =
+            self.pending.lock().expect("index lock").timers.get(&sequence).and_then(|t| t.msg_id.clone());
+        match msg_id {
+            Some(id) => self.shared.settled_ids.record(self.partition, &id, sequence).await,
+            None => Ok(()),
+        }
     }
 
     /// Removes from the stream timers whose Nats-Msg-Id a pending timer of
@@ -736,6 +804,7 @@ impl Part {
         if duplicate {
             metrics::counter!("delaytier_duplicates_dropped_total").increment(1);
         }
+        self.record_settled(sequence).await?;
         acknowledge(&self.shared.client, sequence, ack).await?;
         self.forget(sequence);
         metrics::counter!("delaytier_fired_total").increment(1);
@@ -757,6 +826,7 @@ impl Part {
         reason: &str,
     ) -> Result<()> {
         self.dead_letter(sequence, source, payload, kind, reason).await?;
+        self.record_settled(sequence).await?;
         acknowledge(&self.shared.client, sequence, ack).await?;
         self.forget(sequence);
         Ok(())
@@ -779,7 +849,7 @@ impl Part {
     /// remembers it for the sweep, in case its acknowledgement is lost.
     fn forget(&self, sequence: u64) {
         let mut index = self.pending.lock().expect("index lock");
-        index.remove(sequence);
+        index.settle(sequence);
         if index.fired.len() == MAX_REMEMBERED {
             index.fired.pop_front();
         }
@@ -912,7 +982,12 @@ impl Part {
     }
 
     async fn cancel_indexed(&self, sequence: u64, timer: PendingTimer) -> Result<CancelAnswer> {
-        let PendingTimer { handle, ack, .. } = timer;
+        let PendingTimer { handle, ack, msg_id } = timer;
+        // Recorded first: a cancel that then fails may still have taken
+        // effect, but a cancelled timer's id is never left unrecorded.
+        if let Some(id) = msg_id {
+            self.shared.settled_ids.record(self.partition, &id, sequence).await?;
+        }
         let store = self.store.clone();
         let outcome = tokio::task::spawn_blocking(move || store.cancel(handle))
             .await
@@ -920,7 +995,7 @@ impl Part {
         match outcome {
             CancelOutcome::Cancelled => {
                 acknowledge(&self.shared.client, sequence, ack).await?;
-                self.pending.lock().expect("index lock").remove(sequence);
+                self.pending.lock().expect("index lock").settle(sequence);
                 metrics::counter!("delaytier_cancelled_total").increment(1);
                 Ok(CancelAnswer::Cancelled)
             }
@@ -1080,7 +1155,11 @@ fn index(
     let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
     // The producer's id holds beyond JetStream's own duplicate window while
     // the timer is pending (see `Part::put`).
-    let msg_id = headers.get(wire::MSG_ID).map(|id| id.as_str()).filter(|id| !id.is_empty()).map(Box::from);
+    let msg_id: Option<Box<str>> =
+        headers.get(wire::MSG_ID).map(|id| id.as_str()).filter(|id| !id.is_empty()).map(Box::from);
+    if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
+        return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));
+    }
     Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id })
 }
 

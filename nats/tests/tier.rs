@@ -311,3 +311,58 @@ async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstrea
     }
     wait_for_pending(&client, 0).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_with_the_nats_msg_id_of_one_that_fired_or_was_cancelled_is_dropped_for_the_window_on_any_node()
+ {
+    let Some(binary) = cluster::nats_server() else { return };
+    let cluster = Cluster::start(binary).await;
+    let client = cluster.connect().await;
+    cluster::create_target_stream(&client).await;
+    // JetStream forgets a Nats-Msg-Id after one second; the tier, 30 s after its timer settled.
+    cluster::create_delay_stream_with(&client, Duration::from_secs(1)).await;
+    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    let (arrivals, _reader) = collect(&client).await;
+    const WINDOW_MS: u64 = 30_000;
+    let window = WINDOW_MS.to_string();
+    let flags = ["--dedup-window-ms", window.as_str()];
+    let schedule = |id: &'static str, payload: &'static str, due: u64| {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", id);
+        tier.schedule_with_headers(id, "out.fired", due, headers, payload.into())
+    };
+    let count = |payload: &str| arrivals.lock().unwrap().count.get(payload).copied();
+
+    let mut first_node = TierNode::start_with(&cluster, "a", LEASE_MS, &flags);
+    schedule("order-42", "fired", now_ms() + 1_000).await.unwrap();
+    let cancelled = schedule("order-43", "cancelled", now_ms() + 600_000).await.unwrap();
+    wait_for(&arrivals, 1, Duration::from_secs(30)).await;
+    assert_eq!(tier.cancel(cancelled).await.unwrap(), CancelAnswer::Cancelled);
+    let settled_by = Instant::now();
+
+    // Retries from other replicas, past JetStream's window, read by another
+    // node: only the bucket of settled ids knows them.
+    first_node.kill();
+    let _second_node = TierNode::start_with(&cluster, "b", LEASE_MS, &flags);
+    wait_until_all_owned_by(&client, "b", Duration::from_secs(60)).await;
+    schedule("order-42", "fired, again", now_ms() + 500).await.unwrap();
+    schedule("order-43", "cancelled, again", now_ms() + 500).await.unwrap();
+    schedule("order-44", "new", now_ms() + 500).await.unwrap();
+    wait_for(&arrivals, 2, Duration::from_secs(30)).await;
+    wait_for_pending(&client, 0).await;
+    assert!(
+        settled_by.elapsed() < Duration::from_millis(WINDOW_MS - 5_000),
+        "the retries came too late for this test ({:?}): the machine is too slow",
+        settled_by.elapsed()
+    );
+    assert_eq!((count("fired"), count("new")), (Some(1), Some(1)));
+    assert_eq!(count("fired, again"), None, "a retry of a fired timer never fires");
+    assert_eq!(count("cancelled, again"), None, "nor one of a cancelled timer");
+    assert_eq!(count("cancelled"), None);
+
+    // After the window the id is free again.
+    tokio::time::sleep(Duration::from_millis(WINDOW_MS + 1_000).saturating_sub(settled_by.elapsed())).await;
+    schedule("order-42", "after the window", now_ms() + 500).await.unwrap();
+    wait_for(&arrivals, 3, Duration::from_secs(30)).await;
+    assert_eq!(count("after the window"), Some(1));
+}

@@ -1,0 +1,136 @@
+//! The `Nats-Msg-Id`s of timers that left the delay stream (fired, moved
+//! to the dead letter, or cancelled), kept for the tier's dedup window in a
+//! JetStream KV bucket: a timer carrying one of them is a producer's retry
+//! of a timer that already settled, and never fires.
+//!
+//! The stream holds only pending timers, and each node's store is rebuilt
+//! from it, so what settled can only be remembered outside both. A key is
+//! `p<partition>.<the id in hex>`, its value the settled timer's stream
+//! sequence; the bucket's `max_age` is the window, so entries expire on
+//! their own. A node records the id before it acknowledges the timer (the
+//! acknowledgement removes it from the stream): a crash between the two
+//! leaves the timer in the stream with its own sequence recorded, and the
+//! next owner removes it without firing it again.
+//!
+//! The bucket is read through JetStream's direct get, which any replica
+//! may answer: a replica that lags can miss an id recorded a moment ago.
+//! So each partition also remembers the ids it settled lately
+//! ([`RecentlySettled`]), and the bucket answers for the older ones.
+
+use std::collections::{HashMap, VecDeque};
+use std::fmt::Write as _;
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::{self, kv};
+
+use crate::{Result, TierConfig, TierError};
+
+/// How long a partition remembers in memory the ids it settled: far longer
+/// than a replica lags or a lookup takes.
+const REMEMBERED_FOR: Duration = Duration::from_secs(600);
+
+/// The bucket of settled ids.
+pub(crate) struct SettledIds {
+    kv: kv::Store,
+}
+
+impl SettledIds {
+    /// Opens the bucket, creating it (or setting its window) as configured.
+    pub(crate) async fn open(js: &jetstream::Context, config: &TierConfig) -> Result<Self> {
+        let bucket = &config.dedup_bucket;
+        let kv = js
+            .create_or_update_key_value(kv::Config {
+                bucket: bucket.clone(),
+                history: 1,
+                max_age: config.dedup_window,
+                num_replicas: config.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| TierError::nats(format!("create KV bucket {bucket}"), e))?;
+        Ok(SettledIds { kv })
+    }
+
+    /// Records that timer `sequence` of `partition`, with `msg_id`, settled.
+    pub(crate) async fn record(&self, partition: u32, msg_id: &str, sequence: u64) -> Result<()> {
+        self.kv
+            .put(key(partition, msg_id), sequence.to_string().into())
+            .await
+            .map_err(|e| TierError::nats(format!("record the Nats-Msg-Id of timer {sequence}"), e))?;
+        Ok(())
+    }
+
+    /// The sequence of the timer of `partition` with `msg_id` that settled
+    /// within the window, if any.
+    pub(crate) async fn settled(&self, partition: u32, msg_id: &str) -> Result<Option<u64>> {
+        let value = self
+            .kv
+            .get(key(partition, msg_id))
+            .await
+            .map_err(|e| TierError::nats("look up a settled Nats-Msg-Id", e))?;
+        Ok(value.and_then(|v| std::str::from_utf8(&v).ok()?.parse().ok()))
+    }
+}
+
+/// The bucket's key of `msg_id` in `partition`: hex keeps any id a valid key.
+fn key(partition: u32, msg_id: &str) -> String {
+    let mut key = format!("p{partition}.");
+    for byte in msg_id.bytes() {
+        let _ = write!(key, "{byte:02x}");
+    }
+    key
+}
+
+/// The ids a partition settled in the last [`REMEMBERED_FOR`], by id.
+#[derive(Default)]
+pub(crate) struct RecentlySettled {
+    by_id: HashMap<Box<str>, u64>,
+    order: VecDeque<(Instant, Box<str>, u64)>,
+}
+
+impl RecentlySettled {
+    /// Timer `sequence`, with `msg_id`, settled now.
+    pub(crate) fn insert(&mut self, msg_id: Box<str>, sequence: u64) {
+        self.forget_old();
+        self.by_id.insert(msg_id.clone(), sequence);
+        self.order.push_back((Instant::now(), msg_id, sequence));
+    }
+
+    /// The sequence of the timer with `msg_id` settled lately, if any.
+    pub(crate) fn get(&self, msg_id: &str) -> Option<u64> {
+        self.by_id.get(msg_id).copied()
+    }
+
+    fn forget_old(&mut self) {
+        while let Some((at, _, _)) = self.order.front()
+            && at.elapsed() > REMEMBERED_FOR
+        {
+            let (_, id, sequence) = self.order.pop_front().expect("just seen");
+            if self.by_id.get(&id) == Some(&sequence) {
+                self.by_id.remove(&id);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_id_makes_a_valid_key_and_distinct_ids_distinct_keys() {
+        assert_eq!(key(3, "order-42"), "p3.6f726465722d3432");
+        assert_eq!(key(0, "a.b *>"), "p0.612e62202a3e");
+        assert_ne!(key(1, "ab"), key(1, "a.b"));
+        assert_ne!(key(1, "x"), key(2, "x"));
+    }
+
+    #[test]
+    fn recently_settled_keeps_the_latest_sequence_of_an_id() {
+        let mut recent = RecentlySettled::default();
+        recent.insert("x".into(), 7);
+        recent.insert("x".into(), 9);
+        assert_eq!(recent.get("x"), Some(9));
+        assert_eq!(recent.get("y"), None);
+    }
+}
