@@ -41,6 +41,18 @@ pub(crate) struct Replacement {
     pub timing: Timing,
 }
 
+/// What the ticking thread did with a [`Replacement`].
+#[derive(Debug)]
+pub(crate) enum ReplaceAnswer {
+    /// Written in place of the timer: the new message's receipt, and the
+    /// replacement back, freed by the caller's thread (whose allocator
+    /// made it) rather than the ticking thread.
+    Written(Receipt, Box<Replacement>),
+    /// The timer was not pending: nothing written, and the replacement
+    /// comes back for the caller to look again or put.
+    NotPending(Box<Replacement>),
+}
+
 impl Replacement {
     /// Writes the record of the message, naming `replaced` (`offset@deliver_at_ms`).
     pub fn fields<'a>(&'a self, store_time_ms: u64, replaced: &'a str) -> MessageFields<'a> {

@@ -10,7 +10,7 @@ use std::sync::Arc;
 use crate::consume_queue::ConsumeQueue;
 use crate::error::Result;
 use crate::format::record::{MessageView, RescheduleView};
-use crate::message::{CancelOutcome, PauseOutcome, Receipt, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
 use crate::stats::TimerStats;
@@ -55,9 +55,13 @@ pub(crate) trait SchedulerFront: Send + Sync {
     }
 
     /// Writes `replacement` in place of the timer a handle names (`timer`:
-    /// the message's own), if it is pending, by one record; `None` if it
-    /// was not (nothing written).
-    fn replace(&self, _timer: Timer, _replacement: crate::message::Replacement) -> Result<Option<Receipt>> {
+    /// the message's own), if it is pending, by one record; hands it back
+    /// if it was not (nothing written).
+    fn replace(
+        &self,
+        _timer: Timer,
+        _replacement: Box<crate::message::Replacement>,
+    ) -> Result<crate::message::ReplaceAnswer> {
         Err(crate::error::Error::invalid("scheduler", "replacing by key needs the wheel scheduler"))
     }
 

@@ -12,7 +12,7 @@ use crate::dedup::{Dedup, Recent};
 use crate::error::{Error, Result};
 use crate::format::record::Timing;
 use crate::format::record::{CancelView, MessageView, RecordKind};
-use crate::message::{Message, Receipt, Replacement, Written};
+use crate::message::{Message, Receipt, ReplaceAnswer, Replacement, Written};
 use crate::receipt::ReplaceOutcome;
 use crate::sync::ReadWrite;
 use crate::timer::Timer;
@@ -161,7 +161,11 @@ impl Store {
         }
         let queue_id = self.check_message(&message)?;
         let (hash, mut recent) = self.dedup_shard(message.topic(), key)?;
+        // Moved to the ticking thread and back, not copied, if not pending.
+        let mut replacement = Box::new(Replacement { message, queue_id, timing: Timing::default() });
         for look in 0..2 {
+            let message = &replacement.message;
+            let key = message.dedup_key.as_deref().expect("checked above");
             let Some((standing, Some(timer))) = self.newest_keyed(message.topic(), key, hash, &recent)?
             else {
                 break;
@@ -172,16 +176,18 @@ impl Store {
             }
             let now_ms = self.config.clock.now_ms();
             let (deliver_at_ms, delay_level) = message.resolve_timing(now_ms, &self.levels)?;
-            let timing = Timing { deliver_at_ms, delay_level };
-            let replacement = Replacement { message: message.clone(), queue_id, timing };
-            if let Some(receipt) = self.scheduler.replace(timer, replacement)? {
-                recent.push(hash, receipt.offset);
-                drop(recent);
-                if self.config.flush_mode == FlushMode::Sync {
-                    self.wait_durable_for(self.log.write_end(), Written::Put(receipt))?;
+            replacement.timing = Timing { deliver_at_ms, delay_level };
+            match self.scheduler.replace(timer, replacement)? {
+                ReplaceAnswer::Written(receipt, _freed_here) => {
+                    recent.push(hash, receipt.offset);
+                    drop(recent);
+                    if self.config.flush_mode == FlushMode::Sync {
+                        self.wait_durable_for(self.log.write_end(), Written::Put(receipt))?;
+                    }
+                    let replaced = standing.receipt.handle().expect("a timed message has a handle");
+                    return Ok(ReplaceOutcome::Replaced { receipt, replaced });
                 }
-                let replaced = standing.receipt.handle().expect("a timed message has a handle");
-                return Ok(ReplaceOutcome::Replaced { receipt, replaced });
+                ReplaceAnswer::NotPending(back) => replacement = back,
             }
             // Not pending: a replacement a timed-out call left with the
             // ticking thread may have written a newer timer of the key. Look
@@ -190,6 +196,7 @@ impl Store {
                 self.wait_all_indexed()?;
             }
         }
+        let message = replacement.message;
         let (receipt, end) = self.append_new(&message)?;
         recent.push(hash, receipt.offset);
         drop(recent);

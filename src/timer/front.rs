@@ -11,7 +11,7 @@ use crossbeam_channel::Sender;
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
 use crate::format::record::{MessageView, RescheduleView};
-use crate::message::{CancelOutcome, PauseOutcome, Receipt, Replacement, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, ReplaceAnswer, Replacement, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
 use crate::scheduler::SchedulerFront;
@@ -115,8 +115,8 @@ impl SchedulerFront for WheelFront {
         self.ask(|reply| WheelCommand::Control(timer, Control::Update(Box::new(update), reply)))?
     }
 
-    fn replace(&self, timer: Timer, replacement: Replacement) -> Result<Option<Receipt>> {
-        self.ask(|reply| WheelCommand::Control(timer, Control::Replace(Box::new(replacement), reply)))?
+    fn replace(&self, timer: Timer, replacement: Box<Replacement>) -> Result<ReplaceAnswer> {
+        self.ask(|reply| WheelCommand::Control(timer, Control::Replace(replacement, reply)))?
     }
 
     fn reschedule(&self, timer: Timer, deliver_at_ms: u64) -> Result<RescheduleOutcome> {

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::queue_entry::tag_hash;
 use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deliveries, encode_delivery};
-use crate::message::{CancelOutcome, PauseOutcome, Receipt, Replacement, RescheduleOutcome};
+use crate::message::{CancelOutcome, PauseOutcome, ReplaceAnswer, Replacement, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
 use crate::stall::{RETRY, Stall};
@@ -89,7 +89,7 @@ pub(crate) enum Control {
     /// Replace the recurring schedule it is the timer of by a new one.
     Update(Box<ScheduleUpdate>, Sender<Result<UpdateOutcome>>),
     /// Replace it, if pending, by this message: `None` if it was not pending.
-    Replace(Box<Replacement>, Sender<Result<Option<Receipt>>>),
+    Replace(Box<Replacement>, Sender<Result<ReplaceAnswer>>),
 }
 
 impl Control {

@@ -2,12 +2,14 @@
 //! the one place that decides a timer's fate, so the answer and the record
 //! in the log agree.
 
+use std::fmt::Write as _;
+
 use crossbeam_channel::Sender;
 
 use super::{Control, Ticker};
 use crate::error::{Error, Result};
 use crate::format::record::{CANCEL_LEN, RESCHEDULE_LEN, RescheduleView, encode_cancel, encode_message};
-use crate::message::{CancelOutcome, Receipt, Replacement, RescheduleOutcome};
+use crate::message::{CancelOutcome, Receipt, ReplaceAnswer, Replacement, RescheduleOutcome};
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
 use crate::timer::state::cancels::{CancelState, CancelTarget};
@@ -37,30 +39,32 @@ impl Ticker {
             }
             Control::Pause(pause, reply) => self.pause(timer, pause, reply),
             Control::Update(update, reply) => self.update(timer, *update, reply),
-            Control::Replace(replacement, reply) => self.replace(timer, &replacement, reply),
+            Control::Replace(replacement, reply) => self.replace(timer, replacement, reply),
         }
     }
 
     /// Writes `replacement` in place of `timer` if it is pending, by one
     /// record (the message's, naming the timer), which settles it as a
-    /// cancel record would; answers its receipt, or `None` if the timer was
-    /// not pending (nothing written). What cannot be read or written is this
+    /// cancel record would; answers its receipt, or hands `replacement` back
+    /// if the timer was not pending (nothing written). What cannot be read or written is this
     /// caller's answer, and the wheel goes on; a failure after the record was
     /// written stops it (as for a cancel).
     fn replace(
         &mut self,
         timer: Timer,
-        replacement: &Replacement,
-        reply: Sender<Result<Option<Receipt>>>,
+        replacement: Box<Replacement>,
+        reply: Sender<Result<ReplaceAnswer>>,
     ) -> Result<()> {
         let _span = tracing::debug_span!("replace", offset = timer.message_offset).entered();
         let Some(target) = self.locate_or_answer(timer, &reply) else { return Ok(()) };
         if matches!(target, CancelTarget::AlreadyDelivered | CancelTarget::AlreadyCancelled) {
-            let _ = reply.send(Ok(None));
+            let _ = reply.send(Ok(ReplaceAnswer::NotPending(replacement)));
             return Ok(());
         }
         let store_time_ms = self.clock.now_ms();
-        let replaced = format!("{}@{}", timer.message_offset, timer.deliver_at_ms);
+        // Two u64s and an `@`: sized once, not grown digit by digit.
+        let mut replaced = String::with_capacity(2 * 20 + 1);
+        let _ = write!(replaced, "{}@{}", timer.message_offset, timer.deliver_at_ms);
         let fields = replacement.fields(store_time_ms, &replaced);
         let written =
             self.log.append(fields.record_len(), |buf, offset| encode_message(buf, offset, &fields));
@@ -74,13 +78,8 @@ impl Ticker {
         self.settle_replaced(timer, target, offset)?;
         let deliver_at_ms = Some(replacement.timing.deliver_at_ms);
         let queue_id = replacement.queue_id;
-        let _ = reply.send(Ok(Some(Receipt {
-            offset,
-            queue_id,
-            store_time_ms,
-            deliver_at_ms,
-            duplicate: false,
-        })));
+        let receipt = Receipt { offset, queue_id, store_time_ms, deliver_at_ms, duplicate: false };
+        let _ = reply.send(Ok(ReplaceAnswer::Written(receipt, replacement)));
         Ok(())
     }
 
