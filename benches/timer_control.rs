@@ -1,9 +1,10 @@
 //! What moving a timer costs: `Store::reschedule` against what it replaces,
 //! a cancel followed by a put of the message again (not atomic, and a new
 //! handle), a cancel alone, and `Store::put_replacing` (a new body and
-//! time in place of the pending timer of a dedup key, found by the key);
+//! time in place of the pending timer of a dedup key, found by the key), and
+//! a put answered as a duplicate (the key's lookup alone);
 //! each on timers a day ahead, one timer per operation, on a manual clock
-//! (nothing fires). Criterion runs the four side by side in one run.
+//! (nothing fires). Criterion runs the five side by side in one run.
 //!
 //! `cargo bench --bench timer_control`
 
@@ -75,6 +76,25 @@ fn timer_control(c: &mut Criterion) {
                     Message::new("bench", vec![7u8; 128]).dedup_key(format!("k{i}")).deliver_at_ms(at);
                 let outcome = store.put_replacing(again).expect("put_replacing");
                 assert!(matches!(outcome, ReplaceOutcome::Replaced { .. }));
+            }
+            started.elapsed()
+        })
+    });
+    // What put_replacing's lookup costs alone: a put answered as a duplicate.
+    group.bench_function("duplicate_put", |b| {
+        b.iter_custom(|iters| {
+            let keyed: Vec<Message> =
+                (next..next + iters).map(|i| message(i).dedup_key(format!("k{i}"))).collect();
+            let first = next;
+            next += iters;
+            store.put_batch(keyed).expect("put");
+            store.fresh_stats().expect("indexed");
+            let started = Instant::now();
+            for i in first..first + iters {
+                let again = Message::new("bench", vec![7u8; 128])
+                    .dedup_key(format!("k{i}"))
+                    .deliver_at_ms(T0 + DAY_MS);
+                assert!(store.put(again).expect("put").is_duplicate());
             }
             started.elapsed()
         })
