@@ -31,6 +31,17 @@ fn handles(store: &Store, n: u64, next: &mut u64) -> Vec<Handle> {
     receipts.iter().map(|r| r.handle().expect("a timer")).collect()
 }
 
+/// Puts `n` fresh timers with dedup keys `k<i>` outside the measurement; their `i`s.
+fn keyed(store: &Store, n: u64, next: &mut u64) -> std::ops::Range<u64> {
+    let keys = *next..*next + n;
+    *next += n;
+    store
+        .put_batch(keys.clone().map(|i| message(i).dedup_key(format!("k{i}"))).collect::<Vec<_>>())
+        .expect("put");
+    store.fresh_stats().expect("indexed");
+    keys
+}
+
 fn timer_control(c: &mut Criterion) {
     let dir = tempfile::tempdir().expect("tempdir");
     let store = Store::open(Config::new(dir.path()).with_clock(ManualClock::new(T0))).expect("open");
@@ -63,14 +74,9 @@ fn timer_control(c: &mut Criterion) {
     });
     group.bench_function("put_replacing", |b| {
         b.iter_custom(|iters| {
-            let keyed: Vec<Message> =
-                (next..next + iters).map(|i| message(i).dedup_key(format!("k{i}"))).collect();
-            let first = next;
-            next += iters;
-            store.put_batch(keyed).expect("put");
-            store.fresh_stats().expect("indexed");
+            let keys = keyed(&store, iters, &mut next);
             let started = Instant::now();
-            for i in first..first + iters {
+            for i in keys {
                 let at = T0 + DAY_MS + 600_000 + i % 3_600_000;
                 let again =
                     Message::new("bench", vec![7u8; 128]).dedup_key(format!("k{i}")).deliver_at_ms(at);
@@ -83,14 +89,9 @@ fn timer_control(c: &mut Criterion) {
     // What put_replacing's lookup costs alone: a put answered as a duplicate.
     group.bench_function("duplicate_put", |b| {
         b.iter_custom(|iters| {
-            let keyed: Vec<Message> =
-                (next..next + iters).map(|i| message(i).dedup_key(format!("k{i}"))).collect();
-            let first = next;
-            next += iters;
-            store.put_batch(keyed).expect("put");
-            store.fresh_stats().expect("indexed");
+            let keys = keyed(&store, iters, &mut next);
             let started = Instant::now();
-            for i in first..first + iters {
+            for i in keys {
                 let again = Message::new("bench", vec![7u8; 128])
                     .dedup_key(format!("k{i}"))
                     .deliver_at_ms(T0 + DAY_MS);

@@ -13,10 +13,15 @@ const LEASE_MS: u64 = 1500;
 
 /// The cluster with both streams made, or None (SKIPPED) without a server.
 async fn cluster() -> Option<(Cluster, async_nats::Client, TierClient)> {
+    cluster_with_msg_id_window(Duration::from_secs(120)).await
+}
+
+/// [`cluster`] whose delay stream forgets a `Nats-Msg-Id` after `window`.
+async fn cluster_with_msg_id_window(window: Duration) -> Option<(Cluster, async_nats::Client, TierClient)> {
     let cluster = Cluster::start(cluster::nats_server()?).await;
     let client = cluster.connect().await;
     cluster::create_target_stream(&client).await;
-    cluster::create_delay_stream(&client).await;
+    cluster::create_delay_stream_with(&client, window).await;
     let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
     Some((cluster, client, tier))
 }
@@ -278,13 +283,10 @@ async fn a_node_restarted_without_its_directory_rebuilds_from_the_stream() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstreams_window() {
-    let Some(binary) = cluster::nats_server() else { return };
-    let cluster = Cluster::start(binary).await;
-    let client = cluster.connect().await;
-    cluster::create_target_stream(&client).await;
     // JetStream forgets a Nats-Msg-Id after one second; the tier does not while the timer is pending.
-    cluster::create_delay_stream_with(&client, Duration::from_secs(1)).await;
-    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    let Some((cluster, client, tier)) = cluster_with_msg_id_window(Duration::from_secs(1)).await else {
+        return;
+    };
     let (arrivals, _reader) = collect(&client).await;
     let _node = TierNode::start(&cluster, "a", LEASE_MS);
     let with_id = |id: &str| {
@@ -315,13 +317,10 @@ async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstrea
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_timer_with_the_nats_msg_id_of_one_that_fired_or_was_cancelled_is_dropped_for_the_window_on_any_node()
  {
-    let Some(binary) = cluster::nats_server() else { return };
-    let cluster = Cluster::start(binary).await;
-    let client = cluster.connect().await;
-    cluster::create_target_stream(&client).await;
     // JetStream forgets a Nats-Msg-Id after one second; the tier, 30 s after its timer settled.
-    cluster::create_delay_stream_with(&client, Duration::from_secs(1)).await;
-    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    let Some((cluster, client, tier)) = cluster_with_msg_id_window(Duration::from_secs(1)).await else {
+        return;
+    };
     let (arrivals, _reader) = collect(&client).await;
     const WINDOW_MS: u64 = 30_000;
     let window = WINDOW_MS.to_string();
