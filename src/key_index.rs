@@ -224,8 +224,8 @@ impl KeyIndex {
             let per_file = self.geometry.per_file;
             let map = Mapped::open(&path, self.geometry.file_len())?;
             check_file_header(&path, map.view(0, FILE_HEADER_LEN), self.kind.magic(), per_file, first)?;
-            let filter = self.filter_of(&map, per_file);
-            let full = IndexFile { map, count: per_file, synced: per_file, heads_synced: true, filter };
+            // Its filter is filled below, once the newest file's count is known.
+            let full = IndexFile { map, count: per_file, synced: per_file, heads_synced: true, filter: None };
             files.by_first.insert(first, full);
         }
         let Some((&first, newest)) = files.by_first.iter_mut().next_back() else { return Ok(false) };
@@ -235,7 +235,9 @@ impl KeyIndex {
         newest.synced = count;
         newest.heads_synced = count == self.geometry.per_file;
         rebuild_heads(newest, &path, self.geometry)?;
-        newest.filter = self.filter_of(&newest.map, count);
+        for file in files.by_first.values_mut() {
+            file.filter = self.filter_of(&file.map, file.count);
+        }
         files.last = last;
         Ok(true)
     }

@@ -9,6 +9,7 @@ use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 
 use crate::config::DEFAULT_DEAD_LETTER;
+use crate::headers::header_pairs;
 use crate::partition::{cancel_in_stream, publish_acked, remove_source};
 use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer, TimerHandle};
@@ -141,8 +142,18 @@ impl TierClient {
         if wire::partition_of_subject(&self.prefix, &source.subject) != Some(handle.partition) {
             return Ok(RescheduleAnswer::NotFound);
         }
-        let mut headers = source.headers.clone();
+        // The copy is the same timer, moved: it keeps its producer's id under
+        // the tier's own header, and names the timer it replaces.
+        let mut headers = HeaderMap::new();
+        for (name, value) in header_pairs(&source.headers) {
+            if name.eq_ignore_ascii_case(wire::MSG_ID) {
+                headers.insert(wire::RESCHEDULED_MSG_ID, value);
+            } else {
+                headers.append(name, value);
+            }
+        }
         headers.insert(wire::DELIVER_AT, deliver_at_ms.to_string().as_str());
+        headers.insert(wire::REPLACES, handle.sequence.to_string().as_str());
         let copy = TimerHandle {
             partition: handle.partition,
             sequence: self.publish(source.subject.to_string(), headers, source.payload).await?,

@@ -41,7 +41,8 @@ pub(crate) fn target_of<'a>(sequence: u64, source: &[(&str, &'a str)]) -> Result
 }
 
 /// The target and headers of a fired timer: the source's headers without the
-/// target, plus the deduplication id and the handle it had.
+/// target and the tier's own of a rescheduled copy, plus the deduplication
+/// id and the handle it had.
 pub(crate) fn fired_headers(
     stream: &str,
     partition: u32,
@@ -50,8 +51,9 @@ pub(crate) fn fired_headers(
 ) -> Result<(String, HeaderMap)> {
     let target = target_of(sequence, source)?;
     let mut headers = HeaderMap::new();
+    let dropped = [wire::TARGET, wire::MSG_ID, wire::RESCHEDULED_MSG_ID, wire::REPLACES];
     for &(name, value) in source {
-        if !name.eq_ignore_ascii_case(wire::TARGET) && !name.eq_ignore_ascii_case(wire::MSG_ID) {
+        if !dropped.iter().any(|d| name.eq_ignore_ascii_case(d)) {
             headers.append(name, value);
         }
     }
@@ -115,6 +117,9 @@ mod tests {
         source.insert(wire::DELIVER_AT, "1700000000000");
         source.insert("Order", "o-1");
         source.insert(wire::MSG_ID, "the producer's own id");
+        // What a rescheduled copy carries for the tier alone.
+        source.insert(wire::RESCHEDULED_MSG_ID, "the producer's own id");
+        source.insert(wire::REPLACES, "40");
         let pairs: Vec<_> = header_pairs(&source).collect();
         let (target, headers) = fired_headers("DELAY", 3, 42, &pairs).unwrap();
         assert_eq!(target, "orders.timeout");
@@ -123,6 +128,7 @@ mod tests {
         assert_eq!(headers.get(wire::MSG_ID).unwrap().as_str(), "DELAY-42");
         assert_eq!(headers.get(wire::HANDLE).unwrap().as_str(), "3:42");
         assert!(headers.get(wire::TARGET).is_none());
+        assert!(headers.get(wire::RESCHEDULED_MSG_ID).is_none() && headers.get(wire::REPLACES).is_none());
         assert_eq!(deliver_at(&headers), Some(1_700_000_000_000));
     }
 

@@ -39,8 +39,8 @@ use bytes::Bytes;
 use delaywheel::{
     CancelOutcome, ConsumedMessage, Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store,
 };
+use futures::StreamExt;
 use futures::stream::FuturesUnordered;
-use futures::{StreamExt, TryStreamExt};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
@@ -156,7 +156,6 @@ struct PendingTimer {
 }
 
 /// What the partition's tasks share about the timers read so far.
-#[derive(Default)]
 struct Index {
     /// The timers indexed and not yet removed from the stream, by sequence.
     timers: HashMap<u64, PendingTimer>,
@@ -175,6 +174,18 @@ struct Index {
 }
 
 impl Index {
+    /// An empty index, remembering settled ids for at most `dedup_window`.
+    fn new(dedup_window: Duration) -> Self {
+        Index {
+            timers: HashMap::new(),
+            read_up_to: 0,
+            malformed: 0,
+            fired: VecDeque::new(),
+            by_msg_id: HashMap::new(),
+            recently_settled: RecentlySettled::new(dedup_window),
+        }
+    }
+
     /// Forgets the indexed timer `sequence` (fired, cancelled or gone).
     fn remove(&mut self, sequence: u64) {
         let Some(timer) = self.timers.remove(&sequence) else { return };
@@ -222,7 +233,7 @@ impl OwnedPartition {
         let take = shared.takes.fetch_add(1, Ordering::Relaxed);
         let dir = shared.config.dir.join(format!("p{partition}-{take}"));
         let store = Arc::new(open_fresh(dir.clone()).await?);
-        let pending: Pending = Arc::default();
+        let pending: Pending = Arc::new(Mutex::new(Index::new(shared.config.dedup_window)));
         let span = tracing::info_span!("partition", p = partition);
         // Answer cancels before indexing, so while this node holds the lease
         // no cancel goes around it (see `client::cancel`).
@@ -342,6 +353,9 @@ struct Indexed {
     local: Message,
     /// Its producer's `Nats-Msg-Id`, if it had one.
     msg_id: Option<Box<str>>,
+    /// The timer it replaces, for a rescheduled timer's copy: that timer
+    /// holds the same `Nats-Msg-Id` without making the copy a duplicate.
+    replaces: Option<u64>,
 }
 
 /// A timer read from the stream that will not be indexed.
@@ -355,9 +369,18 @@ struct Reject {
 /// A due timer as it is to be published.
 struct Due {
     ack: async_nats::Subject,
+    /// Its producer's `Nats-Msg-Id`, recorded as settled before the ack.
+    msg_id: Option<Box<str>>,
     /// The source's headers, the target included.
     source: Vec<(String, String)>,
     payload: Bytes,
+}
+
+/// A timer leaving the stream, and its producer's `Nats-Msg-Id`.
+#[derive(Clone, Copy)]
+struct Settled<'a> {
+    sequence: u64,
+    msg_id: Option<&'a str>,
 }
 
 /// Why a try to fire a timer failed.
@@ -451,7 +474,8 @@ impl Part {
             (Some(ack), 1..) => {
                 let source = message.headers.as_ref().map(owned_pairs).unwrap_or_default();
                 let payload = message.payload.clone();
-                self.bury(sequence, &source, payload, ack.clone(), kind, &error.to_string()).await
+                let settled = Settled { sequence, msg_id: None };
+                self.bury(settled, &source, payload, ack.clone(), kind, &error.to_string()).await
             }
             _ => Err(error),
         };
@@ -464,7 +488,7 @@ impl Part {
     /// Puts timers into the local store, holding the index so a timer that
     /// fires at once is known before it is looked up; drops the duplicates.
     async fn put(&self, timers: Vec<Indexed>, read_up_to: u64) -> Result<()> {
-        let settled = self.settled_ids_of(&timers).await?;
+        let settled = self.settled_ids_of(&timers).await;
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let count = timers.len() as u64;
         let duplicates = tokio::task::spawn_blocking(move || {
@@ -472,7 +496,8 @@ impl Part {
             // A timer with the Nats-Msg-Id of a pending one (an earlier
             // sequence, or an earlier timer of this batch), or of one that
             // settled within the window (itself too: it was fired, and its
-            // acknowledgement lost), never fires.
+            // acknowledgement lost), never fires. A rescheduled timer's copy
+            // is not a duplicate of the timer it replaces.
             let mut duplicates = Vec::new();
             let mut claimed: HashMap<Box<str>, u64> = HashMap::new();
             let mut kept = Vec::with_capacity(timers.len());
@@ -483,7 +508,7 @@ impl Part {
                         .or_else(|| claimed.get(id).copied())
                         .or_else(|| index.recently_settled.get(id))
                         .or_else(|| settled.get(id).copied());
-                    if held.is_some() {
+                    if held.is_some_and(|held| Some(held) != timer.replaces) {
                         duplicates.push((timer.sequence, timer.ack));
                         continue;
                     }
@@ -519,7 +544,7 @@ impl Part {
     /// sequence of the timer that settled; asked only for the ids no pending
     /// timer holds and this partition did not settle lately (most asked are
     /// not there: a new timer).
-    async fn settled_ids_of(&self, timers: &[Indexed]) -> Result<HashMap<Box<str>, u64>> {
+    async fn settled_ids_of(&self, timers: &[Indexed]) -> HashMap<Box<str>, u64> {
         let to_ask: Vec<Box<str>> = {
             let index = self.pending.lock().expect("index lock");
             let mut ids: Vec<Box<str>> = timers
@@ -534,25 +559,46 @@ impl Part {
             ids.dedup();
             ids
         };
-        let settled_ids = &self.shared.settled_ids;
         let lookups = to_ask.into_iter().map(|id| async move {
-            let sequence = settled_ids.settled(self.partition, &id).await?;
-            Ok::<_, TierError>(sequence.map(|s| (id, s)))
+            let sequence = self.settled_id(&id).await;
+            sequence.map(|s| (id, s))
         });
         let found: Vec<Option<(Box<str>, u64)>> =
-            futures::stream::iter(lookups).buffer_unordered(SETTLED_LOOKUPS).try_collect().await?;
-        Ok(found.into_iter().flatten().collect())
+            futures::stream::iter(lookups).buffer_unordered(SETTLED_LOOKUPS).collect().await;
+        found.into_iter().flatten().collect()
     }
 
-    /// Records the `Nats-Msg-Id` of timer `sequence`, if it has one, as
-    /// settled: before the timer leaves the stream, so that a retry of it
-    /// within the dedup window never fires, whichever node reads it.
-    async fn record_settled(&self, sequence: u64) -> Result<()> {
-        let msg_id =
-            self.pending.lock().expect("index lock").timers.get(&sequence).and_then(|t| t.msg_id.clone());
-        match msg_id {
-            Some(id) => self.shared.settled_ids.record(self.partition, &id, sequence).await,
-            None => Ok(()),
+    /// The settled timer of `msg_id`, asked until the bucket answers: a
+    /// failed lookup holds up this read of the partition, not the timers
+    /// already indexed, which go on firing.
+    async fn settled_id(&self, msg_id: &str) -> Option<u64> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.shared.settled_ids.settled(self.partition, msg_id).await {
+                Ok(sequence) => return sequence,
+                Err(err) => {
+                    metrics::counter!("delaytier_settled_id_errors_total").increment(1);
+                    tracing::warn!(%err, "cannot look up a Nats-Msg-Id; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Records the `Nats-Msg-Id` of a timer that was fired or moved to the
+    /// dead letter, if it has one, as settled: before the timer leaves the
+    /// stream, so that a retry of it within the dedup window never fires,
+    /// whichever node reads it. Tried until it is recorded: the timer was
+    /// published, and publishing it again would be worse than waiting.
+    async fn record_settled(&self, settled: Settled<'_>) {
+        let Some(id) = settled.msg_id else { return };
+        let mut backoff = Duration::from_millis(50);
+        while let Err(err) = self.shared.settled_ids.record(self.partition, id, settled.sequence).await {
+            metrics::counter!("delaytier_settled_id_errors_total").increment(1);
+            tracing::warn!(sequence = settled.sequence, %err, "cannot record a settled Nats-Msg-Id; retrying");
+            tokio::time::sleep(backoff).await;
+            backoff = (backoff * 2).min(Duration::from_secs(2));
         }
     }
 
@@ -670,7 +716,9 @@ impl Part {
             return Ok(()); // cancelled while it fired, or deleted from the stream by hand
         };
         let (kind, reason) = match self.publish(sequence, &due).await {
-            Ok(duplicate) => return self.fired(sequence, due.ack, timer, duplicate).await,
+            Ok(duplicate) => {
+                return self.fired(sequence, due.ack, due.msg_id.as_deref(), timer, duplicate).await;
+            }
             Err(Failure::Refused(reason)) => ("refused", reason),
             Err(Failure::Undeliverable(reason)) => ("undeliverable", reason),
             Err(Failure::Transient(err)) => match failing_since {
@@ -680,22 +728,24 @@ impl Part {
                 _ => return Err(err),
             },
         };
-        self.bury(sequence, &due.source, due.payload, due.ack, kind, &reason).await
+        let settled = Settled { sequence, msg_id: due.msg_id.as_deref() };
+        self.bury(settled, &due.source, due.payload, due.ack, kind, &reason).await
     }
 
     /// The timer as it is to be published, or None if it left the stream.
     async fn load(&self, sequence: u64, timer: &ConsumedMessage) -> Result<Option<Due>> {
-        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).map(|t| t.ack.clone());
-        let Some(ack) = pending else {
+        let pending = self.pending.lock().expect("index lock").timers.get(&sequence).cloned();
+        let Some(PendingTimer { ack, msg_id, .. }) = pending else {
             return Ok(None);
         };
         if timer.tags() != Some(BY_REFERENCE) {
             let source = timer.properties().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-            return Ok(Some(Due { ack, source, payload: timer.body().clone() }));
+            return Ok(Some(Due { ack, msg_id, source, payload: timer.body().clone() }));
         }
         match self.shared.stream.direct_get(sequence).await {
             Ok(message) => {
-                Ok(Some(Due { ack, source: owned_pairs(&message.headers), payload: message.payload }))
+                let source = owned_pairs(&message.headers);
+                Ok(Some(Due { ack, msg_id, source, payload: message.payload }))
             }
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
                 self.pending.lock().expect("index lock").remove(sequence);
@@ -798,13 +848,14 @@ impl Part {
         &self,
         sequence: u64,
         ack: async_nats::Subject,
+        msg_id: Option<&str>,
         timer: &ConsumedMessage,
         duplicate: bool,
     ) -> Result<()> {
         if duplicate {
             metrics::counter!("delaytier_duplicates_dropped_total").increment(1);
         }
-        self.record_settled(sequence).await?;
+        self.record_settled(Settled { sequence, msg_id }).await;
         acknowledge(&self.shared.client, sequence, ack).await?;
         self.forget(sequence);
         metrics::counter!("delaytier_fired_total").increment(1);
@@ -818,15 +869,16 @@ impl Part {
     /// Moves a timer to the dead letter, then removes it from the stream.
     async fn bury(
         &self,
-        sequence: u64,
+        settled: Settled<'_>,
         source: &[(String, String)],
         payload: Bytes,
         ack: async_nats::Subject,
         kind: &'static str,
         reason: &str,
     ) -> Result<()> {
+        let sequence = settled.sequence;
         self.dead_letter(sequence, source, payload, kind, reason).await?;
-        self.record_settled(sequence).await?;
+        self.record_settled(settled).await;
         acknowledge(&self.shared.client, sequence, ack).await?;
         self.forget(sequence);
         Ok(())
@@ -1155,12 +1207,16 @@ fn index(
     let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
     // The producer's id holds beyond JetStream's own duplicate window while
     // the timer is pending (see `Part::put`).
-    let msg_id: Option<Box<str>> =
-        headers.get(wire::MSG_ID).map(|id| id.as_str()).filter(|id| !id.is_empty()).map(Box::from);
+    let msg_id: Option<Box<str>> = (headers.get(wire::MSG_ID))
+        .or_else(|| headers.get(wire::RESCHEDULED_MSG_ID))
+        .map(|id| id.as_str())
+        .filter(|id| !id.is_empty())
+        .map(Box::from);
+    let replaces = headers.get(wire::REPLACES).and_then(|r| r.as_str().parse().ok());
     if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
         return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));
     }
-    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id })
+    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces })
 }
 
 pub(crate) fn now_ms() -> u64 {

@@ -28,8 +28,9 @@ use crate::{Result, TierConfig, TierError};
 /// How long a node tries to open the settled-ids bucket before it gives up.
 const OPEN_WITHIN: Duration = Duration::from_secs(60);
 
-/// How long a partition remembers in memory the ids it settled: far longer
-/// than a replica lags or a lookup takes.
+/// How long a partition remembers in memory the ids it settled, at most
+/// (never longer than the window): far longer than a replica lags or a
+/// lookup takes.
 const REMEMBERED_FOR: Duration = Duration::from_secs(600);
 
 /// The bucket of settled ids.
@@ -103,32 +104,41 @@ fn key(partition: u32, msg_id: &str) -> String {
     key
 }
 
-/// The ids a partition settled in the last [`REMEMBERED_FOR`], by id.
-#[derive(Default)]
+/// The ids a partition settled in the last [`REMEMBERED_FOR`] (or the
+/// dedup window, if shorter), by id.
 pub(crate) struct RecentlySettled {
-    by_id: HashMap<Box<str>, u64>,
-    order: VecDeque<(Instant, Box<str>, u64)>,
+    remember_for: Duration,
+    by_id: HashMap<Box<str>, (u64, Instant)>,
+    order: VecDeque<(Instant, Box<str>)>,
 }
 
 impl RecentlySettled {
+    /// Remembers ids for [`REMEMBERED_FOR`], or `window` if shorter.
+    pub(crate) fn new(window: Duration) -> Self {
+        let remember_for = window.min(REMEMBERED_FOR);
+        RecentlySettled { remember_for, by_id: HashMap::new(), order: VecDeque::new() }
+    }
+
     /// Timer `sequence`, with `msg_id`, settled now.
     pub(crate) fn insert(&mut self, msg_id: Box<str>, sequence: u64) {
         self.forget_old();
-        self.by_id.insert(msg_id.clone(), sequence);
-        self.order.push_back((Instant::now(), msg_id, sequence));
+        let now = Instant::now();
+        self.by_id.insert(msg_id.clone(), (sequence, now));
+        self.order.push_back((now, msg_id));
     }
 
     /// The sequence of the timer with `msg_id` settled lately, if any.
     pub(crate) fn get(&self, msg_id: &str) -> Option<u64> {
-        self.by_id.get(msg_id).copied()
+        let &(sequence, at) = self.by_id.get(msg_id)?;
+        (at.elapsed() < self.remember_for).then_some(sequence)
     }
 
     fn forget_old(&mut self) {
-        while let Some((at, _, _)) = self.order.front()
-            && at.elapsed() > REMEMBERED_FOR
+        while let Some((at, _)) = self.order.front()
+            && at.elapsed() >= self.remember_for
         {
-            let (_, id, sequence) = self.order.pop_front().expect("just seen");
-            if self.by_id.get(&id) == Some(&sequence) {
+            let (at, id) = self.order.pop_front().expect("just seen");
+            if self.by_id.get(&id).is_some_and(|&(_, latest)| latest == at) {
                 self.by_id.remove(&id);
             }
         }
@@ -148,11 +158,18 @@ mod tests {
     }
 
     #[test]
-    fn recently_settled_keeps_the_latest_sequence_of_an_id() {
-        let mut recent = RecentlySettled::default();
+    fn recently_settled_keeps_the_latest_sequence_of_an_id_for_the_window_at_most() {
+        let mut recent = RecentlySettled::new(Duration::from_secs(3600));
         recent.insert("x".into(), 7);
         recent.insert("x".into(), 9);
         assert_eq!(recent.get("x"), Some(9));
         assert_eq!(recent.get("y"), None);
+        let mut short = RecentlySettled::new(Duration::from_millis(20));
+        short.insert("x".into(), 7);
+        assert_eq!(short.get("x"), Some(7));
+        std::thread::sleep(Duration::from_millis(30));
+        assert_eq!(short.get("x"), None, "past the window, though nothing was inserted since");
+        short.insert("y".into(), 8);
+        assert!(short.by_id.len() == 1 && short.order.len() == 1, "the old id is forgotten");
     }
 }

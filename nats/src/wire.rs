@@ -33,6 +33,14 @@ pub const DEAD_PAYLOAD: &str = "Delay-Dead-Payload";
 /// target stream's duplicate window is dropped by the server.
 pub const MSG_ID: &str = "Nats-Msg-Id";
 
+/// Header of a rescheduled timer's copy: its producer's `Nats-Msg-Id`,
+/// under a name of the tier's own (JetStream would take a second
+/// `Nats-Msg-Id` for a duplicate of the original's publish).
+pub const RESCHEDULED_MSG_ID: &str = "Delay-Msg-Id";
+/// Header of a rescheduled timer's copy: the sequence of the timer it
+/// replaces, which holds the copy's `Nats-Msg-Id` until it is cancelled.
+pub const REPLACES: &str = "Delay-Replaces";
+
 /// The partition a key belongs to: CRC-32C of its bytes, modulo the
 /// partition count, so every producer in every language picks the same one
 /// and one key's timers stay on one partition.

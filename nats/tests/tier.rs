@@ -282,7 +282,8 @@ async fn a_node_restarted_without_its_directory_rebuilds_from_the_stream() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstreams_window() {
+async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstreams_window_and_moves_with_it()
+{
     // JetStream forgets a Nats-Msg-Id after one second; the tier does not while the timer is pending.
     let Some((cluster, client, tier)) = cluster_with_msg_id_window(Duration::from_secs(1)).await else {
         return;
@@ -297,8 +298,19 @@ async fn a_timer_with_the_nats_msg_id_of_a_pending_one_is_dropped_after_jetstrea
     let due = now_ms() + 5_000;
     let first = tier.schedule_with_headers("order-42", "out.fired", due, with_id("order-42"), "first".into());
     first.await.unwrap();
-    let other = tier.schedule_with_headers("order-43", "out.fired", due, with_id("order-43"), "other".into());
-    other.await.unwrap();
+    // A timer with an id, moved twice while the node owns its partition (so
+    // the node, not the client, cancels what each copy replaces): each copy
+    // keeps the id and is no duplicate of what it replaces.
+    wait_until_owned(&client).await;
+    let far = now_ms() + 600_000;
+    let other = tier.schedule_with_headers("order-43", "out.fired", far, with_id("order-43"), "other".into());
+    let mut moved = other.await.unwrap();
+    for to in [far - 1_000, due] {
+        match tier.reschedule(moved, to).await.unwrap() {
+            RescheduleAnswer::Rescheduled(copy) => moved = copy,
+            answer => panic!("a reschedule of a pending timer with an id answered {answer:?}"),
+        }
+    }
     tokio::time::sleep(Duration::from_millis(2_500)).await;
     // A retry from another replica, past JetStream's window: the stream takes it as new.
     let again = tier.schedule_with_headers("order-42", "out.fired", due, with_id("order-42"), "again".into());
