@@ -284,21 +284,31 @@ async fn wait_for_leader(js: &jetstream::Context, name: &str) {
     }
 }
 
+/// Makes a replicated stream and waits for its leader. A busy machine's
+/// cluster may answer a create with a timeout, or with "no suitable peers"
+/// while a server is still joining: tried again for a minute.
+async fn create_replicated_stream(client: &async_nats::Client, config: stream::Config) {
+    let js = jetstream::new(client.clone());
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while let Err(err) = js.get_or_create_stream(config.clone()).await {
+        assert!(Instant::now() < deadline, "stream {} not made: {err}", config.name);
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    wait_for_leader(&js, &config.name).await;
+}
+
 /// Creates the stream the fired timers land in: `OUT` on `out.>`, with the
 /// default 2-minute duplicate window.
 pub async fn create_target_stream(client: &async_nats::Client) {
-    let js = jetstream::new(client.clone());
-    js.create_stream(stream::Config {
+    let config = stream::Config {
         name: "OUT".into(),
         subjects: vec!["out.>".into()],
         num_replicas: 3,
         duplicate_window: Duration::from_secs(120),
         allow_direct: true,
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    wait_for_leader(&js, "OUT").await;
+    };
+    create_replicated_stream(client, config).await;
 }
 
 /// Creates the delay stream as the nodes would (so producers can publish
@@ -309,8 +319,7 @@ pub async fn create_delay_stream(client: &async_nats::Client) {
 
 /// [`create_delay_stream`] whose own duplicate window (`Nats-Msg-Id`) is `window`.
 pub async fn create_delay_stream_with(client: &async_nats::Client, window: Duration) {
-    let js = jetstream::new(client.clone());
-    js.get_or_create_stream(stream::Config {
+    let config = stream::Config {
         name: "DELAY".into(),
         subjects: vec!["delay.>".into()],
         num_replicas: 3,
@@ -319,10 +328,8 @@ pub async fn create_delay_stream_with(client: &async_nats::Client, window: Durat
         allow_direct: true,
         duplicate_window: window,
         ..Default::default()
-    })
-    .await
-    .unwrap();
-    wait_for_leader(&js, "DELAY").await;
+    };
+    create_replicated_stream(client, config).await;
 }
 
 /// What arrived on the target stream, per payload.
@@ -397,11 +404,23 @@ pub async fn wait_for(arrivals: &Mutex<Arrivals>, want: usize, timeout: Duration
     }
 }
 
-/// How many messages the delay stream holds: the pending timers.
+/// How many messages the delay stream holds: the pending timers. Asked
+/// again for up to a minute where the cluster does not answer (a server was
+/// just killed, and the stream's leader is being elected).
 pub async fn pending_in_stream(client: &async_nats::Client) -> u64 {
     let js = jetstream::new(client.clone());
-    let mut stream = js.get_stream("DELAY").await.unwrap();
-    stream.info().await.unwrap().state.messages
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let asked = async {
+            js.get_stream("DELAY").await?.info().await.map(|i| i.state.messages).map_err(Into::into)
+        };
+        let answer: Result<u64, async_nats::Error> = asked.await;
+        match answer {
+            Ok(messages) => return messages,
+            Err(err) => assert!(Instant::now() < deadline, "the delay stream does not answer: {err}"),
+        }
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
 }
 
 /// The node each partition's lease names now.
