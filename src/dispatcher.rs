@@ -173,6 +173,8 @@ impl Dispatcher {
             self.next = next;
             count += 1;
         };
+        // The wheel has every timer indexed before anyone learns they are.
+        self.scheduler.hand_over()?;
         let reclaimed = self.reclaimed_deliveries.replace(0);
         if reclaimed > 0 {
             tracing::warn!(reclaimed, "deliveries whose messages retention deleted were not re-indexed");

@@ -38,9 +38,11 @@ use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
 use crate::timer::wheel::restart::Restarted;
 use crate::topic_counts::TopicCounts;
 
-/// Commands in flight from the dispatcher to the ticking thread (bounded:
-/// a dispatcher faster than the wheel waits instead of growing memory).
-const WHEEL_QUEUE: usize = 1 << 16;
+/// Commands in flight to the ticking thread (bounded: a dispatcher faster
+/// than the wheel waits instead of growing memory). The dispatcher's carry
+/// up to [`INSERT_BATCH`](crate::timer::front::INSERT_BATCH) timers each:
+/// some 65,536 timers in flight at most, as when each was a command.
+const WHEEL_QUEUE: usize = 256;
 
 /// The receiving ends of the channels that wake or command each thread.
 struct Inboxes {

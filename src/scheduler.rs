@@ -28,6 +28,15 @@ pub(crate) trait SchedulerFront: Send + Sync {
     /// order, like [`index`](Self::index)).
     fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()>;
 
+    /// Sends on whatever [`index`](Self::index) and
+    /// [`index_rescheduled`](Self::index_rescheduled) held back to send
+    /// together. The dispatcher calls it before it publishes how far it
+    /// indexed, so whoever reads that progress finds the timers below it
+    /// sent (a refresh after it sees them).
+    fn hand_over(&self) -> Result<()> {
+        Ok(())
+    }
+
     /// Every timed record below `offset` has been handed to [`index`](Self::index):
     /// what a checkpoint may vouch for on the scheduler's behalf.
     fn indexed_below(&self, offset: u64) -> Result<()>;

@@ -2,8 +2,8 @@
 //! to the ticking thread over its command channel; the thread alone decides
 //! what fires.
 
-use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use crossbeam_channel::Sender;
@@ -17,9 +17,12 @@ use crate::schedule::ScheduleUpdate;
 use crate::scheduler::SchedulerFront;
 use crate::stats::TimerStats;
 use crate::sync::Locked;
-use crate::timer::Timer;
 use crate::timer::tick::{Control, WheelCommand, WheelShared};
 use crate::timer::wheel::window::{PendingEntry, TimerFate};
+use crate::timer::{NewTimer, Timer};
+
+/// Timers sent to the ticking thread in one command (at most).
+pub(crate) const INSERT_BATCH: usize = 256;
 
 /// The wheel's front.
 pub(crate) struct WheelFront {
@@ -29,11 +32,29 @@ pub(crate) struct WheelFront {
     pub sent: AtomicU64,
     /// How long a cancel or a refresh waits for the ticking thread's answer.
     pub timeout: Duration,
+    /// Timers the dispatcher indexed and the ticking thread has not been
+    /// sent yet: they go [`INSERT_BATCH`] at a time, and the rest before
+    /// the dispatcher publishes its progress ([`hand_over`](SchedulerFront::hand_over)).
+    /// One command per timer cost both threads a channel operation each.
+    unsent: Mutex<Vec<NewTimer>>,
 }
 
 impl WheelFront {
     pub fn new(commands: Sender<WheelCommand>, shared: Arc<WheelShared>, timeout: Duration) -> Self {
-        Self { commands, shared, sent: AtomicU64::new(0), timeout }
+        let unsent = Mutex::new(Vec::with_capacity(INSERT_BATCH));
+        Self { commands, shared, sent: AtomicU64::new(0), timeout, unsent }
+    }
+
+    /// Queues a timer the dispatcher indexed; sends the batch once full.
+    fn queue(&self, timer: Timer, recurring: bool) -> Result<()> {
+        let mut unsent = self.unsent.locked();
+        unsent.push(NewTimer { timer, recurring });
+        if unsent.len() < INSERT_BATCH {
+            return Ok(());
+        }
+        // Sent under the lock: batches go in the order their timers came.
+        let full = std::mem::replace(&mut *unsent, Vec::with_capacity(INSERT_BATCH));
+        self.send(WheelCommand::Insert(full))
     }
 
     fn send(&self, command: WheelCommand) -> Result<()> {
@@ -65,24 +86,27 @@ fn unanswered(waited: Duration) -> Error {
 impl SchedulerFront for WheelFront {
     fn index(&self, offset: u64, _len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
         let timer = Timer { deliver_at_ms: view.timing.deliver_at_ms, message_offset: offset };
-        self.send(if view.schedule {
-            WheelCommand::InsertRecurring(timer)
-        } else {
-            WheelCommand::Insert(timer)
-        })?;
+        self.queue(timer, view.schedule)?;
         Ok(None)
     }
 
     fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()> {
         let timer = Timer { deliver_at_ms: view.deliver_at_ms, message_offset: offset };
         // Its message is pinned by the record's ledger entry (see `durable/pins.rs`).
-        match view.occurrence {
-            Some(_) => self.send(WheelCommand::InsertRecurring(timer)),
-            None => self.send(WheelCommand::Insert(timer)),
+        self.queue(timer, view.occurrence.is_some())
+    }
+
+    fn hand_over(&self) -> Result<()> {
+        let mut unsent = self.unsent.locked();
+        if unsent.is_empty() {
+            return Ok(());
         }
+        let rest = std::mem::replace(&mut *unsent, Vec::with_capacity(INSERT_BATCH));
+        self.send(WheelCommand::Insert(rest))
     }
 
     fn indexed_below(&self, offset: u64) -> Result<()> {
+        self.hand_over()?;
         self.send(WheelCommand::Progress(offset))
     }
 
@@ -161,6 +185,42 @@ impl SchedulerFront for WheelFront {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::durable::segment_counts::SegmentCounts;
+    use crate::timer::tick::WheelCheckpoint;
+
+    /// The timers of an insert command: offset, and whether recurring.
+    fn inserted(command: WheelCommand) -> Vec<(u64, bool)> {
+        match command {
+            WheelCommand::Insert(timers) => {
+                timers.iter().map(|t| (t.timer.message_offset, t.recurring)).collect()
+            }
+            other => panic!("expected timers, got {other:?}"),
+        }
+    }
+
+    /// Timers go to the ticking thread a batch at a time, in the order
+    /// indexed, and what is held goes before the progress that covers it.
+    #[test]
+    fn timers_are_sent_in_batches_and_all_before_the_progress() {
+        let (commands, ticker) = crossbeam_channel::unbounded();
+        let shared =
+            WheelShared::new(WheelCheckpoint::default(), Arc::new(SegmentCounts::rebuilt(1 << 20, 0..0)));
+        let front = WheelFront::new(commands, Arc::new(shared), Duration::from_secs(1));
+        let timer = |offset| Timer { deliver_at_ms: 1_000, message_offset: offset };
+        for offset in 1..=INSERT_BATCH as u64 + 2 {
+            front.queue(timer(offset), offset == 2).expect("sent");
+        }
+        let first = inserted(ticker.try_recv().expect("a full batch is sent at once"));
+        assert_eq!(first, (1..=INSERT_BATCH as u64).map(|o| (o, o == 2)).collect::<Vec<_>>());
+        assert!(ticker.try_recv().is_err(), "the rest waits for the progress");
+        front.indexed_below(INSERT_BATCH as u64 + 3).expect("sent");
+        let rest = inserted(ticker.try_recv().expect("the rest"));
+        assert_eq!(rest, [(INSERT_BATCH as u64 + 1, false), (INSERT_BATCH as u64 + 2, false)]);
+        assert!(matches!(ticker.try_recv(), Ok(WheelCommand::Progress(p)) if p == INSERT_BATCH as u64 + 3));
+        front.hand_over().expect("nothing to send");
+        assert!(ticker.try_recv().is_err(), "an empty batch is not sent");
+        assert_eq!(front.sent.load(Ordering::Acquire), 3);
+    }
 
     /// A question dropped unanswered (the thread rebuilding its wheel) or
     /// left waiting (the thread waiting for disk space) is busy, not closed.

@@ -27,7 +27,7 @@
 //!
 //! All of it is an index of the commit log.
 
-mod front;
+pub(crate) mod front;
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub mod geometry;
 pub(crate) mod ledger;
@@ -48,4 +48,13 @@ pub(crate) use front::WheelFront;
 pub(crate) struct Timer {
     pub deliver_at_ms: u64,
     pub message_offset: u64,
+}
+
+/// A timer the dispatcher indexed, for the ticking thread to insert.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NewTimer {
+    pub timer: Timer,
+    /// A recurring schedule's (of its record, or of an occurrence's): when
+    /// it fires, the next occurrence is armed.
+    pub recurring: bool,
 }

@@ -24,13 +24,13 @@ use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
 use crate::threads::StopFlag;
-use crate::timer::Timer;
 use crate::timer::pins_snapshot::SnapshotGate;
 use crate::timer::recurring::Recurring;
 use crate::timer::routes::{Planned, Routes};
 use crate::timer::wheel::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::window::{PendingEntry, TimerFate};
 use crate::timer::wheel::{FilesToSync, Wheel};
+use crate::timer::{NewTimer, Timer};
 
 mod control;
 mod occurrences;
@@ -51,17 +51,17 @@ const RECLAIM_INTERVAL: Duration = Duration::from_secs(10);
 /// many enough that the lock, the publish and a record's frame cost nothing
 /// per timer.
 const DELIVERY_CHUNK: usize = 256;
-/// Commands handled between two looks at the clock.
+/// Commands handled between two looks at the clock, each timer of an
+/// [`WheelCommand::Insert`] counted as one.
 const COMMAND_BATCH: usize = 4096;
 
 /// What the dispatcher tells the wheel, in commit-log order.
 #[derive(Debug)]
 pub(crate) enum WheelCommand {
-    /// Index this timer (of a timed message, or of a reschedule record).
-    Insert(Timer),
-    /// Index this timer of a recurring schedule (of its record, or of an
-    /// occurrence's): when it fires, the next occurrence is armed.
-    InsertRecurring(Timer),
+    /// Index these timers (of timed messages and reschedule records), in
+    /// commit-log order: up to [`INSERT_BATCH`](crate::timer::front::INSERT_BATCH)
+    /// in one command, so a timer costs the channel a fraction of a send.
+    Insert(Vec<NewTimer>),
     /// Every timed record below this commit-log offset has been sent.
     Progress(u64),
     /// Cancel or reschedule the timer a handle names and answer what became of it.
@@ -76,6 +76,16 @@ pub(crate) enum WheelCommand {
     FateOf { timer: Timer, reply: Sender<Result<TimerFate>> },
     /// Answer the pending timers counted by due time between ascending bounds (see `wheel/gauges.rs`).
     PendingCounts { bounds_ms: Vec<u64>, reply: Sender<Result<Vec<u64>>> },
+}
+
+impl WheelCommand {
+    /// What it counts for in [`COMMAND_BATCH`]: its timers, or one.
+    fn weight(&self) -> usize {
+        match self {
+            Self::Insert(timers) => timers.len().max(1),
+            _ => 1,
+        }
+    }
 }
 
 /// What a handle asks of its timer.
@@ -337,9 +347,10 @@ impl Ticker {
                 };
                 Some((Timer { deliver_at_ms, message_offset: offset }, recurring))
             })?;
+            let now_ms = self.clock.now_ms();
             match timer {
-                Some((timer, true)) => self.insert_recurring(timer)?,
-                Some((timer, false)) => drop(self.insert(timer)?),
+                Some((timer, true)) => self.insert_recurring(timer, now_ms)?,
+                Some((timer, false)) => drop(self.insert(timer, now_ms)?),
                 None => {}
             }
             at = next;
@@ -360,7 +371,10 @@ impl Ticker {
         }
         self.publish_stats(false)?;
         loop {
-            for command in commands.try_iter().take(COMMAND_BATCH) {
+            let mut handled = 0;
+            while handled < COMMAND_BATCH {
+                let Ok(command) = commands.try_recv() else { break };
+                handled += command.weight();
                 self.handle_counted(command)?;
             }
             if stop.is_set() && commands.is_empty() {
@@ -391,15 +405,33 @@ impl Ticker {
         }
     }
 
+    /// Indexes the timers the dispatcher sent, in log order. Every one
+    /// counts as received first: if the wheel fails part way, its rebuild
+    /// indexes the rest from the log.
+    fn insert_all(&mut self, timers: Vec<NewTimer>) -> Result<()> {
+        debug_assert!(timers.is_sorted_by_key(|t| t.timer.message_offset), "sent in log order");
+        let Some(last) = timers.last() else { return Ok(()) };
+        self.received = self.received.max(last.timer.message_offset + 1);
+        // One clock reading for the batch: it only says which timers are
+        // overdue (and so fire at once), sent as they were indexed.
+        let now_ms = self.clock.now_ms();
+        for NewTimer { timer, recurring } in timers {
+            match recurring {
+                true => self.insert_recurring(timer, now_ms)?,
+                false => drop(self.insert(timer, now_ms)?),
+            }
+        }
+        Ok(())
+    }
+
     /// Indexes a timer, and counts it in its segment.
-    fn insert(&mut self, timer: Timer) -> Result<bool> {
+    fn insert(&mut self, timer: Timer, now_ms: u64) -> Result<bool> {
         let inserted = self.wheel.insert(timer)?;
         if inserted {
             // A timer already overdue fires now, not at its deliver
             // time: consumers get the retention time from now. Indexed
             // no earlier than it was stored, so "near" may include a
             // few far ones, which only keeps a segment longer.
-            let now_ms = self.clock.now_ms();
             let fires_at = timer.deliver_at_ms.max(now_ms);
             let near = fires_at < now_ms.saturating_add(self.keep_ms);
             self.counts.indexed(timer.message_offset, fires_at, near);
@@ -409,8 +441,8 @@ impl Ticker {
 
     /// Indexes a recurring schedule's timer. One due in a second already
     /// loaded is not checked as its second loads: it is learnt now.
-    fn insert_recurring(&mut self, timer: Timer) -> Result<()> {
-        if self.insert(timer)? && self.wheel.is_loaded(&timer) {
+    fn insert_recurring(&mut self, timer: Timer, now_ms: u64) -> Result<()> {
+        if self.insert(timer, now_ms)? && self.wheel.is_loaded(&timer) {
             self.learn_late(timer);
         }
         Ok(())
@@ -458,14 +490,7 @@ impl Ticker {
 
     fn handle(&mut self, command: WheelCommand) -> Result<()> {
         match command {
-            WheelCommand::Insert(timer) => {
-                self.received = self.received.max(timer.message_offset + 1);
-                self.insert(timer).map(drop)
-            }
-            WheelCommand::InsertRecurring(timer) => {
-                self.received = self.received.max(timer.message_offset + 1);
-                self.insert_recurring(timer)
-            }
+            WheelCommand::Insert(timers) => self.insert_all(timers),
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
                 self.shared.progress.store(offset, Ordering::Release);
