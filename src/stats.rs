@@ -224,10 +224,10 @@ impl TimerStats {
         }
     }
 
-    /// Records one delivery's lateness, since open and for this minute.
-    pub fn record_lateness(&mut self, now_ms: u64, lateness_ms: u64) {
-        self.lateness_ms.saturating_record(lateness_ms);
-        self.recent_lateness_ms.record(now_ms, lateness_ms);
+    /// Records the lateness of `count` deliveries, since open and for this minute.
+    pub fn record_lateness(&mut self, now_ms: u64, lateness_ms: u64, count: u64) {
+        self.lateness_ms.saturating_record_n(lateness_ms, count);
+        self.recent_lateness_ms.record(now_ms, lateness_ms, count);
     }
 }
 
@@ -251,7 +251,7 @@ impl RecentLateness {
         Self { minute: 0, current: empty.clone(), previous: empty }
     }
 
-    fn record(&mut self, now_ms: u64, lateness_ms: u64) {
+    fn record(&mut self, now_ms: u64, lateness_ms: u64, count: u64) {
         let minute = now_ms / Self::MINUTE_MS;
         if minute != self.minute {
             // A clock that went back starts afresh too.
@@ -262,7 +262,7 @@ impl RecentLateness {
             self.current.reset();
             self.minute = minute;
         }
-        self.current.saturating_record(lateness_ms);
+        self.current.saturating_record_n(lateness_ms, count);
     }
 
     /// The summary at `now_ms`: of both minutes while `current` is this
@@ -309,17 +309,17 @@ mod tests {
         let minute = RecentLateness::MINUTE_MS;
         let at = 1_000 * minute;
         let mut recent = RecentLateness::new();
-        recent.record(at + 5, 10);
-        recent.record(at + minute - 1, 20);
+        recent.record(at + 5, 10, 1);
+        recent.record(at + minute - 1, 20, 1);
         assert_eq!(recent.summary(at + minute - 1).count, 2);
-        recent.record(at + minute, 30);
+        recent.record(at + minute, 30, 1);
         let both = recent.summary(at + minute + 1);
         assert_eq!((both.count, both.max), (3, 30), "this minute and the one before");
-        recent.record(at + 2 * minute, 40);
+        recent.record(at + 2 * minute, 40, 1);
         assert_eq!(recent.summary(at + 2 * minute).count, 2, "the first minute dropped");
         assert_eq!(recent.summary(at + 3 * minute).max, 40, "a minute on, only the last minute's");
         assert_eq!(recent.summary(at + 4 * minute), Lateness::default(), "nothing delivered lately");
-        recent.record(at + 10 * minute, 50);
+        recent.record(at + 10 * minute, 50, 1);
         assert_eq!(recent.summary(at + 10 * minute).count, 1, "after a gap, nothing older");
     }
 }

@@ -47,6 +47,27 @@ fn timed_messages_arrive_when_due_and_not_before() {
     store.close().unwrap();
 }
 
+/// Timers fired together, several due at one millisecond, each count once
+/// in the lateness histograms (a millisecond's timers are counted as one run).
+#[test]
+fn timers_fired_together_each_count_their_lateness() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let due = [T0 + 1_000, T0 + 1_000, T0 + 1_000, T0 + 1_200, T0 + 1_200, T0 + 1_700, T0 + 1_000];
+    for (i, at) in due.iter().enumerate() {
+        store.put(Message::new("T", format!("m{i}")).deliver_at_ms(*at)).unwrap();
+    }
+    let mut consumer = store.consumer("T", 0).unwrap();
+    clock.set_ms(T0 + 2_000);
+    assert_eq!(drain(&mut consumer, due.len()).len(), due.len());
+    let stats = store.stats();
+    assert_eq!(stats.delivered, due.len() as u64);
+    assert_eq!((stats.lateness_ms.count, stats.recent_lateness_ms.count), (7, 7));
+    assert!(stats.lateness_ms.max >= 1_000, "the first fired a second late: {:?}", stats.lateness_ms);
+    store.close().unwrap();
+}
+
 #[test]
 fn pending_timers_survive_a_clean_close_and_fire_on_time() {
     let dir = tempfile::tempdir().unwrap();

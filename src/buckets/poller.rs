@@ -220,7 +220,7 @@ impl Poller {
             stats.early += 1;
         }
         // Early (counted above) is no lateness.
-        stats.record_lateness(now_ms, now_ms.saturating_sub(deliver_at_ms));
+        stats.record_lateness(now_ms, now_ms.saturating_sub(deliver_at_ms), 1);
         Ok(())
     }
 

@@ -595,9 +595,11 @@ impl Ticker {
                     }
                     Planned::One(timer) => encode_delivery(buf, offset, now_ms, *timer),
                 })?;
-                for timer in chunk {
-                    debug_assert!(timer.deliver_at_ms <= now_ms, "a timer fired before its time");
-                    stats.record_lateness(now_ms, now_ms - timer.deliver_at_ms);
+                // In firing order, so the timers of one millisecond are one run: one count each.
+                for due in chunk.chunk_by(|a, b| a.deliver_at_ms == b.deliver_at_ms) {
+                    let deliver_at_ms = due[0].deliver_at_ms;
+                    debug_assert!(deliver_at_ms <= now_ms, "a timer fired before its time");
+                    stats.record_lateness(now_ms, now_ms - deliver_at_ms, due.len() as u64);
                 }
                 self.counts.settled_all(chunk.iter().map(|t| t.message_offset));
                 stats.delivered += chunk.len() as u64;

@@ -56,6 +56,48 @@ impl Second {
     }
 }
 
+/// Timers a second holds from which they are spread by millisecond before
+/// sorting: below it, one comparison sort costs less than a thousand counts.
+const SPREAD_AT: usize = 4096;
+
+/// Runs a second's timers are spread into: the overdue ones (due before
+/// it, indexed after their own second was loaded), then one per millisecond.
+const RUNS: usize = 1 + 1000;
+
+/// Sorts the timers of `second` by (deliver time, offset), as the wheel
+/// hands them out. A big second is first spread by millisecond (two passes:
+/// count, then place), so that only each millisecond's run is left to sort
+/// by offset; the slot's chain lists a run nearly in reverse log order,
+/// which the sort finds and turns in one pass. A comparison sort of the
+/// whole second was a tenth of the ticker's cost of firing a timer.
+fn sort_timers(second: u64, timers: &mut Vec<Timer>) {
+    let start_ms = second * 1000;
+    let run = |t: &Timer| t.deliver_at_ms.checked_sub(start_ms).map_or(0, |ms| 1 + ms as usize);
+    // A timer due after its second is never loaded into it; if one were, the
+    // plain sort still orders it.
+    if timers.len() < SPREAD_AT || timers.iter().any(|t| run(t) >= RUNS) {
+        timers.sort_unstable();
+        return;
+    }
+    let mut starts = vec![0usize; RUNS + 1];
+    for t in timers.iter() {
+        starts[run(t) + 1] += 1;
+    }
+    for i in 1..starts.len() {
+        starts[i] += starts[i - 1];
+    }
+    let mut next = starts.clone();
+    let mut spread = timers.clone();
+    for t in timers.iter() {
+        spread[next[run(t)]] = *t;
+        next[run(t)] += 1;
+    }
+    for bounds in starts.windows(2) {
+        spread[bounds[0]..bounds[1]].sort_unstable();
+    }
+    *timers = spread;
+}
+
 /// The loaded seconds, oldest first.
 #[derive(Default)]
 pub(crate) struct Loaded {
@@ -65,7 +107,7 @@ pub(crate) struct Loaded {
 impl Loaded {
     /// Adds a freshly loaded second (later than every loaded one).
     pub fn push(&mut self, second: u64, mark: u64, mut timers: Vec<Timer>) {
-        timers.sort_unstable();
+        sort_timers(second, &mut timers);
         debug_assert!(self.seconds.back().is_none_or(|s| s.second < second));
         self.seconds.push_back(Second { second, mark, sorted: timers, next: 0, late: BinaryHeap::new() });
     }
@@ -85,11 +127,16 @@ impl Loaded {
         self.seconds.iter().filter_map(Second::peek).min()
     }
 
-    /// Removes and returns the earliest timer; drops seconds left empty.
-    pub fn pop(&mut self) -> Option<Timer> {
-        let top = self.peek()?;
-        let second = self.seconds.iter_mut().find(|s| s.peek() == Some(top)).expect("peek found it");
-        second.pop();
+    /// Removes and returns the earliest timer if it is due at `now_ms`
+    /// (one look at each loaded second); drops seconds left empty.
+    pub fn pop_due(&mut self, now_ms: u64) -> Option<Timer> {
+        let (at, top) = (self.seconds.iter().enumerate())
+            .filter_map(|(at, s)| s.peek().map(|t| (at, t)))
+            .min_by_key(|&(_, t)| t)?;
+        if top.deliver_at_ms > now_ms {
+            return None;
+        }
+        self.seconds[at].pop();
         while self.seconds.front().is_some_and(|s| s.remaining() == 0) {
             self.seconds.pop_front();
         }
@@ -155,7 +202,43 @@ impl Loaded {
 
 #[cfg(test)]
 mod tests {
+    use proptest::prelude::*;
+
     use super::*;
+
+    proptest! {
+        /// Spreading by millisecond sorts as a comparison sort does, overdue
+        /// timers, ties of one millisecond and chains in any order included.
+        #[test]
+        fn a_big_second_sorts_as_a_comparison_sort(
+            timers in prop::collection::vec((0u64..1_300, 0u64..50_000), SPREAD_AT..SPREAD_AT + 3_000),
+            reversed in any::<bool>(),
+        ) {
+            let second = 7;
+            // Due in the second, or up to 300 ms before it (overdue).
+            let mut timers: Vec<Timer> = timers
+                .into_iter()
+                .map(|(ms, offset)| t(second * 1000 + ms - 300, offset))
+                .collect();
+            if reversed {
+                timers.sort_unstable_by_key(|t| Reverse(t.message_offset));
+            }
+            let mut expected = timers.clone();
+            expected.sort_unstable();
+            sort_timers(second, &mut timers);
+            prop_assert_eq!(timers, expected);
+        }
+    }
+
+    #[test]
+    fn a_timer_due_after_its_second_is_still_sorted() {
+        let mut timers: Vec<Timer> = (0..SPREAD_AT as u64).map(|i| t(7_000 + i % 1000, i)).collect();
+        timers.push(t(8_500, 1));
+        let mut expected = timers.clone();
+        expected.sort_unstable();
+        sort_timers(7, &mut timers);
+        assert_eq!(timers, expected);
+    }
 
     fn t(at: u64, off: u64) -> Timer {
         Timer { deliver_at_ms: at, message_offset: off }
@@ -169,8 +252,11 @@ mod tests {
         loaded.add_late(11, 9, t(5, 4));
         loaded.add_late(10, 9, t(10_500, 5));
         assert_eq!(loaded.pending(), 5);
+        assert_eq!(loaded.pop_due(4), None, "nothing is due before 5");
+        assert_eq!(loaded.pending(), 5);
         assert_eq!(loaded.oldest(), Some((10, 1)));
-        let order: Vec<u64> = std::iter::from_fn(|| loaded.pop()).map(|t| t.message_offset).collect();
+        let order: Vec<u64> =
+            std::iter::from_fn(|| loaded.pop_due(u64::MAX)).map(|t| t.message_offset).collect();
         assert_eq!(order, [4, 2, 5, 1, 3]);
         assert_eq!(loaded.len(), 0);
         loaded.add_late(12, 7, t(1, 6));

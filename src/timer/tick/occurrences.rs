@@ -104,7 +104,7 @@ impl Ticker {
             };
             self.counts.settled(timer.message_offset);
             if delivered {
-                stats.record_lateness(now_ms, now_ms - timer.deliver_at_ms);
+                stats.record_lateness(now_ms, now_ms - timer.deliver_at_ms, 1);
                 stats.delivered += 1;
                 stats.occurrences_delivered += 1;
             }

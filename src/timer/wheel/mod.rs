@@ -399,23 +399,19 @@ impl Wheel {
     /// whether it took any.
     fn pop_due(&mut self, now_ms: u64, out: &mut Vec<Timer>) -> bool {
         let mut popped = false;
-        while out.len() < MAX_PER_TICK {
-            match self.loaded.peek() {
-                Some(top) if top.deliver_at_ms <= now_ms => {
-                    self.loaded.pop();
-                    popped = true;
-                    // A timer indexed twice (a cascade redone after a crash)
-                    // comes out twice in a row; one from the replay, at any time.
-                    let repeat = self.last_popped == Some(top) || self.restart.seen_again(top.message_offset);
-                    if self.cancels.take_cancelled(top.message_offset, repeat) {
-                        // Dropped; a later copy of it is a repeat, and the ledger answers a repeated cancel.
-                    } else if !repeat {
-                        out.push(top);
-                    }
-                    self.last_popped = Some(top);
-                }
-                _ => break,
+        while out.len() < MAX_PER_TICK
+            && let Some(top) = self.loaded.pop_due(now_ms)
+        {
+            popped = true;
+            // A timer indexed twice (a cascade redone after a crash)
+            // comes out twice in a row; one from the replay, at any time.
+            let repeat = self.last_popped == Some(top) || self.restart.seen_again(top.message_offset);
+            if self.cancels.take_cancelled(top.message_offset, repeat) {
+                // Dropped; a later copy of it is a repeat, and the ledger answers a repeated cancel.
+            } else if !repeat {
+                out.push(top);
             }
+            self.last_popped = Some(top);
         }
         popped
     }
