@@ -51,6 +51,10 @@ pub(crate) enum ReplaceAnswer {
     /// The timer was not pending: nothing written, and the replacement
     /// comes back for the caller to look again or put.
     NotPending(Box<Replacement>),
+    /// Not written: the log is at its size cap (the error says so). The
+    /// replacement comes back for the caller to wait for retention and ask
+    /// again, as a put waits.
+    OverSizeCap(Box<Replacement>, Error),
 }
 
 impl Replacement {

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use common::*;
 use delaywheel::{
-    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, Recurrence,
-    RescheduleOutcome, Retention, Schedule, Stats, Store,
+    CancelOutcome, Clock, Config, Consumer, Error, Handle, ManualClock, Message, Recurrence, ReplaceOutcome,
+    RescheduleOutcome, Retention, Schedule, Stats, Store, UpdateOutcome,
 };
 
 const MINUTE: u64 = 60_000;
@@ -287,6 +287,77 @@ fn rescheduled_timers_keep_their_messages_through_retention() {
     }
     assert!(day > 10, "the rebuild ran");
     assert!(store.pending(0..u64::MAX, 10).unwrap().is_empty(), "each fired once, at its new time");
+}
+
+/// At the size cap a replacement (`put_replacing`) waits for retention to
+/// make room, as a put does, rather than fail at once: the log is full of
+/// ordinary messages retention may delete, and replacements of one timer go
+/// on past several segment boundaries, each of which needs an old segment deleted.
+#[test]
+fn a_replacement_at_the_size_cap_waits_for_room_as_a_put_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let retention = Retention {
+        keep_for: None,
+        max_log_bytes: Some(6 * SEGMENT),
+        check_interval: Duration::from_secs(3600),
+    };
+    let config = config(dir.path(), &clock, retention).with_put_timeout(Duration::from_secs(10));
+    let store = Store::open(config).unwrap();
+    let reminder = |i: u64| {
+        let body = format!("reminder-{i}-{}", "r".repeat(FILLER));
+        Message::new("T", body).queue_id(0).dedup_key("cart-7").deliver_at_ms(T0 + HOUR + i)
+    };
+    store.put(reminder(0)).unwrap();
+    for i in 0..8 * SEGMENT / FILLER as u64 {
+        store.put(Message::new("T", format!("filler-{i}-{}", "f".repeat(FILLER))).queue_id(0)).unwrap();
+    }
+    let replacements = 3 * SEGMENT / FILLER as u64;
+    for i in 1..=replacements {
+        let outcome = store.put_replacing(reminder(i)).unwrap_or_else(|e| panic!("replacement {i}: {e}"));
+        assert!(matches!(outcome, ReplaceOutcome::Replaced { .. }), "{i}: {outcome:?}");
+    }
+    let pending = store.pending(0..u64::MAX, 10).unwrap();
+    let due: Vec<u64> = pending.iter().map(|p| p.deliver_at_ms).collect();
+    assert_eq!(due, [T0 + HOUR + replacements], "only the last replacement is pending");
+    assert!(store.stats().retention.segments_deleted > 0, "retention made room");
+    store.close().unwrap();
+}
+
+/// The same for a schedule's updates: each writes the whole schedule
+/// record again, and at the cap waits for room as a put does.
+#[test]
+fn a_schedule_update_at_the_size_cap_waits_for_room_as_a_put_does() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let retention = Retention {
+        keep_for: None,
+        max_log_bytes: Some(6 * SEGMENT),
+        check_interval: Duration::from_secs(3600),
+    };
+    let config = config(dir.path(), &clock, retention).with_put_timeout(Duration::from_secs(10));
+    let store = Store::open(config).unwrap();
+    let hourly = |i: u64| {
+        let body = format!("report-{i}-{}", "r".repeat(FILLER));
+        let every = Recurrence::every(Duration::from_millis(HOUR + i));
+        Schedule::new(Message::new("T", body).queue_id(0), every)
+    };
+    let mut handle = store.schedule(hourly(0)).unwrap().handle();
+    for i in 0..8 * SEGMENT / FILLER as u64 {
+        store.put(Message::new("T", format!("filler-{i}-{}", "f".repeat(FILLER))).queue_id(0)).unwrap();
+    }
+    let updates = 3 * SEGMENT / FILLER as u64;
+    for i in 1..=updates {
+        match store.update_schedule(handle, hourly(i)).unwrap_or_else(|e| panic!("update {i}: {e}")) {
+            UpdateOutcome::Updated(receipt) => handle = receipt.handle(),
+            other => panic!("update {i}: {other:?}"),
+        }
+    }
+    let pending = store.pending(0..u64::MAX, 10).unwrap();
+    assert_eq!(pending.len(), 1, "only the last update is armed: {pending:?}");
+    assert_eq!(pending[0].handle, handle);
+    assert!(store.stats().retention.segments_deleted > 0, "retention made room");
+    store.close().unwrap();
 }
 
 #[test]

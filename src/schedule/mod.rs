@@ -280,7 +280,7 @@ impl Plan {
 
 /// An update the caller checked, for the ticking thread to write once it
 /// knows which timer of the old schedule is armed (the record names it).
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) struct ScheduleUpdate {
     /// The new template (no deliver time, no spec property).
     pub template: Message,

@@ -177,8 +177,8 @@ impl Store {
             let now_ms = self.config.clock.now_ms();
             let (deliver_at_ms, delay_level) = message.resolve_timing(now_ms, &self.levels)?;
             replacement.timing = Timing { deliver_at_ms, delay_level };
-            match self.scheduler.replace(timer, replacement)? {
-                ReplaceAnswer::Written(receipt, _freed_here) => {
+            match self.replace_when_room(timer, replacement)? {
+                Ok(receipt) => {
                     recent.push(hash, receipt.offset);
                     drop(recent);
                     if self.config.flush_mode == FlushMode::Sync {
@@ -187,7 +187,7 @@ impl Store {
                     let replaced = standing.receipt.handle().expect("a timed message has a handle");
                     return Ok(ReplaceOutcome::Replaced { receipt, replaced });
                 }
-                ReplaceAnswer::NotPending(back) => replacement = back,
+                Err(back) => replacement = back,
             }
             // Not pending: a replacement a timed-out call left with the
             // ticking thread may have written a newer timer of the key. Look
@@ -204,6 +204,32 @@ impl Store {
             self.wait_durable_for(end, Written::Put(receipt))?;
         }
         Ok(ReplaceOutcome::Put(receipt))
+    }
+
+    /// Has the ticking thread write `replacement` in place of `timer`: its
+    /// receipt, or the replacement back if the timer was not pending. At
+    /// the size cap it waits for retention to make room, up to the put
+    /// timeout, and asks again, as a put waits (then fails with
+    /// [`Error::SizeCap`]); the timer may fire meanwhile.
+    fn replace_when_room(
+        &self,
+        timer: Timer,
+        mut replacement: Box<Replacement>,
+    ) -> Result<std::result::Result<Receipt, Box<Replacement>>> {
+        let started = std::time::Instant::now();
+        loop {
+            match self.scheduler.replace(timer, replacement)? {
+                // The replacement is freed here, by the thread whose allocator made it.
+                ReplaceAnswer::Written(receipt, _freed_here) => return Ok(Ok(receipt)),
+                ReplaceAnswer::NotPending(back) => return Ok(Err(back)),
+                ReplaceAnswer::OverSizeCap(back, e) => {
+                    if !self.await_room(started) {
+                        return Err(e);
+                    }
+                    replacement = back;
+                }
+            }
+        }
     }
 
     /// The message at `offset` if it is of `topic` with dedup key `key`,

@@ -407,15 +407,25 @@ impl Store {
     /// until it fits or the put timeout passes, then returns the cap error.
     fn wait_for_retention<T>(&self, append: impl Fn() -> Result<T>, mut last: Error) -> Result<T> {
         let started = std::time::Instant::now();
-        while started.elapsed() < self.config.put_timeout {
-            let _ = self.wakes.retention.try_send(());
-            std::thread::sleep(Duration::from_millis(2));
+        while self.await_room(started) {
             match append() {
                 Err(e) if is_size_cap(&e) => last = e,
                 appended => return appended,
             }
         }
         Err(last)
+    }
+
+    /// Wakes retention and gives it a moment to make room under the size
+    /// cap; `false`, at once, if a write refused at the cap since `started`
+    /// has waited the put timeout.
+    pub(super) fn await_room(&self, started: std::time::Instant) -> bool {
+        if started.elapsed() >= self.config.put_timeout {
+            return false;
+        }
+        let _ = self.wakes.retention.try_send(());
+        std::thread::sleep(Duration::from_millis(2));
+        true
     }
 }
 

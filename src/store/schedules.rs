@@ -10,6 +10,7 @@ use crate::format::record::{MessageView, RecordKind};
 use crate::message::{CancelOutcome, Handle, Message, PauseOutcome, Written};
 use crate::pending::PendingTimer;
 use crate::receipt::{ReplaceOutcome, ScheduleReceipt, UpdateOutcome};
+use crate::retention::is_size_cap;
 use crate::schedule::{PAUSED_AT_MS, Replaced, SPEC_PROPERTY, Schedule, ScheduleUpdate, Spec, plan_of};
 use crate::sync::ReadWrite;
 use crate::timer::Timer;
@@ -210,8 +211,18 @@ impl Store {
         let queue_id = self.check_message(&update.record(longest)?).map_err(as_template_error)?;
         let update = ScheduleUpdate { queue_id, ..update };
         let timer = Timer { deliver_at_ms: handle.deliver_at_ms, message_offset: handle.offset };
-        let outcome = self.scheduler.update_schedule(timer, update)?;
-        Ok(outcome)
+        // Nothing is written where the size cap refuses it: wait for room, as a put does.
+        let started = std::time::Instant::now();
+        loop {
+            match self.scheduler.update_schedule(timer, update.clone()) {
+                Err(e) if is_size_cap(&e) => {
+                    if !self.await_room(started) {
+                        return Err(e);
+                    }
+                }
+                outcome => return outcome,
+            }
+        }
     }
 
     /// The topic of the schedule `handle` names; `None` if it names none.

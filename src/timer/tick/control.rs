@@ -10,6 +10,7 @@ use super::{Control, Ticker};
 use crate::error::{Error, Result};
 use crate::format::record::{CANCEL_LEN, RESCHEDULE_LEN, RescheduleView, encode_cancel, encode_message};
 use crate::message::{CancelOutcome, Receipt, ReplaceAnswer, Replacement, RescheduleOutcome};
+use crate::retention::is_size_cap;
 use crate::timer::Timer;
 use crate::timer::ledger::LedgerEntry;
 use crate::timer::state::cancels::{CancelState, CancelTarget};
@@ -46,7 +47,8 @@ impl Ticker {
     /// Writes `replacement` in place of `timer` if it is pending, by one
     /// record (the message's, naming the timer), which settles it as a
     /// cancel record would; answers its receipt, or hands `replacement` back
-    /// if the timer was not pending (nothing written). What cannot be read or written is this
+    /// if the timer was not pending or the log is at its size cap (nothing
+    /// written). What else cannot be read or written is this
     /// caller's answer, and the wheel goes on; a failure after the record was
     /// written stops it (as for a cancel).
     fn replace(
@@ -70,6 +72,10 @@ impl Ticker {
             self.log.append(fields.record_len(), |buf, offset| encode_message(buf, offset, &fields));
         let offset = match written {
             Ok((offset, _)) => offset,
+            Err(e) if is_size_cap(&e) => {
+                let _ = reply.send(Ok(ReplaceAnswer::OverSizeCap(replacement, e)));
+                return Ok(());
+            }
             Err(e) => {
                 let _ = reply.send(Err(e));
                 return Ok(());
