@@ -8,9 +8,10 @@ use async_nats::jetstream::{self};
 use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
 
-use crate::config::DEFAULT_DEAD_LETTER;
+use crate::config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET};
 use crate::headers::header_pairs;
 use crate::partition::{cancel_in_stream, publish_acked, remove_source};
+use crate::settled_ids::SettledIds;
 use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer, TimerHandle};
 use crate::{Result, TierError};
@@ -39,6 +40,7 @@ pub struct TierClient {
     stream_name: String,
     prefix: String,
     partitions: u32,
+    dedup_bucket: String,
 }
 
 impl TierClient {
@@ -63,7 +65,16 @@ impl TierClient {
             stream_name: stream.into(),
             prefix: prefix.into(),
             partitions,
+            dedup_bucket: DEFAULT_DEDUP_BUCKET.into(),
         })
+    }
+
+    /// For a tier whose nodes keep settled `Nats-Msg-Id`s in another bucket
+    /// than [`DEFAULT_DEDUP_BUCKET`] ([`crate::TierConfig::dedup_bucket`]):
+    /// a cancel this client makes itself records its timer's id there.
+    pub fn with_dedup_bucket(mut self, bucket: &str) -> Self {
+        self.dedup_bucket = bucket.into();
+        self
     }
 
     /// Schedules `payload` to be published to `target` at `deliver_at_ms`
@@ -110,7 +121,9 @@ impl TierClient {
 
     /// Cancels a timer. Its partition's owner decides (so a timer being
     /// fired is never also reported cancelled); with no owner running, no
-    /// one can fire it, and the client deletes it from the stream itself.
+    /// one can fire it, and the client deletes it from the stream itself,
+    /// first recording its producer's `Nats-Msg-Id` as settled, as an owner
+    /// does (if a node made the bucket of settled ids).
     pub async fn cancel(&self, handle: TimerHandle) -> Result<CancelAnswer> {
         if handle.partition >= self.partitions {
             return Ok(CancelAnswer::NotFound);
@@ -122,7 +135,9 @@ impl TierClient {
         match self.client.send_request(subject.clone(), request).await {
             Ok(reply) => CancelAnswer::parse(&reply.payload),
             Err(err) if err.kind() == RequestErrorKind::NoResponders => {
-                cancel_in_stream(&self.stream, &self.prefix, handle.partition, handle.sequence).await
+                let settled_ids = SettledIds::find(&self.js, &self.dedup_bucket).await?;
+                let timer = (handle.partition, handle.sequence);
+                cancel_in_stream(&self.stream, &self.prefix, timer, settled_ids.as_ref()).await
             }
             Err(err) => Err(TierError::nats(format!("ask the owner on {subject}"), err)),
         }

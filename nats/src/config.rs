@@ -10,6 +10,10 @@ use crate::{Result, TierError};
 /// delay stream's `delay.>`.
 pub const DEFAULT_DEAD_LETTER: &str = "delaytier.dead";
 
+/// The KV bucket of settled `Nats-Msg-Id`s unless configured otherwise
+/// ([`TierConfig::dedup_bucket`]).
+pub const DEFAULT_DEDUP_BUCKET: &str = "delaytier_msg_ids";
+
 /// A tier node's settings. Every node of one tier must agree on `stream`,
 /// `prefix`, `partitions` and `lease_bucket`.
 #[derive(Debug, Clone)]
@@ -69,7 +73,7 @@ impl TierConfig {
             dead_letter: DEFAULT_DEAD_LETTER.into(),
             give_up_after: Duration::from_secs(60),
             dedup_window: Duration::from_secs(24 * 3600),
-            dedup_bucket: "delaytier_msg_ids".into(),
+            dedup_bucket: DEFAULT_DEDUP_BUCKET.into(),
         }
     }
 

@@ -45,7 +45,7 @@ pub mod target;
 pub mod wire;
 
 pub use client::{RescheduleAnswer, TierClient};
-pub use config::{DEFAULT_DEAD_LETTER, TierConfig};
+pub use config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET, TierConfig};
 pub use error::{Result, TierError};
 pub use node::run;
 pub use wire::{CancelAnswer, TimerHandle};

@@ -33,6 +33,7 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream::consumer::{AckPolicy, pull};
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
+use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use async_nats::jetstream::{self, Message as JsMessage};
 use bytes::Bytes;
@@ -1019,8 +1020,9 @@ impl Part {
             }
             if !checked_in_stream {
                 let shared = &self.shared;
-                if !is_pending_in_stream(&shared.stream, &shared.config.prefix, self.partition, sequence)
+                if pending_in_stream(&shared.stream, &shared.config.prefix, self.partition, sequence)
                     .await?
+                    .is_none()
                 {
                     return Ok(CancelAnswer::NotFound);
                 }
@@ -1107,11 +1109,16 @@ async fn drive<F: Future, T: Future>(firing: &mut FuturesUnordered<F>, wanted: T
 pub(crate) async fn cancel_in_stream(
     stream: &Stream,
     prefix: &str,
-    partition: u32,
-    sequence: u64,
+    (partition, sequence): (u32, u64),
+    settled_ids: Option<&SettledIds>,
 ) -> Result<CancelAnswer> {
-    if !is_pending_in_stream(stream, prefix, partition, sequence).await? {
+    let Some(source) = pending_in_stream(stream, prefix, partition, sequence).await? else {
         return Ok(CancelAnswer::NotFound);
+    };
+    // As an owner does, the producer's id is recorded before the timer
+    // leaves the stream: a retry inside the window is then a duplicate.
+    if let (Some(settled_ids), Some(id)) = (settled_ids, producer_msg_id(&source.headers)) {
+        settled_ids.record(partition, id, sequence).await?;
     }
     if remove_source(stream, sequence).await? {
         metrics::counter!("delaytier_cancelled_total").increment(1);
@@ -1134,13 +1141,29 @@ pub(crate) async fn publish_acked(
     pending.await.map_err(|e| failed(e.into()))
 }
 
-/// Whether the stream holds this sequence as a timer of `partition`.
-async fn is_pending_in_stream(stream: &Stream, prefix: &str, partition: u32, sequence: u64) -> Result<bool> {
+/// The timer of `partition` the stream holds at this sequence, if it holds one.
+async fn pending_in_stream(
+    stream: &Stream,
+    prefix: &str,
+    partition: u32,
+    sequence: u64,
+) -> Result<Option<StreamMessage>> {
     match stream.direct_get(sequence).await {
-        Ok(source) => Ok(wire::partition_of_subject(prefix, &source.subject) == Some(partition)),
-        Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(false),
+        Ok(source) => {
+            Ok((wire::partition_of_subject(prefix, &source.subject) == Some(partition)).then_some(source))
+        }
+        Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(None),
         Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
     }
+}
+
+/// The producer's `Nats-Msg-Id` of a timer (a rescheduled timer's copy
+/// carries it under the tier's own header); `None` if it has none.
+fn producer_msg_id(headers: &HeaderMap) -> Option<&str> {
+    (headers.get(wire::MSG_ID))
+        .or_else(|| headers.get(wire::RESCHEDULED_MSG_ID))
+        .map(|id| id.as_str())
+        .filter(|id| !id.is_empty())
 }
 
 /// Acknowledges a timer's delivery, which removes it from the work-queue
@@ -1207,11 +1230,7 @@ fn index(
     let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
     // The producer's id holds beyond JetStream's own duplicate window while
     // the timer is pending (see `Part::put`).
-    let msg_id: Option<Box<str>> = (headers.get(wire::MSG_ID))
-        .or_else(|| headers.get(wire::RESCHEDULED_MSG_ID))
-        .map(|id| id.as_str())
-        .filter(|id| !id.is_empty())
-        .map(Box::from);
+    let msg_id: Option<Box<str>> = producer_msg_id(headers).map(Box::from);
     let replaces = headers.get(wire::REPLACES).and_then(|r| r.as_str().parse().ok());
     if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
         return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));

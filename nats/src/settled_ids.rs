@@ -21,7 +21,8 @@ use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
 use std::time::{Duration, Instant};
 
-use async_nats::jetstream::{self, kv};
+use async_nats::jetstream::context::GetStreamErrorKind;
+use async_nats::jetstream::{self, ErrorCode, kv};
 
 use crate::{Result, TierConfig, TierError};
 
@@ -72,6 +73,22 @@ impl SettledIds {
                 }
             }
         }
+    }
+
+    /// The bucket `bucket` if it exists (a node made it), for a client that
+    /// settles a timer itself while no node owns its partition.
+    pub(crate) async fn find(js: &jetstream::Context, bucket: &str) -> Result<Option<Self>> {
+        let failed = |e: async_nats::Error| TierError::nats(format!("find KV bucket {bucket}"), e);
+        match js.get_stream(format!("KV_{bucket}")).await {
+            Err(e) if matches!(e.kind(), GetStreamErrorKind::JetStream(e) if e.error_code() == ErrorCode::STREAM_NOT_FOUND) =>
+            {
+                return Ok(None);
+            }
+            Err(e) => return Err(failed(e.into())),
+            Ok(_) => {}
+        }
+        let kv = js.get_key_value(bucket).await.map_err(|e| failed(e.into()))?;
+        Ok(Some(SettledIds { kv }))
     }
 
     /// Records that timer `sequence` of `partition`, with `msg_id`, settled.

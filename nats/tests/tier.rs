@@ -352,12 +352,16 @@ async fn a_timer_with_the_nats_msg_id_of_one_that_fired_or_was_cancelled_is_drop
     let settled_by = Instant::now();
 
     // Retries from other replicas, past JetStream's window, read by another
-    // node: only the bucket of settled ids knows them.
+    // node: only the bucket of settled ids knows them. With no node running,
+    // the client cancels a timer in the stream itself, and records its id too.
     first_node.kill();
+    let unowned = schedule("order-45", "cancelled unowned", now_ms() + 600_000).await.unwrap();
+    assert_eq!(tier.cancel(unowned).await.unwrap(), CancelAnswer::Cancelled);
     let _second_node = TierNode::start_with(&cluster, "b", LEASE_MS, &flags);
     wait_until_all_owned_by(&client, "b", Duration::from_secs(60)).await;
     schedule("order-42", "fired, again", now_ms() + 500).await.unwrap();
     schedule("order-43", "cancelled, again", now_ms() + 500).await.unwrap();
+    schedule("order-45", "cancelled unowned, again", now_ms() + 500).await.unwrap();
     schedule("order-44", "new", now_ms() + 500).await.unwrap();
     wait_for(&arrivals, 2, Duration::from_secs(30)).await;
     wait_for_pending(&client, 0).await;
@@ -369,6 +373,7 @@ async fn a_timer_with_the_nats_msg_id_of_one_that_fired_or_was_cancelled_is_drop
     assert_eq!((count("fired"), count("new")), (Some(1), Some(1)));
     assert_eq!(count("fired, again"), None, "a retry of a fired timer never fires");
     assert_eq!(count("cancelled, again"), None, "nor one of a cancelled timer");
+    assert_eq!(count("cancelled unowned, again"), None, "nor one of a timer cancelled with no owner");
     assert_eq!(count("cancelled"), None);
 
     // After the window the id is free again.
