@@ -26,14 +26,24 @@ use bytes::Bytes;
 
 use crate::config::RecoveryMode;
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::record::{Frame, FrameError, RecordKind, check_frame, check_header};
 use crate::format::{FILE_HEADER_LEN, get_u32};
 use crate::mmap::{MapWriter, Mapped, PREFAULT_CHUNK};
-
-/// How far ahead of the writer the prefaulter keeps pages ready.
-const PREFAULT_AHEAD: usize = 32 << 20;
-use crate::format::record::{Frame, FrameError, RecordKind, check_frame, check_header};
 use crate::sync::{Locked, ReadWrite};
 use relocated::RelocationArea;
+
+/// How far ahead of the writer the prefaulter keeps pages ready, at most
+/// (see [`prefault_window`]).
+const PREFAULT_AHEAD: usize = 32 << 20;
+
+/// How far ahead of the writer the prefaulter keeps pages ready in a log
+/// of `segment_size` segments: [`PREFAULT_AHEAD`], or half a segment where
+/// that is less. Pages faulted ahead stay resident while the store idles,
+/// and a store of small segments is one of many (each partition of the
+/// NATS tier is one): 32 MiB ahead in each would be most of its memory.
+fn prefault_window(segment_size: u64) -> usize {
+    PREFAULT_AHEAD.min(usize::try_from(segment_size / 2).unwrap_or(usize::MAX))
+}
 
 /// How much of a record a read checks.
 #[derive(Clone, Copy)]
@@ -488,7 +498,7 @@ impl CommitLog {
         let end = self.write_end();
         let base = end - end % self.segment_size;
         let Some(seg) = self.segment(base) else { return false };
-        let target = (end - base) as usize + PREFAULT_AHEAD;
+        let target = (end - base) as usize + prefault_window(self.segment_size);
         if seg.prefaulted() >= target.min(seg.len()) {
             return false;
         }
@@ -504,7 +514,7 @@ impl CommitLog {
     fn needs_prefault(&self, tail: &Tail) -> bool {
         let local = (tail.end - tail.base) as usize;
         let ready = tail.writer.shared().prefaulted();
-        ready < tail.writer.shared().len() && ready < local + PREFAULT_AHEAD / 2
+        ready < tail.writer.shared().len() && ready < local + prefault_window(self.segment_size) / 2
     }
 
     /// Syncs everything published so far; returns the new durable end.

@@ -250,3 +250,20 @@ fn a_reader_shares_records_published_after_it_last_looked() {
         assert_eq!(*bytes, log.read(*offset).unwrap().bytes, "a record read stays as it was");
     }
 }
+
+#[test]
+fn the_prefaulter_keeps_at_most_half_a_small_segment_ahead() {
+    assert_eq!(prefault_window(1 << 30), PREFAULT_AHEAD);
+    assert_eq!(prefault_window(16 << 20), 8 << 20);
+    let dir = tempfile::tempdir().unwrap();
+    let segment = 24u64 << 20;
+    let (log, _) = CommitLog::open(dir.path(), segment, 0, &plan(None, 0)).unwrap();
+    append_bytes(&log, b"first");
+    while log.prefault_ahead() {}
+    let faulted = log.segment(0).unwrap().prefaulted();
+    assert!(faulted > 0, "pages ahead of the writer are faulted in");
+    assert!(
+        faulted <= (segment / 2) as usize + PREFAULT_CHUNK,
+        "{faulted} bytes faulted ahead in a segment of {segment}: most of it would stay resident"
+    );
+}
