@@ -55,6 +55,9 @@ use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierConfig, TierError};
 
+/// The segment size of a partition's local store: its timers' copies go
+/// in 16 MiB files, and the store faults in at most half of one ahead.
+const PARTITION_SEGMENT_BYTES: u64 = 16 << 20;
 /// The local store's one topic.
 const FIRE_TOPIC: &str = "fire";
 /// Timers read from the stream per local batch put.
@@ -325,9 +328,11 @@ async fn open_fresh(dir: PathBuf) -> Result<Store> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|source| TierError::Io { path: dir.clone(), source })?;
         }
+        // A node owns many partitions, each a store: small segments keep
+        // what an idle one holds on disk and in memory small (see the README).
         let config = delaywheel::Config::new(&dir)
             .with_queues_per_topic(1)
-            .with_segment_size(64 << 20)
+            .with_segment_size(PARTITION_SEGMENT_BYTES)
             .with_queue_file_entries(1 << 20);
         Ok(Store::open(config)?)
     })
