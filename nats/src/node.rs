@@ -17,6 +17,30 @@ use crate::{Result, TierConfig, TierError};
 /// The time limit of one request of a partition's (read, publish, acknowledge).
 const OP_TIMEOUT: Duration = Duration::from_secs(2);
 
+/// How long a starting node tries to make or find what it needs in
+/// JetStream before it gives up.
+const SET_UP_WITHIN: Duration = Duration::from_secs(60);
+
+/// Runs `attempt` until it succeeds or [`SET_UP_WITHIN`] has passed. A
+/// cluster that is starting, electing its meta leader or short of a quorum
+/// for a replicated stream answers errors or nothing meanwhile (nodes
+/// started with their servers met "no suitable peers for placement"), and
+/// nodes starting together race to make the same stream and buckets: the
+/// loser finds the winner's on its next try.
+async fn set_up<T, F: Future<Output = Result<T>>>(what: &str, mut attempt: impl FnMut() -> F) -> Result<T> {
+    let deadline = tokio::time::Instant::now() + SET_UP_WITHIN;
+    loop {
+        match attempt().await {
+            Ok(done) => return Ok(done),
+            Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
+            Err(e) => {
+                tracing::info!(what, error = %e, "JetStream cannot set this up yet; trying again");
+                tokio::time::sleep(Duration::from_millis(500)).await;
+            }
+        }
+    }
+}
+
 /// Runs a tier node until `shutdown` completes, then gives its partitions
 /// back so the other nodes take them at once.
 pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Result<()> {
@@ -35,9 +59,9 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         .timeout(OP_TIMEOUT)
         .ack_timeout(OP_TIMEOUT)
         .build(client.clone());
-    let (stream, strays_possible) = ensure_stream(&js, &config).await?;
-    let leases = Leases::open(&js, &config).await?;
-    let settled_ids = SettledIds::open(&js, &config).await?;
+    let (stream, strays_possible) = set_up("the delay stream", || ensure_stream(&js, &config)).await?;
+    let leases = set_up("the lease bucket", || Leases::open(&js, &config)).await?;
+    let settled_ids = set_up("the settled-ids bucket", || SettledIds::open(&js, &config)).await?;
     let renew_every = config.renew_every();
     let policy = config.target_policy();
     let shared = Arc::new(Shared {

@@ -26,9 +26,6 @@ use async_nats::jetstream::{self, ErrorCode, kv};
 
 use crate::{Result, TierConfig, TierError};
 
-/// How long a node tries to open the settled-ids bucket before it gives up.
-const OPEN_WITHIN: Duration = Duration::from_secs(60);
-
 /// How long a partition remembers in memory the ids it settled, at most
 /// (never longer than the window): far longer than a replica lags or a
 /// lookup takes.
@@ -41,38 +38,26 @@ pub(crate) struct SettledIds {
 
 impl SettledIds {
     /// Opens the bucket, creating it (or setting its window) as configured.
-    /// Nodes starting together all try; a request that timed out (an R3
-    /// stream being made on a busy cluster) is tried again until
-    /// [`OPEN_WITHIN`], and the first node's bucket is what the others find.
+    /// Nodes starting together all try; the node tries again until it is
+    /// made (see `node.rs`), and the first node's bucket is what the others find.
     pub(crate) async fn open(js: &jetstream::Context, config: &TierConfig) -> Result<Self> {
         let bucket = &config.dedup_bucket;
-        let deadline = Instant::now() + OPEN_WITHIN;
-        loop {
-            if let Ok(kv) = js.get_key_value(bucket).await
-                && kv.stream.cached_info().config.max_age == config.dedup_window
-            {
-                return Ok(SettledIds { kv });
-            }
-            let made = js
-                .create_or_update_key_value(kv::Config {
-                    bucket: bucket.clone(),
-                    history: 1,
-                    max_age: config.dedup_window,
-                    num_replicas: config.replicas,
-                    ..Default::default()
-                })
-                .await;
-            match made {
-                Ok(kv) => return Ok(SettledIds { kv }),
-                Err(e) if Instant::now() >= deadline => {
-                    return Err(TierError::nats(format!("create KV bucket {bucket}"), e));
-                }
-                Err(e) => {
-                    tracing::info!(%bucket, error = %e, "the settled-ids bucket is not made yet; trying again");
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-            }
+        if let Ok(kv) = js.get_key_value(bucket).await
+            && kv.stream.cached_info().config.max_age == config.dedup_window
+        {
+            return Ok(SettledIds { kv });
         }
+        let kv = js
+            .create_or_update_key_value(kv::Config {
+                bucket: bucket.clone(),
+                history: 1,
+                max_age: config.dedup_window,
+                num_replicas: config.replicas,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| TierError::nats(format!("create KV bucket {bucket}"), e))?;
+        Ok(SettledIds { kv })
     }
 
     /// The bucket `bucket` if it exists (a node made it), for a client that

@@ -382,3 +382,32 @@ async fn a_timer_with_the_nats_msg_id_of_one_that_fired_or_was_cancelled_is_drop
     wait_for(&arrivals, 3, Duration::from_secs(30)).await;
     assert_eq!(count("after the window"), Some(1));
 }
+
+/// A node started while its cluster has lost its quorum (two servers of
+/// three down) keeps trying to make the delay stream and its buckets rather
+/// than exit; once the servers are back, it takes the partitions and fires.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_node_started_while_its_cluster_has_no_quorum_waits_for_it() {
+    let Some(server) = cluster::nats_server() else { return };
+    let mut cluster = Cluster::start(server).await;
+    let client = cluster.connect().await;
+    cluster::create_target_stream(&client).await;
+    cluster.kill(1);
+    cluster.kill(2);
+    let mut node = TierNode::start(&cluster, "a", LEASE_MS);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(node.is_running(), "the node gave up while the cluster had no quorum");
+    cluster.restart(1);
+    cluster.restart(2);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while owners(&client).await.len() < 8 {
+        assert!(Instant::now() < deadline, "the node took {:?} of 8 partitions", owners(&client).await.len());
+        assert!(node.is_running(), "the node exited");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
+    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    let (arrivals, _reader) = collect(&client).await;
+    tier.schedule("k", "out.fired", now_ms() + 500, Bytes::from("after the quorum")).await.unwrap();
+    wait_for(&arrivals, 1, Duration::from_secs(30)).await;
+    assert_eq!(arrivals.lock().unwrap().count.get("after the quorum").copied(), Some(1));
+}

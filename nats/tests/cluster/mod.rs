@@ -194,6 +194,12 @@ impl Cluster {
         async_nats::connect(urls).await.unwrap()
     }
 
+    /// Starts a killed server again, on its own store.
+    pub fn restart(&mut self, i: usize) {
+        assert!(self.servers[i].is_none(), "server {i} is running");
+        self.servers[i] = Some(self.spawn_server(i));
+    }
+
     /// `kill -9` of one server.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.servers[i].take() {
@@ -252,6 +258,11 @@ impl TierNode {
             child.kill().unwrap();
             child.wait().unwrap();
         }
+    }
+
+    /// Whether the process is still running (it has not exited).
+    pub fn is_running(&mut self) -> bool {
+        self.child.as_mut().is_some_and(|child| child.try_wait().unwrap().is_none())
     }
 
     /// SIGTERM, and its exit status.
