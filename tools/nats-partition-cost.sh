@@ -10,16 +10,23 @@ server=$(tools/nats/install.sh)
 cargo build --release --quiet -p delaywheel-nats
 bin=target/release/delaywheel-nats
 
+pids=()
+work=
+cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; [[ -z $work ]] || rm -rf "$work"; }
+trap cleanup EXIT
+
 for partitions in "${@:-8}"; do
   work=$(mktemp -d)
   port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
   printf 'listen: 127.0.0.1:%s\njetstream { store_dir: "%s/js" }\n' "$port" "$work" > "$work/server.conf"
   "$server" -c "$work/server.conf" > "$work/server.log" 2>&1 &
   server_pid=$!
+  pids+=("$server_pid")
   sleep 1
   RUST_LOG=warn "$bin" --nats "nats://127.0.0.1:$port" --node-id a --dir "$work/tier" \
     --partitions "$partitions" --replicas 1 > "$work/tier.log" 2>&1 &
   node_pid=$!
+  pids+=("$node_pid")
   for _ in $(seq 60); do
     [[ $(find "$work/tier" -mindepth 1 -maxdepth 1 -type d 2>/dev/null | wc -l) -ge $partitions ]] && break
     sleep 0.5
@@ -30,7 +37,6 @@ for partitions in "${@:-8}"; do
   disk_kib=$(du -sk "$work/tier" | awk '{print $1}')
   stores=$(find "$work/tier" -mindepth 1 -maxdepth 1 -type d | wc -l)
   echo "{\"partitions\":$partitions,\"stores\":$stores,\"threads\":$threads,\"rss_kib\":$rss_kib,\"disk_kib\":$disk_kib}"
-  kill "$node_pid" "$server_pid"
-  wait "$node_pid" "$server_pid" 2>/dev/null || true
-  rm -rf "$work"
+  cleanup
+  pids=()
 done
