@@ -58,6 +58,9 @@ use crate::{Result, TierConfig, TierError};
 /// The segment size of a partition's local store: its timers' copies go
 /// in 16 MiB files, and the store faults in at most half of one ahead.
 const PARTITION_SEGMENT_BYTES: u64 = 16 << 20;
+/// The most bytes of timers one local batch put holds (about): a batch must
+/// fit in one segment, and 1,024 timers of up to 4 MiB each would not.
+const PUT_BATCH_BYTES: usize = (PARTITION_SEGMENT_BYTES / 4) as usize;
 /// The local store's one topic.
 const FIRE_TOPIC: &str = "fire";
 /// Timers read from the stream per local batch put.
@@ -328,16 +331,20 @@ async fn open_fresh(dir: PathBuf) -> Result<Store> {
         if dir.exists() {
             std::fs::remove_dir_all(&dir).map_err(|source| TierError::Io { path: dir.clone(), source })?;
         }
-        // A node owns many partitions, each a store: small segments keep
-        // what an idle one holds on disk and in memory small (see the README).
-        let config = delaywheel::Config::new(&dir)
-            .with_queues_per_topic(1)
-            .with_segment_size(PARTITION_SEGMENT_BYTES)
-            .with_queue_file_entries(1 << 20);
-        Ok(Store::open(config)?)
+        Ok(Store::open(partition_store_config(&dir))?)
     })
     .await
     .expect("opening a local store does not panic")
+}
+
+/// The local store of a partition in `dir`. A node owns many partitions,
+/// each a store: small segments keep what an idle one holds on disk and in
+/// memory small (see the README).
+fn partition_store_config(dir: &std::path::Path) -> delaywheel::Config {
+    delaywheel::Config::new(dir)
+        .with_queues_per_topic(1)
+        .with_segment_size(PARTITION_SEGMENT_BYTES)
+        .with_queue_file_entries(1 << 20)
 }
 
 /// What each task of one owned partition holds.
@@ -524,7 +531,7 @@ impl Part {
             }
             let (messages, timers): (Vec<Message>, Vec<_>) =
                 kept.into_iter().map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id))).unzip();
-            let receipts = store.put_batch(messages)?;
+            let receipts = put_in_batches(&store, messages)?;
             for ((sequence, deliver_at_ms, ack, msg_id), receipt) in timers.into_iter().zip(receipts) {
                 let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
                     sequence,
@@ -1122,7 +1129,9 @@ pub(crate) async fn cancel_in_stream(
     };
     // As an owner does, the producer's id is recorded before the timer
     // leaves the stream: a retry inside the window is then a duplicate.
-    if let (Some(settled_ids), Some(id)) = (settled_ids, producer_msg_id(&source.headers)) {
+    // An id longer than an owner takes (it dead-letters the timer) is not one.
+    let id = producer_msg_id(&source.headers).filter(|id| id.len() <= MAX_MSG_ID_LEN);
+    if let (Some(settled_ids), Some(id)) = (settled_ids, id) {
         settled_ids.record(partition, id, sequence).await?;
     }
     if remove_source(stream, sequence).await? {
@@ -1193,6 +1202,28 @@ pub(crate) async fn remove_source(stream: &Stream, sequence: u64) -> Result<bool
     }
 }
 
+/// Puts `messages` in the local store, in batches of about
+/// [`PUT_BATCH_BYTES`] at most (one message more, if alone); their receipts,
+/// in order.
+fn put_in_batches(store: &Store, messages: Vec<Message>) -> delaywheel::Result<Vec<delaywheel::Receipt>> {
+    // A record's fixed part and its key are well under a kilobyte.
+    let size = |m: &Message| m.body().len() + m.properties_len() + 1024;
+    let mut receipts = Vec::with_capacity(messages.len());
+    let (mut batch, mut bytes) = (Vec::new(), 0);
+    for message in messages {
+        if !batch.is_empty() && bytes + size(&message) > PUT_BATCH_BYTES {
+            receipts.extend(store.put_batch(std::mem::take(&mut batch))?);
+            bytes = 0;
+        }
+        bytes += size(&message);
+        batch.push(message);
+    }
+    if !batch.is_empty() {
+        receipts.extend(store.put_batch(batch)?);
+    }
+    Ok(receipts)
+}
+
 /// Checks a timer read from the stream and makes its local record.
 fn index(
     message: &JsMessage,
@@ -1245,4 +1276,27 @@ fn index(
 
 pub(crate) fn now_ms() -> u64 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_millis() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Timers read together whose copies would not fit in one segment (32
+    /// of 900 KB against 16 MiB) go into the local store in several batches:
+    /// one batch was refused, and the partition read the same timers again
+    /// and again, firing none.
+    #[test]
+    fn timers_too_big_for_one_batch_are_put_in_several() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(partition_store_config(dir.path())).unwrap();
+        let due = now_ms() + 3_600_000;
+        let messages: Vec<Message> = (0..32u64)
+            .map(|i| Message::new(FIRE_TOPIC, vec![b'b'; 900_000]).deliver_at_ms(due).key(i.to_string()))
+            .collect();
+        let receipts = put_in_batches(&store, messages).unwrap();
+        assert_eq!(receipts.len(), 32);
+        assert!(receipts.windows(2).all(|w| w[0].offset() < w[1].offset()), "in the order read");
+        store.close().unwrap();
+    }
 }
