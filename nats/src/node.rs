@@ -34,7 +34,7 @@ async fn set_up<T, F: Future<Output = Result<T>>>(what: &str, mut attempt: impl 
             Ok(done) => return Ok(done),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
             Err(e) => {
-                tracing::info!(what, error = %e, "JetStream cannot set this up yet; trying again");
+                tracing::warn!(what, error = %e, "JetStream cannot set this up yet; trying again");
                 tokio::time::sleep(Duration::from_millis(500)).await;
             }
         }
@@ -48,9 +48,12 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     std::fs::create_dir_all(&config.dir)
         .map_err(|source| TierError::Io { path: config.dir.clone(), source })?;
     remove_stale_stores(&config.dir)?;
+    // A server down at start is connected to once it is up: the set-up
+    // below tries again meanwhile (see `set_up`).
     let client = async_nats::ConnectOptions::new()
         .name(format!("delaywheel-nats {}", config.node_id))
         .request_timeout(Some(OP_TIMEOUT))
+        .retry_on_initial_connect()
         .connect(config.servers.clone())
         .await
         .map_err(|e| TierError::nats(format!("connect to {}", config.servers.join(",")), e))?;
@@ -59,9 +62,18 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         .timeout(OP_TIMEOUT)
         .ack_timeout(OP_TIMEOUT)
         .build(client.clone());
-    let (stream, strays_possible) = set_up("the delay stream", || ensure_stream(&js, &config)).await?;
-    let leases = set_up("the lease bucket", || Leases::open(&js, &config)).await?;
-    let settled_ids = set_up("the settled-ids bucket", || SettledIds::open(&js, &config)).await?;
+    tokio::pin!(shutdown);
+    let set_up_all = async {
+        let (stream, strays_possible) = set_up("the delay stream", || ensure_stream(&js, &config)).await?;
+        let leases = set_up("the lease bucket", || Leases::open(&js, &config)).await?;
+        let settled_ids = set_up("the settled-ids bucket", || SettledIds::open(&js, &config)).await?;
+        Ok::<_, TierError>((stream, strays_possible, leases, settled_ids))
+    };
+    let (stream, strays_possible, leases, settled_ids) = tokio::select! {
+        // Nothing is owned yet: nothing to give back.
+        () = &mut shutdown => return Ok(()),
+        made = set_up_all => made?,
+    };
     let renew_every = config.renew_every();
     let policy = config.target_policy();
     let shared = Arc::new(Shared {
@@ -79,7 +91,6 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     tracing::info!(node = %node.shared.config.node_id, "tier node started");
     let mut tick = tokio::time::interval(renew_every);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tokio::pin!(shutdown);
     loop {
         tokio::select! {
             () = &mut shutdown => break,
