@@ -47,6 +47,34 @@ fn timed_messages_arrive_when_due_and_not_before() {
     store.close().unwrap();
 }
 
+/// A second of more timers than the wheel sorts in one go (5,000: it
+/// spreads them by millisecond first) fires them in (deliver time, log
+/// offset) order, as consumers then read them.
+#[test]
+fn a_big_second_fires_in_deliver_time_then_log_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let messages: Vec<Message> = (0..5_000u64)
+        .map(|i| Message::new("T", format!("m{i}")).deliver_at_ms(T0 + 10_000 + (i * 7_919) % 1_000))
+        .collect();
+    for batch in messages.chunks(500) {
+        store.put_batch(batch.to_vec()).unwrap();
+    }
+    store.fresh_stats().unwrap(); // all with the wheel before their second loads
+    let mut consumer = store.consumer("T", 0).unwrap();
+    clock.set_ms(T0 + 11_000);
+    let got = drain(&mut consumer, 5_000);
+    let order: Vec<(u64, u64)> = got.iter().map(|m| (m.deliver_at_ms().unwrap(), m.log_offset())).collect();
+    assert_eq!(order.len(), 5_000);
+    assert!(
+        order.windows(2).all(|w| w[0] < w[1]),
+        "out of order: {:?}",
+        order.windows(2).find(|w| w[0] >= w[1])
+    );
+    store.close().unwrap();
+}
+
 /// Timers fired together, several due at one millisecond, each count once
 /// in the lateness histograms (a millisecond's timers are counted as one run).
 #[test]

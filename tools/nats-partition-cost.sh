@@ -12,7 +12,11 @@ bin=target/release/delaywheel-nats
 
 pids=()
 work=
-cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; [[ -z $work ]] || rm -rf "$work"; }
+cleanup() {
+  kill -9 ${pids[@]+"${pids[@]}"} 2>/dev/null || true
+  wait 2>/dev/null || true
+  [[ -z $work ]] || rm -rf "$work"
+}
 trap cleanup EXIT
 
 for partitions in "${@:-8}"; do
@@ -36,6 +40,10 @@ for partitions in "${@:-8}"; do
   rss_kib=$(awk '/VmRSS/ {print $2}' "/proc/$node_pid/status")
   disk_kib=$(du -sk "$work/tier" | awk '{print $1}')
   stores=$(find "$work/tier" -mindepth 1 -maxdepth 1 -type d | wc -l)
+  if ((stores < partitions)); then
+    echo "the node opened $stores stores of $partitions partitions within 30 s:" >&2; tail -5 "$work/tier.log" >&2
+    exit 1
+  fi
   echo "{\"partitions\":$partitions,\"stores\":$stores,\"threads\":$threads,\"rss_kib\":$rss_kib,\"disk_kib\":$disk_kib}"
   cleanup
   pids=()

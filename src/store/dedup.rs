@@ -163,6 +163,8 @@ impl Store {
         let (hash, mut recent) = self.dedup_shard(message.topic(), key)?;
         // Moved to the ticking thread and back, not copied, if not pending.
         let mut replacement = Box::new(Replacement { message, queue_id, timing: Timing::default() });
+        // One wait for room at the size cap, however many looks.
+        let started = std::time::Instant::now();
         for look in 0..2 {
             let message = &replacement.message;
             let key = message.dedup_key.as_deref().expect("checked above");
@@ -177,7 +179,7 @@ impl Store {
             let now_ms = self.config.clock.now_ms();
             let (deliver_at_ms, delay_level) = message.resolve_timing(now_ms, &self.levels)?;
             replacement.timing = Timing { deliver_at_ms, delay_level };
-            match self.replace_when_room(timer, replacement)? {
+            match self.replace_when_room(timer, replacement, started)? {
                 Ok(receipt) => {
                     recent.push(hash, receipt.offset);
                     drop(recent);
@@ -209,14 +211,14 @@ impl Store {
     /// Has the ticking thread write `replacement` in place of `timer`: its
     /// receipt, or the replacement back if the timer was not pending. At
     /// the size cap it waits for retention to make room, up to the put
-    /// timeout, and asks again, as a put waits (then fails with
-    /// [`Error::SizeCap`]); the timer may fire meanwhile.
+    /// timeout since `started`, and asks again, as a put waits (then fails
+    /// with [`Error::SizeCap`]); the timer may fire meanwhile.
     fn replace_when_room(
         &self,
         timer: Timer,
         mut replacement: Box<Replacement>,
+        started: std::time::Instant,
     ) -> Result<std::result::Result<Receipt, Box<Replacement>>> {
-        let started = std::time::Instant::now();
         loop {
             match self.scheduler.replace(timer, replacement)? {
                 // The replacement is freed here, by the thread whose allocator made it.

@@ -72,7 +72,11 @@ const RUNS: usize = 1 + 1000;
 /// whole second was a tenth of the ticker's cost of firing a timer.
 fn sort_timers(second: u64, timers: &mut Vec<Timer>) {
     let start_ms = second * 1000;
-    let run = |t: &Timer| t.deliver_at_ms.checked_sub(start_ms).map_or(0, |ms| 1 + ms as usize);
+    // Past the second's last millisecond: `RUNS`, which no run holds.
+    let run = |t: &Timer| match t.deliver_at_ms.checked_sub(start_ms) {
+        None => 0,
+        Some(ms) => usize::try_from(ms).ok().filter(|&ms| ms < 1000).map_or(RUNS, |ms| 1 + ms),
+    };
     // A timer due after its second is never loaded into it; if one were, the
     // plain sort still orders it.
     if timers.len() < SPREAD_AT || timers.iter().any(|t| run(t) >= RUNS) {
