@@ -104,6 +104,11 @@ pub(crate) struct Wheel {
     durable_tick: u64,
     /// A cascade is re-indexing a window (see [`place`](Self::place)).
     cascading: bool,
+    /// The slot last written, as written: the next timer of a burst goes to
+    /// the same slot, and reading it back from the file (decoded, its
+    /// checksum checked) cost every insert. Every write of the file goes
+    /// through [`write_slot`](Self::write_slot), which keeps it.
+    last_written: Option<(u64, Slot)>,
 }
 
 /// The wheel's files a checkpoint syncs.
@@ -178,6 +183,7 @@ impl Wheel {
             retired: RetiredChains::default(),
             durable_tick: loaded_through + 1,
             cascading: false,
+            last_written: None,
         };
         wheel.count_unloaded()?;
         let ends = wheel.timer_log_ends();
@@ -211,6 +217,11 @@ impl Wheel {
     }
 
     fn read_slot(&self, index: u64) -> Result<Slot> {
+        if let Some((written, slot)) = self.last_written
+            && written == index
+        {
+            return Ok(slot);
+        }
         let at = slot_position(index) as usize;
         Slot::decode(self.file.view(at, SLOT_LEN), index)
             .map_err(|kind| Error::corruption(&self.path, at as u64, kind))
@@ -220,6 +231,7 @@ impl Wheel {
         let at = slot_position(index) as usize;
         self.file.unpublished_mut(at, SLOT_LEN).copy_from_slice(&slot.encode(index));
         self.slot_counts.set(index, slot);
+        self.last_written = Some((index, *slot));
     }
 
     fn slot_error(&self, index: u64, why: String) -> Error {
