@@ -342,6 +342,7 @@ impl Parts {
             received: indexed,
             routes: Default::default(),
             recurring: Default::default(),
+            armed_ahead: Default::default(),
             pins_gate: Arc::clone(&self.pins_gate),
         }
     }

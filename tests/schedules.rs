@@ -636,3 +636,31 @@ fn a_schedule_record_damaged_after_its_timer_was_loaded_is_quarantined_when_it_f
     assert_eq!(store.stats().quarantined, 1);
     store.close().unwrap();
 }
+
+#[test]
+fn a_schedule_is_listed_as_pending_at_every_instant_between_its_occurrences() {
+    // The ticking thread fires an occurrence and writes the record arming
+    // the next; the dispatcher hands that timer back to the wheel a moment
+    // later. A listing or a count asked in that moment used to find neither.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let handle = store.schedule(every(1_000, T0 + 1_000)).unwrap().handle();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    let mut missing = Vec::new();
+    for n in 1..=500 {
+        clock.set_ms(T0 + 1_000 * n);
+        let listed = store.pending(0..u64::MAX, 10).unwrap();
+        if listed.len() != 1 || listed[0].handle != handle {
+            missing.push((n, "listed", listed.len() as u64));
+        }
+        let counted = store.pending_counts(&[]).unwrap();
+        if counted != [1] {
+            missing.push((n, "counted", counted[0]));
+        }
+        // Each occurrence is delivered before the clock moves on.
+        assert_eq!(drain_idle(&mut consumer, 1, Duration::from_secs(5)).len(), 1, "occurrence {n}");
+    }
+    assert_eq!(missing, [], "(occurrence, query, timers) where the schedule was not found once");
+    store.close().unwrap();
+}

@@ -27,6 +27,7 @@
 //!
 //! All of it is an index of the commit log.
 
+mod armed_ahead;
 pub(crate) mod front;
 #[cfg_attr(not(feature = "internals"), allow(dead_code))]
 pub mod geometry;

@@ -24,6 +24,7 @@ use crate::stall::{RETRY, Stall};
 use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
 use crate::threads::StopFlag;
+use crate::timer::armed_ahead::ArmedAhead;
 use crate::timer::pins_snapshot::SnapshotGate;
 use crate::timer::recurring::Recurring;
 use crate::timer::routes::{Planned, Routes};
@@ -223,6 +224,8 @@ pub(crate) struct Ticker {
     /// Schedules' timers a restart restored from the relocation area, to
     /// learn once the thread runs (see [`Ticker::learn_late`]).
     pub restored_schedules: Vec<Timer>,
+    /// Timers it armed by its own records that the dispatcher has not sent back yet.
+    pub armed_ahead: ArmedAhead,
 }
 
 impl Ticker {
@@ -412,6 +415,7 @@ impl Ticker {
         debug_assert!(timers.is_sorted_by_key(|t| t.timer.message_offset), "sent in log order");
         let Some(last) = timers.last() else { return Ok(()) };
         self.received = self.received.max(last.timer.message_offset + 1);
+        self.armed_ahead.handed_back_below(self.received);
         // One clock reading for the batch: it only says which timers are
         // overdue (and so fire at once), sent as they were indexed.
         let now_ms = self.clock.now_ms();
@@ -493,6 +497,7 @@ impl Ticker {
             WheelCommand::Insert(timers) => self.insert_all(timers),
             WheelCommand::Progress(offset) => {
                 self.indexed = offset;
+                self.armed_ahead.handed_back_below(offset);
                 self.shared.progress.store(offset, Ordering::Release);
                 // Until the replay is done, the ends stay where it began: the
                 // entries past them are what a restart must not index twice
@@ -517,7 +522,8 @@ impl Ticker {
             }
             WheelCommand::Pending { window_ms, limit, reply } => {
                 // A failed read is this caller's answer; the wheel goes on.
-                let _ = reply.send(self.wheel.pending_between(window_ms, limit));
+                let armed_ahead = self.armed_ahead.due_in(&window_ms);
+                let _ = reply.send(self.wheel.pending_between(window_ms.clone(), limit, armed_ahead));
                 Ok(())
             }
             WheelCommand::PendingOf { timers, reply } => {
@@ -529,7 +535,12 @@ impl Ticker {
                 Ok(())
             }
             WheelCommand::PendingCounts { bounds_ms, reply } => {
-                let _ = reply.send(self.wheel.pending_by_due_time(&bounds_ms));
+                let counts = self.wheel.pending_by_due_time(&bounds_ms).map(|mut counts| {
+                    let armed_ahead = self.armed_ahead.due_in(&(0..u64::MAX));
+                    self.wheel.count_not_yet_held(armed_ahead, &bounds_ms, &mut counts);
+                    counts
+                });
+                let _ = reply.send(counts);
                 Ok(())
             }
         }

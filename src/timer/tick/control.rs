@@ -205,6 +205,7 @@ impl Ticker {
         // Without its ledger entry, the handle would name the old timer again:
         // the ledger is then unreliable, and the wheel is rebuilt.
         self.wheel.record_in_ledger(entry)?;
+        self.armed_ahead.armed(entry.rescheduled_timer());
         self.counts.settled(timer.message_offset);
         self.wake_indexers();
         Ok(RescheduleOutcome::Rescheduled)

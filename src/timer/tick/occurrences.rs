@@ -91,6 +91,7 @@ impl Ticker {
                     // The handle finds the schedule's timer by it, as after a reschedule.
                     let entry = LedgerEntry::reschedule(view.message_offset, view.deliver_at_ms, offset);
                     self.wheel.record_in_ledger(entry)?;
+                    self.armed_ahead.armed(entry.rescheduled_timer());
                     view.delivers()
                 }
                 Written::Last(_) => true,
@@ -197,7 +198,9 @@ impl Ticker {
             self.log.append_reserved(view.record_len(), |buf, offset| view.encode(buf, offset))?;
         let state = self.wheel.apply_cancel(timer, target)?;
         debug_assert_eq!(state, CancelState::Cancelled, "located as pending");
-        self.wheel.record_in_ledger(LedgerEntry::reschedule(schedule, next, record))?;
+        let entry = LedgerEntry::reschedule(schedule, next, record);
+        self.wheel.record_in_ledger(entry)?;
+        self.armed_ahead.armed(entry.rescheduled_timer());
         self.counts.settled(timer.message_offset);
         self.wake_indexers();
         Ok(if pause { PauseOutcome::Paused } else { PauseOutcome::Resumed })

@@ -2,6 +2,7 @@
 //! from the in-memory mirror of the slot counts (never by decoding slots).
 
 use crate::error::Result;
+use crate::timer::Timer;
 use crate::timer::geometry::{L0_SPAN, LEVEL_COUNT, LEVELS, net_pending, slot_index, window_start};
 use crate::timer::wheel::Wheel;
 
@@ -79,6 +80,26 @@ impl Wheel {
         net[bucket(cutoff_ms.max(first * 1000))] += rest;
         self.count_coarse_by_due_time(bucket, &mut net);
         Ok(carry_cancels_back(net))
+    }
+
+    /// Adds `timers`, which the wheel does not hold yet (see
+    /// `timer::armed_ahead`), to the `counts` of
+    /// [`pending_by_due_time`](Self::pending_by_due_time), each where the
+    /// wheel will count it: at the start of the slot it will wait in.
+    pub fn count_not_yet_held(
+        &self,
+        timers: impl Iterator<Item = Timer>,
+        bounds_ms: &[u64],
+        counts: &mut [u64],
+    ) {
+        debug_assert_eq!(counts.len(), bounds_ms.len() + 1, "one count more than bounds");
+        for timer in timers {
+            let counted_at_ms = match self.place(timer.deliver_at_ms / 1000) {
+                Some((level, window)) => window_start(level, window).saturating_mul(1000),
+                None => timer.deliver_at_ms,
+            };
+            counts[bounds_ms.partition_point(|&b| b <= counted_at_ms)] += 1;
+        }
     }
 
     /// Adds the timers of levels 1 and 2, less their cancel entries' timers,

@@ -189,7 +189,7 @@ fn pending_by_due_time_scanning_everything(w: &Wheel, bounds_ms: &[u64]) -> Vec<
 
 /// What [`Wheel::pending_between`] lists, as (deliver time, offset).
 fn listed(w: &Wheel, window: std::ops::Range<u64>, limit: usize) -> Vec<(u64, u64)> {
-    let entries = w.pending_between(window, limit).unwrap();
+    let entries = w.pending_between(window, limit, std::iter::empty()).unwrap();
     entries.iter().map(|e| (e.timer.deliver_at_ms, e.timer.message_offset)).collect()
 }
 

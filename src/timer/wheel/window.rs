@@ -56,7 +56,14 @@ struct SlotToRead {
 impl Wheel {
     /// The first `limit` pending timers due in `window_ms` (epoch ms,
     /// half-open), by (deliver time, commit-log offset); see the module docs.
-    pub fn pending_between(&self, window_ms: Range<u64>, limit: usize) -> Result<Vec<PendingEntry>> {
+    /// `armed_ahead`: timers due in the window that the wheel does not hold
+    /// yet (see `timer::armed_ahead`).
+    pub fn pending_between(
+        &self,
+        window_ms: Range<u64>,
+        limit: usize,
+        armed_ahead: impl Iterator<Item = Timer>,
+    ) -> Result<Vec<PendingEntry>> {
         if window_ms.is_empty() || limit == 0 {
             return Ok(Vec::new());
         }
@@ -67,6 +74,7 @@ impl Wheel {
             .filter(|t| in_window(t))
             .map(|&timer| PendingEntry { timer, level: 0 })
             .collect();
+        found.extend(armed_ahead.map(|timer| PendingEntry { timer, level: self.level_for(timer) }));
         let mut cancelled = HashSet::new();
         let overlaps = |second: u64| {
             second.saturating_mul(1000) < window_ms.end
@@ -132,9 +140,7 @@ impl Wheel {
                 let timer = self.current_timer(own)?;
                 let level = match self.locate_for_cancel(&timer)? {
                     CancelTarget::Loaded | CancelTarget::Prefetching => 0,
-                    CancelTarget::Slot => {
-                        self.place(timer.deliver_at_ms / 1000).map_or(0, |(level, _)| level as u8)
-                    }
+                    CancelTarget::Slot => self.level_for(timer),
                     CancelTarget::AlreadyCancelled | CancelTarget::AlreadyDelivered => return Ok(None),
                 };
                 Ok(Some(PendingEntry { timer, level }))
@@ -154,6 +160,11 @@ impl Wheel {
             },
             CancelTarget::Loaded | CancelTarget::Prefetching | CancelTarget::Slot => TimerFate::Pending,
         })
+    }
+
+    /// The finest level that holds, or will hold, `timer` (0 for a loaded second).
+    fn level_for(&self, timer: Timer) -> u8 {
+        self.place(timer.deliver_at_ms / 1000).map_or(0, |(level, _)| level as u8)
     }
 
     /// The live slots whose window overlaps `window_ms`, by first second.
