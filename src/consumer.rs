@@ -14,8 +14,8 @@ use crate::consume_queue::ConsumeQueue;
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::Entry;
 use crate::format::record::{
-    DEDUP_PROPERTY, DeliveriesView, DeliveryView, MessageView, REPLACES_PROPERTY, RecordKind, RescheduleView,
-    deliveries_count, deliveries_timer,
+    DEDUP_PROPERTY, DeliveriesView, DeliveryView, MessageView, OccurrencesView, REPLACES_PROPERTY,
+    RecordKind, RescheduleView, deliveries_count, deliveries_timer,
 };
 use crate::message::{ConsumedMessage, Extras, Handle};
 use crate::offsets::OffsetStore;
@@ -45,14 +45,23 @@ pub struct Consumer {
     wake: Receiver<()>,
     /// Where skipped entries are counted.
     retention: Arc<RetentionCounters>,
-    /// The deliveries record whose checksum was checked last: its other
-    /// entries' timers are read from it without checking it again.
+    /// The deliveries or occurrences record whose checksum was checked
+    /// last: its other entries' timers are read from it without checking
+    /// it again.
     checked_deliveries: u64,
-    /// The timers of the deliveries record at this offset, kept during a
-    /// poll (they hold its segment, as the reader does).
-    run: Option<(u64, Bytes)>,
+    /// The record a run of entries points at, kept during a poll (it holds
+    /// its segment, as the reader does).
+    run: Option<Run>,
     /// The entries of the chunk being read (kept to reuse the allocation).
     entries: Vec<Entry>,
+}
+
+/// The record a run of entries points at (each names its timer by index).
+struct Run {
+    offset: u64,
+    /// A deliveries record (`bytes` are its timers) or an occurrences record (all of it).
+    kind: RecordKind,
+    bytes: Bytes,
 }
 
 impl Consumer {
@@ -273,39 +282,48 @@ impl Consumer {
     fn timer_of(&mut self, index: u64, entry: &Entry) -> Result<u64> {
         let Some(i) = entry.batch_index() else { return self.delivered_timer(index, entry) };
         let run = match self.run.take() {
-            Some((at, timers)) if at == entry.log_offset => timers,
+            Some(run) if run.offset == entry.log_offset => run,
             _ => self.read_run(index, entry)?,
         };
-        let timer = deliveries_timer(&run, i).map(|(timer, _)| timer);
-        let count = deliveries_count(&run);
-        self.run = Some((entry.log_offset, run));
-        timer.ok_or_else(|| {
-            bad_reference(
-                &self.log,
-                index,
-                entry,
-                &format!("names timer {i} of a deliveries record of {count}"),
-            )
-        })
+        let timer = match run.kind {
+            RecordKind::Occurrences => OccurrencesView::entry_at(&run.bytes, run.offset, i)
+                .map(|(_, occurrence)| occurrence.from_timer)
+                .map_err(|kind| self.log.corruption_at(run.offset, kind)),
+            _ => deliveries_timer(&run.bytes, i).map(|(timer, _)| timer).ok_or_else(|| {
+                let why =
+                    format!("names timer {i} of a deliveries record of {}", deliveries_count(&run.bytes));
+                bad_reference(&self.log, index, entry, &why)
+            }),
+        };
+        self.run = Some(run);
+        timer
     }
 
-    /// The timers of the deliveries record `entry` (at queue position
-    /// `index`) points at, its checksum checked unless this consumer checked
-    /// it before (a run may span polls).
-    fn read_run(&mut self, index: u64, entry: &Entry) -> Result<Bytes> {
+    /// The record of the run of entries `entry` (at queue position `index`)
+    /// is in: the timers of a deliveries record, or an occurrences record,
+    /// its checksum checked unless this consumer checked it before (a run
+    /// may span polls).
+    fn read_run(&mut self, index: u64, entry: &Entry) -> Result<Run> {
         let checksum = self.checked_deliveries != entry.log_offset;
         let record = self.reader.read_checking(entry.log_offset, checksum)?;
-        if record.offset != entry.log_offset || record.kind != RecordKind::Deliveries {
-            return Err(bad_reference(&self.log, index, entry, "does not point at a deliveries record"));
+        let batch = matches!(record.kind, RecordKind::Deliveries | RecordKind::Occurrences);
+        if record.offset != entry.log_offset || !batch {
+            let why = "does not point at a deliveries or occurrences record";
+            return Err(bad_reference(&self.log, index, entry, why));
         }
         if record.bytes.len() != entry.record_len as usize {
             return Err(bad_reference(&self.log, index, entry, "does not match the length of its record"));
         }
-        let view =
-            DeliveriesView::parse(&record.bytes).map_err(|k| self.log.corruption_at(record.offset, k))?;
-        let timers = record.bytes.slice_ref(view.timer_bytes());
+        let bytes = match record.kind {
+            RecordKind::Deliveries => {
+                let view = DeliveriesView::parse(&record.bytes)
+                    .map_err(|k| self.log.corruption_at(record.offset, k))?;
+                record.bytes.slice_ref(view.timer_bytes())
+            }
+            _ => record.bytes,
+        };
         self.checked_deliveries = entry.log_offset;
-        Ok(timers)
+        Ok(Run { offset: record.offset, kind: record.kind, bytes })
     }
 
     /// The record of the timer whose delivery record entry `entry` (at
@@ -418,14 +436,25 @@ impl Consumer {
     /// due: the entry's record arms it, unless it is a delivery record (the
     /// schedule's last occurrence).
     fn next_occurrence(&mut self, entry: &Entry, timer: u64) -> Result<Option<u64>> {
-        let record = self.reader.read(entry.log_offset)?;
-        if record.kind != RecordKind::Reschedule {
-            return Ok(None);
-        }
-        let r = RescheduleView::parse(&record.bytes)
-            .map_err(|kind| self.log.corruption_at(record.offset, kind))?;
-        debug_assert_eq!(r.from_timer, timer, "an occurrence's entry names the timer it replaced");
-        Ok(Some(r.deliver_at_ms))
+        // The run read for this entry's timer, if a later one did not take its place.
+        let kept = self.run.as_ref().filter(|run| run.offset == entry.log_offset);
+        let (kind, bytes) = match kept.map(|run| (run.kind, run.bytes.clone())) {
+            Some(kept) => kept,
+            None => {
+                let record = self.reader.read(entry.log_offset)?;
+                (record.kind, record.bytes)
+            }
+        };
+        let corrupt = |kind| self.log.corruption_at(entry.log_offset, kind);
+        let next = match (kind, entry.batch_index()) {
+            (RecordKind::Occurrences, Some(i)) => {
+                OccurrencesView::entry_at(&bytes, entry.log_offset, i).map_err(corrupt)?.1
+            }
+            (RecordKind::Reschedule, None) => RescheduleView::parse(&bytes).map_err(corrupt)?,
+            _ => return Ok(None),
+        };
+        debug_assert_eq!(next.from_timer, timer, "an occurrence's entry names the timer it replaced");
+        Ok(Some(next.deliver_at_ms))
     }
 
     /// The queue offset the next `poll` starts at.

@@ -25,7 +25,8 @@ use crate::consume_queue::{ConsumeQueue, QueueRegistry};
 use crate::error::{CorruptionKind, Error, Result};
 use crate::format::queue_entry::{self, Entry, FLAG_TIMER_DELIVERY, batch_flags, tag_hash};
 use crate::format::record::{
-    CancelView, DELIVERY_LEN, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView,
+    CancelView, DELIVERY_LEN, DeliveriesView, DeliveryView, MessageView, OccurrencesView, RecordKind,
+    RescheduleView,
 };
 use crate::key_index::KeyIndexes;
 use crate::message::validate_topic;
@@ -76,6 +77,9 @@ pub(crate) struct Dispatcher {
     quarantined: Arc<AtomicU64>,
     /// Where the dispatcher says it waits for disk space.
     stall: Arc<Stall>,
+    /// Queues a record indexed besides the one it answers (an occurrences
+    /// record's entries go to their schedules' queues): woken with it.
+    touched_too: RefCell<Vec<Arc<ConsumeQueue>>>,
 }
 
 /// What the dispatcher writes to: the consume queues, the key index, the
@@ -122,6 +126,7 @@ impl Dispatcher {
             replay_end,
             quarantined,
             stall,
+            touched_too: RefCell::new(Vec::new()),
         }
     }
 
@@ -165,10 +170,10 @@ impl Dispatcher {
                 }
             };
             self.count.get_mut().indexed(next);
-            if let Some(queue) = queue
-                && !touched.iter().any(|q| Arc::ptr_eq(q, &queue))
-            {
-                touched.push(queue);
+            for queue in queue.into_iter().chain(self.touched_too.get_mut().drain(..)) {
+                if !touched.iter().any(|q| Arc::ptr_eq(q, &queue)) {
+                    touched.push(queue);
+                }
             }
             self.next = next;
             count += 1;
@@ -291,7 +296,7 @@ impl Dispatcher {
                 Ok(view) if view.delivers() => {
                     // The entry first: a retry after a full disk appends it
                     // once (the queue's last entry says), and sends the timer once.
-                    let queue = match self.index_occurrence(offset, bytes.len(), &view) {
+                    let queue = match self.index_occurrence(offset, bytes.len(), &view, None) {
                         Ok(queue) => Some(queue),
                         Err(Error::Reclaimed { .. }) => {
                             self.reclaimed_deliveries.set(self.reclaimed_deliveries.get() + 1);
@@ -306,6 +311,10 @@ impl Dispatcher {
                     self.note_count("", 0, ScheduleDelta { active: 0, paused: pauses(&view) });
                     self.scheduler.index_rescheduled(offset, &view).map(|()| None)
                 }
+                Err(kind) => self.quarantine(offset, self.log.corruption_at(offset, kind)),
+            },
+            RecordKind::Occurrences => match OccurrencesView::parse(bytes, offset) {
+                Ok(view) => self.index_occurrences(offset, bytes.len(), &view),
                 Err(kind) => self.quarantine(offset, self.log.corruption_at(offset, kind)),
             },
             // Cancels were applied by the ticker that wrote them; here they
@@ -370,7 +379,15 @@ impl Dispatcher {
     /// record's does, and consumers follow it to the timer it replaced and
     /// on to the schedule's record. The schedule stays pending (its next
     /// occurrence is this record's timer), so its topic's count is unchanged.
-    fn index_occurrence(&self, offset: u64, len: usize, view: &RescheduleView) -> Result<Arc<ConsumeQueue>> {
+    ///
+    /// `batch`: the entry's index, for an entry of an occurrences record.
+    fn index_occurrence(
+        &self,
+        offset: u64,
+        len: usize,
+        view: &RescheduleView,
+        batch: Option<usize>,
+    ) -> Result<Arc<ConsumeQueue>> {
         let checksum = offset < self.replay_end;
         let mut originals = self.originals.borrow_mut();
         let (queue, _) = originals.visit_checking(view.message_offset, checksum, |at, kind, record| {
@@ -386,14 +403,54 @@ impl Dispatcher {
                 return Err(self.log.corruption_at(at, CorruptionKind::BadReference(why)));
             }
             let queue = self.queues.get_or_create(schedule.topic, schedule.queue_id);
-            if queue.last().is_none_or(|last| last.log_offset != offset) {
-                let entry =
-                    message_entry(&schedule, offset, len, view.rescheduled_at_ms, FLAG_TIMER_DELIVERY);
-                queue.append(&entry)?;
+            // A retry after a full disk: the queue's last entry says whether it was appended.
+            let appended =
+                queue.last().is_some_and(|last| last.log_offset == offset && last.batch_index() >= batch);
+            if !appended {
+                let flags = batch.map_or(FLAG_TIMER_DELIVERY, batch_flags);
+                queue.append(&message_entry(&schedule, offset, len, view.rescheduled_at_ms, flags))?;
             }
             Ok(queue)
         })?;
         queue
+    }
+
+    /// Indexes the occurrences record at `offset` (`len` bytes): each entry
+    /// as the delivering occurrence record it stands for (see
+    /// [`index_occurrence`](Self::index_occurrence)), its queue entry naming
+    /// it by index, and its timer (named by the entry's offset) sent on. An
+    /// entry whose schedule is damaged is quarantined alone. The record goes
+    /// to several queues: they are noted in `touched_too`.
+    fn index_occurrences(
+        &self,
+        offset: u64,
+        len: usize,
+        view: &OccurrencesView<'_>,
+    ) -> Result<Option<Arc<ConsumeQueue>>> {
+        // The entries first, then the timers: a retry after a full disk
+        // appends each entry once, and sends each timer once.
+        let mut indexed = Vec::with_capacity(view.len());
+        for (i, (name, entry)) in view.entries().enumerate() {
+            match self.index_occurrence(offset, len, &entry, Some(i)) {
+                Ok(queue) => {
+                    let mut touched = self.touched_too.borrow_mut();
+                    if !touched.iter().any(|q| Arc::ptr_eq(q, &queue)) {
+                        touched.push(queue);
+                    }
+                    indexed.push((name, entry));
+                }
+                Err(Error::Reclaimed { .. }) => {
+                    self.reclaimed_deliveries.set(self.reclaimed_deliveries.get() + 1);
+                    indexed.push((name, entry));
+                }
+                Err(e @ Error::Corruption { .. }) => drop(self.quarantine(name, e)?),
+                Err(e) => return Err(e),
+            }
+        }
+        for (name, entry) in indexed {
+            self.scheduler.index_rescheduled(name, &entry)?;
+        }
+        Ok(None)
     }
 
     /// Indexes the deliveries record at `offset` (`len` bytes): one entry per

@@ -161,7 +161,7 @@ fn replay(log: &CommitLog, store: &OffsetStore, from: u64) -> Result<Replayed> {
 /// records): else the file's `covers_log_to` is wrong, not the log, and a
 /// walk from there would take the record it cuts for damage.
 fn starts_a_record(log: &CommitLog, from: u64) -> bool {
-    from < log.start() || from >= log.write_end() || log.visit_checked(from, |_, _, _| ()).is_ok()
+    from < log.start() || from >= log.write_end() || log.starts_record(from)
 }
 
 /// The file's bytes, never through a symbolic link (a link planted in the

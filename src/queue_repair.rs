@@ -17,8 +17,10 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::ConsumeQueue;
 use crate::dispatcher::{deliveries_entry, delivery_entry, message_entry};
 use crate::error::Result;
-use crate::format::queue_entry::{self, Entry, FLAG_TIMER_DELIVERY};
-use crate::format::record::{DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView};
+use crate::format::queue_entry::{self, Entry, FLAG_TIMER_DELIVERY, batch_flags};
+use crate::format::record::{
+    DeliveriesView, DeliveryView, MessageView, OccurrencesView, RecordKind, RescheduleView,
+};
 
 /// Where an entry sorts in its queue: entries follow the log, and the
 /// entries of one deliveries record follow its timers.
@@ -99,7 +101,8 @@ fn entries_between(
 /// The entries the record at `offset` made in `queue` when the dispatcher
 /// indexed it (`Dispatcher::index`): an ordinary message's, a delivery's of a
 /// message of this queue, a deliveries record's for each timer whose record
-/// reads, a schedule's occurrence record's. A record that does not read
+/// reads, a schedule's occurrence record's, an occurrences record's for
+/// each entry whose schedule reads. A record that does not read
 /// makes none, as it made none then.
 fn entries_of(
     log: &Arc<CommitLog>,
@@ -149,6 +152,18 @@ fn entries_of(
                 if with_message(log, timer, |_| ()).is_some() {
                     made.push(deliveries_entry(offset, bytes.len(), &view, i, tag_hash));
                 }
+            }
+        }
+        // Each entry delivers an occurrence of its schedule, as an occurrence record does.
+        RecordKind::Occurrences => {
+            let Ok(view) = OccurrencesView::parse(bytes, offset) else { return };
+            for (i, (_, occurrence)) in view.entries().enumerate() {
+                let _ = with_message(log, occurrence.message_offset, |schedule| {
+                    if schedule.schedule && ours(schedule.topic, schedule.queue_id) {
+                        let time = occurrence.rescheduled_at_ms;
+                        made.push(message_entry(schedule, offset, bytes.len(), time, batch_flags(i)));
+                    }
+                });
             }
         }
         _ => {}

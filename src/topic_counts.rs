@@ -382,8 +382,10 @@ pub(crate) struct Named {
 pub(crate) fn message_of(log: &mut LogReader, timer_offset: u64) -> Option<Named> {
     let mut at = timer_offset;
     for _ in 0..2 {
+        // A lookup, not a walk: a timer may be named by an occurrences
+        // record's entry, which a lookup reads as the record it stands for.
         let (next, _) = log
-            .visit_trusted(at, |_, kind, bytes| match kind {
+            .visit_checking(at, false, |_, kind, bytes| match kind {
                 RecordKind::Message => {
                     MessageView::parse(bytes).ok().map(|v| Ok((v.topic.to_string(), v.schedule)))
                 }

@@ -233,7 +233,7 @@ fn an_unknown_format_version_is_refused() {
     });
     let err = Store::open(small_config(dir.path())).err().unwrap();
     assert!(
-        matches!(&err, Error::UnsupportedVersion { file, found: 99, supported: 2 } if *file == path),
+        matches!(&err, Error::UnsupportedVersion { file, found: 99, supported: 3 } if *file == path),
         "{err}"
     );
 

@@ -11,6 +11,11 @@ use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{RECORD_HEADER_LEN, encode_padding};
 use crate::sync::{Locked, ReadWrite};
 
+/// A batch [`CommitLog::append_batch_planned`] writes: its records' lengths.
+pub(crate) trait Planned {
+    fn lens(&self) -> &[usize];
+}
+
 impl CommitLog {
     /// Appends one record of `len` bytes; `encode` fills the buffer given the
     /// record's offset. Returns the offset. A record never spans two segments.
@@ -49,6 +54,34 @@ impl CommitLog {
         encode: impl FnMut(usize, &mut [u8], u64),
     ) -> Result<(Vec<u64>, bool)> {
         self.append_batch_inner(lens, encode, true)
+    }
+
+    /// Like [`append_batch_reserved`](Self::append_batch_reserved), for
+    /// records whose contents, and so lengths, depend on where they go (an
+    /// occurrences record names its entries' timers by their offsets):
+    /// under the tail lock, `plan` is given the first record's offset and
+    /// answers a plan, whose [`lens`](Planned::lens) are the records'; if
+    /// they do not fit in the tail segment, the next one is started and
+    /// `plan` asked again. Returns the plan it wrote and the offsets.
+    pub fn append_batch_planned<P: Planned>(
+        &self,
+        mut plan: impl FnMut(u64) -> P,
+        mut encode: impl FnMut(&P, usize, &mut [u8], u64),
+    ) -> Result<(P, Vec<u64>, bool)> {
+        self.check_poison()?;
+        let mut tail = self.tail.locked();
+        if self.closed.load(Ordering::Acquire) {
+            return Err(Error::Closed);
+        }
+        let mut planned = plan(tail.end);
+        if tail.end + self.batch_len(planned.lens())? > tail.base + self.segment_size {
+            self.roll(&mut tail, true)?;
+            planned = plan(tail.end);
+            self.batch_len(planned.lens())?;
+        }
+        let (offsets, prefault) =
+            self.write_batch(&mut tail, planned.lens(), |i, buf, at| encode(&planned, i, buf, at));
+        Ok((planned, offsets, prefault))
     }
 
     /// Like [`append_batch`](Self::append_batch), but only if that takes no
@@ -176,7 +209,14 @@ impl CommitLog {
         tracing::debug!(segment = %segment::segment_path(&self.dir, next_base).display(), "rolled to a new segment");
         *tail = Tail { writer: next, base: next_base, end: next_base + FILE_HEADER_LEN as u64 };
         self.holds_deliveries.store(true, Ordering::Release);
+        self.holds_occurrences.store(true, Ordering::Release);
         Ok(())
+    }
+
+    /// Whether an occurrences record (kind 8) may be appended: the tail
+    /// segment is of version 3 (see [`holds_deliveries`](Self::holds_deliveries)).
+    pub fn holds_occurrences(&self) -> bool {
+        self.holds_occurrences.load(Ordering::Acquire)
     }
 
     /// Whether a deliveries record (kind 7) may be appended: the tail segment

@@ -9,6 +9,7 @@
 
 mod append;
 mod damage;
+mod entries;
 mod reader;
 mod recovery;
 pub(crate) mod relocated;
@@ -61,6 +62,7 @@ enum Walk {
     Lookup,
 }
 
+pub(crate) use append::Planned;
 pub(crate) use reader::LogReader;
 pub use recovery::RecoveryReport;
 pub(crate) use recovery::{RecoveryPlan, files_end, leads_to, restore_short_segments};
@@ -110,6 +112,8 @@ pub(crate) struct CommitLog {
     /// records (kind 7): every segment this build creates is, so it turns
     /// true at the first roll of a store written by an older build.
     holds_deliveries: AtomicBool,
+    /// The tail segment is of version 3 (see `holds_occurrences`).
+    holds_occurrences: AtomicBool,
     /// Damaged stretches walkers met below the recovered end.
     damage: damage::DamagedSpans,
 }
@@ -155,6 +159,7 @@ impl CommitLog {
         };
         let durable = plan.durable.clamp(recovered.segments_start(), recovered.end);
         let holds_deliveries = segment::version(&recovered.tail) >= 2;
+        let holds_occurrences = segment::version(&recovered.tail) >= 3;
         let log = Self {
             dir: dir.to_path_buf(),
             segment_size,
@@ -175,6 +180,7 @@ impl CommitLog {
             relocated,
             size_cap: AtomicU64::new(0),
             holds_deliveries: AtomicBool::new(holds_deliveries),
+            holds_occurrences: AtomicBool::new(holds_occurrences),
             damage: damage::DamagedSpans::new(plan.mode),
         };
         log.refuse_unindexed_copies()?;
@@ -277,6 +283,10 @@ impl CommitLog {
         loop {
             let seg = segment_at(self.base_of(at));
             let seg = seg.as_ref().map(Borrow::borrow);
+            if let Some(resolved) = self.entry_named(seg, at, verify) {
+                let bytes = Bytes::copy_from_slice(&resolved?.record);
+                return Ok(Record { offset: at, kind: RecordKind::Reschedule, bytes });
+            }
             let (local, frame) = match self.locate(seg, at, verify) {
                 Ok(found) => found,
                 Err(e) => return self.read_relocated(at, e),
@@ -289,6 +299,14 @@ impl CommitLog {
             let bytes = share(seg, local, frame.len).expect("a checked frame lies in published bytes");
             return Ok(Record { offset: at, kind: frame.kind, bytes });
         }
+    }
+
+    /// Whether a record that checks out (checksum included) starts at
+    /// `offset`, in a segment on disk. An occurrences record's entry, which
+    /// a lookup by its name reads as a record, does not start one.
+    pub fn starts_record(&self, offset: u64) -> bool {
+        let at = self.normalize(offset);
+        self.locate(self.segment(self.base_of(at)).as_ref(), at, Verify::Checksum).is_ok()
     }
 
     /// Lends the record at `offset` (padding included) to `f` without sharing
@@ -339,6 +357,12 @@ impl CommitLog {
         walk: Walk,
         f: impl FnOnce(u64, RecordKind, &[u8]) -> R,
     ) -> Result<(R, u64)> {
+        if walk == Walk::Lookup
+            && let Some(resolved) = self.entry_named(seg, at, verify)
+        {
+            let resolved = resolved?;
+            return Ok((f(at, RecordKind::Reschedule, &resolved.record), resolved.next));
+        }
         let (local, frame) = match self.locate(seg, at, verify) {
             Ok(found) => found,
             Err(e) => {
@@ -375,7 +399,10 @@ impl CommitLog {
             return Err(failed);
         }
         let reclaimed = || Error::Reclaimed { offset: at };
-        let entry = self.relocated.find(at)?.ok_or_else(reclaimed)?;
+        let Some(entry) = self.relocated.find(at)? else {
+            // A name inside a copied record: an occurrences record's entry.
+            return self.relocated_entry(at)?.ok_or_else(reclaimed);
+        };
         let bytes = self.relocated.read(&entry)?.ok_or_else(reclaimed)?;
         let frame = check_frame(&bytes, at).map_err(|e| {
             let path = self.relocated.window_file(entry.window());

@@ -265,6 +265,24 @@ impl RelocationArea {
         Ok(None)
     }
 
+    /// The index entry of the copy of the record that holds log offset
+    /// `inside` past its start (an occurrences record's entry), if any.
+    pub fn find_containing(&self, inside: u64) -> Result<Option<IndexEntry>> {
+        let index = self.index();
+        let path = self.index_path();
+        // The last copy starting at or before `inside`.
+        let (mut lo, mut hi) = (0, index.entries());
+        while lo < hi {
+            let mid = lo + (hi - lo) / 2;
+            if index.entry(&path, mid)?.original_offset <= inside { lo = mid + 1 } else { hi = mid }
+        }
+        if lo == 0 {
+            return Ok(None);
+        }
+        let entry = index.entry(&path, lo - 1)?;
+        Ok((inside < entry.original_offset + u64::from(entry.len)).then_some(entry))
+    }
+
     /// Whether a copy of a record in `originals` is indexed (its window may
     /// have been deleted since: compaction drops such entries).
     pub fn any_copy_in(&self, originals: std::ops::Range<u64>) -> Result<bool> {

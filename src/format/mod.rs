@@ -65,8 +65,9 @@ pub const PINS_MAGIC: [u8; 8] = *b"DWPINS\0\0";
 /// this build reads and writes.
 pub const FORMAT_VERSION: u32 = 1;
 /// The format version of the commit-log segments this build writes: version
-/// 2 segments may hold deliveries records (kind 7). It reads version 1 too.
-pub const COMMITLOG_VERSION: u32 = 2;
+/// 2 segments may hold deliveries records (kind 7), version 3 segments
+/// occurrences records (kind 8). It reads versions 1 and 2 too.
+pub const COMMITLOG_VERSION: u32 = 3;
 
 /// The format versions this build reads for files of kind `magic`; it writes the last.
 pub fn versions(magic: [u8; 8]) -> std::ops::RangeInclusive<u32> {
@@ -305,19 +306,21 @@ mod tests {
     fn header_golden_bytes_match_wheel_format_md() {
         let h = FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0);
         // The same hex stands in wheel-format.md, "File header".
-        assert_eq!(hex(&h.encode()), "4457434c4f47000002000000000000400000000000000000000000001c91b354");
+        assert_eq!(hex(&h.encode()), "4457434c4f4700000300000000000040000000000000000000000000a166f063");
     }
 
     #[test]
-    fn commit_log_segments_of_version_1_still_read_and_version_3_is_refused() {
-        let old = FileHeader { version: 1, ..FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0) };
-        assert_eq!(FileHeader::decode(&old.encode(), COMMITLOG_MAGIC), Ok(old));
+    fn commit_log_segments_of_versions_1_and_2_still_read_and_version_4_is_refused() {
         let path = Path::new("commitlog/00000000000000000000");
-        let read = check_file_header(path, &old.encode(), COMMITLOG_MAGIC, 1 << 30, 0).unwrap();
-        assert_eq!(read, 1);
-        let future = FileHeader { version: 3, ..old }.encode();
+        for version in [1, 2] {
+            let old = FileHeader { version, ..FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0) };
+            assert_eq!(FileHeader::decode(&old.encode(), COMMITLOG_MAGIC), Ok(old));
+            let read = check_file_header(path, &old.encode(), COMMITLOG_MAGIC, 1 << 30, 0).unwrap();
+            assert_eq!(read, version);
+        }
+        let future = FileHeader { version: 4, ..FileHeader::new(COMMITLOG_MAGIC, 1 << 30, 0) }.encode();
         let err = check_file_header(path, &future, COMMITLOG_MAGIC, 1 << 30, 0).unwrap_err();
-        assert!(matches!(err, Error::UnsupportedVersion { found: 3, supported: 2, .. }), "{err}");
+        assert!(matches!(err, Error::UnsupportedVersion { found: 4, supported: 3, .. }), "{err}");
         // Every other file keeps version 1 only.
         let queue = FileHeader { version: 2, ..FileHeader::new(CONSUME_QUEUE_MAGIC, 300_000, 0) };
         assert_eq!(

@@ -16,9 +16,12 @@ use crate::format::{FILE_HEADER_LEN, crc_at, get_u32, get_u64, put_u16, put_u32}
 mod cancel;
 mod delivery;
 mod message;
+mod occurrences;
 mod relocation;
 
-pub use cancel::{CANCEL_LEN, CancelView, OccurrenceFields, RESCHEDULE_LEN, RescheduleView, encode_cancel};
+pub use cancel::{
+    CANCEL_LEN, CancelView, OCCURRENCE_LEN, OccurrenceFields, RESCHEDULE_LEN, RescheduleView, encode_cancel,
+};
 pub use delivery::{
     DELIVERIES_MAX, DELIVERY_LEN, DeliveriesView, DeliveryView, deliveries_count, deliveries_len,
     deliveries_timer, encode_deliveries, encode_delivery,
@@ -30,6 +33,10 @@ pub use message::{
     DEDUP_PROPERTY, MAX_FIXED_MESSAGE_LEN, MAX_KEY_LEN, MAX_PROPERTIES_LEN, MAX_TAGS_LEN, MAX_TOPIC_LEN,
     MessageFields, MessageView, REPLACES_PROPERTY, Timing, dedup_property_len, encode_message,
     encode_rescheduled, properties_len,
+};
+pub use occurrences::{
+    INTERIOR_MARKER, OCCURRENCE_ENTRY_LEN, OCCURRENCES_MAX, OccurrencesView, containing_record,
+    encode_occurrences, entry_fits, entry_name, occurrences_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 
@@ -67,6 +74,11 @@ pub enum RecordKind {
     /// timer's record and carries what the queue entry needs (topic, queue,
     /// tags), so indexing it reads no message. Only in segments of version 2.
     Deliveries = 7,
+    /// Occurrences of schedules that fired together: each delivers one and
+    /// arms its schedule's next, as an occurrence's reschedule record does,
+    /// in a 24-byte entry whose own offset names the timer it arms. Only in
+    /// segments of version 3.
+    Occurrences = 8,
     /// Filler from here to the end of the segment; the next record starts the next segment.
     Padding = 0xFF,
 }
@@ -89,6 +101,7 @@ impl RecordKind {
             5 => Some(Self::Skipped),
             6 => Some(Self::Reschedule),
             7 => Some(Self::Deliveries),
+            8 => Some(Self::Occurrences),
             0xFF => Some(Self::Padding),
             _ => None,
         }
@@ -257,6 +270,8 @@ pub enum Record<'a> {
     Relocation(RelocationView),
     /// A timer's new deliver time.
     Reschedule(RescheduleView),
+    /// Schedules' occurrences that fired together.
+    Occurrences(OccurrencesView<'a>),
     /// Damaged bytes lenient recovery left in place, skipped.
     Skipped,
     /// Filler to the end of a segment.
@@ -286,6 +301,7 @@ impl<'a> Record<'a> {
             RecordKind::Cancel => Record::Cancel(CancelView::parse(record)?),
             RecordKind::Relocation => Record::Relocation(RelocationView::parse(record)?),
             RecordKind::Reschedule => Record::Reschedule(RescheduleView::parse(record)?),
+            RecordKind::Occurrences => Record::Occurrences(OccurrencesView::parse(record, offset)?),
             RecordKind::Skipped => Record::Skipped,
             RecordKind::Padding => Record::Padding,
         })
@@ -300,6 +316,7 @@ impl<'a> Record<'a> {
             Record::Cancel(c) => Some(c.cancelled_at_ms),
             Record::Relocation(r) => Some(r.relocated_at_ms),
             Record::Reschedule(r) => Some(r.rescheduled_at_ms),
+            Record::Occurrences(o) => Some(o.delivered_at_ms),
             Record::Skipped | Record::Padding => None,
         }
     }

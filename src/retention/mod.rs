@@ -29,7 +29,8 @@ use crate::durable::{Floor, Mark, Pins};
 use crate::error::{Error, Result};
 use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{
-    CancelView, MessageView, RELOCATION_LEN, RecordKind, RelocationView, RescheduleView, record_time_ms,
+    CancelView, MessageView, OccurrencesView, RELOCATION_LEN, RecordKind, RelocationView, RescheduleView,
+    record_time_ms,
 };
 use crate::key_index::KeyIndexes;
 use crate::schedule::replaced_by;
@@ -263,6 +264,14 @@ impl Retainer {
                         Some(RescheduleView::parse(bytes).map_err(corrupt)?.deliver_at_ms)
                             .filter(|&at| at >= pending_from_ms)
                     }
+                    // Copied whole (its checksum binds all its entries) while
+                    // any entry's timer is pending, filed by the latest.
+                    RecordKind::Occurrences => OccurrencesView::parse(bytes, offset)
+                        .map_err(corrupt)?
+                        .entries()
+                        .map(|(_, r)| r.deliver_at_ms)
+                        .max()
+                        .filter(|&at| at >= pending_from_ms),
                     // A cancel of a timer not yet due goes along: a wheel
                     // rebuilt from the log must still see it.
                     RecordKind::Cancel => Some(CancelView::parse(bytes).map_err(corrupt)?.deliver_at_ms)

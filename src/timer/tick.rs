@@ -16,7 +16,9 @@ use crate::durable::{Floor, FlushSignal, SegmentCounts};
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::queue_entry::tag_hash;
-use crate::format::record::{MessageView, RecordKind, RescheduleView, encode_deliveries, encode_delivery};
+use crate::format::record::{
+    MessageView, OccurrencesView, RecordKind, RescheduleView, encode_deliveries, encode_delivery,
+};
 use crate::message::{CancelOutcome, PauseOutcome, ReplaceAnswer, Replacement, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
@@ -337,24 +339,43 @@ impl Ticker {
     /// checks, which skip it.
     fn index_timers(&mut self, from: u64, to: u64) -> Result<()> {
         let mut at = from;
+        let mut timers = Vec::new();
         while at < to {
-            let (timer, next) = self.log.visit_trusted(at, |offset, kind, bytes| {
-                let (deliver_at_ms, recurring) = match kind {
-                    RecordKind::Message => MessageView::parse(bytes)
-                        .ok()
-                        .and_then(|v| v.timer_deliver_at_ms().map(|at| (at, v.schedule)))?,
-                    RecordKind::Reschedule => RescheduleView::parse(bytes)
-                        .ok()
-                        .map(|r| (r.deliver_at_ms, r.occurrence.is_some()))?,
-                    _ => return None,
+            let (_, next) = self.log.visit_trusted(at, |offset, kind, bytes| {
+                let mut found = |deliver_at_ms, message_offset, recurring| {
+                    timers.push((Timer { deliver_at_ms, message_offset }, recurring));
                 };
-                Some((Timer { deliver_at_ms, message_offset: offset }, recurring))
+                match kind {
+                    RecordKind::Message => {
+                        if let Some((due, schedule)) = MessageView::parse(bytes)
+                            .ok()
+                            .and_then(|v| v.timer_deliver_at_ms().map(|due| (due, v.schedule)))
+                        {
+                            found(due, offset, schedule);
+                        }
+                    }
+                    RecordKind::Reschedule => {
+                        if let Ok(r) = RescheduleView::parse(bytes) {
+                            found(r.deliver_at_ms, offset, r.occurrence.is_some());
+                        }
+                    }
+                    // Each entry arms its schedule's next occurrence, named by the entry.
+                    RecordKind::Occurrences => {
+                        for (name, r) in
+                            OccurrencesView::parse(bytes, offset).iter().flat_map(|v| v.entries())
+                        {
+                            found(r.deliver_at_ms, name, true);
+                        }
+                    }
+                    _ => {}
+                }
             })?;
             let now_ms = self.clock.now_ms();
-            match timer {
-                Some((timer, true)) => self.insert_recurring(timer, now_ms)?,
-                Some((timer, false)) => drop(self.insert(timer, now_ms)?),
-                None => {}
+            for (timer, recurring) in timers.drain(..) {
+                match recurring {
+                    true => self.insert_recurring(timer, now_ms)?,
+                    false => drop(self.insert(timer, now_ms)?),
+                }
             }
             at = next;
         }

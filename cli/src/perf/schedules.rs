@@ -91,6 +91,8 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
     let created = Instant::now();
     let firsts = create_all(&store, &kind, &starts, args)?;
     let create_secs = created.elapsed().as_secs_f64();
+    // What the schedules' own records take, written once: the occurrences come after.
+    let schedule_log_bytes = store.stats().log_bytes;
     let run_from_ms = SystemClock.now_ms().max(start_ms);
     std::thread::sleep(Duration::from_millis(run_from_ms - SystemClock.now_ms().min(run_from_ms)));
     std::thread::sleep(Duration::from_secs(run_secs));
@@ -138,6 +140,13 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
         "disk_bytes": disk_bytes(&dir),
         "log_bytes": stats.log_bytes,
         "log_bytes_per_occurrence": if delivered > 0 { stats.log_bytes as f64 / delivered as f64 } else { 0.0 },
+        "schedule_log_bytes": schedule_log_bytes,
+        // Each occurrence's own bytes: the log's growth after the schedules were written.
+        "occurrence_log_bytes_per_occurrence": if delivered > 0 {
+            (stats.log_bytes - schedule_log_bytes) as f64 / delivered as f64
+        } else {
+            0.0
+        },
         "pending": stats.pending,
         "consumers": args.consumers,
         "thread_cpu_secs": thread_cpu::report(),

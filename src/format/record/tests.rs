@@ -338,3 +338,155 @@ fn a_dedup_key_is_the_first_property_golden_bytes_match_wheel_format_md() {
     let plain = encode(&Message::new("T", "hi"), 32, 1, 0, Timing::default());
     assert_eq!(MessageView::parse(&plain).unwrap().dedup_key(), None);
 }
+
+/// The two occurrences of the occurrences-record example in wheel-format.md.
+fn two_occurrences() -> [RescheduleView; 2] {
+    let at = 1_700_000_000_000;
+    let occurrence = |fired| Some(OccurrenceFields { fired, delivers: true });
+    [
+        // The schedule at 32, its 3rd occurrence, fired on time its timer named 4096, next in 10 s.
+        RescheduleView {
+            rescheduled_at_ms: at,
+            message_offset: 32,
+            from_timer: 4096,
+            from_deliver_at_ms: at,
+            deliver_at_ms: at + 10_000,
+            occurrence: occurrence(3),
+        },
+        // The schedule at 90, its 1st occurrence, 2 ms late, its own record's timer.
+        RescheduleView {
+            rescheduled_at_ms: at,
+            message_offset: 90,
+            from_timer: 90,
+            from_deliver_at_ms: at - 2,
+            deliver_at_ms: at + 59_998,
+            occurrence: occurrence(1),
+        },
+    ]
+}
+
+/// The example record, written at 8192.
+fn occurrences_example() -> Vec<u8> {
+    let views = two_occurrences();
+    let mut buf = vec![0u8; occurrences_len(views.len())];
+    encode_occurrences(&mut buf, 8192, 1_700_000_000_000, &views);
+    buf
+}
+
+#[test]
+fn occurrences_golden_bytes_match_wheel_format_md() {
+    let buf = occurrences_example();
+    assert_eq!(check_frame(&buf, 8192), Ok(Frame { kind: RecordKind::Occurrences, len: 72 }));
+    // The same hex stands in wheel-format.md, "Occurrences record".
+    assert_eq!(
+        hex(&buf[4..]),
+        concat!(
+            "48000000",
+            "08",
+            "01",
+            "0000",
+            "0068e5cf8b010000",
+            "0200",
+            "0000",
+            "2000000000000000",
+            "88",
+            "00",
+            "0000",
+            "03000000",
+            "1810000000",
+            "102700",
+            "5a00000000000000",
+            "88",
+            "01",
+            "0200",
+            "01000000",
+            "d61f000000",
+            "5eea00"
+        )
+    );
+    let view = OccurrencesView::parse(&buf, 8192).unwrap();
+    assert_eq!((view.len(), view.delivered_at_ms), (2, 1_700_000_000_000));
+    let entries: Vec<_> = view.entries().collect();
+    assert_eq!(entries, [(8216, two_occurrences()[0]), (8240, two_occurrences()[1])]);
+    // Entry 0 stands for the occurrence record of the golden example above,
+    // as if written at its name.
+    let mut as_record = [0u8; OCCURRENCE_LEN];
+    entries[0].1.encode(&mut as_record, 8216);
+    assert_eq!(hex(&as_record[4..]).get(..16), Some("3c00000006010300"));
+    assert_eq!(RescheduleView::parse(&as_record), Ok(two_occurrences()[0]));
+    assert_eq!(Record::decode(&buf, 8192, check_header(&buf).unwrap()), Ok(Record::Occurrences(view)));
+}
+
+#[test]
+fn an_entry_names_its_record_by_its_marker_and_index() {
+    let buf = occurrences_example();
+    // Read at the names: the marker and index say where the record starts.
+    assert_eq!(containing_record(8216, &buf[24..]), Some(8192));
+    assert_eq!(containing_record(8240, &buf[48..]), Some(8192));
+    assert_eq!((entry_name(8192, 0), entry_name(8192, 1)), (8216, 8240));
+    // A record's own start holds its kind there, never the marker.
+    assert_eq!(containing_record(8192, &buf), None);
+    assert_eq!(containing_record(8216, &buf[24..33]), None, "too short to tell");
+    assert_eq!(OccurrencesView::entry_at(&buf, 8192, 1).map(|(name, _)| name), Ok(8240));
+    assert!(OccurrencesView::entry_at(&buf, 8192, 2).is_err(), "no third entry");
+}
+
+#[test]
+fn an_occurrences_record_that_does_not_add_up_is_damage() {
+    let good = occurrences_example();
+    let parse = |edit: &dyn Fn(&mut Vec<u8>)| {
+        let mut bytes = good.clone();
+        edit(&mut bytes);
+        OccurrencesView::parse(&bytes, 8192).map(|_| ())
+    };
+    assert!(parse(&|_| ()).is_ok());
+    type Edit<'a> = &'a dyn Fn(&mut Vec<u8>);
+    let broken: [(&str, Edit<'_>); 9] = [
+        ("a count the length does not hold", &|b| b[20] = 3),
+        ("no entries", &|b| b.truncate(24)),
+        ("the reserved field set", &|b| b[22] = 1),
+        ("an entry unmarked", &|b| b[24 + 8] = 0x06),
+        ("an entry misnumbered", &|b| b[48 + 9] = 0),
+        ("no occurrence fired", &|b| b[24 + 12..24 + 16].fill(0)),
+        ("a fired timer at or past the record", &|b| b[24 + 16..24 + 21].copy_from_slice(&[24, 0, 0, 0, 0])),
+        ("a fired timer below its schedule", &|b| {
+            b[24 + 16..24 + 21].copy_from_slice(&[0x10, 0x20, 0, 0, 0])
+        }),
+        ("a fired timer before the log", &|b| b[24 + 16..24 + 21].copy_from_slice(&[0, 0, 0, 0, 1])),
+    ];
+    for (what, edit) in broken {
+        assert!(matches!(parse(edit), Err(CorruptionKind::BadFrame(_))), "{what}");
+    }
+}
+
+#[test]
+fn an_occurrence_fits_an_entry_only_within_its_fields_widths() {
+    let [view, _] = two_occurrences();
+    let at = view.rescheduled_at_ms;
+    let name = entry_name(8192, 0);
+    assert!(entry_fits(&view, name));
+    let unfit = [
+        ("65.5 s late", RescheduleView { from_deliver_at_ms: at - 65_536, ..view }),
+        ("next 4 h 40 m ahead", RescheduleView { deliver_at_ms: at + (1 << 24), ..view }),
+        ("next before the delivery", RescheduleView { deliver_at_ms: at - 1, ..view }),
+        (
+            "delivering nothing",
+            RescheduleView { occurrence: Some(OccurrenceFields { fired: 3, delivers: false }), ..view },
+        ),
+        ("no occurrence", RescheduleView { occurrence: None, ..view }),
+        (
+            "2^32 occurrences",
+            RescheduleView { occurrence: Some(OccurrenceFields { fired: 1 << 32, delivers: true }), ..view },
+        ),
+    ];
+    for (what, view) in unfit {
+        assert!(!entry_fits(&view, name), "{what}");
+    }
+    assert!(entry_fits(
+        &RescheduleView { from_deliver_at_ms: at - 65_535, deliver_at_ms: at + (1 << 24) - 1, ..view },
+        name
+    ));
+    // An entry named a tebibyte of log past its fired timer, less a byte, and one named a tebibyte past it.
+    assert!(entry_fits(&view, view.from_timer + (1 << 40) - 1));
+    assert!(!entry_fits(&view, view.from_timer + (1 << 40)));
+}

@@ -10,9 +10,11 @@
 use crossbeam_channel::Sender;
 
 use super::{Ticker, check_timer_record};
+use crate::commitlog::Planned;
 use crate::error::{Error, Result};
 use crate::format::record::{
-    CANCEL_LEN, DELIVERY_LEN, OccurrenceFields, RescheduleView, encode_cancel, encode_delivery,
+    CANCEL_LEN, DELIVERY_LEN, OCCURRENCES_MAX, OccurrenceFields, RescheduleView, encode_cancel,
+    encode_delivery, encode_occurrences, entry_fits, entry_name, occurrences_len,
 };
 use crate::format::record::{Timing, encode_message};
 use crate::message::PauseOutcome;
@@ -42,6 +44,14 @@ enum Written {
 }
 
 impl Written {
+    /// The occurrence's record (only asked of one planned into an occurrences record).
+    fn occurrence(&self) -> RescheduleView {
+        match self {
+            Written::Occurrence(view) => *view,
+            _ => unreachable!("only occurrences are planned into an occurrences record"),
+        }
+    }
+
     fn len(&self) -> usize {
         match self {
             Written::Occurrence(view) => view.record_len(),
@@ -75,16 +85,15 @@ impl Ticker {
     /// Appends one chunk's records under one lock, then enters each in the
     /// ledger and the counts as a reschedule, a delivery or a cancel is.
     fn write_occurrences(&mut self, chunk: &[(Timer, Written)], now_ms: u64) -> Result<()> {
-        let lens: Vec<usize> = chunk.iter().map(|(_, w)| w.len()).collect();
-        let (offsets, _) = self.log.append_batch_reserved(&lens, |i, buf, offset| match &chunk[i].1 {
-            Written::Occurrence(view) => view.encode(buf, offset),
-            Written::Last(timer) => encode_delivery(buf, offset, now_ms, *timer),
-            Written::Closed(timer) => {
-                encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms)
-            }
-        })?;
+        let batched = self.log.holds_occurrences();
+        let (plan, offsets, _) = self.log.append_batch_planned(
+            |first| ChunkPlan::new(chunk, first, batched),
+            |plan, i, buf, offset| plan.encode(chunk, i, buf, offset, now_ms),
+        )?;
         let mut stats = self.shared.stats.locked();
-        for ((timer, written), &offset) in chunk.iter().zip(&offsets) {
+        // In the order of their names: the ledger and the timers armed ahead are kept so.
+        for (k, offset) in plan.names(&offsets) {
+            let (timer, written) = &chunk[k];
             debug_assert!(timer.deliver_at_ms <= now_ms, "a timer fired before its time");
             let delivered = match written {
                 Written::Occurrence(view) => {
@@ -113,6 +122,76 @@ impl Ticker {
         drop(stats);
         self.wake_indexers();
         Ok(())
+    }
+}
+
+/// How a chunk of fired schedule timers is written: the delivering
+/// occurrences whose entries [fit](entry_fits) in one occurrences record
+/// (kind 8), first, then each of the others in a record of its own.
+struct ChunkPlan {
+    /// The chunk's indexes of the occurrences the occurrences record holds, in entry order.
+    batched: Vec<usize>,
+    /// The chunk's indexes of the others, in order.
+    single: Vec<usize>,
+    lens: Vec<usize>,
+}
+
+impl ChunkPlan {
+    /// The plan for `chunk` written from log offset `first`; `batched`:
+    /// whether an occurrences record may be written (the tail segment is of version 3).
+    fn new(chunk: &[(Timer, Written)], first: u64, batched: bool) -> Self {
+        let mut plan = Self { batched: Vec::new(), single: Vec::new(), lens: Vec::new() };
+        for (k, (_, written)) in chunk.iter().enumerate() {
+            match written {
+                // Names only grow with the index, so a later entry never fits where this one did not.
+                Written::Occurrence(view)
+                    if batched && entry_fits(view, entry_name(first, plan.batched.len())) =>
+                {
+                    plan.batched.push(k)
+                }
+                _ => plan.single.push(k),
+            }
+        }
+        debug_assert!(plan.batched.len() <= OCCURRENCES_MAX, "a chunk is at most one record's entries");
+        plan.lens.extend((!plan.batched.is_empty()).then(|| occurrences_len(plan.batched.len())));
+        plan.lens.extend(plan.single.iter().map(|&k| chunk[k].1.len()));
+        plan
+    }
+
+    /// Whether the first record is the occurrences record.
+    fn has_batch(&self) -> bool {
+        !self.batched.is_empty()
+    }
+
+    /// Writes record `i` of the plan at `offset`.
+    fn encode(&self, chunk: &[(Timer, Written)], i: usize, buf: &mut [u8], offset: u64, now_ms: u64) {
+        if self.has_batch() && i == 0 {
+            let views: Vec<RescheduleView> = self.batched.iter().map(|&k| chunk[k].1.occurrence()).collect();
+            return encode_occurrences(buf, offset, now_ms, &views);
+        }
+        match &chunk[self.single[i - usize::from(self.has_batch())]].1 {
+            Written::Occurrence(view) => view.encode(buf, offset),
+            Written::Last(timer) => encode_delivery(buf, offset, now_ms, *timer),
+            Written::Closed(timer) => {
+                encode_cancel(buf, offset, now_ms, timer.message_offset, timer.deliver_at_ms)
+            }
+        }
+    }
+
+    /// Each fired timer's chunk index and the name of what was written for
+    /// it (an entry's offset, or its record's), given the records' `offsets`:
+    /// in increasing name order.
+    fn names<'a>(&'a self, offsets: &'a [u64]) -> impl Iterator<Item = (usize, u64)> + 'a {
+        let batch = self.batched.iter().enumerate().map(|(j, &k)| (k, entry_name(offsets[0], j)));
+        let singles =
+            self.single.iter().zip(&offsets[usize::from(self.has_batch())..]).map(|(&k, &o)| (k, o));
+        batch.chain(singles)
+    }
+}
+
+impl Planned for ChunkPlan {
+    fn lens(&self) -> &[usize] {
+        &self.lens
     }
 }
 

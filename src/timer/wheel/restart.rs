@@ -20,7 +20,8 @@ use crate::commitlog::CommitLog;
 use crate::error::{Error, Result};
 use crate::format::checkpoint::Checkpoint;
 use crate::format::record::{
-    CancelView, DeliveriesView, DeliveryView, MessageView, RecordKind, RescheduleView, check_crc,
+    CancelView, DeliveriesView, DeliveryView, MessageView, OccurrencesView, RecordKind, RescheduleView,
+    check_crc,
 };
 use crate::schedule::replaced_by;
 use crate::timer::Timer;
@@ -299,6 +300,18 @@ fn restore_relocated(wheel: &mut Wheel, log: &CommitLog, tick_second: u64) -> Re
                     LedgerEntry::reschedule(r.message_offset, r.deliver_at_ms, record.offset),
                 ));
             }
+            // Each entry as the occurrence record it stands for, named by the entry.
+            RecordKind::Occurrences => {
+                let view = OccurrencesView::parse(&record.bytes, record.offset).map_err(corrupt)?;
+                for (name, r) in view.entries() {
+                    if r.deliver_at_ms >= from_ms {
+                        let timer = Timer { deliver_at_ms: r.deliver_at_ms, message_offset: name };
+                        wheel.insert(timer)?;
+                        schedules.push(timer);
+                    }
+                    settles.push(occurrence_settles((name, r)));
+                }
+            }
             _ => {}
         }
     }
@@ -323,6 +336,15 @@ enum Settles {
         timer: Timer,
         entry: LedgerEntry,
     },
+    /// The timers an occurrences record replaced, each by its entry's ledger entry.
+    Occurrences(Vec<(Timer, LedgerEntry)>),
+}
+
+/// The timer entry `name` of an occurrences record replaced, and the
+/// ledger entry of the one it armed (as an occurrence record's).
+fn occurrence_settles((name, r): (u64, RescheduleView)) -> (Timer, LedgerEntry) {
+    let timer = Timer { deliver_at_ms: r.from_deliver_at_ms, message_offset: r.from_timer };
+    (timer, LedgerEntry::reschedule(r.message_offset, r.deliver_at_ms, name))
 }
 
 /// The timers that fired or were cancelled, from the delivery and cancel
@@ -372,6 +394,10 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
                         Some(Settles::Cancel { timer, entry })
                     })
                     .map_err(corrupt),
+                RecordKind::Occurrences => check_crc(bytes, offset)
+                    .and_then(|()| OccurrencesView::parse(bytes, offset))
+                    .map(|view| Some(Settles::Occurrences(view.entries().map(occurrence_settles).collect())))
+                    .map_err(corrupt),
                 _ => Ok(None),
             }
         })?;
@@ -383,6 +409,12 @@ fn scan_settled(log: &CommitLog, from: u64) -> Result<Settled> {
             Some(Settles::Cancel { timer, entry }) => {
                 settled.cancelled.insert(timer.message_offset);
                 settled.ledger_records.push(entry);
+            }
+            Some(Settles::Occurrences(entries)) => {
+                for (timer, entry) in entries {
+                    settled.cancelled.insert(timer.message_offset);
+                    settled.ledger_records.push(entry);
+                }
             }
             None => {}
         }

@@ -258,6 +258,9 @@ pub struct LogFacts {
     pub deliveries: Vec<(u64, u64, u64)>,
     /// Deliveries records (kind 7) by offset.
     pub runs: std::collections::HashMap<u64, DeliveryRun>,
+    /// Occurrences records (kind 8) by offset; each entry is also in
+    /// `deliveries` (at the record's offset) and in `reschedules` (at its name).
+    pub occurrence_runs: std::collections::HashMap<u64, OccurrenceRun>,
     /// Cancel records in log order: (record offset, message offset, deliver at).
     pub cancels: Vec<(u64, u64, u64)>,
     /// Relocation records in log order: (record offset, record).
@@ -294,6 +297,15 @@ pub struct DeliveryRun {
     pub timers: Vec<(u64, u32)>,
 }
 
+/// An occurrences record: each entry delivers the timer it replaced.
+#[derive(Debug, Clone)]
+pub struct OccurrenceRun {
+    pub len: u32,
+    pub delivered_at_ms: u64,
+    /// The timer each entry delivers (its record's offset, or an entry's name), in order.
+    pub fired: Vec<u64>,
+}
+
 /// What the indexes need to know about one message record.
 #[derive(Debug, Clone, Copy)]
 pub struct MessageFacts {
@@ -325,6 +337,7 @@ impl LogFacts {
             messages: Default::default(),
             deliveries: Vec::new(),
             runs: Default::default(),
+            occurrence_runs: Default::default(),
             cancels: Vec::new(),
             relocations: Vec::new(),
             reschedules: Default::default(),
@@ -452,6 +465,21 @@ impl LogFacts {
                     self.deliveries.push((offset, r.rescheduled_at_ms, r.from_timer));
                 }
                 self.reschedules.insert(offset, r);
+            }
+            Record::Occurrences(o) => {
+                // Each entry as the occurrence record it stands for, named by the entry.
+                self.counts.deliveries += o.len() as u64;
+                self.counts.delivery_records += 1;
+                self.counts.reschedules += o.len() as u64;
+                self.newest_time_ms = self.newest_time_ms.max(o.delivered_at_ms);
+                let mut fired = Vec::with_capacity(o.len());
+                for (name, r) in o.entries() {
+                    self.deliveries.push((offset, r.rescheduled_at_ms, r.from_timer));
+                    self.reschedules.insert(name, r);
+                    fired.push(r.from_timer);
+                }
+                let run = OccurrenceRun { len: len as u32, delivered_at_ms: o.delivered_at_ms, fired };
+                self.occurrence_runs.insert(offset, run);
             }
             Record::Relocation(r) => {
                 self.counts.relocations += 1;

@@ -482,6 +482,21 @@ impl Reading<'_, '_> {
                 r.timers += 1;
                 return Ok(CopyKind::Reschedule);
             }
+            // Copied whole while any entry's timer was pending, filed by the latest.
+            Record::Occurrences(o)
+                if o.entries().map(|(_, s)| s.deliver_at_ms).max() == Some(entry.deliver_at_ms)
+                    && o.entries().all(|(_, s)| s.message_offset < entry.original_offset) =>
+            {
+                for (name, s) in o.entries() {
+                    if relocated {
+                        self.facts.reschedules.insert(name, s);
+                    }
+                    // A timer named by an entry is found by its name.
+                    r.by_offset.insert(name, CopyKind::Reschedule);
+                }
+                r.timers += 1;
+                return Ok(CopyKind::Reschedule);
+            }
             Record::Message(m) if m.timer_deliver_at_ms().is_some() => {
                 wrong(format!("a timer message due at {}", m.timing.deliver_at_ms))
             }
@@ -533,6 +548,7 @@ pub fn record_name(record: &Record<'_>) -> &'static str {
         Record::Cancel(_) => "cancel",
         Record::Relocation(_) => "relocation",
         Record::Reschedule(_) => "reschedule",
+        Record::Occurrences(_) => "occurrences",
         Record::Skipped => "skipped (damaged) record",
         Record::Padding => "padding",
     }

@@ -853,11 +853,12 @@ fn check_queues(
     clean: bool,
     checked: &mut Checked,
 ) -> Result<()> {
-    // Delivery records (kind 2) by offset; deliveries records are `facts.runs`.
+    // Delivery records (kind 2) by offset; deliveries records are
+    // `facts.runs`, occurrences records `facts.occurrence_runs`.
     let deliveries: HashMap<u64, (u64, u64)> = facts
         .deliveries
         .iter()
-        .filter(|(at, _, _)| !facts.runs.contains_key(at))
+        .filter(|(at, _, _)| !facts.runs.contains_key(at) && !facts.occurrence_runs.contains_key(at))
         .map(|&(at, when, m)| (at, (when, m)))
         .collect();
     // Records that must be in a queue: ordinary messages and deliveries,
@@ -894,7 +895,17 @@ fn check_queues(
             }
             // The message the entry makes visible (`None`: a timer's message
             // retention deleted), with the time it became visible.
-            let (message, visible_ms, len) = if let Some(i) = e.batch_index() {
+            let (message, visible_ms, len) = if let Some(i) = e.batch_index()
+                && let Some(run) = facts.occurrence_runs.get(&e.log_offset)
+            {
+                let &timer = run.fired.get(i).ok_or_else(|| bad(format!("names entry {i} of an occurrences record of {}", run.fired.len())))?;
+                let message = match named(facts, relocated, timer) {
+                    Named::Timer(m, _) => Some(m),
+                    Named::Deleted => None,
+                    Named::Not => return Err(bad(format!("entry {i} of its occurrences record names no timed message"))),
+                };
+                (message, run.delivered_at_ms, run.len)
+            } else if let Some(i) = e.batch_index() {
                 let run = facts.runs.get(&e.log_offset).ok_or_else(|| bad(format!("log offset {} is not a deliveries record", e.log_offset)))?;
                 let &(timer, tag_hash) = run.timers.get(i).ok_or_else(|| bad(format!("names timer {i} of a deliveries record of {}", run.timers.len())))?;
                 if run.topic != q.topic || run.queue_id != q.queue_id || tag_hash != e.tag_hash {
@@ -958,6 +969,9 @@ fn check_queues(
         facts.messages.iter().filter(|(_, m)| indexed(m)).map(|(&at, _)| (at, 0)).collect();
     needed.extend(deliveries.keys().map(|&at| (at, 0)));
     needed.extend(facts.runs.iter().flat_map(|(&at, run)| (0..run.timers.len()).map(move |i| (at, i))));
+    needed.extend(
+        facts.occurrence_runs.iter().flat_map(|(&at, run)| (0..run.fired.len()).map(move |i| (at, i))),
+    );
     needed.sort_unstable();
     if let Some(&(missing, timer)) = needed.iter().find(|&&at| at.0 < dispatched && !referenced.contains(&at))
     {
@@ -993,6 +1007,13 @@ fn zeroed_stretch(queue: &ConsumeQueue, end: u64) -> Result<Option<DumpError>> {
 fn queue_of<'a>(facts: &'a LogFacts, relocated: &Relocated, at: u64, timer: usize) -> Option<(&'a str, u32)> {
     if let Some(run) = facts.runs.get(&at) {
         return run.timers.get(timer).map(|_| (run.topic.as_str(), run.queue_id));
+    }
+    if let Some(run) = facts.occurrence_runs.get(&at) {
+        let message = match named(facts, relocated, *run.fired.get(timer)?) {
+            Named::Timer(m, _) => m,
+            _ => return None,
+        };
+        return Some((facts.topic(message), message.queue_id));
     }
     let message = match facts.deliveries.iter().find(|(d, _, _)| *d == at) {
         Some(&(_, _, timer)) => match named(facts, relocated, timer) {

@@ -14,19 +14,6 @@ use common::*;
 use delaywheel::internals::{COMMITLOG_MAGIC, FileHeader};
 use delaywheel::{Error, ManualClock, Message, Store};
 
-/// Rewrites every segment's header as `version` (the records stay as they are).
-fn set_segment_versions(dir: &Path, version: u32) {
-    for entry in std::fs::read_dir(dir.join("commitlog")).unwrap() {
-        let path = entry.unwrap().path();
-        if !path.file_name().unwrap().to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
-            continue;
-        }
-        let bytes = std::fs::read(&path).unwrap();
-        let header = FileHeader::decode(&bytes, COMMITLOG_MAGIC).unwrap();
-        write_at(&path, 0, &FileHeader { version, ..header }.encode());
-    }
-}
-
 fn drain(store: &Store, n: usize) -> usize {
     let mut consumer = store.consumer(TOPIC, 0).unwrap();
     let (mut got, started) = (0, Instant::now());
@@ -89,12 +76,12 @@ fn a_segment_of_an_unknown_version_is_refused_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);
     Store::open(config(dir.path(), &clock)).unwrap().close().unwrap();
-    set_segment_versions(dir.path(), 3);
+    set_segment_versions(dir.path(), 4);
     match Store::open(config(dir.path(), &clock)) {
-        Err(Error::UnsupportedVersion { file, found: 3, supported: 2 }) => {
+        Err(Error::UnsupportedVersion { file, found: 4, supported: 3 }) => {
             assert!(file.ends_with("commitlog/00000000000000000000"), "{}", file.display())
         }
         Err(e) => panic!("{e}"),
-        Ok(_) => panic!("a segment of version 3 opened"),
+        Ok(_) => panic!("a segment of version 4 opened"),
     }
 }

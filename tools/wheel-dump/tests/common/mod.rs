@@ -252,6 +252,19 @@ pub fn flip_bit(file: &Path, offset: u64) {
     std::fs::write(file, bytes).unwrap();
 }
 
+/// Rewrites every segment's header as `version` (the records stay as they are).
+pub fn set_segment_versions(dir: &Path, version: u32) {
+    for entry in std::fs::read_dir(dir.join("commitlog")).unwrap() {
+        let path = entry.unwrap().path();
+        if !path.file_name().unwrap().to_string_lossy().chars().all(|c| c.is_ascii_digit()) {
+            continue;
+        }
+        let bytes = std::fs::read(&path).unwrap();
+        let header = internals::FileHeader::decode(&bytes, internals::COMMITLOG_MAGIC).unwrap();
+        write_at(&path, 0, &internals::FileHeader { version, ..header }.encode());
+    }
+}
+
 /// Writes `bytes` at `offset` of `file`.
 pub fn write_at(file: &Path, offset: u64, bytes: &[u8]) {
     use std::os::unix::fs::FileExt;
