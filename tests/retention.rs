@@ -644,3 +644,69 @@ fn a_damaged_record_does_not_stop_retention() {
     );
     assert_eq!(stats.damaged_log_spans, 1);
 }
+
+/// Occurrences that fired together share an occurrences record, whose
+/// entries name the schedules' next timers. Retention copies the record
+/// whole while those are pending; a wheel rebuilt from the log finds them
+/// in the copy, and the consumer follows the next occurrences' records
+/// back to it: each schedule goes on, every occurrence delivered once.
+#[test]
+fn an_occurrences_record_outlives_its_segment_and_its_schedules_go_on() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let open = || Store::open(config(dir.path(), &clock, keep_for(Duration::from_secs(1_800)))).unwrap();
+    let store = open();
+    let hourly = |name: &str| {
+        let every = Recurrence::every(Duration::from_millis(HOUR));
+        Schedule::new(Message::new("T", name.to_string()).queue_id(0), every).start_at_ms(T0 + MINUTE)
+    };
+    let handles = [store.schedule(hourly("a")).unwrap().handle(), store.schedule(hourly("b")).unwrap().handle()];
+    let numbers = |got: &[delaywheel::ConsumedMessage]| {
+        let mut seen: Vec<(String, u64, Option<u64>)> = (got.iter())
+            .map(|m| {
+                let o = m.occurrence().expect("an occurrence");
+                (String::from_utf8(m.body().to_vec()).unwrap(), o.number, o.next_at_ms)
+            })
+            .collect();
+        seen.sort();
+        seen
+    };
+    let mut consumer = store.consumer_in_group("first", "T", 0).unwrap();
+    clock.set_ms(T0 + MINUTE);
+    let next = Some(T0 + MINUTE + HOUR);
+    assert_eq!(numbers(&drain(&mut consumer, 2)), [("a".into(), 1, next), ("b".into(), 1, next)]);
+    for round in 0..3 {
+        fill(&store, round);
+    }
+    settle();
+    // Past the retention time of what was written then, before the next occurrences.
+    clock.set_ms(T0 + MINUTE + 31 * MINUTE);
+    settle();
+    let stats = reclaim_until(&store, &clock, |s| s.retention.segments_deleted > 0);
+    assert!(stats.retention.segments_deleted > 0);
+    assert!(clock.now_ms() < T0 + MINUTE + HOUR, "reclaimed before the next occurrences");
+    let copies = relocation_index(dir.path());
+    let copied = |offset: u64, at: u64| copies.iter().any(|&copy| copy == (offset, at));
+    assert!(handles.iter().all(|h| copies.iter().any(|&(offset, _)| offset == h.offset)), "{copies:?}");
+    let record = copies.iter().find(|&&(offset, _)| handles.iter().all(|h| h.offset != offset));
+    assert!(record.is_some_and(|&(offset, _)| copied(offset, T0 + MINUTE + HOUR)), "{copies:?}");
+    store.close().unwrap();
+
+    // The wheel is lost: rebuilt from the log and the copies.
+    std::fs::remove_dir_all(dir.path().join("timer")).unwrap();
+    let store = open();
+    let mut consumer = store.consumer_in_group("after-rebuild", "T", 0).unwrap();
+    let _ = drain_idle(&mut consumer, usize::MAX, Duration::from_millis(200));
+    clock.set_ms(T0 + MINUTE + HOUR);
+    let next = Some(T0 + MINUTE + 2 * HOUR);
+    assert_eq!(numbers(&drain(&mut consumer, 2)), [("a".into(), 2, next), ("b".into(), 2, next)]);
+    clock.set_ms(T0 + MINUTE + 2 * HOUR);
+    let next = Some(T0 + MINUTE + 3 * HOUR);
+    assert_eq!(numbers(&drain(&mut consumer, 2)), [("a".into(), 3, next), ("b".into(), 3, next)]);
+    assert!(consumer.poll(1, Duration::from_millis(200)).unwrap().is_empty(), "each once");
+    for handle in handles {
+        let listed = store.schedule_of(handle).unwrap().expect("still scheduled");
+        assert_eq!(listed.deliver_at_ms, T0 + MINUTE + 3 * HOUR);
+    }
+    store.close().unwrap();
+}

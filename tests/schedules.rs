@@ -664,3 +664,43 @@ fn a_schedule_is_listed_as_pending_at_every_instant_between_its_occurrences() {
     assert_eq!(missing, [], "(occurrence, query, timers) where the schedule was not found once");
     store.close().unwrap();
 }
+
+#[test]
+fn occurrences_that_fire_together_take_at_most_28_log_bytes_each() {
+    // 1,000 schedules every second, all due at once: each second's
+    // occurrences go as occurrences records of up to 256 entries (24 bytes
+    // each), where one occurrence record each took 60 bytes.
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    let schedules = 1_000;
+    let handles: Vec<_> = (0..schedules)
+        .map(|i| {
+            let schedule = Schedule::new(
+                Message::new("S", format!("job-{i}")).queue_id(0),
+                Recurrence::every(Duration::from_millis(1_000)),
+            );
+            store.schedule(schedule.start_at_ms(T0 + 1_000)).unwrap().handle()
+        })
+        .collect();
+    let mut consumer = store.consumer("S", 0).unwrap();
+    let written = store.fresh_stats().unwrap().log_bytes;
+    let seconds = 4;
+    let mut numbers = std::collections::HashMap::new();
+    for second in 1..=seconds {
+        let at = T0 + 1_000 * second;
+        clock.set_ms(at);
+        let got = drain_idle(&mut consumer, schedules, Duration::from_secs(5));
+        assert_eq!(got.len(), schedules, "second {second}");
+        for m in &got {
+            let o = m.occurrence().expect("an occurrence");
+            assert_eq!((m.deliver_at_ms(), o.next_at_ms), (Some(at), Some(at + 1_000)));
+            numbers.entry(o.schedule).or_insert_with(Vec::new).push(o.number);
+        }
+    }
+    let per_occurrence = (store.fresh_stats().unwrap().log_bytes - written) as f64 / (seconds * schedules as u64) as f64;
+    assert!(per_occurrence <= 28.0, "{per_occurrence} log bytes per occurrence");
+    assert_eq!(numbers.len(), schedules);
+    assert!(handles.iter().all(|h| numbers[h] == [1, 2, 3, 4]), "each numbered in order, once");
+    store.close().unwrap();
+}
