@@ -660,7 +660,8 @@ fn an_occurrences_record_outlives_its_segment_and_its_schedules_go_on() {
         let every = Recurrence::every(Duration::from_millis(HOUR));
         Schedule::new(Message::new("T", name.to_string()).queue_id(0), every).start_at_ms(T0 + MINUTE)
     };
-    let handles = [store.schedule(hourly("a")).unwrap().handle(), store.schedule(hourly("b")).unwrap().handle()];
+    let handles =
+        [store.schedule(hourly("a")).unwrap().handle(), store.schedule(hourly("b")).unwrap().handle()];
     let numbers = |got: &[delaywheel::ConsumedMessage]| {
         let mut seen: Vec<(String, u64, Option<u64>)> = (got.iter())
             .map(|m| {

@@ -698,7 +698,8 @@ fn occurrences_that_fire_together_take_at_most_28_log_bytes_each() {
             numbers.entry(o.schedule).or_insert_with(Vec::new).push(o.number);
         }
     }
-    let per_occurrence = (store.fresh_stats().unwrap().log_bytes - written) as f64 / (seconds * schedules as u64) as f64;
+    let per_occurrence =
+        (store.fresh_stats().unwrap().log_bytes - written) as f64 / (seconds * schedules as u64) as f64;
     assert!(per_occurrence <= 28.0, "{per_occurrence} log bytes per occurrence");
     assert_eq!(numbers.len(), schedules);
     assert!(handles.iter().all(|h| numbers[h] == [1, 2, 3, 4]), "each numbered in order, once");

@@ -267,3 +267,83 @@ fn the_prefaulter_keeps_at_most_half_a_small_segment_ahead() {
         "{faulted} bytes faulted ahead in a segment of {segment}: most of it would stay resident"
     );
 }
+
+/// Appends an occurrences record of `views` (fired at `at`), as the ticking thread would.
+fn append_occurrences(log: &CommitLog, at: u64, views: &[record::RescheduleView]) -> u64 {
+    let len = record::occurrences_len(views.len());
+    log.append(len, |buf, offset| record::encode_occurrences(buf, offset, at, views)).unwrap().0
+}
+
+/// Two delivering occurrences fired at `at` of the timers named `fired`.
+fn occurrences_of(fired: [u64; 2], at: u64) -> [record::RescheduleView; 2] {
+    fired.map(|timer| record::RescheduleView {
+        rescheduled_at_ms: at,
+        message_offset: timer,
+        from_timer: timer,
+        from_deliver_at_ms: at,
+        deliver_at_ms: at + 1_000,
+        occurrence: Some(record::OccurrenceFields { fired: 1, delivers: true }),
+    })
+}
+
+#[test]
+fn a_lookup_of_an_entry_reads_the_occurrence_record_it_stands_for_and_a_walk_reads_the_record() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let fired = [append_bytes(&log, b"a"), append_bytes(&log, b"b")];
+    let views = occurrences_of(fired, 5_000);
+    let at = append_occurrences(&log, 5_000, &views);
+    let after = append_bytes(&log, b"after");
+    for (i, view) in views.iter().enumerate() {
+        let name = record::entry_name(at, i);
+        let record = log.read(name).unwrap();
+        assert_eq!((record.offset, record.kind), (name, RecordKind::Reschedule));
+        assert_eq!(record::RescheduleView::parse(&record.bytes), Ok(*view));
+        assert_eq!(
+            check_frame(&record.bytes, name).map(|f| f.len),
+            Ok(record.bytes.len()),
+            "sealed at its name"
+        );
+        let (seen, next) = log.visit_checked(name, |offset, kind, _| (offset, kind)).unwrap();
+        assert_eq!(
+            (seen, next),
+            ((name, RecordKind::Reschedule), after),
+            "the record after the entries' follows"
+        );
+        assert!(!log.starts_record(name), "no record starts at an entry");
+    }
+    assert!(log.starts_record(at));
+    // A walk steps over the record whole.
+    let (kind, next) = log.visit_trusted(at, |_, kind, _| kind).unwrap();
+    assert_eq!((kind, next), (RecordKind::Occurrences, after));
+}
+
+#[test]
+fn an_entry_whose_marks_do_not_lead_to_its_record_is_corruption() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let fired = [append_bytes(&log, b"a"), append_bytes(&log, b"b")];
+    let at = append_occurrences(&log, 5_000, &occurrences_of(fired, 5_000));
+    let name = record::entry_name(at, 1);
+    log.flush().unwrap();
+    drop(log);
+    let path = segment::segment_path(dir.path(), 0);
+    let reopen = |edit: &dyn Fn(&mut [u8])| {
+        let mut bytes = std::fs::read(&path).unwrap();
+        let original = bytes.clone();
+        edit(&mut bytes[name as usize..]);
+        std::fs::write(&path, &bytes).unwrap();
+        let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(Some(at + 72), at + 72)).unwrap();
+        let looked_up = log.read(name).map(|r| r.kind);
+        drop(log);
+        std::fs::write(&path, &original).unwrap();
+        looked_up
+    };
+    assert!(matches!(reopen(&|_| ()), Ok(RecordKind::Reschedule)));
+    // Its index says entry 0: the record would start 24 bytes later, where none does.
+    assert!(matches!(reopen(&|e| e[9] = 0), Err(Error::Corruption { .. })));
+    // Its marker gone: no record starts at the name either.
+    assert!(matches!(reopen(&|e| e[8] = 0), Err(Error::Corruption { .. })));
+    // Marked as entry 2: its record would start 24 bytes before the real one, inside the record before.
+    assert!(matches!(reopen(&|e| e[9] = 2), Err(Error::Corruption { .. })));
+}
