@@ -44,12 +44,17 @@ impl CommitLog {
         at: u64,
         verify: Verify,
     ) -> Option<Result<Resolved>> {
+        let record_at = self.entry_record(seg, at)?;
+        Some(self.resolve_in(seg?, record_at, at, verify))
+    }
+
+    /// Where the record starts whose entry `at` (normalized, in `seg`) is
+    /// marked to be; `None` if the bytes there are not marked as an entry.
+    pub(super) fn entry_record(&self, seg: Option<&Arc<Mapped>>, at: u64) -> Option<u64> {
         let seg = seg?;
-        let base = self.base_of(at);
-        let local = (at - base) as usize;
+        let local = (at - self.base_of(at)) as usize;
         let visible = seg.published().saturating_sub(local).min(MARK_LEN);
-        let record_at = containing_record(at, seg.read(local, visible)?)?;
-        Some(self.resolve_in(seg, record_at, at, verify))
+        containing_record(at, seg.read(local, visible)?)
     }
 
     /// Entry `at` of the occurrences record that should be at `record_at` in `seg`.

@@ -47,7 +47,7 @@ fn prefault_window(segment_size: u64) -> usize {
 }
 
 /// How much of a record a read checks.
-#[derive(Clone, Copy)]
+#[derive(Clone, Copy, PartialEq, Eq)]
 enum Verify {
     Checksum,
     HeaderOnly,

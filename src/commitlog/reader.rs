@@ -44,11 +44,17 @@ pub(crate) struct LogReader {
     /// The published bytes of the segment last read from, when they were
     /// taken, and that segment's map.
     published: Option<(Arc<Mapped>, Bytes)>,
+    /// The occurrences record whose checksum this reader checked last: a
+    /// lookup of another of its entries checks its frame only. (A second of
+    /// schedules' timers is checked as it is loaded, entry after entry of
+    /// the same records: each would take the checksum of a record of up to
+    /// 256 entries again.)
+    checked_entries: Option<u64>,
 }
 
 impl LogReader {
     pub fn new(log: Arc<CommitLog>) -> Self {
-        Self { log, table: None, published: None }
+        Self { log, table: None, published: None, checked_entries: None }
     }
 
     /// Lets go of the table, so the segments retention deletes meanwhile are
@@ -56,6 +62,7 @@ impl LogReader {
     pub fn release(&mut self) {
         self.table = None;
         self.published = None;
+        self.checked_entries = None;
     }
 
     /// Like [`CommitLog::read`].
@@ -68,13 +75,21 @@ impl LogReader {
     /// checked before.
     pub fn read_checking(&mut self, offset: u64, checksum: bool) -> Result<Record> {
         let segments = current(&self.log, &mut self.table);
+        let at = self.log.normalize(offset);
+        let verify = if checksum { Verify::Checksum } else { Verify::HeaderOnly };
+        let (verify, entry_of) =
+            memo(&self.log, self.checked_entries, find(segments, self.log.base_of(at)), at, verify);
         let published = &mut self.published;
-        self.log.read_in(
+        let read = self.log.read_in(
             offset,
-            if checksum { Verify::Checksum } else { Verify::HeaderOnly },
+            verify,
             |base| find(segments, base),
             |seg, local, len| share(published, seg, local, len),
-        )
+        );
+        if read.is_ok() && entry_of.is_some() {
+            self.checked_entries = entry_of;
+        }
+        read
     }
 
     /// Like [`CommitLog::visit_trusted`].
@@ -116,7 +131,15 @@ impl LogReader {
         let segments = current(&self.log, &mut self.table);
         let at = self.log.normalize(offset);
         let seg = find(segments, self.log.base_of(at));
-        self.log.visit_in(seg, at, verify, walk, f)
+        let (verify, entry_of) = match walk {
+            Walk::Lookup => memo(&self.log, self.checked_entries, seg, at, verify),
+            Walk::Steps => (verify, None),
+        };
+        let visited = self.log.visit_in(seg, at, verify, walk, f);
+        if visited.is_ok() && entry_of.is_some() {
+            self.checked_entries = entry_of;
+        }
+        visited
     }
 
     /// Loads the first bytes of the record at `offset`, if it is in a loaded
@@ -169,6 +192,25 @@ fn current<'a>(log: &CommitLog, held: &'a mut Option<(u64, Arc<SegmentList>)>) -
         *held = Some((version, table));
     }
     &held.as_ref().expect("just taken").1
+}
+
+/// How to check a lookup of `at`: if it is an entry of the occurrences
+/// record `checked` (whose checksum passed), its frame only. Also the record
+/// whose checksum the lookup checks, if it is an entry's.
+fn memo(
+    log: &CommitLog,
+    checked: Option<u64>,
+    seg: Option<&Arc<Mapped>>,
+    at: u64,
+    verify: Verify,
+) -> (Verify, Option<u64>) {
+    if verify != Verify::Checksum {
+        return (verify, None);
+    }
+    match log.entry_record(seg, at) {
+        Some(record) if checked == Some(record) => (Verify::HeaderOnly, None),
+        record => (verify, record),
+    }
 }
 
 fn find(segments: &[(u64, Arc<Mapped>)], base: u64) -> Option<&Arc<Mapped>> {

@@ -347,3 +347,24 @@ fn an_entry_whose_marks_do_not_lead_to_its_record_is_corruption() {
     // Marked as entry 2: its record would start 24 bytes before the real one, inside the record before.
     assert!(matches!(reopen(&|e| e[9] = 2), Err(Error::Corruption { .. })));
 }
+
+#[test]
+fn a_reader_checks_an_occurrences_record_once_for_its_entries_until_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let (log, _) = CommitLog::open(dir.path(), SEG, 0, &plan(None, 0)).unwrap();
+    let log = Arc::new(log);
+    let fired = [append_bytes(&log, b"a"), append_bytes(&log, b"b")];
+    let at = append_occurrences(&log, 5_000, &occurrences_of(fired, 5_000));
+    log.flush().unwrap();
+    let mut reader = LogReader::new(Arc::clone(&log));
+    assert!(reader.read(record::entry_name(at, 0)).is_ok(), "checksum checked");
+    // The record changes under the map after that (entry 1's lateness: still well-formed).
+    let path = segment::segment_path(dir.path(), 0);
+    let file = std::fs::OpenOptions::new().write(true).open(&path).unwrap();
+    std::os::unix::fs::FileExt::write_all_at(&file, &[1], at + 48 + 10).unwrap();
+    let second = record::entry_name(at, 1);
+    assert!(reader.read(second).is_ok(), "its checksum is not taken again");
+    assert!(matches!(log.read(second), Err(Error::Corruption { .. })), "without the reader's memory it is");
+    reader.release();
+    assert!(matches!(reader.read(second), Err(Error::Corruption { .. })), "a released reader checks again");
+}

@@ -35,8 +35,8 @@ pub use message::{
     encode_rescheduled, properties_len,
 };
 pub use occurrences::{
-    INTERIOR_MARKER, OCCURRENCE_ENTRY_LEN, OCCURRENCES_MAX, OccurrencesView, containing_record,
-    encode_occurrences, entry_fits, entry_name, occurrences_len,
+    OCCURRENCE_ENTRY_LEN, OCCURRENCES_MAX, OccurrencesView, containing_record, encode_occurrences,
+    entry_fits, entry_name, occurrences_len,
 };
 pub use relocation::{RELOCATION_LEN, RelocationView};
 

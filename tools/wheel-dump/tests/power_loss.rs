@@ -539,6 +539,8 @@ fn run_schedules(mode: FlushMode) {
     let images = env_or("DELAYWHEEL_POWER_LOSS_IMAGES", 2);
     let seed = env_or("DELAYWHEEL_POWER_LOSS_SEED", 0x5EED);
     let mut rng = fastrand::Rng::with_seed(seed ^ 0x5C4E ^ mode as u64);
+    // Occurrences that shared an occurrences record with another, in the images as the power loss left them.
+    let mut shared = 0;
     for crash in 0..crashes {
         let crash_at = 20 + rng.u64(..400);
         let dir = tempfile::tempdir().unwrap();
@@ -548,6 +550,7 @@ fn run_schedules(mode: FlushMode) {
             let image = tempfile::tempdir().unwrap();
             let image_seed = rng.u64(..);
             frozen.write_image(image.path(), image_seed, WRITEBACK).unwrap();
+            shared += entries_in_shared_occurrences_records(image.path());
             eprintln!(
                 "{mode:?} schedules crash {crash} at event {crash_at} (workload seed {workload_seed:#x}), image {i} (seed {image_seed:#x}), {} schedules, {} by an update",
                 asked.len(),
@@ -556,6 +559,25 @@ fn run_schedules(mode: FlushMode) {
             check_schedules_image(image.path(), &asked, &frozen, mode, crashed_at_ms);
         }
     }
+    eprintln!("{mode:?}: {shared} occurrences shared an occurrences record");
+    assert!(crashes < 3 || shared > 0, "no crash point met occurrences fired together");
+}
+
+/// The entries of the occurrences records of two or more in the first
+/// segment, up to the first record that does not check out (a torn tail).
+fn entries_in_shared_occurrences_records(dir: &Path) -> usize {
+    use delaywheel::internals::record::{self, Record};
+    let Ok(segment) = std::fs::read(dir.join("commitlog").join(format!("{:020}", 0))) else { return 0 };
+    let (mut at, mut shared) = (delaywheel::internals::FILE_HEADER_LEN, 0);
+    while let Ok(frame) = record::check_frame(&segment[at..], at as u64) {
+        if let Ok(Record::Occurrences(o)) = Record::decode(&segment[at..], at as u64, frame)
+            && o.len() > 1
+        {
+            shared += o.len();
+        }
+        at += frame.len;
+    }
+    shared
 }
 
 #[test]
