@@ -687,7 +687,7 @@ fn an_occurrences_record_outlives_its_segment_and_its_schedules_go_on() {
     assert!(stats.retention.segments_deleted > 0);
     assert!(clock.now_ms() < T0 + MINUTE + HOUR, "reclaimed before the next occurrences");
     let copies = relocation_index(dir.path());
-    let copied = |offset: u64, at: u64| copies.iter().any(|&copy| copy == (offset, at));
+    let copied = |offset: u64, at: u64| copies.contains(&(offset, at));
     assert!(handles.iter().all(|h| copies.iter().any(|&(offset, _)| offset == h.offset)), "{copies:?}");
     let record = copies.iter().find(|&&(offset, _)| handles.iter().all(|h| h.offset != offset));
     assert!(record.is_some_and(|&(offset, _)| copied(offset, T0 + MINUTE + HOUR)), "{copies:?}");

@@ -103,6 +103,10 @@ fn schedules_deliver_every_occurrence_once_in_order() {
             assert!(report[key].as_f64().unwrap() > 0.0, "{key}: {report}");
         }
         assert!(report["lateness_ms"]["p99"].as_u64().is_some(), "{report}");
+        // Occurrences that fire in the same millisecond share an occurrences
+        // record: less than the 60-byte occurrence record each took alone.
+        let own = report["occurrence_log_bytes_per_occurrence"].as_f64().unwrap();
+        assert!(own > 24.0 && own < 60.0, "{own}: {report}");
     }
     let refused = run(&[]);
     assert_eq!(refused.status.code(), Some(2));

@@ -39,6 +39,11 @@ impl ArmedAhead {
         self.0.drain(..handed);
     }
 
+    /// How many are held.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
     /// Those due in `window_ms`.
     pub fn due_in(&self, window_ms: &Range<u64>) -> impl Iterator<Item = Timer> {
         self.0.iter().copied().filter(|t| window_ms.contains(&t.deliver_at_ms))

@@ -697,12 +697,16 @@ impl Ticker {
         // On whole seconds, where the slot counts are exact.
         let bounds =
             HORIZONS_MS.map(|ahead| now_ms.saturating_add(ahead).div_ceil(1000).saturating_mul(1000));
-        let (pending, per_level, by_due_time) = if exactly {
+        let (mut pending, per_level, mut by_due_time) = if exactly {
             let census = self.wheel.census(&bounds)?;
             (census.pending, census.per_level, census.by_due_time)
         } else {
             (self.wheel.pending(), self.wheel.pending_per_level(), self.wheel.pending_by_due_time(&bounds)?)
         };
+        // A schedule whose occurrence fired just now is pending through its next timer,
+        // which the wheel does not hold yet.
+        pending += self.armed_ahead.len() as u64;
+        self.wheel.count_not_yet_held(self.armed_ahead.due_in(&(0..u64::MAX)), &bounds, &mut by_due_time);
         let mut horizon = [0u64; 6];
         horizon.copy_from_slice(&by_due_time);
         let mut stats = self.shared.stats.locked();
