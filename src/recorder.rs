@@ -378,11 +378,20 @@ impl Frozen {
     /// the live page where they differ with probability `p`.
     fn file_image(&self, ino: u64, path: &Path, coin: &mut Coin, p: f64, taken: &mut usize) -> Vec<u8> {
         let durable = self.files.get(&ino).cloned().unwrap_or_default();
-        let live = self
-            .live
-            .get(path)
-            .filter(|(live_ino, _)| *live_ino == ino)
-            .or_else(|| self.live.values().find(|(live_ino, _)| *live_ino == ino))
+        // Its live bytes are at `path`, or where a rename not yet durable
+        // took it. Never another file's that holds the inode number now: a
+        // file's inode is reused once it is gone (the pins snapshot's old
+        // file, replaced by a rename, is freed and its number given to the
+        // next file made), and a disk never shows the new file's pages
+        // under the old name.
+        let renamed_to = self.pending.iter().find_map(|p| match p {
+            Pending::Rename { from, to, ino: moved } if from == path && *moved == ino => Some(to),
+            _ => None,
+        });
+        let live = [Some(path), renamed_to.map(PathBuf::as_path)]
+            .into_iter()
+            .flatten()
+            .find_map(|at| self.live.get(at).filter(|(live_ino, _)| *live_ino == ino))
             .map(|(_, bytes)| bytes.as_slice());
         let Some(live) = live else { return durable };
         let mut out = durable;
