@@ -691,6 +691,13 @@ fn an_occurrences_record_outlives_its_segment_and_its_schedules_go_on() {
     assert!(handles.iter().all(|h| copies.iter().any(|&(offset, _)| offset == h.offset)), "{copies:?}");
     let record = copies.iter().find(|&&(offset, _)| handles.iter().all(|h| h.offset != offset));
     assert!(record.is_some_and(|&(offset, _)| copied(offset, T0 + MINUTE + HOUR)), "{copies:?}");
+    // A handle (the caller's word) naming any byte of the copied record is no schedule's.
+    let (record, _) = *record.unwrap();
+    for offset in record..record + 72 {
+        let bogus = Handle { offset, deliver_at_ms: T0 + MINUTE + HOUR };
+        assert!(!matches!(store.schedule_of(bogus), Ok(Some(_))), "{offset}");
+        assert!(!matches!(store.cancel_schedule(bogus), Ok(CancelOutcome::Cancelled)), "{offset}");
+    }
     store.close().unwrap();
 
     // The wheel is lost: rebuilt from the log and the copies.

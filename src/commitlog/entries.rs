@@ -17,6 +17,7 @@ use bytes::Bytes;
 
 use super::{CommitLog, Record, Verify};
 use crate::error::{CorruptionKind, Error, Result};
+use crate::format::FILE_HEADER_LEN;
 use crate::format::record::{
     OCCURRENCE_ENTRY_LEN, OCCURRENCE_LEN, OccurrencesView, RecordKind, RescheduleView, check_frame,
     containing_record,
@@ -59,8 +60,8 @@ impl CommitLog {
 
     /// Entry `at` of the occurrences record that should be at `record_at` in `seg`.
     fn resolve_in(&self, seg: &Arc<Mapped>, record_at: u64, at: u64, verify: Verify) -> Result<Resolved> {
-        if record_at < self.base_of(at) {
-            return Err(self.corruption_at(at, not_an_entry(at, "a record before its segment")));
+        if record_at < self.base_of(at) + FILE_HEADER_LEN as u64 {
+            return Err(self.corruption_at(at, not_an_entry(at, "a record before its segment's first")));
         }
         let (local, frame) = self.locate(Some(seg), record_at, verify)?;
         let bytes = seg.read(local, frame.len).expect("a checked frame lies in published bytes");
@@ -70,24 +71,32 @@ impl CommitLog {
 
     /// The entry at `at` of the record `bytes` (of `kind`, checked) at `record_at`.
     fn entry_of(&self, record_at: u64, kind: RecordKind, bytes: &[u8], at: u64) -> Result<RescheduleView> {
-        let inside = at + OCCURRENCE_ENTRY_LEN as u64 <= record_at + bytes.len() as u64;
-        if kind != RecordKind::Occurrences || !inside {
+        // An entry starts 24 (i + 1) bytes into its record, and lies inside it.
+        let into = at.checked_sub(record_at).and_then(|d| usize::try_from(d).ok()).unwrap_or(0);
+        let aligned = into >= OCCURRENCE_ENTRY_LEN && into.is_multiple_of(OCCURRENCE_ENTRY_LEN);
+        if kind != RecordKind::Occurrences || !aligned || into + OCCURRENCE_ENTRY_LEN > bytes.len() {
             let why = format!("a {kind:?} record of {} bytes at {record_at}", bytes.len());
             return Err(self.corruption_at(at, not_an_entry(at, &why)));
         }
-        let index = ((at - record_at) as usize) / OCCURRENCE_ENTRY_LEN - 1;
-        let (name, view) = OccurrencesView::entry_at(bytes, record_at, index)
+        let (name, view) = OccurrencesView::entry_at(bytes, record_at, into / OCCURRENCE_ENTRY_LEN - 1)
             .map_err(|kind| self.corruption_at(record_at, kind))?;
-        debug_assert_eq!(name, at, "the marker's index names the entry");
+        if name != at {
+            return Err(self.corruption_at(at, not_an_entry(at, "an entry of another name")));
+        }
         Ok(view)
     }
 
     /// A name inside a record retention copied: the copy holding it, checked
-    /// at its original offset, resolved as in a segment. `None` if no copy
-    /// holds `at`.
-    pub(super) fn relocated_entry(&self, at: u64) -> Result<Option<Record>> {
+    /// at its original offset, resolved as in a segment; with the offset of
+    /// the record after it. `None` if no copy holds `at`, or the copy's
+    /// bytes there are not marked as an entry of it (a name no timer has).
+    pub(super) fn relocated_entry(&self, at: u64) -> Result<Option<(Record, u64)>> {
         let Some(entry) = self.relocated.find_containing(at)? else { return Ok(None) };
         let Some(bytes) = self.relocated.read(&entry)? else { return Ok(None) };
+        let into = usize::try_from(at - entry.original_offset).unwrap_or(usize::MAX);
+        if bytes.get(into..).and_then(|b| containing_record(at, b)) != Some(entry.original_offset) {
+            return Ok(None);
+        }
         let path = || self.relocated.window_file(entry.window());
         let frame = check_frame(&bytes, entry.original_offset).map_err(|e| {
             let why = format!("copy of the record holding log offset {at} does not check out: {e:?}");
@@ -99,7 +108,8 @@ impl CommitLog {
         }
         let view = self.entry_of(entry.original_offset, frame.kind, &bytes, at)?;
         let bytes = Bytes::copy_from_slice(&encoded(&view, at));
-        Ok(Some(Record { offset: at, kind: RecordKind::Reschedule, bytes }))
+        let next = self.normalize(entry.original_offset + u64::from(entry.len));
+        Ok(Some((Record { offset: at, kind: RecordKind::Reschedule, bytes }, next)))
     }
 }
 

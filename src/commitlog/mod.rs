@@ -289,7 +289,7 @@ impl CommitLog {
             }
             let (local, frame) = match self.locate(seg, at, verify) {
                 Ok(found) => found,
-                Err(e) => return self.read_relocated(at, e),
+                Err(e) => return self.read_relocated(at, e).map(|(record, _)| record),
             };
             if frame.kind == RecordKind::Padding {
                 at = self.next_segment_start(at);
@@ -376,8 +376,7 @@ impl CommitLog {
                         seg.read((at - base) as usize, span.len).expect("a span lies in published bytes");
                     return Ok((f(at, RecordKind::Skipped, bytes), self.normalize(span.next)));
                 }
-                let record = self.read_relocated(at, e)?;
-                let next = self.normalize(record.offset + record.bytes.len() as u64);
+                let (record, next) = self.read_relocated(at, e)?;
                 return Ok((f(record.offset, record.kind, &record.bytes), next));
             }
         };
@@ -392,8 +391,9 @@ impl CommitLog {
 
     /// After `failed` to find the record at `offset` in a segment: if retention
     /// deleted its segment, the record's relocated copy (checked against its
-    /// original offset), or [`Error::Reclaimed`] if it was not pending then.
-    fn read_relocated(&self, offset: u64, failed: Error) -> Result<Record> {
+    /// original offset), or [`Error::Reclaimed`] if it was not pending then;
+    /// with the offset of the record after it.
+    fn read_relocated(&self, offset: u64, failed: Error) -> Result<(Record, u64)> {
         let at = self.normalize(offset);
         if at >= self.start() {
             return Err(failed);
@@ -417,7 +417,8 @@ impl CommitLog {
             let path = self.relocated.window_file(entry.window());
             return Err(Error::corruption(path, entry.position, CorruptionKind::BadFrame(why)));
         }
-        Ok(Record { offset: at, kind: frame.kind, bytes })
+        let next = self.normalize(at + frame.len as u64);
+        Ok((Record { offset: at, kind: frame.kind, bytes }, next))
     }
 
     /// Damaged stretches walkers stepped over since open, and their bytes.

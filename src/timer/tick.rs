@@ -327,6 +327,7 @@ impl Ticker {
         self.wheel.lower_durable_tick(tick_second);
         self.counts = counts;
         self.index_timers(start, through)?;
+        self.armed_ahead.handed_back_below(through);
         self.indexed_log_ends = self.wheel.timer_log_ends();
         self.shared.stats.locked().rebuilds += 1;
         tracing::info!(timers = self.wheel.pending(), "the wheel is rebuilt");
@@ -359,10 +360,13 @@ impl Ticker {
                             found(r.deliver_at_ms, offset, r.occurrence.is_some());
                         }
                     }
-                    // Each entry arms its schedule's next occurrence, named by the entry.
+                    // Each entry arms its schedule's next occurrence, named by
+                    // the entry. `to` may fall inside the record (its timers
+                    // are sent in batches): the dispatcher sends the rest.
                     RecordKind::Occurrences => {
+                        let view = OccurrencesView::parse(bytes, offset);
                         for (name, r) in
-                            OccurrencesView::parse(bytes, offset).iter().flat_map(|v| v.entries())
+                            view.iter().flat_map(|v| v.entries()).take_while(|&(name, _)| name < to)
                         {
                             found(r.deliver_at_ms, name, true);
                         }

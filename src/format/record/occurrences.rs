@@ -40,7 +40,7 @@ const E_AHEAD: usize = 21;
 const _: () = assert!(E_AHEAD + 3 == OCCURRENCE_ENTRY_LEN);
 
 /// Byte 8 of every entry: where a record holds its kind, a byte that is
-/// never one (kinds are 1..=7 and 0xFF).
+/// never one (kinds are 1..=8 and 0xFF; `0x80..=0xFE` are never kinds).
 pub const INTERIOR_MARKER: u8 = 0x88;
 /// The most entries one record holds (an entry's index is one byte).
 pub const OCCURRENCES_MAX: usize = 256;
@@ -63,7 +63,8 @@ pub fn entry_name(record_offset: u64, index: usize) -> u64 {
 /// (from `name` on, at least 10) are marked as an entry's.
 pub fn containing_record(name: u64, bytes: &[u8]) -> Option<u64> {
     let (marker, index) = (*bytes.get(E_MARKER)?, *bytes.get(E_INDEX)?);
-    (marker == INTERIOR_MARKER).then(|| name - entry_name(0, usize::from(index)))
+    // A name too small for its index is not an entry's (a marker-like byte in other bytes).
+    (marker == INTERIOR_MARKER).then(|| name.checked_sub(entry_name(0, usize::from(index)))).flatten()
 }
 
 /// Whether the delivering occurrence `view` (fired at its

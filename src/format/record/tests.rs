@@ -427,6 +427,8 @@ fn an_entry_names_its_record_by_its_marker_and_index() {
     // A record's own start holds its kind there, never the marker.
     assert_eq!(containing_record(8192, &buf), None);
     assert_eq!(containing_record(8216, &buf[24..33]), None, "too short to tell");
+    // Marked bytes at an offset too small for their index are no entry's.
+    assert_eq!(containing_record(30, &buf[48..]), None);
     assert_eq!(OccurrencesView::entry_at(&buf, 8192, 1).map(|(name, _)| name), Ok(8240));
     assert!(OccurrencesView::entry_at(&buf, 8192, 2).is_err(), "no third entry");
 }
