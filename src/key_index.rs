@@ -337,27 +337,48 @@ impl KeyIndex {
         let files = self.lock();
         let mut found = Vec::new();
         for (&first, file) in &files.by_first {
-            if file.filter.as_ref().is_some_and(|filter| !filter.may_contain(hash)) {
-                continue;
-            }
-            let mut next = get_u32(file.map.view(self.geometry.head_position(hash), HEAD_LEN), 0);
-            let mut chain = Vec::new();
-            while next != 0 {
-                let number = next - 1;
-                let at = self.geometry.entry_position(u64::from(number));
-                let Some(entry) = KeyEntry::decode(file.map.view(at, ENTRY_LEN), number) else {
-                    tracing::warn!(file = %self.path(first).display(), offset = at,
-                        "an index entry does not check out: the rest of its chain is not read");
-                    break;
-                };
-                if entry.key_hash == hash {
-                    chain.push(entry.message_offset);
-                }
-                next = entry.prev;
-            }
-            found.extend(chain.into_iter().rev());
+            let mut chain = self.chain_in(first, file, hash);
+            chain.reverse();
+            found.extend(chain);
         }
         found
+    }
+
+    /// The newest file that begins below `below` and may hold `hash`: its
+    /// first offset, and the offsets indexed under `hash` in it, newest
+    /// first; `None` once no file is left. A lookup that wants the newest
+    /// message of a key asks file by file, and stops at the first that
+    /// holds it: a recent key costs one file, not one per file.
+    pub fn newest_candidates_below(&self, hash: u32, below: u64) -> Option<(u64, Vec<u64>)> {
+        let files = self.lock();
+        files.by_first.range(..below).rev().find_map(|(&first, file)| {
+            let chain = self.chain_in(first, file, hash);
+            (!chain.is_empty()).then_some((first, chain))
+        })
+    }
+
+    /// The offsets indexed under `hash` in `file` (which begins at
+    /// `first`), newest first: none where its filter says the hash is not in it.
+    fn chain_in(&self, first: u64, file: &IndexFile, hash: u32) -> Vec<u64> {
+        let mut chain = Vec::new();
+        if file.filter.as_ref().is_some_and(|filter| !filter.may_contain(hash)) {
+            return chain;
+        }
+        let mut next = get_u32(file.map.view(self.geometry.head_position(hash), HEAD_LEN), 0);
+        while next != 0 {
+            let number = next - 1;
+            let at = self.geometry.entry_position(u64::from(number));
+            let Some(entry) = KeyEntry::decode(file.map.view(at, ENTRY_LEN), number) else {
+                tracing::warn!(file = %self.path(first).display(), offset = at,
+                    "an index entry does not check out: the rest of its chain is not read");
+                break;
+            };
+            if entry.key_hash == hash {
+                chain.push(entry.message_offset);
+            }
+            next = entry.prev;
+        }
+        chain
     }
 
     /// Syncs the entries written since the last sync, and the bucket heads

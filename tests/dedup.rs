@@ -218,6 +218,48 @@ fn a_key_in_any_dedup_index_file_is_found_after_a_reopen() {
 }
 
 #[test]
+fn a_key_replaced_across_many_index_files_names_its_newest_message() {
+    // Four entries a file, and one key replaced again and again among
+    // others: the lookup reads the index newest file first, and must still
+    // answer the newest message, before and after a reopen (which empties
+    // the list of records not yet indexed).
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let config = || small_config(dir.path()).with_clock(clock.clone()).with_key_index_file_entries(4);
+    let store = Store::open(config()).unwrap();
+    let mut latest = put(&store, timeout("order-42", "0", T0 + HOUR));
+    for i in 1..=12u64 {
+        put(&store, timeout(&format!("other-{i}"), "x", T0 + HOUR));
+        let ReplaceOutcome::Replaced { receipt, replaced } =
+            store.put_replacing(timeout("order-42", &i.to_string(), T0 + HOUR + i)).unwrap()
+        else {
+            panic!("replacement {i}: the key's timer is pending")
+        };
+        assert_eq!(Some(replaced), latest.handle(), "replacement {i} replaced the newest");
+        latest = receipt;
+        if i % 4 == 0 {
+            store.fresh_stats().unwrap();
+        }
+    }
+    let retry = put(&store, timeout("order-42", "retry", T0 + HOUR));
+    assert!(retry.is_duplicate() && retry.handle() == latest.handle());
+    store.close().unwrap();
+    let files = std::fs::read_dir(dir.path().join("index").join("dedup")).unwrap().count();
+    assert!(files >= 6, "{files} dedup index files");
+
+    let store = Store::open(config()).unwrap();
+    let retry = put(&store, timeout("order-42", "retry", T0 + HOUR));
+    assert!(retry.is_duplicate() && retry.handle() == latest.handle(), "after a reopen");
+    let ReplaceOutcome::Replaced { replaced, .. } =
+        store.put_replacing(timeout("order-42", "last", T0 + 2 * HOUR)).unwrap()
+    else {
+        panic!("the newest is pending")
+    };
+    assert_eq!(Some(replaced), latest.handle());
+    assert_eq!(store.fresh_stats().unwrap().pending, 13);
+}
+
+#[test]
 fn a_submitted_duplicate_resolves_with_the_first_message() {
     let dir = tempfile::tempdir().unwrap();
     let clock = ManualClock::new(T0);

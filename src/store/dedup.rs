@@ -88,6 +88,14 @@ impl Store {
 
     /// The newest message of `topic` with dedup key `key` (hash `hash`),
     /// with its own timer if it is timed.
+    ///
+    /// Candidates are read newest first, and the first that is the key's
+    /// is the answer. The index is asked file by file from the newest, so a
+    /// recent key costs one file's lookup, not one per file: each round
+    /// reads the candidates at or above the file's first offset, its own
+    /// and those in `recent`, before any below it. (`recent` may be older
+    /// than the index: a replacement a timed-out call left with the ticking
+    /// thread is in the index only.)
     pub(super) fn newest_keyed(
         &self,
         topic: &str,
@@ -95,16 +103,27 @@ impl Store {
         hash: u32,
         recent: &Recent,
     ) -> Result<Option<(Standing, Option<Timer>)>> {
-        let mut candidates = self.keys.dedup.candidates_of(hash);
-        candidates.extend(recent.of(hash));
-        candidates.sort_unstable();
-        candidates.dedup();
-        for &offset in candidates.iter().rev() {
-            if let Some(found) = self.read_keyed(offset, topic, key)? {
-                return Ok(Some(found));
+        let mut unread: Vec<u64> = recent.of(hash).collect();
+        let mut below = u64::MAX;
+        loop {
+            let file = self.keys.dedup.newest_candidates_below(hash, below);
+            let floor = file.as_ref().map_or(0, |(first, _)| *first);
+            let mut round = unread.split_off(unread.partition_point(|&offset| offset < floor));
+            if let Some((_, in_file)) = &file {
+                round.extend(in_file);
+                round.sort_unstable();
+                round.dedup();
+            }
+            for &offset in round.iter().rev() {
+                if let Some(found) = self.read_keyed(offset, topic, key)? {
+                    return Ok(Some(found));
+                }
+            }
+            match file {
+                Some((first, _)) => below = first,
+                None => return Ok(None),
             }
         }
-        Ok(None)
     }
 
     /// Waits until everything written so far is indexed (in sync mode, the

@@ -81,12 +81,14 @@ impl Ticker {
                 return Ok(());
             }
         };
-        self.settle_replaced(timer, target, offset)?;
+        // The record decides: the caller is answered before the wheel
+        // settles the old timer (this thread handles no other command in
+        // between, and a failure to settle stops the wheel).
         let deliver_at_ms = Some(replacement.timing.deliver_at_ms);
         let queue_id = replacement.queue_id;
         let receipt = Receipt { offset, queue_id, store_time_ms, deliver_at_ms, duplicate: false };
         let _ = reply.send(Ok(ReplaceAnswer::Written(receipt, replacement)));
-        Ok(())
+        self.settle_replaced(timer, target, offset)
     }
 
     /// Decides a timer's fate.
