@@ -1,15 +1,28 @@
 #!/usr/bin/env bash
 # The delay tier under load, beside NATS's own message schedules, in one
 # sitting: starts a 3-node JetStream cluster on 127.0.0.1 (nats-server from
-# tools/nats/install.sh), 2 tier nodes over 8 partitions, and runs
-# delaywheel-nats-load through the tier and then through Nats-Schedule.
-# Each prints one JSON line. Usage: tools/nats-load.sh [MESSAGES] [DELAY_MS] [BAD_TARGETS]
+# tools/nats/install.sh), tier nodes (2 by default) over 8 partitions in one
+# delay stream, and runs delaywheel-nats-load through the tier and then
+# through Nats-Schedule. Each prints one JSON line.
+# Usage: tools/nats-load.sh [--nodes N] [--streams S] [--partitions P] [--tier-only]
+#                           [MESSAGES] [DELAY_MS] [BAD_TARGETS]
 #   e.g. tools/nats-load.sh 100000 2000..10000
+#        tools/nats-load.sh --nodes 4 --streams 3 --partitions 24 100000 2000..10000
 # BAD_TARGETS adds timers with hostile targets ahead of the good ones through
 # the tier (the soak of issue 36): each must be dead-lettered, the target
 # stream must keep every fired message, and no good timer may be held up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+nodes=2 streams=1 partitions=8 tier_only=0
+while [[ ${1:-} == --* ]]; do
+  case $1 in
+    --nodes) nodes=$2; shift 2 ;;
+    --streams) streams=$2; shift 2 ;;
+    --partitions) partitions=$2; shift 2 ;;
+    --tier-only) tier_only=1; shift ;;
+    *) echo "nats-load.sh: unknown option $1" >&2; exit 2 ;;
+  esac
+done
 messages=${1:-100000}
 delay=${2:-2000..10000}
 bad=${3:-0}
@@ -44,7 +57,7 @@ urls=${urls%,}
 start_node() {
   for _ in $(seq 50); do
     RUST_LOG=warn,delaywheel=error "$bin/delaywheel-nats" --nats "$urls" --node-id "$1" --dir "$work/tier-$1" \
-      >> "$work/tier-$1.log" 2>&1 &
+      --partitions "$partitions" --streams "$streams" >> "$work/tier-$1.log" 2>&1 &
     local pid=$!
     sleep 1
     if kill -0 "$pid" 2>/dev/null; then pids+=("$pid"); return; fi
@@ -52,11 +65,12 @@ start_node() {
   echo "tier node $1 did not start; see $work/tier-$1.log" >&2
   exit 1
 }
-start_node a
-start_node b
-sleep 3 # leases taken, half each
+for i in $(seq "$nodes"); do start_node "node$i"; done
+sleep 3 # leases taken, shared out
 
-echo "-- through the tier: 2 nodes, 8 partitions" >&2
-"$bin/delaywheel-nats-load" --nats "$urls" --mode tier --messages "$messages" --delay-ms "$delay" --bad-targets "$bad"
+echo "-- through the tier: $nodes nodes, $partitions partitions, $streams delay stream(s)" >&2
+"$bin/delaywheel-nats-load" --nats "$urls" --mode tier --messages "$messages" --delay-ms "$delay" --bad-targets "$bad" \
+  --partitions "$partitions" --streams "$streams"
+[[ $tier_only == 1 ]] && exit 0
 echo "-- through Nats-Schedule: one subject per message, same cluster" >&2
 "$bin/delaywheel-nats-load" --nats "$urls" --mode schedule --messages "$messages" --delay-ms "$delay"

@@ -13,7 +13,7 @@ use crate::headers::header_pairs;
 use crate::partition::{cancel_in_stream, publish_acked, remove_source};
 use crate::settled_ids::SettledIds;
 use crate::target::TargetPolicy;
-use crate::wire::{self, CancelAnswer, TimerHandle};
+use crate::wire::{self, CancelAnswer, Layout, TimerHandle};
 use crate::{Result, TierError};
 
 /// How long a cancel waits for the partition's owner.
@@ -36,10 +36,9 @@ pub enum RescheduleAnswer {
 pub struct TierClient {
     client: async_nats::Client,
     js: jetstream::Context,
-    stream: Stream,
-    stream_name: String,
-    prefix: String,
-    partitions: u32,
+    layout: Layout,
+    /// The delay streams, by index.
+    streams: Vec<Stream>,
     dedup_bucket: String,
 }
 
@@ -52,21 +51,29 @@ impl TierClient {
         prefix: &str,
         partitions: u32,
     ) -> Result<Self> {
-        if partitions == 0 {
-            return Err(TierError::Config("partitions 0: must be at least 1".into()));
+        Self::with_layout(client, Layout::new(stream, prefix, partitions)).await
+    }
+
+    /// A client of the tier laid out as `layout` (the nodes' settings: see
+    /// [`crate::TierConfig::layout`]), whose streams exist.
+    pub async fn with_layout(client: async_nats::Client, layout: Layout) -> Result<Self> {
+        if layout.partitions == 0 || !(1..=layout.partitions).contains(&layout.streams) {
+            let why = format!("partitions {}, streams {}", layout.partitions, layout.streams);
+            return Err(TierError::Config(format!("{why}: need 1 ..= streams ..= partitions")));
         }
         let js = jetstream::new(client.clone());
-        let handle =
-            js.get_stream(stream).await.map_err(|e| TierError::nats(format!("find stream {stream}"), e))?;
-        Ok(TierClient {
-            client,
-            js,
-            stream: handle,
-            stream_name: stream.into(),
-            prefix: prefix.into(),
-            partitions,
-            dedup_bucket: DEFAULT_DEDUP_BUCKET.into(),
-        })
+        let mut streams = Vec::new();
+        for index in 0..layout.streams {
+            let name = layout.stream_name(index);
+            let found = js.get_stream(&name).await;
+            streams.push(found.map_err(|e| TierError::nats(format!("find stream {name}"), e))?);
+        }
+        Ok(TierClient { client, js, layout, streams, dedup_bucket: DEFAULT_DEDUP_BUCKET.into() })
+    }
+
+    /// The delay stream that holds `partition`'s timers.
+    fn stream_of(&self, partition: u32) -> &Stream {
+        &self.streams[self.layout.stream_index(partition) as usize]
     }
 
     /// For a tier whose nodes keep settled `Nats-Msg-Id`s in another bucket
@@ -104,13 +111,13 @@ impl TierClient {
     ) -> Result<TimerHandle> {
         // The nodes check again (anyone can publish a timer by hand); this
         // tells an honest producer at once, naming the header.
-        TargetPolicy::new(&self.prefix, DEFAULT_DEAD_LETTER, Vec::new())
+        TargetPolicy::new(&self.layout.prefix, DEFAULT_DEAD_LETTER, Vec::new())
             .check(target)
             .map_err(|reason| TierError::BadTarget { header: wire::TARGET, reason })?;
-        let partition = wire::partition_of(key.as_bytes(), self.partitions);
+        let partition = wire::partition_of(key.as_bytes(), self.layout.partitions);
         headers.insert(wire::TARGET, target);
         headers.insert(wire::DELIVER_AT, deliver_at_ms.to_string().as_str());
-        let subject = wire::timer_subject(&self.prefix, partition, "timer");
+        let subject = wire::timer_subject(&self.layout.prefix, partition, "timer");
         let sequence = self.publish(subject, headers, payload).await?;
         Ok(TimerHandle { partition, sequence })
     }
@@ -125,10 +132,10 @@ impl TierClient {
     /// first recording its producer's `Nats-Msg-Id` as settled, as an owner
     /// does (if a node made the bucket of settled ids).
     pub async fn cancel(&self, handle: TimerHandle) -> Result<CancelAnswer> {
-        if handle.partition >= self.partitions {
+        if handle.partition >= self.layout.partitions {
             return Ok(CancelAnswer::NotFound);
         }
-        let subject = wire::cancel_subject(&self.stream_name, handle.partition);
+        let subject = wire::cancel_subject(&self.layout.stream, handle.partition);
         let request = async_nats::Request::new()
             .payload(handle.sequence.to_string().into())
             .timeout(Some(OWNER_TIMEOUT));
@@ -137,7 +144,8 @@ impl TierClient {
             Err(err) if err.kind() == RequestErrorKind::NoResponders => {
                 let settled_ids = SettledIds::find(&self.js, &self.dedup_bucket).await?;
                 let timer = (handle.partition, handle.sequence);
-                cancel_in_stream(&self.stream, &self.prefix, timer, settled_ids.as_ref()).await
+                let stream = self.stream_of(handle.partition);
+                cancel_in_stream(stream, &self.layout.prefix, timer, settled_ids.as_ref()).await
             }
             Err(err) => Err(TierError::nats(format!("ask the owner on {subject}"), err)),
         }
@@ -147,14 +155,15 @@ impl TierClient {
     /// cancels the original; if the original fired first, the copy is
     /// removed and the answer says so.
     pub async fn reschedule(&self, handle: TimerHandle, deliver_at_ms: u64) -> Result<RescheduleAnswer> {
-        let source = match self.stream.direct_get(handle.sequence).await {
+        let stream = self.stream_of(handle.partition);
+        let source = match stream.direct_get(handle.sequence).await {
             Ok(source) => source,
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
                 return Ok(RescheduleAnswer::NotFound);
             }
             Err(err) => return Err(TierError::nats(format!("read timer {handle}"), err)),
         };
-        if wire::partition_of_subject(&self.prefix, &source.subject) != Some(handle.partition) {
+        if wire::partition_of_subject(&self.layout.prefix, &source.subject) != Some(handle.partition) {
             return Ok(RescheduleAnswer::NotFound);
         }
         // The copy is the same timer, moved: it keeps its producer's id under
@@ -175,7 +184,7 @@ impl TierClient {
         };
         let answer = self.cancel(handle).await;
         let undo = || async {
-            remove_source(&self.stream, copy.sequence).await?;
+            remove_source(stream, copy.sequence).await?;
             Ok::<_, TierError>(())
         };
         match answer {

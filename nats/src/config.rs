@@ -4,6 +4,7 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use crate::target::TargetPolicy;
+use crate::wire::Layout;
 use crate::{Result, TierError};
 
 /// Where dead letters go unless configured otherwise: outside the default
@@ -15,7 +16,7 @@ pub const DEFAULT_DEAD_LETTER: &str = "delaytier.dead";
 pub const DEFAULT_DEDUP_BUCKET: &str = "delaytier_msg_ids";
 
 /// A tier node's settings. Every node of one tier must agree on `stream`,
-/// `prefix`, `partitions` and `lease_bucket`.
+/// `prefix`, `partitions`, `streams` and `lease_bucket`.
 #[derive(Debug, Clone)]
 pub struct TierConfig {
     /// NATS server URLs (any of the cluster's).
@@ -24,12 +25,18 @@ pub struct TierConfig {
     pub dir: PathBuf,
     /// This node's name: unique in the tier, a KV key token (`[-_A-Za-z0-9]`).
     pub node_id: String,
-    /// The delay stream, created by the first node if absent.
+    /// The delay stream, created by the first node if absent; with several
+    /// streams, their base name (`<stream>-<index>`).
     pub stream: String,
     /// Its subjects are `<prefix>.<partition>.>`.
     pub prefix: String,
-    /// How many partitions the delay stream is split into.
+    /// How many partitions the timers are split into.
     pub partitions: u32,
+    /// How many delay streams hold the partitions (see [`Layout`]): each is
+    /// a Raft group with a leader of its own, so several spread the
+    /// cluster's work over its servers. 1 (the default) is the layout of
+    /// earlier tiers; a tier's streams cannot change while it holds timers.
+    pub streams: u32,
     /// Replicas of the delay stream and the lease bucket (1 or 3 usually).
     pub replicas: usize,
     /// A lease not renewed for this long expires and another node may take
@@ -66,6 +73,7 @@ impl TierConfig {
             stream: "DELAY".into(),
             prefix: "delay".into(),
             partitions: 8,
+            streams: 1,
             replicas: 3,
             lease: Duration::from_secs(3),
             lease_bucket: "delaytier_leases".into(),
@@ -75,6 +83,11 @@ impl TierConfig {
             dedup_window: Duration::from_secs(24 * 3600),
             dedup_bucket: DEFAULT_DEDUP_BUCKET.into(),
         }
+    }
+
+    /// Where the timers are.
+    pub fn layout(&self) -> Layout {
+        Layout::new(&self.stream, &self.prefix, self.partitions).with_streams(self.streams)
     }
 
     /// How often a node renews its leases and looks for free partitions.
@@ -115,6 +128,10 @@ impl TierConfig {
         }
         if !(1..=4096).contains(&self.partitions) {
             return Err(TierError::Config(format!("partitions {}: must be 1..=4096", self.partitions)));
+        }
+        if !(1..=self.partitions).contains(&self.streams) {
+            let why = format!("streams {}: must be 1..=partitions ({})", self.streams, self.partitions);
+            return Err(TierError::Config(why));
         }
         if !(1..=5).contains(&self.replicas) {
             return Err(TierError::Config(format!("replicas {}: must be 1..=5", self.replicas)));
@@ -158,9 +175,11 @@ mod tests {
         let good = TierConfig::new(vec!["nats://127.0.0.1:4222".into()], "/tmp/x", "node-1");
         good.validate().unwrap();
         type Spoil = fn(&mut TierConfig);
-        let cases: [(&str, Spoil); 12] = [
+        let cases: [(&str, Spoil); 14] = [
             ("node id", |c| c.node_id = "a.b".into()),
             ("partitions 0", |c| c.partitions = 0),
+            ("streams 0", |c| c.streams = 0),
+            ("streams 9: must be 1..=partitions (8)", |c| c.streams = 9),
             ("replicas 7", |c| c.replicas = 7),
             ("lease", |c| c.lease = Duration::from_millis(10)),
             ("no NATS server", |c| c.servers.clear()),

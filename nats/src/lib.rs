@@ -1,8 +1,9 @@
 //! delaywheel as the delay tier of a NATS JetStream cluster.
 //!
 //! Producers publish timers to a replicated JetStream stream (`DELAY`, on
-//! `delay.<partition>.>`), with the deliver time and the target subject in
-//! headers ([`wire`]). Each tier node leases some partitions through a KV
+//! `delay.<partition>.>`, or several, `DELAY-<i>`, each holding some
+//! partitions: see [`Layout`]), with the deliver time and the target
+//! subject in headers ([`wire`]). Each tier node leases some partitions through a KV
 //! bucket (see [`run`]), reads each one it owns into a local
 //! delaywheel store, and when a timer fires publishes it to its target
 //! (deduplicated by stream sequence) and then acknowledges it, which removes
@@ -48,4 +49,4 @@ pub use client::{RescheduleAnswer, TierClient};
 pub use config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET, TierConfig};
 pub use error::{Result, TierError};
 pub use node::run;
-pub use wire::{CancelAnswer, TimerHandle};
+pub use wire::{CancelAnswer, Layout, TimerHandle};

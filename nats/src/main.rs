@@ -27,9 +27,13 @@ struct Args {
     /// The delay stream's subjects are PREFIX.<partition>.>.
     #[arg(long, default_value = "delay")]
     prefix: String,
-    /// Partitions of the delay stream (every node must agree).
+    /// Partitions of the timers (every node must agree).
     #[arg(long, default_value_t = 8)]
     partitions: u32,
+    /// Delay streams holding the partitions, named STREAM-<i> if more than
+    /// one: each has a Raft leader of its own (every node must agree).
+    #[arg(long, default_value_t = 1)]
+    streams: u32,
     /// Replicas of the delay stream and the lease bucket.
     #[arg(long, default_value_t = 3)]
     replicas: usize,
@@ -76,6 +80,7 @@ async fn main() -> ExitCode {
     config.stream = args.stream;
     config.prefix = args.prefix;
     config.partitions = args.partitions;
+    config.streams = args.streams;
     config.replicas = args.replicas;
     config.lease = Duration::from_millis(args.lease_ms);
     config.lease_bucket = args.lease_bucket;

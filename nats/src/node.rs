@@ -9,9 +9,9 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
-use crate::partition::{OwnedPartition, Shared, remove_stale_stores};
+use crate::partition::{DelayStream, OwnedPartition, Shared, remove_stale_stores};
 use crate::settled_ids::SettledIds;
-use crate::wire;
+use crate::wire::Layout;
 use crate::{Result, TierConfig, TierError};
 
 /// The time limit of one request of a partition's (read, publish, acknowledge).
@@ -63,13 +63,18 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         .ack_timeout(OP_TIMEOUT)
         .build(client.clone());
     tokio::pin!(shutdown);
+    let layout = config.layout();
     let set_up_all = async {
-        let (stream, strays_possible) = set_up("the delay stream", || ensure_stream(&js, &config)).await?;
+        let mut streams = Vec::new();
+        for index in 0..layout.streams {
+            let what = format!("delay stream {}", layout.stream_name(index));
+            streams.push(set_up(&what, || ensure_stream(&js, &layout, config.replicas, index)).await?);
+        }
         let leases = set_up("the lease bucket", || Leases::open(&js, &config)).await?;
         let settled_ids = set_up("the settled-ids bucket", || SettledIds::open(&js, &config)).await?;
-        Ok::<_, TierError>((stream, strays_possible, leases, settled_ids))
+        Ok::<_, TierError>((streams, leases, settled_ids))
     };
-    let (stream, strays_possible, leases, settled_ids) = tokio::select! {
+    let (streams, leases, settled_ids) = tokio::select! {
         // Nothing is owned yet: nothing to give back.
         () = &mut shutdown => return Ok(()),
         made = set_up_all => made?,
@@ -79,12 +84,12 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     let shared = Arc::new(Shared {
         client,
         js,
-        stream,
+        layout,
+        streams,
         config,
         policy,
         captured: Default::default(),
         takes: Default::default(),
-        strays_possible,
         settled_ids,
     });
     let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
@@ -101,42 +106,56 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
     Ok(())
 }
 
-/// Creates the delay stream if this is the tier's first node: a work queue
-/// (a message goes when its delivery is acknowledged, that is when its timer
-/// fired or was cancelled) whose messages never expire, since a timer may be
-/// years ahead. Its subjects are the partitions' own, so a timer on a
-/// subject no partition reads (`delay.99.x` with 8 partitions, `delay.x`) is
-/// refused when it is published rather than kept unread for ever. Also
-/// whether the stream (made otherwise) may hold such timers.
-async fn ensure_stream(js: &jetstream::Context, config: &TierConfig) -> Result<(stream::Stream, bool)> {
-    let subjects = wire::stream_subjects(&config.prefix, config.partitions);
-    let stream = js
+/// Creates delay stream `index` of `layout` if this is the tier's first
+/// node: a work queue (a message goes when its delivery is acknowledged,
+/// that is when its timer fired or was cancelled) whose messages never
+/// expire, since a timer may be years ahead. Its subjects are its
+/// partitions' own, so a timer on a subject no partition reads (`delay.99.x`
+/// with 8 partitions, `delay.x`) is refused when it is published rather
+/// than kept unread for ever. Also whether the stream (made otherwise) may
+/// hold such timers.
+async fn ensure_stream(
+    js: &jetstream::Context,
+    layout: &Layout,
+    replicas: usize,
+    index: u32,
+) -> Result<DelayStream> {
+    let name = layout.stream_name(index);
+    let subjects = layout.stream_subjects(index);
+    let made = js
         .get_or_create_stream(stream::Config {
-            name: config.stream.clone(),
+            name: name.clone(),
             subjects: subjects.clone(),
-            num_replicas: config.replicas,
+            num_replicas: replicas,
             storage: stream::StorageType::File,
             retention: stream::RetentionPolicy::WorkQueue,
             allow_direct: true,
             ..Default::default()
         })
-        .await
-        .map_err(|e| TierError::nats(format!("create stream {}", config.stream), e))?;
+        .await;
+    // The server refuses a stream whose subjects another captures: the
+    // tier's streams of another layout (one `DELAY`, say) hold these partitions.
+    let stream = made.map_err(|e| {
+        TierError::nats(
+            format!("create stream {name} on {} (is the tier laid out otherwise?)", subjects.join(",")),
+            e,
+        )
+    })?;
     let found = &stream.cached_info().config.subjects;
     let strays_possible = found != &subjects;
     if strays_possible {
         // Made by hand or by an older node (`delay.>`): a timer on a subject
         // outside the partitions' is read by no partition (see `strays`).
         tracing::warn!(
-            stream = %config.stream,
+            stream = %name,
             ?found,
             expected = %format!("{} … {}", subjects[0], subjects[subjects.len() - 1]),
-            "the delay stream captures subjects no partition reads; the owner of partition 0 \
-             moves timers there to the dead letter"
+            "a delay stream captures subjects none of its partitions reads; the owner of its \
+             first partition moves timers there to the dead letter"
         );
         metrics::counter!("delaytier_stream_subjects_mismatch_total").increment(1);
     }
-    Ok((stream, strays_possible))
+    Ok(DelayStream { stream, name, strays_possible })
 }
 
 struct Node {

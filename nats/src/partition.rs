@@ -52,7 +52,7 @@ use crate::headers::{
 };
 use crate::settled_ids::{RecentlySettled, SettledIds};
 use crate::target::TargetPolicy;
-use crate::wire::{self, CancelAnswer};
+use crate::wire::{self, CancelAnswer, Layout};
 use crate::{Result, TierConfig, TierError};
 
 /// The segment size of a partition's local store: its timers' copies go
@@ -107,7 +107,10 @@ const HOLD_UNTIL_FIRED: Duration = Duration::from_secs(100 * 365 * 86_400);
 pub(crate) struct Shared {
     pub client: async_nats::Client,
     pub js: jetstream::Context,
-    pub stream: Stream,
+    /// Where the timers are: the partitions and their delay streams.
+    pub layout: Layout,
+    /// The delay streams, by index (see [`Layout::stream_index`]).
+    pub streams: Vec<DelayStream>,
     pub config: TierConfig,
     /// What a timer may target (from `config`, made once).
     pub policy: TargetPolicy,
@@ -115,11 +118,24 @@ pub(crate) struct Shared {
     pub captured: Mutex<Captured>,
     /// Partitions taken so far: each take's store has a directory of its own.
     pub takes: AtomicU64,
-    /// Whether the delay stream captures subjects no partition reads (made
-    /// by hand or by an older node), so partition 0's owner looks for them.
-    pub strays_possible: bool,
     /// The `Nats-Msg-Id`s of timers that settled within the dedup window.
     pub settled_ids: SettledIds,
+}
+
+impl Shared {
+    /// The delay stream that holds `partition`'s timers.
+    pub fn stream_of(&self, partition: u32) -> &DelayStream {
+        &self.streams[self.layout.stream_index(partition) as usize]
+    }
+}
+
+/// One delay stream of the layout, as the node found or made it.
+pub(crate) struct DelayStream {
+    pub stream: Stream,
+    pub name: String,
+    /// Whether it captures subjects no partition of it reads (made by hand
+    /// or by an older node), so the owner of its first partition looks for them.
+    pub strays_possible: bool,
 }
 
 /// Targets lately seen captured by a stream, and when a stream lookup last
@@ -249,7 +265,10 @@ impl OwnedPartition {
             .subscribe(wire::cancel_subject(&shared.config.stream, partition))
             .await
             .map_err(|e| TierError::nats("subscribe to cancels", e))?;
-        let strays = (partition == 0 && shared.strays_possible).then(|| shared.clone());
+        // A stream's first partition is the one whose number is its index.
+        let strays = (partition < shared.layout.streams
+            && shared.streams[partition as usize].strays_possible)
+            .then(|| shared.clone());
         let part = Part { shared, partition, store: store.clone(), pending };
         let mut tasks = vec![
             tokio::spawn(part.clone().answer_cancels(cancels).instrument(span.clone())),
@@ -258,7 +277,7 @@ impl OwnedPartition {
             tokio::spawn(part.ingest().instrument(span.clone())),
         ];
         if let Some(shared) = strays {
-            tasks.push(tokio::spawn(crate::strays::sweep(shared).instrument(span)));
+            tasks.push(tokio::spawn(crate::strays::sweep(shared, partition).instrument(span)));
         }
         tracing::info!(partition, "partition taken");
         Ok(OwnedPartition { partition, store, dir, tasks })
@@ -411,6 +430,11 @@ enum Failure {
 const BY_REFERENCE: &str = "ref";
 
 impl Part {
+    /// The delay stream that holds this partition's timers.
+    fn delay_stream(&self) -> &DelayStream {
+        self.shared.stream_of(self.partition)
+    }
+
     /// Reads the partition from its first pending timer on, and puts each as
     /// a timer into the local store.
     async fn ingest(self) {
@@ -432,10 +456,9 @@ impl Part {
         let name = format!("delaytier-p{}", self.partition);
         // A fresh consumer hands out every timer not yet acknowledged,
         // including those an earlier owner held.
-        let _ = self.shared.stream.delete_consumer(&name).await;
-        let consumer = self
-            .shared
-            .stream
+        let stream = &self.delay_stream().stream;
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
             .create_consumer(pull::Config {
                 durable_name: Some(name),
                 filter_subject: wire::partition_filter(&config.prefix, self.partition),
@@ -755,7 +778,7 @@ impl Part {
             let source = timer.properties().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
             return Ok(Some(Due { ack, msg_id, source, payload: timer.body().clone() }));
         }
-        match self.shared.stream.direct_get(sequence).await {
+        match self.delay_stream().stream.direct_get(sequence).await {
             Ok(message) => {
                 let source = owned_pairs(&message.headers);
                 Ok(Some(Due { ack, msg_id, source, payload: message.payload }))
@@ -774,7 +797,7 @@ impl Part {
     async fn publish(&self, sequence: u64, due: &Due) -> std::result::Result<bool, Failure> {
         let shared = &self.shared;
         let source = borrowed_pairs(&due.source);
-        let (target, headers) = fired_headers(&shared.config.stream, self.partition, sequence, &source)
+        let (target, headers) = fired_headers(&self.delay_stream().name, self.partition, sequence, &source)
             .map_err(|err| Failure::Refused(err.to_string()))?;
         shared.policy.check(&target).map_err(|reason| Failure::Refused(reason.to_string()))?;
         let published = async {
@@ -907,7 +930,8 @@ impl Part {
         reason: &str,
     ) -> Result<()> {
         let source = borrowed_pairs(source);
-        dead_letter(&self.shared, Some(self.partition), sequence, &source, payload, kind, reason).await
+        let from = (self.delay_stream().name.as_str(), Some(self.partition));
+        dead_letter(&self.shared, from, sequence, &source, payload, kind, reason).await
     }
 
     /// Forgets a timer that left the line (fired or dead-lettered), and
@@ -945,7 +969,7 @@ impl Part {
             if settled.is_empty() {
                 continue;
             }
-            match self.shared.stream.consumer_info(&name).await {
+            match self.delay_stream().stream.consumer_info(&name).await {
                 Ok(info) if info.num_ack_pending <= held => {
                     // The count says no acknowledgement was lost. Right after
                     // the consumer's leader changed it can say so before it
@@ -964,7 +988,7 @@ impl Part {
                     tracing::warn!(%err, "sweep: cannot read the consumer; checking the fired timers");
                 }
             }
-            let stream = &self.shared.stream;
+            let stream = &self.delay_stream().stream;
             // Some(sequence): it could not be checked now; look again next round.
             let checks: Vec<(usize, Option<u64>)> =
                 futures::stream::iter(settled.into_iter().map(|(_, s)| s))
@@ -1032,9 +1056,8 @@ impl Part {
             }
             if !checked_in_stream {
                 let shared = &self.shared;
-                if pending_in_stream(&shared.stream, &shared.config.prefix, self.partition, sequence)
-                    .await?
-                    .is_none()
+                let stream = &self.delay_stream().stream;
+                if pending_in_stream(stream, &shared.layout.prefix, self.partition, sequence).await?.is_none()
                 {
                     return Ok(CancelAnswer::NotFound);
                 }
@@ -1077,7 +1100,7 @@ impl Part {
 /// the server has it.
 pub(crate) async fn dead_letter(
     shared: &Shared,
-    partition: Option<u32>,
+    (stream, partition): (&str, Option<u32>),
     sequence: u64,
     source: &[(&str, &str)],
     payload: Bytes,
@@ -1089,7 +1112,7 @@ pub(crate) async fn dead_letter(
         Some(partition) => config.dead_letter_subject(partition),
         None => format!("{}.unowned", config.dead_letter),
     };
-    let mut headers = dead_letter_headers(&config.stream, partition, sequence, source, reason);
+    let mut headers = dead_letter_headers(stream, partition, sequence, source, reason);
     let client = &shared.client;
     let mut sent = client.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
     if sent.as_ref().is_err_and(|e| e.kind() == async_nats::PublishErrorKind::MaxPayloadExceeded) {

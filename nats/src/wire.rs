@@ -59,10 +59,83 @@ pub fn partition_filter(prefix: &str, partition: u32) -> String {
     format!("{prefix}.{partition}.>")
 }
 
-/// The delay stream's subjects: each partition's, so the stream refuses a
-/// timer that no partition would read.
-pub fn stream_subjects(prefix: &str, partitions: u32) -> Vec<String> {
-    (0..partitions).map(|p| partition_filter(prefix, p)).collect()
+/// Where a tier keeps its timers: `partitions` partitions, on subjects
+/// `<prefix>.<partition>.>`, held by `streams` delay streams. Partition `p`
+/// is in stream `p % streams`, so each stream is a Raft group of its own,
+/// whose leader the cluster places on a server of its choosing: the
+/// streams spread the replicated work of puts, fires and acknowledgements
+/// over the servers, where one stream put all of it on one leader.
+///
+/// Producers publish to the partition's subject and never name a stream:
+/// the stream that captures the subject takes the timer. Every node and
+/// client of one tier must agree on the layout.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Layout {
+    /// The delay stream's name, or the streams' common base name.
+    pub stream: String,
+    /// The partitions' subjects are `<prefix>.<partition>.>`.
+    pub prefix: String,
+    /// How many partitions.
+    pub partitions: u32,
+    /// How many delay streams hold them (1 ..= `partitions`).
+    pub streams: u32,
+}
+
+impl Layout {
+    /// One stream, `stream`, holding every partition (the layout of tiers
+    /// before streams could be several).
+    pub fn new(stream: &str, prefix: &str, partitions: u32) -> Self {
+        Layout { stream: stream.into(), prefix: prefix.into(), partitions, streams: 1 }
+    }
+
+    /// The same partitions spread over `streams` delay streams.
+    pub fn with_streams(mut self, streams: u32) -> Self {
+        self.streams = streams;
+        self
+    }
+
+    /// The index of the delay stream that holds `partition`'s timers.
+    pub fn stream_index(&self, partition: u32) -> u32 {
+        debug_assert!(self.streams > 0);
+        partition % self.streams
+    }
+
+    /// The name of delay stream `index`: the base name where there is one
+    /// stream, else `<stream>-<index>`.
+    pub fn stream_name(&self, index: u32) -> String {
+        match self.streams {
+            1 => self.stream.clone(),
+            _ => format!("{}-{index}", self.stream),
+        }
+    }
+
+    /// The name of the delay stream that holds `partition`'s timers.
+    pub fn stream_of(&self, partition: u32) -> String {
+        self.stream_name(self.stream_index(partition))
+    }
+
+    /// The subjects of delay stream `index`: its partitions' own, so it
+    /// refuses a timer that no partition would read.
+    pub fn stream_subjects(&self, index: u32) -> Vec<String> {
+        (index..self.partitions)
+            .step_by(self.streams as usize)
+            .map(|p| partition_filter(&self.prefix, p))
+            .collect()
+    }
+
+    /// Whether the consumer of a partition held by stream `index` reads
+    /// `subject`: `<prefix>.<p>.<more>` with `p` written as the partition's
+    /// filter writes it, below `partitions`, in that stream.
+    pub fn read_in_stream(&self, index: u32, subject: &str) -> bool {
+        let Some(rest) = subject.strip_prefix(self.prefix.as_str()).and_then(|r| r.strip_prefix('.')) else {
+            return false;
+        };
+        let Some((token, more)) = rest.split_once('.') else {
+            return false; // `delay.7` is not under `delay.7.>`
+        };
+        let partition = token.parse::<u32>().ok().filter(|p| *p < self.partitions && p.to_string() == token);
+        !more.is_empty() && partition.is_some_and(|p| self.stream_index(p) == index)
+    }
 }
 
 /// The partition a timer subject names, if it is one of `prefix`'s.
@@ -179,7 +252,52 @@ mod tests {
         assert_eq!(partition_of_subject("delay", "delayx.3.a"), None);
         assert_eq!(partition_of_subject("delay", "delay.x.a"), None);
         assert_eq!(partition_filter("delay", 3), "delay.3.>");
-        assert_eq!(stream_subjects("delay", 3), ["delay.0.>", "delay.1.>", "delay.2.>"]);
+        assert_eq!(
+            Layout::new("DELAY", "delay", 3).stream_subjects(0),
+            ["delay.0.>", "delay.1.>", "delay.2.>"]
+        );
+    }
+
+    #[test]
+    fn streams_hold_every_partition_once_and_one_stream_keeps_its_name() {
+        let one = Layout::new("DELAY", "delay", 8);
+        assert_eq!((one.stream_name(0), one.stream_of(7)), ("DELAY".into(), "DELAY".into()));
+        let three = one.clone().with_streams(3);
+        assert_eq!(three.stream_of(4), "DELAY-1");
+        assert_eq!(three.stream_subjects(1), ["delay.1.>", "delay.4.>", "delay.7.>"]);
+        let mut held: Vec<String> = (0..3).flat_map(|i| three.stream_subjects(i)).collect();
+        held.sort();
+        let mut all = one.stream_subjects(0);
+        all.sort();
+        assert_eq!(held, all, "each partition in exactly one stream");
+        for p in 0..8 {
+            let subjects = three.stream_subjects(three.stream_index(p));
+            assert!(subjects.contains(&partition_filter("delay", p)), "{p}");
+        }
+    }
+
+    #[test]
+    fn only_a_streams_own_partitions_subjects_are_read_in_it() {
+        let one = Layout::new("DELAY", "delay", 8);
+        for read in ["delay.0.timer", "delay.7.a.b", "delay.3.x"] {
+            assert!(one.read_in_stream(0, read), "{read}");
+        }
+        for stray in [
+            "delay.8.timer",
+            "delay.99.x",
+            "delay.x.timer",
+            "delay.07.timer",
+            "delay.7",
+            "delay.7.",
+            "delay",
+            "delayed.1.x",
+            "delay.-1.x",
+            "delay.+1.x",
+        ] {
+            assert!(!one.read_in_stream(0, stray), "{stray}");
+        }
+        let two = one.with_streams(2);
+        assert!(two.read_in_stream(1, "delay.3.x") && !two.read_in_stream(0, "delay.3.x"));
     }
 
     #[test]

@@ -416,3 +416,95 @@ async fn a_node_started_while_its_cluster_has_no_quorum_waits_for_it() {
     wait_for(&arrivals, 1, Duration::from_secs(30)).await;
     assert_eq!(arrivals.lock().unwrap().count.get("after the quorum").copied(), Some(1));
 }
+
+/// The messages held by each of the streams named.
+async fn held_in_streams(client: &async_nats::Client, names: &[String]) -> Vec<u64> {
+    let js = async_nats::jetstream::new(client.clone());
+    let mut held = Vec::new();
+    for name in names {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let asked = async {
+                let mut stream = js.get_stream(name).await?;
+                stream.info().await.map(|info| info.state.messages).map_err(async_nats::Error::from)
+            };
+            match asked.await {
+                Ok(messages) => break held.push(messages),
+                Err(err) => assert!(Instant::now() < deadline, "stream {name} does not answer: {err}"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+    held
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_spread_over_three_delay_streams_fire_once_cancel_and_move_when_a_node_dies() {
+    let Some(server) = cluster::nats_server() else { return };
+    let cluster = Cluster::start(server).await;
+    let client = cluster.connect().await;
+    cluster::create_target_stream(&client).await;
+    let flags = ["--streams", "3"];
+    let mut a = TierNode::start_with(&cluster, "a", LEASE_MS, &flags);
+    let _b = TierNode::start_with(&cluster, "b", LEASE_MS, &flags);
+    // The nodes make the streams: partition p in DELAY-<p % 3>, on its own subjects.
+    let layout = delaywheel_nats::Layout::new("DELAY", "delay", 8).with_streams(3);
+    let names: Vec<String> = (0..3).map(|i| layout.stream_name(i)).collect();
+    let js = async_nats::jetstream::new(client.clone());
+    let made = Instant::now();
+    for name in &names {
+        while js.get_stream(name).await.is_err() {
+            assert!(made.elapsed() < Duration::from_secs(60), "no stream {name}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        cluster::wait_for_leader(&js, name).await;
+    }
+    let mut leaders = Vec::new();
+    for (index, name) in (0..).zip(&names) {
+        let info = js.get_stream(name).await.unwrap().info().await.unwrap().clone();
+        assert_eq!(info.config.subjects, layout.stream_subjects(index), "{name}");
+        leaders.push(info.cluster.and_then(|c| c.leader).unwrap_or_default());
+    }
+    println!("delay streams' leaders: {leaders:?}");
+    assert!(js.get_stream("DELAY").await.is_err(), "no stream of the one-stream layout");
+    let tier = TierClient::with_layout(client.clone(), layout.clone()).await.unwrap();
+    let (arrivals, _reader) = collect(&client).await;
+    wait_until_owned(&client).await;
+
+    let start = now_ms() + 3_000;
+    let handles = schedule_many(&tier, "s", 3_000, |i| start + (i as u64 * 7_919) % 5_000).await;
+    let held = held_in_streams(&client, &names).await;
+    assert!(held.iter().all(|&n| n > 0) && held.iter().sum::<u64>() <= 3_000, "held {held:?}");
+    // Cancels and reschedules find each timer in its partition's stream.
+    let (cancelled, moved) = (&handles[..50], &handles[50..100]);
+    for handle in cancelled {
+        assert_eq!(tier.cancel(*handle).await.unwrap(), CancelAnswer::Cancelled, "{handle}");
+    }
+    let later = start + 6_000;
+    for handle in moved {
+        let answer = tier.reschedule(*handle, later).await.unwrap();
+        assert!(matches!(answer, RescheduleAnswer::Rescheduled(_)), "{handle}: {answer:?}");
+    }
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    a.kill();
+    wait_until_all_owned_by(&client, "b", Duration::from_secs(15)).await;
+    wait_for(&arrivals, 2_950, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    {
+        let arrivals = arrivals.lock().unwrap();
+        assert!(arrivals.early.is_empty(), "early: {:?}", &arrivals.early[..arrivals.early.len().min(5)]);
+        assert_each_once(&arrivals, "s", 50..3_000);
+        assert_eq!(arrivals.count.len(), 2_950, "no cancelled timer fired");
+        for i in 50..100 {
+            assert!(
+                arrivals.stored_at_ms[&format!("s-{i}")] >= later as i64,
+                "s-{i} fired before its new time"
+            );
+        }
+    }
+    let start = Instant::now();
+    while held_in_streams(&client, &names).await.iter().sum::<u64>() > 0 {
+        assert!(start.elapsed() < Duration::from_secs(30), "timers left in the streams");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

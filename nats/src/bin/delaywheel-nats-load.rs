@@ -12,7 +12,7 @@ use async_nats::HeaderMap;
 use async_nats::jetstream::{self, consumer::DeliverPolicy, consumer::pull, stream};
 use bytes::Bytes;
 use clap::{Parser, ValueEnum};
-use delaywheel_nats::TierClient;
+use delaywheel_nats::{Layout, TierClient};
 use futures::StreamExt;
 
 #[derive(Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -51,6 +51,9 @@ struct Args {
     /// The tier's partitions (as its nodes were started).
     #[arg(long, default_value_t = 8)]
     partitions: u32,
+    /// The tier's delay streams (as its nodes were started).
+    #[arg(long, default_value_t = 1)]
+    streams: u32,
     /// Sends in flight.
     #[arg(long, default_value_t = 256)]
     inflight: usize,
@@ -127,7 +130,10 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
     }
     let sent = Instant::now();
     let tier = match args.mode {
-        Mode::Tier => Some(TierClient::new(client.clone(), "DELAY", "delay", args.partitions).await?),
+        Mode::Tier => {
+            let layout = Layout::new("DELAY", "delay", args.partitions).with_streams(args.streams);
+            Some(TierClient::with_layout(client.clone(), layout).await?)
+        }
         Mode::Schedule => None,
     };
     let sends = (0..args.messages).map(|i| {

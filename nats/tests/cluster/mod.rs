@@ -281,7 +281,7 @@ impl Drop for TierNode {
 
 /// Waits until a just-made replicated stream takes publishes: its leader is
 /// elected after the creation answers.
-async fn wait_for_leader(js: &jetstream::Context, name: &str) {
+pub async fn wait_for_leader(js: &jetstream::Context, name: &str) {
     let deadline = Instant::now() + Duration::from_secs(20);
     loop {
         if let Ok(mut stream) = js.get_stream(name).await
