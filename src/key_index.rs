@@ -333,7 +333,7 @@ impl KeyIndex {
     }
 
     /// The offsets of the messages indexed under `hash`, oldest first.
-    pub fn candidates_of(&self, hash: u32) -> Vec<u64> {
+    fn candidates_of(&self, hash: u32) -> Vec<u64> {
         let files = self.lock();
         let mut found = Vec::new();
         for (&first, file) in &files.by_first {
@@ -344,9 +344,9 @@ impl KeyIndex {
         found
     }
 
-    /// The newest file that begins below `below` and may hold `hash`: its
-    /// first offset, and the offsets indexed under `hash` in it, newest
-    /// first; `None` once no file is left. A lookup that wants the newest
+    /// The newest file that begins below `below` and has entries under
+    /// `hash`: its first offset, and the offsets indexed under `hash` in it,
+    /// newest first; `None` once no such file is left. A lookup that wants the newest
     /// message of a key asks file by file, and stops at the first that
     /// holds it: a recent key costs one file, not one per file.
     pub fn newest_candidates_below(&self, hash: u32, below: u64) -> Option<(u64, Vec<u64>)> {

@@ -227,6 +227,8 @@ fn a_key_replaced_across_many_index_files_names_its_newest_message() {
     let clock = ManualClock::new(T0);
     let config = || small_config(dir.path()).with_clock(clock.clone()).with_key_index_file_entries(4);
     let store = Store::open(config()).unwrap();
+    // In the oldest file only: a lookup passes every newer file to find it.
+    let oldest = put(&store, timeout("order-1", "first", T0 + HOUR));
     let mut latest = put(&store, timeout("order-42", "0", T0 + HOUR));
     for i in 1..=12u64 {
         put(&store, timeout(&format!("other-{i}"), "x", T0 + HOUR));
@@ -250,13 +252,15 @@ fn a_key_replaced_across_many_index_files_names_its_newest_message() {
     let store = Store::open(config()).unwrap();
     let retry = put(&store, timeout("order-42", "retry", T0 + HOUR));
     assert!(retry.is_duplicate() && retry.handle() == latest.handle(), "after a reopen");
+    let retry = put(&store, timeout("order-1", "retry", T0 + HOUR));
+    assert!(retry.is_duplicate() && retry.handle() == oldest.handle(), "a key of the oldest file");
     let ReplaceOutcome::Replaced { replaced, .. } =
         store.put_replacing(timeout("order-42", "last", T0 + 2 * HOUR)).unwrap()
     else {
         panic!("the newest is pending")
     };
     assert_eq!(Some(replaced), latest.handle());
-    assert_eq!(store.fresh_stats().unwrap().pending, 13);
+    assert_eq!(store.fresh_stats().unwrap().pending, 14);
 }
 
 #[test]

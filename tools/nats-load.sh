@@ -16,9 +16,9 @@ cd "$(dirname "$0")/.."
 nodes=2 streams=1 partitions=8 tier_only=0
 while [[ ${1:-} == --* ]]; do
   case $1 in
-    --nodes) nodes=$2; shift 2 ;;
-    --streams) streams=$2; shift 2 ;;
-    --partitions) partitions=$2; shift 2 ;;
+    --nodes) nodes=${2:?--nodes needs a count}; shift 2 ;;
+    --streams) streams=${2:?--streams needs a count}; shift 2 ;;
+    --partitions) partitions=${2:?--partitions needs a count}; shift 2 ;;
     --tier-only) tier_only=1; shift ;;
     *) echo "nats-load.sh: unknown option $1" >&2; exit 2 ;;
   esac

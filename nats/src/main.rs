@@ -21,7 +21,8 @@ struct Args {
     /// This node's name, unique in the tier ([-_A-Za-z0-9]).
     #[arg(long)]
     node_id: String,
-    /// The delay stream (created if absent).
+    /// The delay stream (created if absent); with --streams above 1, the
+    /// streams' base name (STREAM-<i>).
     #[arg(long, default_value = "DELAY")]
     stream: String,
     /// The delay stream's subjects are PREFIX.<partition>.>.

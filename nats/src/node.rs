@@ -32,6 +32,8 @@ async fn set_up<T, F: Future<Output = Result<T>>>(what: &str, mut attempt: impl 
     loop {
         match attempt().await {
             Ok(done) => return Ok(done),
+            // A setting the cluster contradicts does not change by waiting.
+            Err(e @ TierError::Config(_)) => return Err(e),
             Err(e) if tokio::time::Instant::now() >= deadline => return Err(e),
             Err(e) => {
                 tracing::warn!(what, error = %e, "JetStream cannot set this up yet; trying again");
@@ -141,21 +143,51 @@ async fn ensure_stream(
             e,
         )
     })?;
-    let found = &stream.cached_info().config.subjects;
-    let strays_possible = found != &subjects;
+    let strays_possible = check_subjects(layout, index, &stream.cached_info().config.subjects)?;
     if strays_possible {
         // Made by hand or by an older node (`delay.>`): a timer on a subject
         // outside the partitions' is read by no partition (see `strays`).
         tracing::warn!(
             stream = %name,
-            ?found,
+            found = ?stream.cached_info().config.subjects,
             expected = %format!("{} … {}", subjects[0], subjects[subjects.len() - 1]),
-            "a delay stream captures subjects none of its partitions reads; the owner of its \
-             first partition moves timers there to the dead letter"
+            "the delay stream captures subjects no partition reads; the owner of partition 0 \
+             moves timers there to the dead letter"
         );
         metrics::counter!("delaytier_stream_subjects_mismatch_total").increment(1);
     }
     Ok(DelayStream { stream, name, strays_possible })
+}
+
+/// Whether delay stream `index`, found with the subjects `found`, may hold
+/// timers no partition reads (see `strays`). With one stream, whatever it
+/// captures is taken, as before streams could be several (`delay.>`, made
+/// by hand or by an older node). With several, a stream must capture
+/// exactly its own partitions: one made for another stream count holds
+/// partitions this layout reads elsewhere (their timers would never fire,
+/// or be swept to the dead letter as strays) or lacks some of its own, so
+/// it is refused, naming both, and nothing is touched.
+fn check_subjects(layout: &Layout, index: u32, found: &[String]) -> Result<bool> {
+    let mut wanted = layout.stream_subjects(index);
+    if layout.streams == 1 {
+        return Ok(found != wanted.as_slice());
+    }
+    let mut found = found.to_vec();
+    found.sort();
+    wanted.sort();
+    if found == wanted {
+        return Ok(false);
+    }
+    Err(TierError::Config(format!(
+        "delay stream {} captures {} but this tier's layout ({} partitions in {} streams) puts {} \
+         there: was the tier laid out with another stream count? Its streams cannot change while \
+         they hold timers",
+        layout.stream_name(index),
+        found.join(","),
+        layout.partitions,
+        layout.streams,
+        wanted.join(","),
+    )))
 }
 
 struct Node {
@@ -233,5 +265,31 @@ impl Node {
             tracing::warn!(%err, "cannot remove the heartbeat; it expires instead");
         }
         tracing::info!(node = %self.shared.config.node_id, "tier node stopped");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_stream_of_another_stream_count_is_refused_and_one_stream_takes_what_it_finds() {
+        let subjects = |layout: &Layout, index| layout.stream_subjects(index);
+        let two = Layout::new("DELAY", "delay", 8).with_streams(2);
+        let three = two.clone().with_streams(3);
+        // Exactly its partitions, in any order: taken, no strays.
+        let mut own = subjects(&two, 1);
+        own.reverse();
+        assert!(!check_subjects(&two, 1, &own).unwrap());
+        // Made for three streams (0, 3, 6): partition 3 is stream 1's now.
+        let err = check_subjects(&two, 0, &subjects(&three, 0)).unwrap_err().to_string();
+        assert!(err.contains("DELAY-0") && err.contains("delay.3.>") && err.contains("2 streams"), "{err}");
+        // Made for four (0, 4): partitions 2 and 6 would have no stream.
+        let four = two.clone().with_streams(4);
+        assert!(check_subjects(&two, 0, &subjects(&four, 0)).is_err());
+        // One stream takes a hand-made `delay.>` (strays possible) or its own subjects.
+        let one = Layout::new("DELAY", "delay", 8);
+        assert!(check_subjects(&one, 0, &["delay.>".to_string()]).unwrap());
+        assert!(!check_subjects(&one, 0, &subjects(&one, 0)).unwrap());
     }
 }

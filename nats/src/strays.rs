@@ -2,12 +2,12 @@
 //! node (`delay.>`), a producer can publish to `delay.99.x` with 8
 //! partitions, to `delay.x` or to `delay.07.x`: no partition's consumer
 //! (`delay.<p>.>`) matches those, so no node would ever fire them or even
-//! see them. While a node owns partition 0 on such a stream, it looks for
+//! see them. While a node owns partition 0 of such a stream, it looks for
 //! these subjects every few seconds and moves their timers to
 //! `<dead_letter>.unowned`. (A stream made by a node captures only the
 //! partitions' subjects, and refuses such timers when they are published.)
-//! Where the partitions are spread over several delay streams, the owner of
-//! each stream's first partition looks in that stream.
+//! A tier of several delay streams takes only streams that capture exactly
+//! their partitions' subjects (see `node.rs`), so it has no strays.
 
 use std::sync::Arc;
 use std::time::Duration;

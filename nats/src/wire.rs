@@ -95,9 +95,10 @@ impl Layout {
     }
 
     /// The index of the delay stream that holds `partition`'s timers.
+    /// (A layout of no streams, which `TierConfig::validate` and
+    /// `TierClient::with_layout` refuse, puts every partition in stream 0.)
     pub fn stream_index(&self, partition: u32) -> u32 {
-        debug_assert!(self.streams > 0);
-        partition % self.streams
+        partition.checked_rem(self.streams).unwrap_or(0)
     }
 
     /// The name of delay stream `index`: the base name where there is one
@@ -117,8 +118,8 @@ impl Layout {
     /// The subjects of delay stream `index`: its partitions' own, so it
     /// refuses a timer that no partition would read.
     pub fn stream_subjects(&self, index: u32) -> Vec<String> {
-        (index..self.partitions)
-            .step_by(self.streams as usize)
+        (0..self.partitions)
+            .filter(|&p| self.stream_index(p) == index)
             .map(|p| partition_filter(&self.prefix, p))
             .collect()
     }

@@ -507,4 +507,16 @@ async fn timers_spread_over_three_delay_streams_fire_once_cancel_and_move_when_a
         assert!(start.elapsed() < Duration::from_secs(30), "timers left in the streams");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+
+    // A node laid out for two streams finds DELAY-0 holding partitions it
+    // reads elsewhere: it refuses to start, at once, naming the stream.
+    let mut two = TierNode::start_with(&cluster, "two", LEASE_MS, &["--streams", "2"]);
+    let start = Instant::now();
+    while two.is_running() {
+        assert!(start.elapsed() < Duration::from_secs(20), "a node of another stream count kept running");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let log = std::fs::read_to_string(cluster.dir.path().join("tier-two.log")).unwrap();
+    assert!(log.contains("delay stream DELAY-0 captures"), "{log}");
+    assert!(owners(&client).await.values().all(|o| o == "b"), "the refused node took nothing");
 }
