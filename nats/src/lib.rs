@@ -37,6 +37,7 @@ mod client;
 mod config;
 mod error;
 mod headers;
+mod leaders;
 mod lease;
 mod node;
 mod partition;

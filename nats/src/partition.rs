@@ -269,6 +269,8 @@ impl OwnedPartition {
         let strays = (partition < shared.layout.streams
             && shared.streams[partition as usize].strays_possible)
             .then(|| shared.clone());
+        // The owner of partition 0 spreads the streams' leaders (see `leaders`).
+        let leaders = (partition == 0 && shared.layout.streams > 1).then(|| shared.clone());
         let part = Part { shared, partition, store: store.clone(), pending };
         let mut tasks = vec![
             tokio::spawn(part.clone().answer_cancels(cancels).instrument(span.clone())),
@@ -277,7 +279,10 @@ impl OwnedPartition {
             tokio::spawn(part.ingest().instrument(span.clone())),
         ];
         if let Some(shared) = strays {
-            tasks.push(tokio::spawn(crate::strays::sweep(shared, partition).instrument(span)));
+            tasks.push(tokio::spawn(crate::strays::sweep(shared, partition).instrument(span.clone())));
+        }
+        if let Some(shared) = leaders {
+            tasks.push(tokio::spawn(crate::leaders::spread(shared).instrument(span)));
         }
         tracing::info!(partition, "partition taken");
         Ok(OwnedPartition { partition, store, dir, tasks })

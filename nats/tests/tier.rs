@@ -520,3 +520,69 @@ async fn timers_spread_over_three_delay_streams_fire_once_cancel_and_move_when_a
     assert!(log.contains("delay stream DELAY-0 captures"), "{log}");
     assert!(owners(&client).await.values().all(|o| o == "b"), "the refused node took nothing");
 }
+
+/// The leaders of the streams named, as the cluster reports them now.
+async fn leaders_of(js: &async_nats::jetstream::Context, names: &[String]) -> Vec<Option<String>> {
+    let mut leaders = Vec::new();
+    for name in names {
+        let info = match js.get_stream(name).await {
+            Ok(stream) => stream.cached_info().cluster.clone(),
+            Err(_) => None,
+        };
+        leaders.push(info.and_then(|c| c.leader));
+    }
+    leaders
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_delay_streams_leaders_piled_on_one_server_are_spread_over_the_servers() {
+    let Some(server) = cluster::nats_server() else { return };
+    let cluster = Cluster::start(server).await;
+    let client = cluster.connect().await;
+    let layout = delaywheel_nats::Layout::new("DELAY", "delay", 8).with_streams(3);
+    let names: Vec<String> = (0..3).map(|i| layout.stream_name(i)).collect();
+    for (index, name) in (0..).zip(&names) {
+        let config = async_nats::jetstream::stream::Config {
+            name: name.clone(),
+            subjects: layout.stream_subjects(index),
+            num_replicas: 3,
+            retention: async_nats::jetstream::stream::RetentionPolicy::WorkQueue,
+            storage: async_nats::jetstream::stream::StorageType::File,
+            allow_direct: true,
+            ..Default::default()
+        };
+        cluster::create_replicated_stream(&client, config).await;
+    }
+    // Every leader on n0, as after the other servers restarted.
+    let js = async_nats::jetstream::new(client.clone());
+    let start = Instant::now();
+    loop {
+        let leaders = leaders_of(&js, &names).await;
+        if leaders.iter().all(|l| l.as_deref() == Some("n0")) {
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(30), "leaders not moved to n0: {leaders:?}");
+        for (name, leader) in names.iter().zip(&leaders) {
+            if leader.as_deref() != Some("n0") {
+                let request = Bytes::from(r#"{"placement":{"preferred":"n0"}}"#);
+                let _ = client.request(format!("$JS.API.STREAM.LEADER.STEPDOWN.{name}"), request).await;
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    let _a = TierNode::start_with(&cluster, "a", LEASE_MS, &["--streams", "3"]);
+    let start = Instant::now();
+    loop {
+        let leaders = leaders_of(&js, &names).await;
+        let mut servers: Vec<_> = leaders.iter().flatten().collect();
+        servers.sort();
+        servers.dedup();
+        if servers.len() == 3 {
+            println!("leaders spread after {} ms: {leaders:?}", start.elapsed().as_millis());
+            break;
+        }
+        assert!(start.elapsed() < Duration::from_secs(20), "leaders still piled: {leaders:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}

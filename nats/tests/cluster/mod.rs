@@ -298,7 +298,7 @@ pub async fn wait_for_leader(js: &jetstream::Context, name: &str) {
 /// Makes a replicated stream and waits for its leader. A busy machine's
 /// cluster may answer a create with a timeout, or with "no suitable peers"
 /// while a server is still joining: tried again for a minute.
-async fn create_replicated_stream(client: &async_nats::Client, config: stream::Config) {
+pub async fn create_replicated_stream(client: &async_nats::Client, config: stream::Config) {
     let js = jetstream::new(client.clone());
     let deadline = Instant::now() + Duration::from_secs(60);
     while let Err(err) = js.get_or_create_stream(config.clone()).await {
