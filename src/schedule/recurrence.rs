@@ -79,6 +79,23 @@ impl Recurrence {
             every => every,
         }
     }
+
+    /// The first occurrence strictly after `after_ms` (epoch ms), an
+    /// `Every` counting its periods from `anchor_ms`; `None` if none falls
+    /// before the year 10000 (the year 5000 for a cron expression). The
+    /// error names what is wrong with the recurrence (the cron's field, the
+    /// zone, the period), as creating a schedule would.
+    ///
+    /// ```
+    /// use delaywheel::Recurrence;
+    /// let noon = Recurrence::cron("0 0 12 * * *").in_time_zone("Asia/Shanghai");
+    /// // 2026-01-01T00:00:00Z is 08:00 in Shanghai: noon there is 04:00 UTC.
+    /// assert_eq!(noon.next_after(0, 1_767_225_600_000)?, Some(1_767_225_600_000 + 4 * 3_600_000));
+    /// # Ok::<(), delaywheel::Error>(())
+    /// ```
+    pub fn next_after(&self, anchor_ms: u64, after_ms: u64) -> Result<Option<u64>> {
+        Ok(Rule::new(self, anchor_ms)?.next_after(after_ms))
+    }
 }
 
 /// A recurrence checked and ready to compute occurrences.

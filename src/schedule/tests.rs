@@ -165,3 +165,20 @@ fn rules_of_one_expression_share_its_parse() {
     let rule = Rule::Cron { cron: again, zone: chrono_tz::Tz::UTC };
     assert_eq!(rule.next_after(0), Some(7_000));
 }
+
+/// What the NATS tier asks of a recurrence: the occurrence after an instant,
+/// a period counted from its anchor, and the field a bad one gets wrong.
+#[test]
+fn the_next_occurrence_after_an_instant_keeps_to_the_anchor_and_names_what_is_wrong() {
+    let every = Recurrence::every(Duration::from_millis(1_500));
+    assert_eq!(every.next_after(10_000, 0).unwrap(), Some(10_000));
+    assert_eq!(every.next_after(10_000, 10_000).unwrap(), Some(11_500));
+    assert_eq!(every.next_after(10_000, 14_000).unwrap(), Some(14_500));
+    assert_eq!(Recurrence::cron("*/10 * * * * *").next_after(0, 10_000).unwrap(), Some(20_000));
+    let bad_minute = Recurrence::cron("0 61 * * * *").next_after(0, 0).unwrap_err();
+    assert!(matches!(&bad_minute, Error::Invalid { what: "cron", .. }), "{bad_minute}");
+    assert!(bad_minute.to_string().contains("minute"), "{bad_minute}");
+    let zone = Recurrence::cron("0 0 * * * *").in_time_zone("Mars/Olympus").next_after(0, 0).unwrap_err();
+    assert!(matches!(zone, Error::Invalid { what: "time_zone", .. }));
+    assert_eq!(Recurrence::cron("0 0 0 30 2 *").next_after(0, 0).unwrap(), None, "February 30th never comes");
+}
