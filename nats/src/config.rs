@@ -11,6 +11,10 @@ use crate::{Result, TierError};
 /// delay stream's `delay.>`.
 pub const DEFAULT_DEAD_LETTER: &str = "delaytier.dead";
 
+/// Where the schedule intake listens unless configured otherwise
+/// ([`TierConfig::schedules`]): `schedules.>`.
+pub const DEFAULT_SCHEDULES: &str = "schedules";
+
 /// The KV bucket of settled `Nats-Msg-Id`s unless configured otherwise
 /// ([`TierConfig::dedup_bucket`]).
 pub const DEFAULT_DEDUP_BUCKET: &str = "delaytier_msg_ids";
@@ -61,6 +65,10 @@ pub struct TierConfig {
     pub dedup_window: Duration,
     /// The KV bucket holding the ids of settled timers for the dedup window.
     pub dedup_bucket: String,
+    /// The schedule intake (see `intake.rs`): a message with NATS's
+    /// `Nats-Schedule` headers published to `<schedules>.>` becomes a
+    /// timer; `None`: no intake. No stream may capture these subjects.
+    pub schedules: Option<String>,
 }
 
 impl TierConfig {
@@ -82,6 +90,7 @@ impl TierConfig {
             give_up_after: Duration::from_secs(60),
             dedup_window: Duration::from_secs(24 * 3600),
             dedup_bucket: DEFAULT_DEDUP_BUCKET.into(),
+            schedules: Some(DEFAULT_SCHEDULES.into()),
         }
     }
 
@@ -97,7 +106,11 @@ impl TierConfig {
 
     /// What this tier may publish fired timers to.
     pub fn target_policy(&self) -> TargetPolicy {
-        TargetPolicy::new(&self.prefix, &self.dead_letter, self.allow_target_prefixes.clone())
+        let policy = TargetPolicy::new(&self.prefix, &self.dead_letter, self.allow_target_prefixes.clone());
+        match &self.schedules {
+            Some(intake) => policy.also_own(intake),
+            None => policy,
+        }
     }
 
     /// The subject of a partition's dead letters.
@@ -140,6 +153,7 @@ impl TierConfig {
             return Err(TierError::Config(format!("lease {:?}: at least 400 ms", self.lease)));
         }
         self.validate_dead_letter()?;
+        self.validate_schedules()?;
         if self.give_up_after < Duration::from_millis(100) {
             return Err(TierError::Config(format!(
                 "give up after {:?}: at least 100 ms",
@@ -149,6 +163,23 @@ impl TierConfig {
         if let Some(bad) = self.allow_target_prefixes.iter().find(|p| p.is_empty() || p.contains(['*', '>']))
         {
             return Err(TierError::Config(format!("allowed target prefix {bad:?}: plain subject text")));
+        }
+        Ok(())
+    }
+
+    fn validate_schedules(&self) -> Result<()> {
+        let Some(intake) = &self.schedules else { return Ok(()) };
+        let bad = |why: &str| Err(TierError::Config(format!("schedules {intake:?}: {why}")));
+        if crate::target::check_subject(intake).is_err() {
+            return bad("not a plain subject");
+        }
+        let inside = |a: &str, b: &str| a == b || a.starts_with(&format!("{b}."));
+        for (theirs, what) in
+            [(&self.prefix, "the delay stream's subjects"), (&self.dead_letter, "the dead letters")]
+        {
+            if inside(intake, theirs) || inside(theirs, intake) {
+                return bad(&format!("overlaps {what}, {theirs}.>"));
+            }
         }
         Ok(())
     }
@@ -175,7 +206,7 @@ mod tests {
         let good = TierConfig::new(vec!["nats://127.0.0.1:4222".into()], "/tmp/x", "node-1");
         good.validate().unwrap();
         type Spoil = fn(&mut TierConfig);
-        let cases: [(&str, Spoil); 14] = [
+        let cases: [(&str, Spoil); 17] = [
             ("node id", |c| c.node_id = "a.b".into()),
             ("partitions 0", |c| c.partitions = 0),
             ("streams 0", |c| c.streams = 0),
@@ -190,6 +221,11 @@ mod tests {
             ("dedup window", |c| c.dedup_window = Duration::from_millis(10)),
             ("dedup bucket \"a.b\"", |c| c.dedup_bucket = "a.b".into()),
             ("the dedup bucket and the lease bucket", |c| c.dedup_bucket = c.lease_bucket.clone()),
+            ("schedules \"delay.s\": overlaps the delay stream's", |c| c.schedules = Some("delay.s".into())),
+            ("schedules \"delaytier\": overlaps the dead letters", |c| {
+                c.schedules = Some("delaytier".into())
+            }),
+            ("schedules \"s.*\": not a plain", |c| c.schedules = Some("s.*".into())),
         ];
         for (field, spoil) in cases {
             let mut config = good.clone();

@@ -26,6 +26,12 @@
 //! timer carried a producer's `Nats-Msg-Id` that the owner recorded as
 //! settled before it lost the partition.
 //!
+//! A message made for NATS's own message schedules (`Nats-Schedule`, cron,
+//! `@every`, `@at`, time zones) is published unchanged to the schedule
+//! intake (`schedules.>`, [`TierConfig::schedules`]): a node stores it as a
+//! timer under the tier's header names, and a recurring schedule's owner
+//! publishes its next timer before each occurrence.
+//!
 //! A producer's `Nats-Msg-Id` stands while its timer is pending and for the
 //! tier's dedup window after it settled ([`TierConfig::dedup_window`], kept
 //! in a KV bucket: see `settled_ids.rs`): a timer carrying it meanwhile is
@@ -37,8 +43,10 @@ mod client;
 mod config;
 mod error;
 mod headers;
+mod intake;
 mod leaders;
 mod lease;
+mod nats_schedule;
 mod node;
 mod partition;
 mod settled_ids;
@@ -47,7 +55,7 @@ pub mod target;
 pub mod wire;
 
 pub use client::{RescheduleAnswer, TierClient};
-pub use config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET, TierConfig};
+pub use config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET, DEFAULT_SCHEDULES, TierConfig};
 pub use error::{Result, TierError};
 pub use node::run;
 pub use wire::{CancelAnswer, Layout, TimerHandle};

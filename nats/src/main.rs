@@ -63,6 +63,10 @@ struct Args {
     /// The KV bucket of the Nats-Msg-Ids of settled timers.
     #[arg(long, default_value = "delaytier_msg_ids")]
     dedup_bucket: String,
+    /// Take messages with NATS's Nats-Schedule headers published to
+    /// SCHEDULES.> (no stream may capture them); empty: do not.
+    #[arg(long, default_value = delaywheel_nats::DEFAULT_SCHEDULES)]
+    schedules: String,
     /// Serve Prometheus metrics (delaytier_*) on this address, e.g. 127.0.0.1:9464.
     #[arg(long)]
     metrics: Option<std::net::SocketAddr>,
@@ -90,6 +94,7 @@ async fn main() -> ExitCode {
     config.give_up_after = Duration::from_millis(args.give_up_after_ms);
     config.dedup_window = Duration::from_millis(args.dedup_window_ms);
     config.dedup_bucket = args.dedup_bucket;
+    config.schedules = Some(args.schedules).filter(|s| !s.is_empty());
     if let Err(err) = config.validate() {
         eprintln!("delaywheel-nats: {err}");
         return ExitCode::from(2);

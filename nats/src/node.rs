@@ -94,6 +94,12 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         takes: Default::default(),
         settled_ids,
     });
+    let intake = match &shared.config.schedules {
+        Some(intake) => {
+            Some(set_up("the schedule intake", || crate::intake::start(shared.clone(), intake)).await?)
+        }
+        None => None,
+    };
     let mut node = Node { shared, leases, owned: BTreeMap::new(), live: 1 };
     tracing::info!(node = %node.shared.config.node_id, "tier node started");
     let mut tick = tokio::time::interval(renew_every);
@@ -103,6 +109,10 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
             () = &mut shutdown => break,
             _ = tick.tick() => node.balance().await,
         }
+    }
+    // Publishers go to the other nodes' intake from here on.
+    if let Some(intake) = intake {
+        intake.abort();
     }
     node.leave().await;
     Ok(())

@@ -48,11 +48,13 @@ use tracing::Instrument;
 
 use crate::error::bounded;
 use crate::headers::{
-    borrowed_pairs, dead_letter_headers, deliver_at, fired_headers, header_pairs, owned_pairs, target_of,
+    Occurrence, borrowed_pairs, dead_letter_headers, deliver_at, fired_headers, header_pairs, owned_pairs,
+    successor_headers, target_of, value_of,
 };
+use crate::nats_schedule::NatsSchedule;
 use crate::settled_ids::{RecentlySettled, SettledIds};
 use crate::target::TargetPolicy;
-use crate::wire::{self, CancelAnswer, Layout};
+use crate::wire::{self, CancelAnswer, Layout, TimerHandle};
 use crate::{Result, TierConfig, TierError};
 
 /// The segment size of a partition's local store: its timers' copies go
@@ -176,6 +178,9 @@ struct PendingTimer {
     ack: async_nats::Subject,
     /// Its producer's `Nats-Msg-Id`, if it had one.
     msg_id: Option<Box<str>>,
+    /// For a recurring schedule's timer, the sequence of the schedule's
+    /// first timer, whose handle names the schedule.
+    origin: Option<u64>,
 }
 
 /// What the partition's tasks share about the timers read so far.
@@ -191,6 +196,9 @@ struct Index {
     fired: VecDeque<(Instant, u64)>,
     /// The sequence of the indexed timer holding each `Nats-Msg-Id`.
     by_msg_id: HashMap<Box<str>, u64>,
+    /// The sequence of each recurring schedule's latest timer indexed, by
+    /// the sequence of its first.
+    by_origin: HashMap<u64, u64>,
     /// The `Nats-Msg-Id`s of the timers this partition settled lately (see
     /// `settled_ids.rs`): kept across a read of the partition again.
     recently_settled: RecentlySettled,
@@ -205,6 +213,7 @@ impl Index {
             malformed: 0,
             fired: VecDeque::new(),
             by_msg_id: HashMap::new(),
+            by_origin: HashMap::new(),
             recently_settled: RecentlySettled::new(dedup_window),
         }
     }
@@ -217,6 +226,21 @@ impl Index {
         {
             self.by_msg_id.remove(&id);
         }
+        if let Some(origin) = timer.origin
+            && self.by_origin.get(&origin) == Some(&sequence)
+        {
+            self.by_origin.remove(&origin);
+        }
+    }
+
+    /// The pending timer a handle's sequence names: that timer, or the
+    /// latest of the recurring schedule whose first timer it was.
+    fn current(&self, sequence: u64) -> Option<(u64, PendingTimer)> {
+        let current = match self.timers.contains_key(&sequence) {
+            true => sequence,
+            false => *self.by_origin.get(&sequence)?,
+        };
+        Some((current, self.timers.get(&current)?.clone()))
     }
 
     /// Forgets the indexed timer `sequence`, which settled (fired, moved to
@@ -393,6 +417,8 @@ struct Indexed {
     /// The timer it replaces, for a rescheduled timer's copy: that timer
     /// holds the same `Nats-Msg-Id` without making the copy a duplicate.
     replaces: Option<u64>,
+    /// See [`PendingTimer::origin`].
+    origin: Option<u64>,
 }
 
 /// A timer read from the stream that will not be indexed.
@@ -411,6 +437,11 @@ struct Due {
     /// The source's headers, the target included.
     source: Vec<(String, String)>,
     payload: Bytes,
+    /// The subject it was published to, for a `Nats-Schedule`'s timer (its
+    /// occurrences name it, and its next timer goes there).
+    subject: Option<String>,
+    /// See [`PendingTimer::origin`].
+    origin: Option<u64>,
 }
 
 /// A timer leaving the stream, and its producer's `Nats-Msg-Id`.
@@ -433,6 +464,9 @@ enum Failure {
 /// Tags of a local timer that holds only the sequence: firing it reads the
 /// message from the stream.
 const BY_REFERENCE: &str = "ref";
+/// The local property that keeps the subject of a `Nats-Schedule`'s timer
+/// (no header can have this name: NATS's have no `:`).
+const SUBJECT_PROPERTY: &str = ":subject";
 
 impl Part {
     /// The delay stream that holds this partition's timers.
@@ -557,10 +591,13 @@ impl Part {
                 }
                 kept.push(timer);
             }
-            let (messages, timers): (Vec<Message>, Vec<_>) =
-                kept.into_iter().map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id))).unzip();
+            let (messages, timers): (Vec<Message>, Vec<_>) = kept
+                .into_iter()
+                .map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id, t.origin)))
+                .unzip();
             let receipts = put_in_batches(&store, messages)?;
-            for ((sequence, deliver_at_ms, ack, msg_id), receipt) in timers.into_iter().zip(receipts) {
+            for ((sequence, deliver_at_ms, ack, msg_id, origin), receipt) in timers.into_iter().zip(receipts)
+            {
                 let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
                     sequence,
                     problem: "the local store took it as an untimed message".into(),
@@ -569,7 +606,10 @@ impl Part {
                 if let Some(id) = &msg_id {
                     index.by_msg_id.insert(id.clone(), sequence);
                 }
-                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id });
+                if let Some(origin) = origin {
+                    index.by_origin.insert(origin, sequence);
+                }
+                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id, origin });
             }
             index.read_up_to = index.read_up_to.max(read_up_to);
             Ok::<_, TierError>(duplicates)
@@ -756,7 +796,7 @@ impl Part {
         let Some(due) = self.load(sequence, timer).await? else {
             return Ok(()); // cancelled while it fired, or deleted from the stream by hand
         };
-        let (kind, reason) = match self.publish(sequence, &due).await {
+        let (kind, reason) = match self.publish(sequence, timer, &due).await {
             Ok(duplicate) => {
                 return self.fired(sequence, due.ack, due.msg_id.as_deref(), timer, duplicate).await;
             }
@@ -776,17 +816,25 @@ impl Part {
     /// The timer as it is to be published, or None if it left the stream.
     async fn load(&self, sequence: u64, timer: &ConsumedMessage) -> Result<Option<Due>> {
         let pending = self.pending.lock().expect("index lock").timers.get(&sequence).cloned();
-        let Some(PendingTimer { ack, msg_id, .. }) = pending else {
+        let Some(PendingTimer { ack, msg_id, origin, .. }) = pending else {
             return Ok(None);
         };
         if timer.tags() != Some(BY_REFERENCE) {
-            let source = timer.properties().iter().map(|(n, v)| (n.clone(), v.clone())).collect();
-            return Ok(Some(Due { ack, msg_id, source, payload: timer.body().clone() }));
+            let mut subject = None;
+            let mut source = Vec::with_capacity(timer.properties().len());
+            for (name, value) in timer.properties() {
+                match name.as_str() {
+                    SUBJECT_PROPERTY => subject = Some(value.clone()),
+                    _ => source.push((name.clone(), value.clone())),
+                }
+            }
+            return Ok(Some(Due { ack, msg_id, source, payload: timer.body().clone(), subject, origin }));
         }
         match self.delay_stream().stream.direct_get(sequence).await {
             Ok(message) => {
                 let source = owned_pairs(&message.headers);
-                Ok(Some(Due { ack, msg_id, source, payload: message.payload }))
+                let subject = Some(message.subject.to_string());
+                Ok(Some(Due { ack, msg_id, source, payload: message.payload, subject, origin }))
             }
             Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
                 self.pending.lock().expect("index lock").remove(sequence);
@@ -798,13 +846,29 @@ impl Part {
     }
 
     /// Publishes a due timer to its target and waits for the target stream's
-    /// acknowledgement; whether it was a duplicate.
-    async fn publish(&self, sequence: u64, due: &Due) -> std::result::Result<bool, Failure> {
+    /// acknowledgement; whether it was a duplicate. A recurring schedule's
+    /// next timer is published to the delay stream first.
+    async fn publish(
+        &self,
+        sequence: u64,
+        timer: &ConsumedMessage,
+        due: &Due,
+    ) -> std::result::Result<bool, Failure> {
         let shared = &self.shared;
         let source = borrowed_pairs(&due.source);
-        let (target, headers) = fired_headers(&self.delay_stream().name, self.partition, sequence, &source)
-            .map_err(|err| Failure::Refused(err.to_string()))?;
-        shared.policy.check(&target).map_err(|reason| Failure::Refused(reason.to_string()))?;
+        let refused = |err: TierError| Failure::Refused(err.to_string());
+        let target = target_of(sequence, &source).map_err(refused)?;
+        shared.policy.check(target).map_err(|reason| Failure::Refused(reason.to_string()))?;
+        let schedule = NatsSchedule::read(&source).map_err(Failure::Refused)?;
+        let occurrence = match &schedule {
+            Some(schedule) => {
+                Some(self.follow(sequence, timer, due, schedule).await.map_err(Failure::Transient)?)
+            }
+            None => None,
+        };
+        let stream = &self.delay_stream().name;
+        let (target, headers) =
+            fired_headers(stream, self.partition, sequence, &source, occurrence.as_ref()).map_err(refused)?;
         let published = async {
             shared.js.publish_with_headers(target.clone(), headers, due.payload.clone()).await?.await
         };
@@ -815,6 +879,35 @@ impl Part {
             }
             Err(err) => Err(self.classify(&target, err).await),
         }
+    }
+
+    /// What an occurrence of a `Nats-Schedule` says besides its message;
+    /// for a recurring schedule, its next timer is published to the delay
+    /// stream first (before this one is acknowledged, so a crash leaves both,
+    /// never neither; a second copy is dropped by the schedule's id as it is
+    /// read).
+    async fn follow<'a>(
+        &self,
+        sequence: u64,
+        timer: &ConsumedMessage,
+        due: &'a Due,
+        schedule: &'a NatsSchedule,
+    ) -> Result<Occurrence<'a>> {
+        let subject = due.subject.as_deref().unwrap_or_default();
+        let scheduler = self.shared.layout.scheduler_of(subject);
+        let due_ms = timer.deliver_at_ms().unwrap_or_default();
+        let next_ms = schedule.next(due_ms, now_ms());
+        let handle = |sequence| TimerHandle { partition: self.partition, sequence };
+        if let (Some(next_ms), Some(origin)) = (next_ms, due.origin) {
+            let stream = &self.delay_stream().name;
+            let id = due.msg_id.as_deref().map_or_else(|| wire::msg_id(stream, origin), str::to_string);
+            let headers =
+                successor_headers(&borrowed_pairs(&due.source), &id, sequence, handle(origin), next_ms);
+            publish_acked(&self.shared.js, subject.to_string(), headers, due.payload.clone()).await?;
+            metrics::counter!("delaytier_schedule_next_total").increment(1);
+        }
+        let rollup = value_of(&borrowed_pairs(&due.source), wire::SCHEDULE_ROLLUP).ok().flatten();
+        Ok(Occurrence { scheduler, next_ms, ttl: schedule.ttl(), rollup, schedule: due.origin.map(handle) })
     }
 
     /// Sorts a failed publish: a JetStream answer other than "unavailable",
@@ -1044,22 +1137,36 @@ impl Part {
     /// Cancels a timer: the local store decides whether it is too late. A
     /// timer this node has not read yet is waited for (briefly), so there is
     /// one judge of every cancel while the partition is owned.
+    ///
+    /// The handle of a recurring schedule's first timer names the schedule:
+    /// its cancel cancels the schedule's latest timer, and if that one is
+    /// firing, waits for the next (published before it fires) and cancels it.
     async fn cancel(&self, sequence: u64) -> Result<CancelAnswer> {
         let deadline = Instant::now() + CANCEL_WAITS_FOR_INGEST;
         let mut checked_in_stream = false;
+        // The schedule's timer that was firing as it was cancelled.
+        let mut firing = None;
         loop {
-            let (timer, read_past) = {
+            let (current, read_past) = {
                 let index = self.pending.lock().expect("index lock");
-                (index.timers.get(&sequence).cloned(), index.read_up_to >= sequence)
+                (index.current(sequence), index.read_up_to >= sequence)
             };
-            if let Some(timer) = timer {
-                return self.cancel_indexed(sequence, timer).await;
-            }
-            if read_past {
+            match current {
+                Some((at, timer)) if Some(at) != firing => {
+                    let recurs = timer.origin.is_some();
+                    match self.cancel_indexed(at, timer).await? {
+                        CancelAnswer::AlreadyFired if recurs => firing = Some(at),
+                        answer => return Ok(answer),
+                    }
+                }
+                // Its next timer is not read yet.
+                Some(_) => {}
+                None if firing.is_some() => {}
                 // Fired and removed, or malformed and never indexed.
-                return Ok(CancelAnswer::NotFound);
+                None if read_past => return Ok(CancelAnswer::NotFound),
+                None => {}
             }
-            if !checked_in_stream {
+            if firing.is_none() && !read_past && !checked_in_stream {
                 let shared = &self.shared;
                 let stream = &self.delay_stream().stream;
                 if pending_in_stream(stream, &shared.layout.prefix, self.partition, sequence).await?.is_none()
@@ -1069,14 +1176,18 @@ impl Part {
                 checked_in_stream = true;
             }
             if Instant::now() > deadline {
-                return Err(TierError::Owner(format!("timer {sequence} is not read yet; cancel again")));
+                let why = match firing {
+                    Some(_) => "is firing and its next timer is not read yet",
+                    None => "is not read yet",
+                };
+                return Err(TierError::Owner(format!("timer {sequence} {why}; cancel again")));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
     async fn cancel_indexed(&self, sequence: u64, timer: PendingTimer) -> Result<CancelAnswer> {
-        let PendingTimer { handle, ack, msg_id } = timer;
+        let PendingTimer { handle, ack, msg_id, .. } = timer;
         // Recorded first: a cancel that then fails may still have taken
         // effect, but a cancelled timer's id is never left unrecorded.
         if let Some(id) = msg_id {
@@ -1258,8 +1369,8 @@ fn index(
     max_body: usize,
     policy: &TargetPolicy,
 ) -> std::result::Result<Indexed, Reject> {
-    let sequence = match message.info() {
-        Ok(info) => info.stream_sequence,
+    let (sequence, stored) = match message.info() {
+        Ok(info) => (info.stream_sequence, info.published),
         Err(e) => {
             let error = TierError::nats("read a message's sequence", e);
             return Err(Reject { sequence: 0, kind: "malformed", error });
@@ -1274,8 +1385,20 @@ fn index(
     let pairs: Vec<(&str, &str)> = header_pairs(headers).collect();
     let target =
         target_of(sequence, &pairs).map_err(|error| Reject { sequence, kind: "malformed", error })?;
-    let deliver_at_ms = deliver_at(headers)
-        .ok_or_else(|| bad(&format!("no {} header in ms since the epoch", wire::DELIVER_AT)))?;
+    let schedule = NatsSchedule::read(&pairs).map_err(|problem| bad(&problem))?;
+    let deliver_at_ms = match (deliver_at(headers), &schedule) {
+        // A schedule's next timers, and a rescheduled one, say when.
+        (Some(deliver_at_ms), _) => deliver_at_ms,
+        (None, Some(schedule)) => {
+            let stored_ms = u64::try_from(stored.unix_timestamp_nanos() / 1_000_000).unwrap_or_default();
+            schedule.first(stored_ms).map_err(|problem| bad(&problem))?
+        }
+        (None, None) => {
+            let problem =
+                format!("no {} header in ms since the epoch, nor a {}", wire::DELIVER_AT, wire::SCHEDULE);
+            return Err(bad(&problem));
+        }
+    };
     if deliver_at_ms > MAX_DELIVER_AT_MS {
         return Err(bad(&format!("{} {deliver_at_ms} is past the end of year 9999", wire::DELIVER_AT)));
     }
@@ -1284,10 +1407,24 @@ fn index(
         kind: "refused",
         error: TierError::BadTarget { header: wire::TARGET, reason },
     })?;
+    let origin = match schedule.as_ref().filter(|s| s.repeats()) {
+        None => None,
+        Some(_) => match value_of(&pairs, wire::SCHEDULE_HANDLE).map_err(|problem| bad(&problem))? {
+            None => Some(sequence),
+            Some(first) => Some(
+                first
+                    .parse::<TimerHandle>()
+                    .map_err(|_| bad(&format!("{} {first:?} is not a handle", wire::SCHEDULE_HANDLE)))?
+                    .sequence,
+            ),
+        },
+    };
     let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
-    let header_bytes: usize = pairs.iter().map(|(n, v)| n.len() + v.len() + 8).sum();
+    let subject = schedule.is_some().then(|| (SUBJECT_PROPERTY, message.subject.as_str()));
+    let header_bytes: usize = pairs.iter().chain(&subject).map(|(n, v)| n.len() + v.len() + 8).sum();
     let local = if header_bytes <= MAX_PROPERTIES_LEN && message.payload.len() <= max_body {
-        pairs.iter().fold(Message::new(FIRE_TOPIC, message.payload.clone()), |m, (n, v)| m.property(*n, *v))
+        let copy = Message::new(FIRE_TOPIC, message.payload.clone());
+        pairs.iter().chain(&subject).fold(copy, |m, (n, v)| m.property(*n, *v))
     } else {
         Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
     };
@@ -1299,7 +1436,7 @@ fn index(
     if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
         return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));
     }
-    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces })
+    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces, origin })
 }
 
 pub(crate) fn now_ms() -> u64 {

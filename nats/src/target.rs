@@ -66,6 +66,13 @@ impl TargetPolicy {
         TargetPolicy { own: vec![prefix.to_string(), dead_letter.to_string()], allow }
     }
 
+    /// The same policy, also refusing `subject` and the subjects under it
+    /// (the tier's schedule intake).
+    pub fn also_own(mut self, subject: &str) -> Self {
+        self.own.push(subject.to_string());
+        self
+    }
+
     /// Refuses a target this tier must not publish to, saying why.
     pub fn check(&self, target: &str) -> Result<(), Refused> {
         check_subject(target)?;

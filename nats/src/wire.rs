@@ -41,6 +41,51 @@ pub const RESCHEDULED_MSG_ID: &str = "Delay-Msg-Id";
 /// replaces, which holds the copy's `Nats-Msg-Id` until it is cancelled.
 pub const REPLACES: &str = "Delay-Replaces";
 
+/// Header of a recurring (or one-time) schedule's timer: when it fires, in
+/// the forms of NATS's `Nats-Schedule`: `@at <RFC 3339>`, `@every
+/// <duration>`, a 6-field cron expression or an alias such as `@daily` (see
+/// `nats_schedule.rs`). The schedule intake writes NATS's header under this
+/// name: JetStream refuses `Nats-Schedule` on a stream that does not run
+/// NATS's own schedules.
+pub const SCHEDULE: &str = "Delay-Schedule";
+/// Header of a schedule's timer: the IANA time zone of its cron expression.
+pub const SCHEDULE_TIME_ZONE: &str = "Delay-Schedule-Time-Zone";
+/// Header of a schedule's timer: the `Nats-TTL` each occurrence carries.
+pub const SCHEDULE_TTL: &str = "Delay-Schedule-TTL";
+/// Header of a schedule's timer: the `Nats-Rollup` each occurrence carries.
+pub const SCHEDULE_ROLLUP: &str = "Delay-Schedule-Rollup";
+/// Header of a recurring schedule's timers after its first, and of each
+/// occurrence it publishes: the handle of its first timer, which names the
+/// schedule for as long as it recurs (a cancel of it stops the schedule).
+pub const SCHEDULE_HANDLE: &str = "Delay-Schedule-Handle";
+
+/// NATS's schedule header (nats-server 2.12+), taken by the schedule intake.
+pub const NATS_SCHEDULE: &str = "Nats-Schedule";
+/// NATS's header for the time zone of a `Nats-Schedule` cron expression.
+pub const NATS_SCHEDULE_TIME_ZONE: &str = "Nats-Schedule-Time-Zone";
+/// NATS's header for where a schedule's occurrences are published.
+pub const NATS_SCHEDULE_TARGET: &str = "Nats-Schedule-Target";
+/// NATS's header for the `Nats-TTL` of a schedule's occurrences.
+pub const NATS_SCHEDULE_TTL: &str = "Nats-Schedule-TTL";
+/// NATS's header for the `Nats-Rollup` of a schedule's occurrences.
+pub const NATS_SCHEDULE_ROLLUP: &str = "Nats-Schedule-Rollup";
+/// NATS's header that makes an occurrence the last message of another
+/// subject of the stream: the tier has no such stream, and refuses it.
+pub const NATS_SCHEDULE_SOURCE: &str = "Nats-Schedule-Source";
+/// Header of an occurrence: the subject the schedule was published to
+/// (NATS's own occurrences carry it as `Nats-Scheduler`, a name nats-server
+/// refuses on a client's publish).
+pub const SCHEDULER: &str = "Delay-Scheduler";
+/// Header of an occurrence: when the schedule fires next (RFC 3339, UTC),
+/// or `purge` after its last (NATS's `Nats-Schedule-Next`, which nats-server
+/// refuses on a client's publish unless it is `purge`, and then purges the
+/// schedule's subject).
+pub const SCHEDULE_NEXT: &str = "Delay-Schedule-Next";
+/// JetStream's per-message TTL header.
+pub const MESSAGE_TTL: &str = "Nats-TTL";
+/// JetStream's rollup header.
+pub const ROLLUP: &str = "Nats-Rollup";
+
 /// The partition a key belongs to: CRC-32C of its bytes, modulo the
 /// partition count, so every producer in every language picks the same one
 /// and one key's timers stay on one partition.
@@ -122,6 +167,21 @@ impl Layout {
             .filter(|&p| self.stream_index(p) == index)
             .map(|p| partition_filter(&self.prefix, p))
             .collect()
+    }
+
+    /// Where the schedule intake puts a schedule published to `subject`:
+    /// `<prefix>.<partition>.<subject>`, its partition picked by the
+    /// subject (as [`partition_of`] picks by key).
+    pub fn schedule_subject(&self, subject: &str) -> String {
+        format!("{}.{}.{subject}", self.prefix, partition_of(subject.as_bytes(), self.partitions))
+    }
+
+    /// The subject an occurrence names as its scheduler (`Delay-Scheduler`):
+    /// what follows `<prefix>.<partition>.` in its timer's subject, that is
+    /// the subject the schedule was published to at the intake.
+    pub fn scheduler_of<'a>(&self, subject: &'a str) -> &'a str {
+        let rest = subject.strip_prefix(self.prefix.as_str()).and_then(|r| r.strip_prefix('.'));
+        rest.and_then(|r| r.split_once('.')).map_or(subject, |(_, scheduler)| scheduler)
     }
 
     /// Whether the consumer of a partition held by stream `index` reads
@@ -221,6 +281,17 @@ impl CancelAnswer {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_schedule_from_the_intake_keeps_its_subject_in_its_timers_subject() {
+        let layout = Layout::new("DELAY", "delay", 8);
+        let stored = layout.schedule_subject("schedules.orders.daily");
+        let partition = partition_of(b"schedules.orders.daily", 8);
+        assert_eq!(stored, format!("delay.{partition}.schedules.orders.daily"));
+        assert_eq!(partition_of_subject("delay", &stored), Some(partition));
+        assert_eq!(layout.scheduler_of(&stored), "schedules.orders.daily");
+        assert_eq!(layout.scheduler_of("delay.3.timer"), "timer");
+    }
 
     #[test]
     fn a_handle_reads_back_what_it_writes_and_refuses_garbage() {
