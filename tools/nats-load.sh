@@ -5,21 +5,27 @@
 # delay stream, and runs delaywheel-nats-load through the tier and then
 # through Nats-Schedule. Each prints one JSON line.
 # Usage: tools/nats-load.sh [--nodes N] [--streams S] [--partitions P] [--tier-only]
-#                           [MESSAGES] [DELAY_MS] [BAD_TARGETS]
+#                           [--recurring SPEC [--run-secs N]] [MESSAGES] [DELAY_MS] [BAD_TARGETS]
 #   e.g. tools/nats-load.sh 100000 2000..10000
 #        tools/nats-load.sh --nodes 4 --streams 3 --partitions 24 100000 2000..10000
+#        tools/nats-load.sh --recurring "@every 10s" --run-secs 60 20000
+# --recurring makes MESSAGES recurring schedules instead (the same
+# Nats-Schedule message, published to the tier's schedule intake, then to a
+# stream that runs NATS's schedules) and watches their fires for --run-secs.
 # BAD_TARGETS adds timers with hostile targets ahead of the good ones through
 # the tier (the soak of issue 36): each must be dead-lettered, the target
 # stream must keep every fired message, and no good timer may be held up.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-nodes=2 streams=1 partitions=8 tier_only=0
+nodes=2 streams=1 partitions=8 tier_only=0 recurring=() 
 while [[ ${1:-} == --* ]]; do
   case $1 in
     --nodes) nodes=${2:?--nodes needs a count}; shift 2 ;;
     --streams) streams=${2:?--streams needs a count}; shift 2 ;;
     --partitions) partitions=${2:?--partitions needs a count}; shift 2 ;;
     --tier-only) tier_only=1; shift ;;
+    --recurring) recurring+=(--recurring "${2:?--recurring needs a schedule}"); shift 2 ;;
+    --run-secs) recurring+=(--run-secs "${2:?--run-secs needs seconds}"); shift 2 ;;
     *) echo "nats-load.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
@@ -70,7 +76,8 @@ sleep 3 # leases taken, shared out
 
 echo "-- through the tier: $nodes nodes, $partitions partitions, $streams delay stream(s)" >&2
 "$bin/delaywheel-nats-load" --nats "$urls" --mode tier --messages "$messages" --delay-ms "$delay" --bad-targets "$bad" \
-  --partitions "$partitions" --streams "$streams"
+  --partitions "$partitions" --streams "$streams" ${recurring[@]+"${recurring[@]}"}
 [[ $tier_only == 1 ]] && exit 0
 echo "-- through Nats-Schedule: one subject per message, same cluster" >&2
-"$bin/delaywheel-nats-load" --nats "$urls" --mode schedule --messages "$messages" --delay-ms "$delay"
+"$bin/delaywheel-nats-load" --nats "$urls" --mode schedule --messages "$messages" --delay-ms "$delay" \
+  ${recurring[@]+"${recurring[@]}"}

@@ -847,7 +847,12 @@ impl Part {
 
     /// Publishes a due timer to its target and waits for the target stream's
     /// acknowledgement; whether it was a duplicate. A recurring schedule's
-    /// next timer is published to the delay stream first.
+    /// next timer is published to the delay stream at the same time, and
+    /// both must be acknowledged before the timer is (so a crash leaves
+    /// both, never neither; a second copy of the next timer is dropped by
+    /// the schedule's id as it is read, of the occurrence by its
+    /// `Nats-Msg-Id`). A next timer that failed fails the try, however the
+    /// occurrence went.
     async fn publish(
         &self,
         sequence: u64,
@@ -860,11 +865,12 @@ impl Part {
         let target = target_of(sequence, &source).map_err(refused)?;
         shared.policy.check(target).map_err(|reason| Failure::Refused(reason.to_string()))?;
         let schedule = NatsSchedule::read(&source).map_err(Failure::Refused)?;
-        let occurrence = match &schedule {
+        let (occurrence, next) = match &schedule {
             Some(schedule) => {
-                Some(self.follow(sequence, timer, due, schedule).await.map_err(Failure::Transient)?)
+                let (occurrence, next) = self.occurrence(sequence, timer, due, schedule);
+                (Some(occurrence), next)
             }
-            None => None,
+            None => (None, None),
         };
         let stream = &self.delay_stream().name;
         let (target, headers) =
@@ -872,7 +878,15 @@ impl Part {
         let published = async {
             shared.js.publish_with_headers(target.clone(), headers, due.payload.clone()).await?.await
         };
-        match published.await {
+        let next_published = async {
+            let Some((subject, headers)) = next else { return Ok(()) };
+            publish_acked(&shared.js, subject, headers, due.payload.clone()).await?;
+            metrics::counter!("delaytier_schedule_next_total").increment(1);
+            Ok(())
+        };
+        let (published, next_published) = tokio::join!(published, next_published);
+        next_published.map_err(Failure::Transient)?;
+        match published {
             Ok(ack) => {
                 shared.captured.lock().expect("captured lock").saw(&target);
                 Ok(ack.duplicate)
@@ -881,33 +895,35 @@ impl Part {
         }
     }
 
-    /// What an occurrence of a `Nats-Schedule` says besides its message;
-    /// for a recurring schedule, its next timer is published to the delay
-    /// stream first (before this one is acknowledged, so a crash leaves both,
-    /// never neither; a second copy is dropped by the schedule's id as it is
-    /// read).
-    async fn follow<'a>(
+    /// What an occurrence of a schedule says besides its message, and for a
+    /// recurring schedule with a next occurrence, its next timer: the
+    /// subject and headers it is published to the delay stream with.
+    fn occurrence<'a>(
         &self,
         sequence: u64,
         timer: &ConsumedMessage,
         due: &'a Due,
         schedule: &'a NatsSchedule,
-    ) -> Result<Occurrence<'a>> {
+    ) -> (Occurrence<'a>, Option<(String, HeaderMap)>) {
         let subject = due.subject.as_deref().unwrap_or_default();
         let scheduler = self.shared.layout.scheduler_of(subject);
         let due_ms = timer.deliver_at_ms().unwrap_or_default();
         let next_ms = schedule.next(due_ms, now_ms());
         let handle = |sequence| TimerHandle { partition: self.partition, sequence };
-        if let (Some(next_ms), Some(origin)) = (next_ms, due.origin) {
-            let stream = &self.delay_stream().name;
-            let id = due.msg_id.as_deref().map_or_else(|| wire::msg_id(stream, origin), str::to_string);
-            let headers =
-                successor_headers(&borrowed_pairs(&due.source), &id, sequence, handle(origin), next_ms);
-            publish_acked(&self.shared.js, subject.to_string(), headers, due.payload.clone()).await?;
-            metrics::counter!("delaytier_schedule_next_total").increment(1);
-        }
-        let rollup = value_of(&borrowed_pairs(&due.source), wire::SCHEDULE_ROLLUP).ok().flatten();
-        Ok(Occurrence { scheduler, next_ms, ttl: schedule.ttl(), rollup, schedule: due.origin.map(handle) })
+        let source = borrowed_pairs(&due.source);
+        let next = match (next_ms, due.origin) {
+            (Some(next_ms), Some(origin)) => {
+                let stream = &self.delay_stream().name;
+                let id = due.msg_id.as_deref().map_or_else(|| wire::msg_id(stream, origin), str::to_string);
+                let headers = successor_headers(&source, &id, sequence, handle(origin), next_ms);
+                Some((subject.to_string(), headers))
+            }
+            _ => None,
+        };
+        let rollup = value_of(&source, wire::SCHEDULE_ROLLUP).ok().flatten();
+        let occurrence =
+            Occurrence { scheduler, next_ms, ttl: schedule.ttl(), rollup, schedule: due.origin.map(handle) };
+        (occurrence, next)
     }
 
     /// Sorts a failed publish: a JetStream answer other than "unavailable",

@@ -37,9 +37,11 @@ struct Args {
     /// Delays, ms after the send starts, half-open A..B, spread evenly.
     #[arg(long, default_value = "2000..10000")]
     delay_ms: String,
-    /// Schedule mode: `--messages` recurring schedules instead of one-shot
-    /// timers, each on its own subject, e.g. "@every 10s" or "*/10 * * * * *"
-    /// (nats-server 2.14+), watched for `--run-secs`.
+    /// `--messages` recurring schedules instead of one-shot timers, each on
+    /// its own subject, e.g. "@every 10s" or "*/10 * * * * *", watched for
+    /// `--run-secs`: the same `Nats-Schedule` messages published to a stream
+    /// that runs NATS's schedules (nats-server 2.14+), or to the tier's
+    /// schedule intake (`schedules.>`).
     #[arg(long)]
     recurring: Option<String>,
     /// With `--recurring`: how long to watch the fires after the schedules are made.
@@ -191,14 +193,16 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
 
 /// `--recurring`: makes the schedules, then reads their fires for `--run-secs`.
 async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, async_nats::Error> {
-    if args.mode != Mode::Schedule {
-        return Err("--recurring needs --mode schedule (the tier has no recurring timers yet)".into());
-    }
     let client = async_nats::connect(args.nats.clone()).await?;
     let js = jetstream::new(client.clone());
-    prepare(&js, Mode::Schedule, args.replicas).await?;
-    let target = "sched.rout";
-    let mut arrivals = arrivals(&js, "SCHED", target).await?;
+    prepare(&js, args.mode, args.replicas).await?;
+    // The same message either way; only where it is published differs, and
+    // the name the occurrences give the next instant.
+    let (stream, target, subject, next_header) = match args.mode {
+        Mode::Schedule => ("SCHED", "sched.rout", "sched.r", "Nats-Schedule-Next"),
+        Mode::Tier => ("OUT", "out.rout", "schedules.r", "Delay-Schedule-Next"),
+    };
+    let mut arrivals = arrivals(&js, stream, target).await?;
     let sent = Instant::now();
     let creates = (0..args.messages).map(|i| {
         let js = &js;
@@ -206,7 +210,7 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
             let mut headers = HeaderMap::new();
             headers.insert("Nats-Schedule", spec);
             headers.insert("Nats-Schedule-Target", target);
-            js.publish_with_headers(format!("sched.r.{i}"), headers, Bytes::from(i.to_string()))
+            js.publish_with_headers(format!("{subject}.{i}"), headers, Bytes::from(i.to_string()))
                 .await?
                 .await?;
             Ok::<_, async_nats::Error>(())
@@ -215,10 +219,10 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
     let results: Vec<_> = futures::stream::iter(creates).buffer_unordered(args.inflight).collect().await;
     results.into_iter().collect::<Result<Vec<()>, _>>()?;
     let create_secs = sent.elapsed().as_secs_f64();
-    // Each fire names the next instant (`Nats-Schedule-Next`, whole
-    // seconds): a schedule's later fires are measured against what its
-    // previous one announced; its first (made at the creation's second) is
-    // only counted.
+    // Each fire names the next instant (NATS's `Nats-Schedule-Next` in whole
+    // seconds, the tier's `Delay-Schedule-Next` in ms): a schedule's later
+    // fires are measured against what its previous one announced; its first
+    // (made at the creation's second) is only counted.
     let mut next_of: HashMap<u64, i64> = HashMap::new();
     let (mut lateness, mut early, mut fires) = (Vec::new(), 0u64, 0u64);
     let deadline = Instant::now() + Duration::from_secs(args.run_secs);
@@ -233,7 +237,7 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
             early += u64::from(stored < *due);
             lateness.push(stored - due);
         }
-        let next = message.headers.as_ref().and_then(|h| h.get("Nats-Schedule-Next"));
+        let next = message.headers.as_ref().and_then(|h| h.get(next_header));
         match next
             .map(|v| time::OffsetDateTime::parse(v.as_str(), &time::format_description::well_known::Rfc3339))
         {
@@ -245,7 +249,7 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
     let at =
         |q: f64| lateness.get(((lateness.len() as f64 * q) as usize).min(lateness.len().saturating_sub(1)));
     Ok(serde_json::json!({
-        "mode": "nats-schedule",
+        "mode": match args.mode { Mode::Tier => "tier", Mode::Schedule => "nats-schedule" },
         "recurrence": spec,
         "schedules": args.messages,
         "create_per_sec": args.messages as f64 / create_secs,
