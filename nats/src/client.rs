@@ -10,6 +10,7 @@ use bytes::Bytes;
 
 use crate::config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET};
 use crate::headers::header_pairs;
+use crate::nats_schedule::NatsSchedule;
 use crate::partition::{cancel_in_stream, publish_acked, remove_source};
 use crate::settled_ids::SettledIds;
 use crate::target::TargetPolicy;
@@ -165,6 +166,13 @@ impl TierClient {
         };
         if wire::partition_of_subject(&self.layout.prefix, &source.subject) != Some(handle.partition) {
             return Ok(RescheduleAnswer::NotFound);
+        }
+        // A recurring schedule's timers follow its recurrence, and a cancel
+        // of its handle stops the whole schedule.
+        let pairs: Vec<(&str, &str)> = header_pairs(&source.headers).collect();
+        if NatsSchedule::read(&pairs).is_ok_and(|schedule| schedule.is_some_and(|s| s.repeats())) {
+            let problem = "a recurring schedule's timer: cancel the schedule and publish it again".into();
+            return Err(TierError::BadTimer { sequence: handle.sequence, problem });
         }
         // The copy is the same timer, moved: it keeps its producer's id under
         // the tier's own header, and names the timer it replaces.

@@ -25,7 +25,7 @@ use tokio::task::JoinHandle;
 
 use crate::headers::{about_storing, header_pairs, starts_with, value_of};
 use crate::nats_schedule::{NATS_NAMES, NatsSchedule};
-use crate::partition::{Shared, publish_acked};
+use crate::partition::{Shared, now_ms, publish_acked};
 use crate::target::TargetPolicy;
 use crate::wire::{self, Layout};
 use crate::{Result, TierError};
@@ -79,9 +79,11 @@ async fn take(shared: &Shared, message: async_nats::Message) {
             error_answer(400, &why)
         }
     };
-    if let Some(reply) = message.reply
-        && let Err(err) = shared.client.publish(reply, answer.to_string().into()).await
-    {
+    let Some(reply) = message.reply else { return };
+    if let Err(refused) = shared.policy.check_reply(&reply) {
+        return tracing::warn!(%subject, %refused, "a schedule's publisher not answered");
+    }
+    if let Err(err) = shared.client.publish(reply, answer.to_string().into()).await {
         tracing::warn!(%subject, %err, "could not answer a schedule's publisher");
     }
 }
@@ -89,6 +91,25 @@ async fn take(shared: &Shared, message: async_nats::Message) {
 /// An error as JetStream answers a publish it refuses.
 fn error_answer(code: u16, description: &str) -> serde_json::Value {
     json!({ "error": { "code": code, "description": description } })
+}
+
+/// Whether a header of a published schedule asks what the tier cannot do:
+/// NATS's other schedule headers, and those about how NATS's stream would
+/// store the schedule message itself (an expectation, a TTL that would end
+/// the schedule, a rollup).
+fn unsupported(name: &str) -> bool {
+    let renamed = RENAMED.iter().any(|(nats, _)| name.eq_ignore_ascii_case(nats));
+    (starts_with(name, wire::NATS_SCHEDULE) && !renamed) || about_storing(name)
+}
+
+fn unsupported_why(name: &str) -> &'static str {
+    if name.eq_ignore_ascii_case(wire::NATS_SCHEDULE_SOURCE) {
+        "the tier fires a schedule's own message, not the last of another subject"
+    } else if starts_with(name, wire::NATS_SCHEDULE) {
+        "not a header a publisher sets (NATS puts it on its occurrences)"
+    } else {
+        "it is about how NATS's stream would store the schedule, which the tier does not"
+    }
 }
 
 /// The delay-stream subject and headers of a schedule published to
@@ -100,12 +121,13 @@ pub(crate) fn translate(
     policy: &TargetPolicy,
 ) -> std::result::Result<(String, HeaderMap), String> {
     let pairs: Vec<(&str, &str)> = headers.map(|h| header_pairs(h).collect()).unwrap_or_default();
-    if NatsSchedule::read_named(&pairs, &NATS_NAMES)?.is_none() {
+    let Some(schedule) = NatsSchedule::read_named(&pairs, &NATS_NAMES)? else {
         return Err(format!("no {} header: {subject} takes NATS message schedules", wire::NATS_SCHEDULE));
-    }
-    if value_of(&pairs, wire::NATS_SCHEDULE_SOURCE)?.is_some() {
-        let why = "the tier fires a schedule's own message, not the last of another subject";
-        return Err(format!("{}: {why}", wire::NATS_SCHEDULE_SOURCE));
+    };
+    // Refused now rather than dead-lettered when a node reads it.
+    schedule.first(now_ms()).map_err(|why| format!("{}: {why}", wire::NATS_SCHEDULE))?;
+    if let Some((name, _)) = pairs.iter().find(|(name, _)| unsupported(name)) {
+        return Err(format!("{name}: {}", unsupported_why(name)));
     }
     let target = value_of(&pairs, wire::NATS_SCHEDULE_TARGET)?
         .filter(|t| !t.is_empty())
@@ -115,9 +137,8 @@ pub(crate) fn translate(
     for (name, value) in pairs {
         match RENAMED.iter().find(|(nats, _)| name.eq_ignore_ascii_case(nats)) {
             Some((_, ours)) => stored.insert(*ours, value),
-            // The tier's own headers are the tier's to write; how the
-            // publisher's stream would store the message is no timer's.
-            None if starts_with(name, "Delay-") || about_storing(name) => {}
+            // The tier's own headers are the tier's to write.
+            None if starts_with(name, "Delay-") => {}
             None => stored.append(name, value),
         }
     }
@@ -149,8 +170,6 @@ mod tests {
             ("Nats-Schedule-Target", "reports.daily"),
             ("Nats-Schedule-TTL", "1h"),
             ("Nats-Msg-Id", "daily-report"),
-            ("Nats-Expected-Last-Subject-Sequence", "0"),
-            ("Nats-TTL", "5m"),
             ("Delay-Replaces", "7"),
             ("Report", "sales"),
         ])
@@ -163,7 +182,7 @@ mod tests {
         assert_eq!(get("Delay-Schedule-TTL").as_deref(), Some("1h"));
         assert_eq!(get("Nats-Msg-Id").as_deref(), Some("daily-report"), "its id dedups it, as a timer's");
         assert_eq!(get("Report").as_deref(), Some("sales"));
-        for gone in ["Nats-Schedule", "Nats-Expected-Last-Subject-Sequence", "Nats-TTL", "Delay-Replaces"] {
+        for gone in ["Nats-Schedule", "Nats-Schedule-Target", "Delay-Replaces"] {
             assert_eq!(get(gone), None, "{gone}");
         }
     }
@@ -187,5 +206,14 @@ mod tests {
             ("Nats-Schedule-Source", "x.last"),
         ]);
         assert!(source.contains("Nats-Schedule-Source"), "{source}");
+        let hourly = [("Nats-Schedule", "@hourly"), ("Nats-Schedule-Target", "x.y")];
+        for unsupported in
+            ["Nats-Scheduler", "Nats-Schedule-Next", "Nats-TTL", "Nats-Expected-Last-Subject-Sequence"]
+        {
+            let why = refused(&[hourly[0], hourly[1], (unsupported, "1")]);
+            assert!(why.starts_with(unsupported), "{unsupported}: {why}");
+        }
+        let never = refused(&[("Nats-Schedule", "0 0 0 30 2 *"), ("Nats-Schedule-Target", "x.y")]);
+        assert!(never.contains("never fires"), "{never}");
     }
 }

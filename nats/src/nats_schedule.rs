@@ -38,16 +38,22 @@ pub(crate) struct Names {
     pattern: &'static str,
     time_zone: &'static str,
     ttl: &'static str,
+    rollup: &'static str,
 }
 
 /// The tier's names, on the timers in the delay stream.
-pub(crate) const TIER_NAMES: Names =
-    Names { pattern: wire::SCHEDULE, time_zone: wire::SCHEDULE_TIME_ZONE, ttl: wire::SCHEDULE_TTL };
+pub(crate) const TIER_NAMES: Names = Names {
+    pattern: wire::SCHEDULE,
+    time_zone: wire::SCHEDULE_TIME_ZONE,
+    ttl: wire::SCHEDULE_TTL,
+    rollup: wire::SCHEDULE_ROLLUP,
+};
 /// NATS's names, at the schedule intake.
 pub(crate) const NATS_NAMES: Names = Names {
     pattern: wire::NATS_SCHEDULE,
     time_zone: wire::NATS_SCHEDULE_TIME_ZONE,
     ttl: wire::NATS_SCHEDULE_TTL,
+    rollup: wire::NATS_SCHEDULE_ROLLUP,
 };
 
 /// A timer's schedule (`Delay-Schedule` and its kin), checked.
@@ -56,6 +62,9 @@ pub(crate) struct NatsSchedule {
     pattern: Pattern,
     /// `Nats-Schedule-TTL`, as given.
     ttl: Option<String>,
+    /// Whether each occurrence replaces the last on its subject
+    /// (`Nats-Schedule-Rollup: sub`).
+    rollup: bool,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -81,8 +90,15 @@ impl NatsSchedule {
         if let Some(ttl) = ttl {
             check_ttl(ttl, names)?;
         }
+        // As NATS: only `sub` (an occurrence that rolled up its whole
+        // target stream would purge it).
+        let rollup = match value_of(headers, names.rollup)? {
+            None | Some("") => false,
+            Some("sub") => true,
+            Some(other) => return Err(format!("{} {other:?}: only sub", names.rollup)),
+        };
         let pattern = read_pattern(pattern.trim(), zone, names)?;
-        Ok(Some(Self { pattern, ttl: ttl.map(str::to_string) }))
+        Ok(Some(Self { pattern, ttl: ttl.map(str::to_string), rollup }))
     }
 
     /// Whether it fires more than once.
@@ -93,6 +109,11 @@ impl NatsSchedule {
     /// The TTL each occurrence carries, as given.
     pub fn ttl(&self) -> Option<&str> {
         self.ttl.as_deref()
+    }
+
+    /// The `Nats-Rollup` each occurrence carries.
+    pub fn rollup(&self) -> Option<&'static str> {
+        self.rollup.then_some("sub")
     }
 
     /// When a schedule the stream stored at `stored_ms` first fires.
@@ -337,6 +358,8 @@ mod tests {
         assert!(unknown_zone.contains("Mars/Olympus"), "{unknown_zone}");
         let ttl = refused(&[(wire::NATS_SCHEDULE, "@every 5s"), (wire::NATS_SCHEDULE_TTL, "500ms")]);
         assert!(ttl.contains("Nats-Schedule-TTL"), "{ttl}");
+        let rollup = refused(&[(wire::NATS_SCHEDULE, "@hourly"), (wire::NATS_SCHEDULE_ROLLUP, "all")]);
+        assert!(rollup.contains("Nats-Schedule-Rollup") && rollup.contains("only sub"), "{rollup}");
         let alias = refused(&[(wire::NATS_SCHEDULE, "@fortnightly")]);
         assert!(alias.contains("@fortnightly"), "{alias}");
         let twice = refused(&[(wire::NATS_SCHEDULE, "@hourly"), ("nats-schedule", "@daily")]);

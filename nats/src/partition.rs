@@ -233,14 +233,12 @@ impl Index {
         }
     }
 
-    /// The pending timer a handle's sequence names: that timer, or the
-    /// latest of the recurring schedule whose first timer it was.
-    fn current(&self, sequence: u64) -> Option<(u64, PendingTimer)> {
-        let current = match self.timers.contains_key(&sequence) {
-            true => sequence,
-            false => *self.by_origin.get(&sequence)?,
-        };
-        Some((current, self.timers.get(&current)?.clone()))
+    /// The pending timer a handle's sequence names, other than `firing`:
+    /// that timer, or the latest of the recurring schedule whose first timer
+    /// it was.
+    fn current(&self, sequence: u64, firing: Option<u64>) -> Option<(u64, PendingTimer)> {
+        let pending = |at: u64| self.timers.get(&at).filter(|_| Some(at) != firing).map(|t| (at, t.clone()));
+        pending(sequence).or_else(|| pending(*self.by_origin.get(&sequence)?))
     }
 
     /// Forgets the indexed timer `sequence`, which settled (fired, moved to
@@ -444,6 +442,19 @@ struct Due {
     origin: Option<u64>,
 }
 
+/// What the tries to fire one timer share.
+#[derive(Default)]
+struct Tries {
+    /// Since when the tries fail, if the last one failed.
+    failing_since: Option<Instant>,
+    /// A recurring schedule's next occurrence (`None` after its last),
+    /// once computed: every try announces the same one.
+    next_ms: Option<Option<u64>>,
+    /// Whether the schedule's next timer is in the delay stream: a retry
+    /// publishes the occurrence again (its target drops the copy), not it.
+    next_stored: bool,
+}
+
 /// A timer leaving the stream, and its producer's `Nats-Msg-Id`.
 #[derive(Clone, Copy)]
 struct Settled<'a> {
@@ -517,7 +528,7 @@ impl Part {
             let mut read_up_to = 0;
             for message in chunk {
                 let message = message.map_err(|e| TierError::nats("read the partition", e))?;
-                match index(&message, max_body, &self.shared.policy) {
+                match index(&message, self.partition, max_body, &self.shared.policy) {
                     Ok(timer) => {
                         read_up_to = read_up_to.max(timer.sequence);
                         timers.push(timer);
@@ -583,7 +594,7 @@ impl Part {
                         .or_else(|| claimed.get(id).copied())
                         .or_else(|| index.recently_settled.get(id))
                         .or_else(|| settled.get(id).copied());
-                    if held.is_some_and(|held| Some(held) != timer.replaces) {
+                    if is_duplicate(held, &timer) {
                         duplicates.push((timer.sequence, timer.ack));
                         continue;
                     }
@@ -704,6 +715,7 @@ impl Part {
             index.read_up_to = 0;
             index.malformed = 0;
             index.by_msg_id.clear();
+            index.by_origin.clear();
             let handles: Vec<Handle> = index.timers.drain().map(|(_, t)| t.handle).collect();
             store.cancel_batch(&handles)
         })
@@ -766,13 +778,13 @@ impl Part {
             return tracing::error!(key = ?timer.key(), "a local timer without its sequence");
         };
         let mut lane = Some(lane);
-        let mut failing_since = None;
+        let mut tries = Tries::default();
         let mut backoff = Duration::from_millis(50);
         loop {
-            match self.fire_one(sequence, &timer, failing_since).await {
+            match self.fire_one(sequence, &timer, &mut tries).await {
                 Ok(()) => return,
                 Err(err) => {
-                    failing_since.get_or_insert_with(Instant::now);
+                    tries.failing_since.get_or_insert_with(Instant::now);
                     metrics::counter!("delaytier_fire_errors_total").increment(1);
                     tracing::warn!(sequence, %err, "firing failed; retrying");
                 }
@@ -787,22 +799,17 @@ impl Part {
 
     /// One try: publish and acknowledge, or move to the dead letter a timer
     /// that cannot be published. An error means try again.
-    async fn fire_one(
-        &self,
-        sequence: u64,
-        timer: &ConsumedMessage,
-        failing_since: Option<Instant>,
-    ) -> Result<()> {
+    async fn fire_one(&self, sequence: u64, timer: &ConsumedMessage, tries: &mut Tries) -> Result<()> {
         let Some(due) = self.load(sequence, timer).await? else {
             return Ok(()); // cancelled while it fired, or deleted from the stream by hand
         };
-        let (kind, reason) = match self.publish(sequence, timer, &due).await {
+        let (kind, reason) = match self.publish(sequence, timer, &due, tries).await {
             Ok(duplicate) => {
                 return self.fired(sequence, due.ack, due.msg_id.as_deref(), timer, duplicate).await;
             }
             Err(Failure::Refused(reason)) => ("refused", reason),
             Err(Failure::Undeliverable(reason)) => ("undeliverable", reason),
-            Err(Failure::Transient(err)) => match failing_since {
+            Err(Failure::Transient(err)) => match tries.failing_since {
                 Some(since) if since.elapsed() >= self.shared.config.give_up_after => {
                     ("gave_up", format!("still failing after {:?}: {err}", since.elapsed()))
                 }
@@ -858,6 +865,7 @@ impl Part {
         sequence: u64,
         timer: &ConsumedMessage,
         due: &Due,
+        tries: &mut Tries,
     ) -> std::result::Result<bool, Failure> {
         let shared = &self.shared;
         let source = borrowed_pairs(&due.source);
@@ -867,7 +875,7 @@ impl Part {
         let schedule = NatsSchedule::read(&source).map_err(Failure::Refused)?;
         let (occurrence, next) = match &schedule {
             Some(schedule) => {
-                let (occurrence, next) = self.occurrence(sequence, timer, due, schedule);
+                let (occurrence, next) = self.occurrence(sequence, timer, due, schedule, tries);
                 (Some(occurrence), next)
             }
             None => (None, None),
@@ -886,6 +894,7 @@ impl Part {
         };
         let (published, next_published) = tokio::join!(published, next_published);
         next_published.map_err(Failure::Transient)?;
+        tries.next_stored = true;
         match published {
             Ok(ack) => {
                 shared.captured.lock().expect("captured lock").saw(&target);
@@ -904,15 +913,20 @@ impl Part {
         timer: &ConsumedMessage,
         due: &'a Due,
         schedule: &'a NatsSchedule,
+        tries: &mut Tries,
     ) -> (Occurrence<'a>, Option<(String, HeaderMap)>) {
         let subject = due.subject.as_deref().unwrap_or_default();
+        debug_assert!(!subject.is_empty(), "a schedule's timer keeps its subject");
         let scheduler = self.shared.layout.scheduler_of(subject);
-        let due_ms = timer.deliver_at_ms().unwrap_or_default();
-        let next_ms = schedule.next(due_ms, now_ms());
+        let due_ms = timer.deliver_at_ms();
+        debug_assert!(due_ms.is_some(), "a local timer is timed");
+        // Once per firing: a retry announces and stores the same next timer.
+        let next_ms =
+            *tries.next_ms.get_or_insert_with(|| schedule.next(due_ms.unwrap_or_default(), now_ms()));
         let handle = |sequence| TimerHandle { partition: self.partition, sequence };
         let source = borrowed_pairs(&due.source);
         let next = match (next_ms, due.origin) {
-            (Some(next_ms), Some(origin)) => {
+            (Some(next_ms), Some(origin)) if !tries.next_stored => {
                 let stream = &self.delay_stream().name;
                 let id = due.msg_id.as_deref().map_or_else(|| wire::msg_id(stream, origin), str::to_string);
                 let headers = successor_headers(&source, &id, sequence, handle(origin), next_ms);
@@ -920,7 +934,7 @@ impl Part {
             }
             _ => None,
         };
-        let rollup = value_of(&source, wire::SCHEDULE_ROLLUP).ok().flatten();
+        let rollup = schedule.rollup();
         let occurrence =
             Occurrence { scheduler, next_ms, ttl: schedule.ttl(), rollup, schedule: due.origin.map(handle) };
         (occurrence, next)
@@ -1137,6 +1151,10 @@ impl Part {
     async fn answer_cancels(self, mut requests: async_nats::Subscriber) {
         while let Some(request) = requests.next().await {
             let Some(reply) = request.reply else { continue };
+            if let Err(refused) = self.shared.policy.check_reply(&reply) {
+                tracing::warn!(%refused, "a cancel not answered");
+                continue;
+            }
             let answer = match std::str::from_utf8(&request.payload).ok().and_then(|s| s.parse().ok()) {
                 Some(sequence) => match self.cancel(sequence).await {
                     Ok(answer) => answer.as_str().to_string(),
@@ -1165,10 +1183,10 @@ impl Part {
         loop {
             let (current, read_past) = {
                 let index = self.pending.lock().expect("index lock");
-                (index.current(sequence), index.read_up_to >= sequence)
+                (index.current(sequence, firing), index.read_up_to >= sequence)
             };
             match current {
-                Some((at, timer)) if Some(at) != firing => {
+                Some((at, timer)) => {
                     let recurs = timer.origin.is_some();
                     match self.cancel_indexed(at, timer).await? {
                         CancelAnswer::AlreadyFired if recurs => firing = Some(at),
@@ -1176,7 +1194,6 @@ impl Part {
                     }
                 }
                 // Its next timer is not read yet.
-                Some(_) => {}
                 None if firing.is_some() => {}
                 // Fired and removed, or malformed and never indexed.
                 None if read_past => return Ok(CancelAnswer::NotFound),
@@ -1357,6 +1374,23 @@ pub(crate) async fn remove_source(stream: &Stream, sequence: u64) -> Result<bool
     }
 }
 
+/// Whether a timer whose `Nats-Msg-Id` the timer `held` holds (a pending
+/// one, one of the same batch, or one settled within the window) is a
+/// duplicate. A rescheduled timer's copy is no duplicate of the timer it
+/// replaces. A recurring schedule's next timer is no duplicate of an
+/// earlier timer of its schedule either, which may settle after it (its
+/// firing was retried), but is one of a later timer (a second copy,
+/// published again by an owner that died) or of itself (fired, its
+/// acknowledgement lost).
+fn is_duplicate(held: Option<u64>, timer: &Indexed) -> bool {
+    let Some(held) = held else { return false };
+    let next_of_schedule = timer.origin.is_some_and(|origin| origin != timer.sequence);
+    match timer.replaces {
+        Some(replaces) if next_of_schedule => held > replaces,
+        replaces => Some(held) != replaces,
+    }
+}
+
 /// Puts `messages` in the local store, in batches of about
 /// [`PUT_BATCH_BYTES`] at most (one message more, if alone); their receipts,
 /// in order.
@@ -1382,6 +1416,7 @@ fn put_in_batches(store: &Store, messages: Vec<Message>) -> delaywheel::Result<V
 /// Checks a timer read from the stream and makes its local record.
 fn index(
     message: &JsMessage,
+    partition: u32,
     max_body: usize,
     policy: &TargetPolicy,
 ) -> std::result::Result<Indexed, Reject> {
@@ -1427,12 +1462,17 @@ fn index(
         None => None,
         Some(_) => match value_of(&pairs, wire::SCHEDULE_HANDLE).map_err(|problem| bad(&problem))? {
             None => Some(sequence),
-            Some(first) => Some(
-                first
-                    .parse::<TimerHandle>()
-                    .map_err(|_| bad(&format!("{} {first:?} is not a handle", wire::SCHEDULE_HANDLE)))?
-                    .sequence,
-            ),
+            // A schedule's first timer is earlier in the same partition: a
+            // handle naming another would let cancels of it reach this one.
+            Some(first) => match first.parse::<TimerHandle>() {
+                Ok(handle) if handle.partition == partition && handle.sequence < sequence => {
+                    Some(handle.sequence)
+                }
+                _ => {
+                    let why = "is not the handle of an earlier timer of this partition";
+                    return Err(bad(&format!("{} {first:?} {why}", wire::SCHEDULE_HANDLE)));
+                }
+            },
         },
     };
     let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
@@ -1462,6 +1502,29 @@ pub(crate) fn now_ms() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn read(sequence: u64, replaces: Option<u64>, origin: Option<u64>) -> Indexed {
+        let local = Message::new(FIRE_TOPIC, Bytes::new());
+        let ack = async_nats::Subject::from("ack");
+        Indexed { sequence, deliver_at_ms: 1, ack, local, msg_id: Some("id".into()), replaces, origin }
+    }
+
+    /// A timer holding an id drops a later one with it, but not its own
+    /// rescheduled copy; a schedule's next timer (20, replacing 10) is kept
+    /// whatever earlier timer of its schedule holds the id (one whose firing
+    /// was retried settles after its next: 5), and dropped when a later one
+    /// does (its second copy, or itself fired).
+    #[test]
+    fn which_timers_with_a_held_id_are_duplicates() {
+        assert!(!is_duplicate(None, &read(20, None, None)));
+        assert!(is_duplicate(Some(10), &read(20, None, None)), "a retried put");
+        assert!(!is_duplicate(Some(10), &read(20, Some(10), None)), "a rescheduled copy");
+        assert!(is_duplicate(Some(12), &read(20, Some(10), None)), "a copy of a timer that moved on");
+        let next = |held| is_duplicate(Some(held), &read(20, Some(10), Some(1)));
+        assert!(!next(10) && !next(5) && !next(1), "its schedule's earlier timers");
+        assert!(next(21) && next(20), "a later timer of its schedule, or itself");
+        assert!(is_duplicate(Some(10), &read(20, None, Some(20))), "a schedule made again by a replica");
+    }
 
     /// Timers read together whose copies would not fit in one segment (32
     /// of 900 KB against 16 MiB) go into the local store in several batches:

@@ -122,9 +122,13 @@ impl RecentlySettled {
     }
 
     /// Timer `sequence`, with `msg_id`, settled now.
+    /// The latest sequence stays: a recurring schedule's timer that settles
+    /// after its next one (its firing was retried) must not make the next
+    /// one's copies look like the schedule's (see `Part::put`).
     pub(crate) fn insert(&mut self, msg_id: Box<str>, sequence: u64) {
         self.forget_old();
         let now = Instant::now();
+        let sequence = self.get(&msg_id).map_or(sequence, |known| known.max(sequence));
         self.by_id.insert(msg_id.clone(), (sequence, now));
         self.order.push_back((now, msg_id));
     }
@@ -165,6 +169,8 @@ mod tests {
         recent.insert("x".into(), 7);
         recent.insert("x".into(), 9);
         assert_eq!(recent.get("x"), Some(9));
+        recent.insert("x".into(), 8);
+        assert_eq!(recent.get("x"), Some(9), "an earlier timer settling later leaves the latest");
         assert_eq!(recent.get("y"), None);
         let mut short = RecentlySettled::new(Duration::from_millis(20));
         short.insert("x".into(), 7);

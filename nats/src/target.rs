@@ -94,6 +94,24 @@ impl TargetPolicy {
     }
 }
 
+impl TargetPolicy {
+    /// Refuses a reply subject the tier must not answer on. An answer is a
+    /// publish with the node's credentials too, and the requester picks the
+    /// subject: it must not reach the server's subjects (`$JS.` APIs, the
+    /// lease bucket's `$KV.`) or the tier's own. An inbox (`_INBOX.…`), or
+    /// any other plain subject, is answered; the allow-list is for targets.
+    pub fn check_reply(&self, reply: &str) -> Result<(), Refused> {
+        check_subject(reply)?;
+        if reply.starts_with('$') {
+            return Err(Refused(format!("reply {reply:?} is the server's (it starts with $)")));
+        }
+        if let Some(own) = self.own.iter().find(|own| is_under(reply, own)) {
+            return Err(Refused(format!("reply {reply:?} is under {own}.>, the delay tier's own")));
+        }
+        Ok(())
+    }
+}
+
 /// Whether `subject` is `root` or a subject under it, token-wise.
 fn is_under(subject: &str, root: &str) -> bool {
     subject.strip_prefix(root).is_some_and(|rest| rest.is_empty() || rest.starts_with('.'))
@@ -105,6 +123,23 @@ mod tests {
 
     fn policy(allow: &[&str]) -> TargetPolicy {
         TargetPolicy::new("delay", "delaytier.dead", allow.iter().map(|p| p.to_string()).collect())
+    }
+
+    #[test]
+    fn an_answer_goes_to_an_inbox_or_a_plain_subject_never_the_servers_or_the_tiers() {
+        let policy = policy(&["orders."]).also_own("schedules");
+        for reply in ["_INBOX.abc.1", "replies.x"] {
+            assert_eq!(policy.check_reply(reply), Ok(()), "{reply}");
+        }
+        for reply in [
+            "$KV.delaytier_leases.partition.1",
+            "$JS.API.STREAM.PURGE.OUT",
+            "delay.3.x",
+            "schedules.a",
+            "a b",
+        ] {
+            assert!(policy.check_reply(reply).is_err(), "{reply}");
+        }
     }
 
     #[test]
