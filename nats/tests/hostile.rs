@@ -389,3 +389,59 @@ async fn on_a_stream_made_by_hand_timers_no_partition_reads_are_dead_lettered() 
     assert_eq!(arrivals.lock().unwrap().count.get("good"), Some(&1));
     wait_until_no_timers(&client, Duration::from_secs(10)).await;
 }
+
+/// The node answers a schedule's publisher and a cancel's requester on
+/// their reply subject, with its own credentials: a reply naming the lease
+/// bucket's key (`$KV.…`) would overwrite a partition's lease with the
+/// answer, so such answers are not sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_never_go_to_the_servers_subjects_whatever_reply_a_request_names() {
+    let Some((cluster, client)) = cluster().await else { return };
+    let _node = TierNode::start(&cluster, "a", LEASE_MS);
+    let leases = || async {
+        let js = jetstream::new(client.clone());
+        let Ok(kv) = js.get_key_value("delaytier_leases").await else { return vec![None; 8] };
+        let mut values = Vec::new();
+        for partition in 0..8 {
+            let value = kv.get(format!("partition.{partition}")).await.ok().flatten();
+            values.push(value.map(|v| String::from_utf8_lossy(&v).into_owned()));
+        }
+        values
+    };
+    let deadline = Instant::now() + Duration::from_secs(15);
+    while leases().await.iter().any(|v| v.as_deref() != Some("a")) {
+        assert!(Instant::now() < deadline, "partitions not taken: {:?}", leases().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let mut schedule = HeaderMap::new();
+    schedule.insert("Nats-Schedule", "@every 1h");
+    schedule.insert("Nats-Schedule-Target", "out.fired");
+    for partition in 0..8 {
+        let lease = format!("$KV.delaytier_leases.partition.{partition}");
+        let request = client.publish_with_reply_and_headers(
+            format!("schedules.p{partition}"),
+            lease.clone(),
+            schedule.clone(),
+            Bytes::from("hourly"),
+        );
+        request.await.unwrap();
+        let cancel = format!("$DELAYTIER.DELAY.cancel.{partition}");
+        client.publish_with_reply(cancel, lease, Bytes::from("12345")).await.unwrap();
+    }
+    client.flush().await.unwrap();
+    for _ in 0..10 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let values = leases().await;
+        assert!(values.iter().all(|v| v.as_deref() == Some("a")), "a lease overwritten: {values:?}");
+    }
+    // The schedules were taken all the same.
+    wait_for_pending_at_least(&client, 8).await;
+}
+
+async fn wait_for_pending_at_least(client: &async_nats::Client, want: u64) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while pending_in_stream(client).await < want {
+        assert!(Instant::now() < deadline, "the schedules were not stored");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
