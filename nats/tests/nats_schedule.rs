@@ -268,3 +268,65 @@ async fn nats_schedule_headers_fire_as_nats_fires_them_and_recur_across_a_node_k
     }
     assert_eq!(left, 0, "the delay stream still holds {left} timers");
 }
+
+/// A recurring schedule whose target refuses everything for a few seconds
+/// (a full stream answers 503, so each firing is tried again): each of its
+/// timers publishes its next one once, the occurrences all come when the
+/// target takes them again, and after its owner is killed (so another node
+/// reads the partition again, with the schedule's timers settled in
+/// whatever order their retries ended) it is still one schedule, firing on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recurring_schedule_whose_target_fails_for_a_while_stays_one_schedule_across_a_reread() {
+    let Some(binary) = cluster::nats_server() else { return };
+    let cluster = Cluster::start(binary).await;
+    let client = cluster.connect().await;
+    let js = jetstream::new(client.clone());
+    let full = stream::Config {
+        name: "SCHED".into(),
+        subjects: vec!["sched.>".into()],
+        max_messages: 1,
+        discard: stream::DiscardPolicy::New,
+        allow_direct: true,
+        ..Default::default()
+    };
+    js.create_stream(full.clone()).await.unwrap();
+    js.publish("sched.filler", Bytes::from("full")).await.unwrap().await.unwrap();
+    cluster::create_delay_stream(&client).await;
+    let mut a = TierNode::start(&cluster, "a", LEASE_MS);
+    let mut b = TierNode::start(&cluster, "b", LEASE_MS);
+    while owners(&client).await.len() < 8 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let headers =
+        [("Nats-Schedule", "@every 1s"), ("Nats-Schedule-Target", "sched.out"), ("Nats-Msg-Id", "retried")];
+    let schedule = publish(&js, "schedules.retried", &headers, "retried").await;
+
+    // Four occurrences come due while the target refuses them.
+    tokio::time::sleep(Duration::from_millis(4_500)).await;
+    js.update_stream(stream::Config { max_messages: -1, ..full }).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(3_000)).await;
+    match owners(&client).await[&schedule.partition].as_str() {
+        "a" => a.kill(),
+        _ => b.kill(),
+    }
+    let killed_at = now_ms();
+    tokio::time::sleep(Duration::from_millis(6_000)).await;
+
+    let fired: Vec<Stored> = stored(&js).await.into_iter().filter(|s| s.subject == "sched.out").collect();
+    let dues: Vec<u64> = fired.iter().filter_map(Stored::due_ms).collect();
+    println!("{} occurrences, due {:?}", fired.len(), dues.iter().map(|d| d % 100_000).collect::<Vec<_>>());
+    let mut distinct = dues.clone();
+    distinct.sort_unstable();
+    distinct.dedup();
+    assert_eq!(distinct.len(), dues.len(), "an occurrence twice: {dues:?}");
+    assert!(distinct.windows(2).all(|w| (w[1] - w[0]) % 1_000 == 0), "one grid, one schedule: {dues:?}");
+    assert!(
+        dues.iter().filter(|&&due| due > killed_at + 2_000).count() >= 2,
+        "the schedule fires on after the re-read: {dues:?}"
+    );
+    // Cancelled by its handle on the node that read it again.
+    assert_eq!(
+        TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap().cancel(schedule).await.unwrap(),
+        CancelAnswer::Cancelled
+    );
+}
