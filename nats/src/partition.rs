@@ -805,7 +805,12 @@ impl Part {
         };
         let (kind, reason) = match self.publish(sequence, timer, &due, tries).await {
             Ok(duplicate) => {
-                return self.fired(sequence, due.ack, due.msg_id.as_deref(), timer, duplicate).await;
+                // A recurring schedule's id is held by its next timer from
+                // here on (in every owner's index, read from the stream), so
+                // it is recorded as settled only when the schedule ends.
+                let held_on = tries.next_stored && tries.next_ms.flatten().is_some();
+                let msg_id = due.msg_id.as_deref().filter(|_| !held_on);
+                return self.fired(sequence, due.ack, msg_id, timer, duplicate).await;
             }
             Err(Failure::Refused(reason)) => ("refused", reason),
             Err(Failure::Undeliverable(reason)) => ("undeliverable", reason),
