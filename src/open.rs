@@ -94,7 +94,9 @@ impl Store {
     /// if it was not closed cleanly.
     ///
     /// Errors: [`Error::Locked`] if another process (or another `Store` in
-    /// this one) has the directory open; [`Error::Invalid`] for a bad
+    /// this one) still has the directory open after half a second (a child
+    /// process forked meanwhile shares the lock until it execs);
+    /// [`Error::Invalid`] for a bad
     /// configuration or a directory written with the other scheduler;
     /// [`Error::Corruption`] or [`Error::UnsupportedVersion`] naming the file
     /// and offset of bytes recovery cannot accept; [`Error::Io`] naming the
