@@ -23,6 +23,16 @@ enum Mode {
     Schedule,
 }
 
+impl Mode {
+    /// Its name in the reports.
+    fn name(self) -> &'static str {
+        match self {
+            Mode::Tier => "tier",
+            Mode::Schedule => "nats-schedule",
+        }
+    }
+}
+
 #[derive(Parser)]
 #[command(name = "delaywheel-nats-load")]
 struct Args {
@@ -68,6 +78,10 @@ struct Args {
     /// The tier nodes' dead-letter subject prefix (their `--dead-letter`).
     #[arg(long, default_value = "delaytier.dead")]
     dead_letter: String,
+    /// Publish the timers and report how fast, without waiting for them to
+    /// fire (e.g. to leave a partition holding many pending timers).
+    #[arg(long)]
+    no_wait: bool,
 }
 
 /// The hostile targets `--bad-targets` cycles through.
@@ -156,6 +170,14 @@ async fn run(args: &Args, lo: u64, hi: u64) -> Result<serde_json::Value, async_n
         futures::stream::iter(sends).buffer_unordered(args.inflight).collect().await;
     results.into_iter().collect::<Result<Vec<()>, _>>()?;
     let enqueue_secs = sent.elapsed().as_secs_f64();
+    if args.no_wait {
+        return Ok(serde_json::json!({
+            "mode": args.mode.name(),
+            "messages": args.messages,
+            "enqueue_per_sec": args.messages as f64 / enqueue_secs,
+            "waited": false,
+        }));
+    }
 
     let mut tally = Tally::default();
     let deadline = Instant::now() + Duration::from_millis(hi) + Duration::from_secs(60);
@@ -249,7 +271,7 @@ async fn run_recurring(args: &Args, spec: &str) -> Result<serde_json::Value, asy
     let at =
         |q: f64| lateness.get(((lateness.len() as f64 * q) as usize).min(lateness.len().saturating_sub(1)));
     Ok(serde_json::json!({
-        "mode": match args.mode { Mode::Tier => "tier", Mode::Schedule => "nats-schedule" },
+        "mode": args.mode.name(),
         "recurrence": spec,
         "schedules": args.messages,
         "create_per_sec": args.messages as f64 / create_secs,
@@ -331,7 +353,7 @@ fn report(args: &Args, enqueue_secs: f64, first_due_ms: u64, tally: &mut Tally) 
     let duplicated: u32 = tally.seen.values().map(|&n| n - 1).sum();
     let spread_secs = (tally.last_ms - first_due_ms as i64).max(1) as f64 / 1e3;
     serde_json::json!({
-        "mode": match args.mode { Mode::Tier => "tier", Mode::Schedule => "nats-schedule" },
+        "mode": args.mode.name(),
         "messages": args.messages,
         "delay_ms": args.delay_ms,
         "enqueue_secs": enqueue_secs,
