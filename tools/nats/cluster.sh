@@ -7,8 +7,11 @@
 #   start_node NAME ARGS...  starts a tier node, retrying until the cluster
 #                            has a meta leader; sets `node_pid`
 #   free_port                prints a free TCP port of 127.0.0.1
+#   py                       the Python interpreter itself (not a shim that
+#                            starts one: a shell and a search per call)
 
-free_port() { python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
+py=$(python3 -c 'import sys; print(sys.executable)')
+free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 start_cluster() {
   local client_ports=("$(free_port)" "$(free_port)" "$(free_port)")
@@ -29,7 +32,7 @@ CONF
   done
   urls=$(printf 'nats://127.0.0.1:%s,' "${client_ports[@]}")
   urls=${urls%,}
-  python3 - "$monitor" <<'PY' || { echo "the cluster elected no JetStream meta leader; see $work/n*.log" >&2; exit 1; }
+  "$py" - "$monitor" <<'PY' || { echo "the cluster elected no JetStream meta leader; see $work/n*.log" >&2; exit 1; }
 import json, sys, time, urllib.request
 deadline = time.time() + 60
 while time.time() < deadline:
