@@ -1,0 +1,461 @@
+//! Reading the partition: every timer its consumer hands out, checked,
+//! deduplicated and put into the local store.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use async_nats::jetstream::Message as JsMessage;
+use async_nats::jetstream::consumer::{AckPolicy, pull};
+use bytes::Bytes;
+use delaywheel::{Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store};
+use futures::StreamExt;
+
+use crate::headers::{deliver_at, header_pairs, owned_pairs, target_of, value_of};
+use crate::nats_schedule::NatsSchedule;
+use crate::target::TargetPolicy;
+use crate::wire::{self, TimerHandle};
+use crate::{Result, TierError};
+
+use super::{
+    BY_REFERENCE, FIRE_TOPIC, MAX_MSG_ID_LEN, PARTITION_SEGMENT_BYTES, Part, PendingTimer, SUBJECT_PROPERTY,
+    Settled, acknowledge, producer_msg_id,
+};
+
+/// The most bytes of timers one local batch put holds (about): a batch must
+/// fit in one segment, and 1,024 timers of up to 4 MiB each would not.
+const PUT_BATCH_BYTES: usize = (PARTITION_SEGMENT_BYTES / 4) as usize;
+/// Timers read from the stream per local batch put.
+const INGEST_BATCH: usize = 1024;
+/// Timers one pull request of the ingest asks for. async-nats asks for 200,
+/// and a node taking a partition over re-reads every pending timer: with
+/// 16,384, 1 M were read in 14.1 s instead of 22.6 s (`tools/nats-takeover.sh`).
+const INGEST_PULL: usize = 16384;
+/// Lookups of settled `Nats-Msg-Id`s a batch read from the stream makes at once.
+const SETTLED_LOOKUPS: usize = 64;
+/// How long the stream waits for a timer's acknowledgement before handing it
+/// out again: longer than any timer waits, so never.
+const HOLD_UNTIL_FIRED: Duration = Duration::from_secs(100 * 365 * 86_400);
+
+/// A timer read from the stream, checked.
+struct Indexed {
+    sequence: u64,
+    deliver_at_ms: u64,
+    ack: async_nats::Subject,
+    /// What the local store keeps: the message itself, or (when its headers
+    /// or payload are too large for a local record) only its sequence.
+    local: Message,
+    /// Its producer's `Nats-Msg-Id`, if it had one.
+    msg_id: Option<Box<str>>,
+    /// The timer it replaces, for a rescheduled timer's copy: that timer
+    /// holds the same `Nats-Msg-Id` without making the copy a duplicate.
+    replaces: Option<u64>,
+    /// See [`PendingTimer::origin`].
+    origin: Option<u64>,
+}
+
+/// A timer read from the stream that will not be indexed.
+struct Reject {
+    sequence: u64,
+    /// The dead letter's reason label: `malformed` or `refused` (its target).
+    kind: &'static str,
+    error: TierError,
+}
+
+impl Part {
+    /// Reads the partition from its first pending timer on, and puts each as
+    /// a timer into the local store.
+    pub(super) async fn ingest(self) {
+        loop {
+            match self.ingest_once().await {
+                Ok(()) => tracing::warn!("the stream's consumer ended; reading again"),
+                Err(err) => tracing::warn!(%err, "reading the partition failed; reading again"),
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            // A new read starts from the beginning: drop what was indexed.
+            // (Only reached on errors; the ordered consumer recovers from gaps
+            // itself.) Timers indexed twice would fire twice, so start over.
+            self.forget_all().await;
+        }
+    }
+
+    async fn ingest_once(&self) -> Result<()> {
+        let config = &self.shared.config;
+        let name = format!("delaytier-p{}", self.partition);
+        // A fresh consumer hands out every timer not yet acknowledged,
+        // including those an earlier owner held.
+        let stream = &self.delay_stream().stream;
+        let _ = stream.delete_consumer(&name).await;
+        let consumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name),
+                filter_subject: wire::partition_filter(&config.prefix, self.partition),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: HOLD_UNTIL_FIRED,
+                max_ack_pending: -1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| TierError::nats("create the partition's consumer", e))?;
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(INGEST_PULL)
+            // async-nats's default for `messages()`: a shorter one would turn a
+            // busy moment into a missed heartbeat, an error, and a re-read.
+            .heartbeat(Duration::from_secs(15))
+            .messages()
+            .await
+            .map_err(|e| TierError::nats("read the partition", e))?;
+        let mut chunks = messages.ready_chunks(INGEST_BATCH);
+        let max_body = self.store.max_body_bytes();
+        while let Some(chunk) = chunks.next().await {
+            let mut timers = Vec::with_capacity(chunk.len());
+            let mut rejected = Vec::new();
+            let mut read_up_to = 0;
+            for message in chunk {
+                let message = message.map_err(|e| TierError::nats("read the partition", e))?;
+                match index(&message, self.partition, max_body, &self.shared.policy) {
+                    Ok(timer) => {
+                        read_up_to = read_up_to.max(timer.sequence);
+                        timers.push(timer);
+                    }
+                    Err(reject) => {
+                        read_up_to = read_up_to.max(reject.sequence);
+                        rejected.push((message, reject));
+                    }
+                }
+            }
+            self.put(timers, read_up_to).await?;
+            for (message, reject) in rejected {
+                self.reject(&message, reject).await;
+            }
+        }
+        Ok(())
+    }
+
+    /// A timer that will never be indexed: moves it to the dead letter and
+    /// removes it from the stream; if that fails now, it stays in the stream
+    /// (counted, as the sweep expects) until the partition is read again.
+    async fn reject(&self, message: &JsMessage, reject: Reject) {
+        let Reject { sequence, kind, error } = reject;
+        if kind == "malformed" {
+            metrics::counter!("delaytier_malformed_total").increment(1);
+        }
+        tracing::warn!(sequence, %error, "timer not indexed: moving it to the dead letter");
+        let buried = match (&message.reply, sequence) {
+            (Some(ack), 1..) => {
+                let source = message.headers.as_ref().map(owned_pairs).unwrap_or_default();
+                let payload = message.payload.clone();
+                let settled = Settled { sequence, msg_id: None };
+                self.bury(settled, &source, payload, ack.clone(), kind, &error.to_string()).await
+            }
+            _ => Err(error),
+        };
+        if let Err(err) = buried {
+            self.pending.lock().expect("index lock").malformed += 1;
+            tracing::warn!(sequence, %err, "timer left in the stream, not indexed");
+        }
+    }
+
+    /// Puts timers into the local store, holding the index so a timer that
+    /// fires at once is known before it is looked up; drops the duplicates.
+    async fn put(&self, timers: Vec<Indexed>, read_up_to: u64) -> Result<()> {
+        let settled = self.settled_ids_of(&timers).await;
+        let (store, pending) = (self.store.clone(), self.pending.clone());
+        let count = timers.len() as u64;
+        let duplicates = tokio::task::spawn_blocking(move || {
+            let mut index = pending.lock().expect("index lock");
+            // A timer with the Nats-Msg-Id of a pending one (an earlier
+            // sequence, or an earlier timer of this batch), or of one that
+            // settled within the window (itself too: it was fired, and its
+            // acknowledgement lost), never fires. A rescheduled timer's copy
+            // is not a duplicate of the timer it replaces.
+            let mut duplicates = Vec::new();
+            let mut claimed: HashMap<Box<str>, u64> = HashMap::new();
+            let mut kept = Vec::with_capacity(timers.len());
+            for timer in timers {
+                if let Some(id) = timer.msg_id.as_deref() {
+                    let held = index
+                        .holder_of(id, timer.sequence)
+                        .or_else(|| claimed.get(id).copied())
+                        .or_else(|| index.recently_settled.get(id))
+                        .or_else(|| settled.get(id).copied());
+                    if is_duplicate(held, &timer) {
+                        duplicates.push((timer.sequence, timer.ack));
+                        continue;
+                    }
+                    claimed.insert(id.into(), timer.sequence);
+                }
+                kept.push(timer);
+            }
+            let (messages, timers): (Vec<Message>, Vec<_>) = kept
+                .into_iter()
+                .map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id, t.origin)))
+                .unzip();
+            let receipts = put_in_batches(&store, messages)?;
+            for ((sequence, deliver_at_ms, ack, msg_id, origin), receipt) in timers.into_iter().zip(receipts)
+            {
+                let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
+                    sequence,
+                    problem: "the local store took it as an untimed message".into(),
+                })?;
+                debug_assert_eq!(handle.deliver_at_ms, deliver_at_ms.max(1), "0 is kept as 1");
+                if let Some(id) = &msg_id {
+                    index.by_msg_id.insert(id.clone(), sequence);
+                }
+                if let Some(origin) = origin {
+                    index.by_origin.insert(origin, sequence);
+                }
+                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id, origin });
+            }
+            index.read_up_to = index.read_up_to.max(read_up_to);
+            Ok::<_, TierError>(duplicates)
+        })
+        .await
+        .expect("a local put does not panic")?;
+        metrics::counter!("delaytier_indexed_total").increment(count - duplicates.len() as u64);
+        self.drop_duplicates(duplicates).await;
+        Ok(())
+    }
+
+    /// The ids of `timers` that the settled-ids bucket holds, with the
+    /// sequence of the timer that settled; asked only for the ids no pending
+    /// timer holds and this partition did not settle lately (most asked are
+    /// not there: a new timer).
+    async fn settled_ids_of(&self, timers: &[Indexed]) -> HashMap<Box<str>, u64> {
+        let to_ask: Vec<Box<str>> = {
+            let index = self.pending.lock().expect("index lock");
+            let mut ids: Vec<Box<str>> = timers
+                .iter()
+                .filter_map(|t| Some((t.msg_id.as_ref()?, t.sequence)))
+                .filter(|(id, sequence)| {
+                    index.holder_of(id, *sequence).is_none() && index.recently_settled.get(id).is_none()
+                })
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.sort_unstable();
+            ids.dedup();
+            ids
+        };
+        let lookups = to_ask.into_iter().map(|id| async move {
+            let sequence = self.settled_id(&id).await;
+            sequence.map(|s| (id, s))
+        });
+        let found: Vec<Option<(Box<str>, u64)>> =
+            futures::stream::iter(lookups).buffer_unordered(SETTLED_LOOKUPS).collect().await;
+        found.into_iter().flatten().collect()
+    }
+
+    /// The settled timer of `msg_id`, asked until the bucket answers: a
+    /// failed lookup holds up this read of the partition, not the timers
+    /// already indexed, which go on firing.
+    async fn settled_id(&self, msg_id: &str) -> Option<u64> {
+        let mut backoff = Duration::from_millis(50);
+        loop {
+            match self.shared.settled_ids.settled(self.partition, msg_id).await {
+                Ok(sequence) => return sequence,
+                Err(err) => {
+                    metrics::counter!("delaytier_settled_id_errors_total").increment(1);
+                    tracing::warn!(%err, "cannot look up a Nats-Msg-Id; retrying");
+                    tokio::time::sleep(backoff).await;
+                    backoff = (backoff * 2).min(Duration::from_secs(2));
+                }
+            }
+        }
+    }
+
+    /// Removes from the stream timers whose Nats-Msg-Id a pending timer of
+    /// the partition holds: they never fire. One that cannot be removed now
+    /// stays in the stream and is found a duplicate again when the partition
+    /// is read again (in sequence order, so the first one is kept).
+    async fn drop_duplicates(&self, duplicates: Vec<(u64, async_nats::Subject)>) {
+        for (sequence, ack) in duplicates {
+            metrics::counter!("delaytier_duplicates_total").increment(1);
+            tracing::debug!(sequence, "a timer with the Nats-Msg-Id of an earlier one: dropped");
+            if let Err(err) = acknowledge(&self.shared.client, sequence, ack).await {
+                tracing::warn!(sequence, %err, "a duplicate timer stays in the stream for now");
+            }
+        }
+    }
+
+    async fn forget_all(&self) {
+        let (store, pending) = (self.store.clone(), self.pending.clone());
+        let _ = tokio::task::spawn_blocking(move || {
+            let mut index = pending.lock().expect("index lock");
+            index.read_up_to = 0;
+            index.malformed = 0;
+            index.by_msg_id.clear();
+            index.by_origin.clear();
+            let handles: Vec<Handle> = index.timers.drain().map(|(_, t)| t.handle).collect();
+            store.cancel_batch(&handles)
+        })
+        .await;
+    }
+}
+
+/// Whether a timer whose `Nats-Msg-Id` the timer `held` holds (a pending
+/// one, one of the same batch, or one settled within the window) is a
+/// duplicate. A rescheduled timer's copy is no duplicate of the timer it
+/// replaces. A recurring schedule's next timer is no duplicate of an
+/// earlier timer of its schedule either, which may settle after it (its
+/// firing was retried), but is one of a later timer (a second copy,
+/// published again by an owner that died) or of itself (fired, its
+/// acknowledgement lost).
+fn is_duplicate(held: Option<u64>, timer: &Indexed) -> bool {
+    let Some(held) = held else { return false };
+    let next_of_schedule = timer.origin.is_some_and(|origin| origin != timer.sequence);
+    match timer.replaces {
+        Some(replaces) if next_of_schedule => held > replaces,
+        replaces => Some(held) != replaces,
+    }
+}
+
+/// Puts `messages` in the local store, in batches of about
+/// [`PUT_BATCH_BYTES`] at most (one message more, if alone); their receipts,
+/// in order.
+fn put_in_batches(store: &Store, messages: Vec<Message>) -> delaywheel::Result<Vec<delaywheel::Receipt>> {
+    // A record's fixed part and its key are well under a kilobyte.
+    let size = |m: &Message| m.body().len() + m.properties_len() + 1024;
+    let mut receipts = Vec::with_capacity(messages.len());
+    let (mut batch, mut bytes) = (Vec::new(), 0);
+    for message in messages {
+        if !batch.is_empty() && bytes + size(&message) > PUT_BATCH_BYTES {
+            receipts.extend(store.put_batch(std::mem::take(&mut batch))?);
+            bytes = 0;
+        }
+        bytes += size(&message);
+        batch.push(message);
+    }
+    if !batch.is_empty() {
+        receipts.extend(store.put_batch(batch)?);
+    }
+    Ok(receipts)
+}
+
+/// Checks a timer read from the stream and makes its local record.
+fn index(
+    message: &JsMessage,
+    partition: u32,
+    max_body: usize,
+    policy: &TargetPolicy,
+) -> std::result::Result<Indexed, Reject> {
+    let (sequence, stored) = match message.info() {
+        Ok(info) => (info.stream_sequence, info.published),
+        Err(e) => {
+            let error = TierError::nats("read a message's sequence", e);
+            return Err(Reject { sequence: 0, kind: "malformed", error });
+        }
+    };
+    let bad = |problem: &str| Reject {
+        sequence,
+        kind: "malformed",
+        error: TierError::BadTimer { sequence, problem: problem.to_string() },
+    };
+    let headers = message.headers.as_ref().ok_or_else(|| bad("no headers"))?;
+    let pairs: Vec<(&str, &str)> = header_pairs(headers).collect();
+    let target =
+        target_of(sequence, &pairs).map_err(|error| Reject { sequence, kind: "malformed", error })?;
+    let schedule = NatsSchedule::read(&pairs).map_err(|problem| bad(&problem))?;
+    let deliver_at_ms = match (deliver_at(headers), &schedule) {
+        // A schedule's next timers, and a rescheduled one, say when.
+        (Some(deliver_at_ms), _) => deliver_at_ms,
+        (None, Some(schedule)) => {
+            let stored_ms = u64::try_from(stored.unix_timestamp_nanos() / 1_000_000).unwrap_or_default();
+            schedule.first(stored_ms).map_err(|problem| bad(&problem))?
+        }
+        (None, None) => {
+            let problem =
+                format!("no {} header in ms since the epoch, nor a {}", wire::DELIVER_AT, wire::SCHEDULE);
+            return Err(bad(&problem));
+        }
+    };
+    if deliver_at_ms > MAX_DELIVER_AT_MS {
+        return Err(bad(&format!("{} {deliver_at_ms} is past the end of year 9999", wire::DELIVER_AT)));
+    }
+    policy.check(target).map_err(|reason| Reject {
+        sequence,
+        kind: "refused",
+        error: TierError::BadTarget { header: wire::TARGET, reason },
+    })?;
+    let origin = match schedule.as_ref().filter(|s| s.repeats()) {
+        None => None,
+        Some(_) => match value_of(&pairs, wire::SCHEDULE_HANDLE).map_err(|problem| bad(&problem))? {
+            None => Some(sequence),
+            // A schedule's first timer is earlier in the same partition: a
+            // handle naming another would let cancels of it reach this one.
+            Some(first) => match first.parse::<TimerHandle>() {
+                Ok(handle) if handle.partition == partition && handle.sequence < sequence => {
+                    Some(handle.sequence)
+                }
+                _ => {
+                    let why = "is not the handle of an earlier timer of this partition";
+                    return Err(bad(&format!("{} {first:?} {why}", wire::SCHEDULE_HANDLE)));
+                }
+            },
+        },
+    };
+    let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
+    let subject = schedule.is_some().then(|| (SUBJECT_PROPERTY, message.subject.as_str()));
+    let header_bytes: usize = pairs.iter().chain(&subject).map(|(n, v)| n.len() + v.len() + 8).sum();
+    let local = if header_bytes <= MAX_PROPERTIES_LEN && message.payload.len() <= max_body {
+        let copy = Message::new(FIRE_TOPIC, message.payload.clone());
+        pairs.iter().chain(&subject).fold(copy, |m, (n, v)| m.property(*n, *v))
+    } else {
+        Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
+    };
+    let local = local.deliver_at_ms(deliver_at_ms).key(sequence.to_string());
+    // The producer's id holds beyond JetStream's own duplicate window while
+    // the timer is pending (see `Part::put`).
+    let msg_id: Option<Box<str>> = producer_msg_id(headers).map(Box::from);
+    let replaces = headers.get(wire::REPLACES).and_then(|r| r.as_str().parse().ok());
+    if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
+        return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));
+    }
+    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces, origin })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{now_ms, partition_store_config};
+    use super::*;
+
+    fn read(sequence: u64, replaces: Option<u64>, origin: Option<u64>) -> Indexed {
+        let local = Message::new(FIRE_TOPIC, Bytes::new());
+        let ack = async_nats::Subject::from("ack");
+        Indexed { sequence, deliver_at_ms: 1, ack, local, msg_id: Some("id".into()), replaces, origin }
+    }
+
+    /// A timer holding an id drops a later one with it, but not its own
+    /// rescheduled copy; a schedule's next timer (20, replacing 10) is kept
+    /// whatever earlier timer of its schedule holds the id (one whose firing
+    /// was retried settles after its next: 5), and dropped when a later one
+    /// does (its second copy, or itself fired).
+    #[test]
+    fn which_timers_with_a_held_id_are_duplicates() {
+        assert!(!is_duplicate(None, &read(20, None, None)));
+        assert!(is_duplicate(Some(10), &read(20, None, None)), "a retried put");
+        assert!(!is_duplicate(Some(10), &read(20, Some(10), None)), "a rescheduled copy");
+        assert!(is_duplicate(Some(12), &read(20, Some(10), None)), "a copy of a timer that moved on");
+        let next = |held| is_duplicate(Some(held), &read(20, Some(10), Some(1)));
+        assert!(!next(10) && !next(5) && !next(1), "its schedule's earlier timers");
+        assert!(next(21) && next(20), "a later timer of its schedule, or itself");
+        assert!(is_duplicate(Some(10), &read(20, None, Some(20))), "a schedule made again by a replica");
+    }
+
+    /// Timers read together whose copies would not fit in one segment (32
+    /// of 900 KB against 16 MiB) go into the local store in several batches:
+    /// one batch was refused, and the partition read the same timers again
+    /// and again, firing none.
+    #[test]
+    fn timers_too_big_for_one_batch_are_put_in_several() {
+        let dir = tempfile::tempdir().unwrap();
+        let store = Store::open(partition_store_config(dir.path())).unwrap();
+        let due = now_ms() + 3_600_000;
+        let messages: Vec<Message> = (0..32u64)
+            .map(|i| Message::new(FIRE_TOPIC, vec![b'b'; 900_000]).deliver_at_ms(due).key(i.to_string()))
+            .collect();
+        let receipts = put_in_batches(&store, messages).unwrap();
+        assert_eq!(receipts.len(), 32);
+        assert!(receipts.windows(2).all(|w| w[0].offset() < w[1].offset()), "in the order read");
+        store.close().unwrap();
+    }
+}
