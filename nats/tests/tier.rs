@@ -261,6 +261,27 @@ async fn wait_until_owned(client: &async_nats::Client) {
     }
 }
 
+/// A server may cap how many messages one pull request asks for
+/// (`max_request_batch`); the ingest asks for no more than that, or every
+/// pull would be refused and the partition never read.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cluster_that_caps_pull_requests_still_has_every_timer_read_and_fired() {
+    let Some(server) = cluster::nats_server() else { return };
+    let cluster = Cluster::start_with_jetstream(server, "limits { max_request_batch: 100 }").await;
+    let client = cluster.connect().await;
+    cluster::create_target_stream(&client).await;
+    cluster::create_delay_stream(&client).await;
+    let tier = TierClient::new(client.clone(), "DELAY", "delay", 8).await.unwrap();
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    let (arrivals, _reader) = collect(&client).await;
+    wait_until_owned(&client).await;
+    let start = now_ms() + 1_000;
+    schedule_many(&tier, "capped", 2_000, |i| start + (i as u64 * 7_919) % 2_000).await;
+    wait_for(&arrivals, 2_000, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_once_never_early(&arrivals.lock().unwrap(), "capped", 2_000);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_node_restarted_without_its_directory_rebuilds_from_the_stream() {
     let Some((cluster, client, tier)) = cluster().await else { return };

@@ -80,7 +80,7 @@ struct Args {
     dead_letter: String,
     /// Publish the timers and report how fast, without waiting for them to
     /// fire (e.g. to leave a partition holding many pending timers).
-    #[arg(long)]
+    #[arg(long, conflicts_with = "recurring")]
     no_wait: bool,
 }
 

@@ -1,5 +1,7 @@
 //! Firing the due timers: publish each to its target (a recurring
-//! schedule's next timer to the delay stream too), then acknowledge it.
+//! schedule's next timer to the delay stream too), then acknowledge it; and
+//! the dead letter, where a timer that cannot be fired goes (the ingest
+//! buries a malformed one there too).
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};

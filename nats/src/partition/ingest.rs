@@ -26,10 +26,17 @@ use super::{
 const PUT_BATCH_BYTES: usize = (PARTITION_SEGMENT_BYTES / 4) as usize;
 /// Timers read from the stream per local batch put.
 const INGEST_BATCH: usize = 1024;
-/// Timers one pull request of the ingest asks for. async-nats asks for 200,
-/// and a node taking a partition over re-reads every pending timer: with
-/// 16,384, 1 M were read in 14.1 s instead of 22.6 s (`tools/nats-takeover.sh`).
+/// Timers one pull request of the ingest asks for, unless the consumer's
+/// `max_batch` (a server limit) is lower. async-nats asks for 200, and a
+/// node taking a partition over re-reads every pending timer: with 16,384,
+/// 1 M were read in 14.5 s instead of 28.3 s (`tools/nats-takeover.sh`, one
+/// run each, alternating; the README has the table).
 const INGEST_PULL: usize = 16384;
+/// Bytes one pull request asks for at most (or the consumer's `max_bytes`,
+/// if lower): async-nats asks again at half of it, so a partition of large
+/// timers holds at most about 1.5 times this in the client, not 24,576 of
+/// them.
+const INGEST_PULL_BYTES: usize = 64 << 20;
 /// Lookups of settled `Nats-Msg-Id`s a batch read from the stream makes at once.
 const SETTLED_LOOKUPS: usize = 64;
 /// How long the stream waits for a timer's acknowledgement before handing it
@@ -96,9 +103,16 @@ impl Part {
             })
             .await
             .map_err(|e| TierError::nats("create the partition's consumer", e))?;
+        // The server's limits on one pull request (0 or -1: none) are the
+        // consumer's: a request over them is refused, every time.
+        let limits = &consumer.cached_info().config;
+        let below = |ours: usize, limit: i64| {
+            usize::try_from(limit).ok().filter(|&l| l > 0).map_or(ours, |l| ours.min(l))
+        };
         let messages = consumer
             .stream()
-            .max_messages_per_batch(INGEST_PULL)
+            .max_messages_per_batch(below(INGEST_PULL, limits.max_batch))
+            .max_bytes_per_batch(below(INGEST_PULL_BYTES, limits.max_bytes))
             // async-nats's default for `messages()`: a shorter one would turn a
             // busy moment into a missed heartbeat, an error, and a re-read.
             .heartbeat(Duration::from_secs(15))
@@ -415,8 +429,8 @@ fn index(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{now_ms, partition_store_config};
     use super::*;
+    use crate::partition::{now_ms, partition_store_config};
 
     fn read(sequence: u64, replaces: Option<u64>, origin: Option<u64>) -> Indexed {
         let local = Message::new(FIRE_TOPIC, Bytes::new());

@@ -3,8 +3,9 @@
 //! `ingest` (read the stream into the store), `fire` (publish the due timers,
 //! a recurring schedule's next timer too), `sweep` (remove what a lost
 //! acknowledgement left) and `cancels` (answer cancels). This module holds
-//! what they share: the partition's index of pending timers and the steps
-//! that take a timer out of the stream.
+//! what they share: starting and stopping a partition, its local store's
+//! settings, the index of its pending timers, and the steps that publish to
+//! the stream or take a timer out of it.
 //!
 //! The stream holds exactly the pending timers, so the local store is an
 //! index made fresh on every acquisition: a node never trusts timers it

@@ -67,6 +67,8 @@ pub struct Cluster {
     binary: PathBuf,
     ports: Vec<u16>,
     cluster_ports: Vec<u16>,
+    /// What each server's `jetstream { }` block holds besides its directory.
+    jetstream_extra: String,
     servers: Vec<Option<Child>>,
     /// One cluster at a time per test binary: two (six servers and their
     /// tier nodes) on two cores made a killed server's re-election outlast
@@ -77,13 +79,28 @@ pub struct Cluster {
 impl Cluster {
     /// Starts the cluster and waits until JetStream answers.
     pub async fn start(binary: PathBuf) -> Cluster {
+        Self::start_with_jetstream(binary, "").await
+    }
+
+    /// [`start`](Self::start), with `extra` in each server's `jetstream { }`
+    /// block (e.g. `limits { max_request_batch: 100 }`).
+    pub async fn start_with_jetstream(binary: PathBuf, extra: &str) -> Cluster {
         static ONE_AT_A_TIME: Mutex<()> = Mutex::new(());
         // A scenario that failed poisons the lock; the next one still runs.
         let alone = ONE_AT_A_TIME.lock().unwrap_or_else(|e| e.into_inner());
         let dir = tempfile::tempdir().unwrap();
         let ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
         let cluster_ports: Vec<u16> = (0..3).map(|_| free_port()).collect();
-        let mut cluster = Cluster { dir, binary, ports, cluster_ports, servers: Vec::new(), _alone: alone };
+        let jetstream_extra = if extra.is_empty() { String::new() } else { format!(", {extra}") };
+        let mut cluster = Cluster {
+            dir,
+            binary,
+            ports,
+            cluster_ports,
+            jetstream_extra,
+            servers: Vec::new(),
+            _alone: alone,
+        };
         for i in 0..3 {
             let child = cluster.spawn_server(i);
             cluster.servers.push(Some(child));
@@ -97,10 +114,11 @@ impl Cluster {
             self.cluster_ports.iter().map(|p| format!("\"nats-route://127.0.0.1:{p}\"")).collect();
         let store = self.dir.path().join(format!("n{i}"));
         let config = format!(
-            "server_name: n{i}\nlisten: 127.0.0.1:{port}\njetstream {{ store_dir: \"{store}\" }}\n\
+            "server_name: n{i}\nlisten: 127.0.0.1:{port}\njetstream {{ store_dir: \"{store}\" {extra} }}\n\
              cluster {{ name: dw, listen: 127.0.0.1:{cport}, routes: [{routes}] }}\n",
             port = self.ports[i],
             store = store.display(),
+            extra = self.jetstream_extra,
             cport = self.cluster_ports[i],
             routes = routes.join(", "),
         );
