@@ -32,6 +32,10 @@ while [[ ${1:-} == --* ]]; do
     *) echo "nats-load.sh: unknown option $1" >&2; exit 2 ;;
   esac
 done
+if [[ $tier_only == 1 && $schedule_only == 1 ]]; then
+  echo "nats-load.sh: --tier-only and --schedule-only leave nothing to run" >&2
+  exit 2
+fi
 messages=${1:-100000}
 delay=${2:-2000..10000}
 bad=${3:-0}

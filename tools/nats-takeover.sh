@@ -40,7 +40,7 @@ deadline = time.time() + secs
 while time.time() < deadline:
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2).read().decode()
-    except OSError:
+    except Exception:  # not up yet, or a reply cut short: ask again
         text = ""
     if sum(float(l.split()[-1]) for l in text.splitlines() if l.split("{")[0].split(" ")[0] == name) >= at_least:
         print(int(time.time() * 1000))

@@ -18,9 +18,14 @@ mkdir -p "$out"
 export DELAYWHEEL_BIN=$PWD/device-bin NATS_SERVER=$PWD/device-bin/nats-server
 dw=$DELAYWHEEL_BIN/delaywheel
 scale=${SCALE:-1}
+[[ $scale =~ ^[1-9][0-9]*$ ]] || { echo "figures.sh: SCALE must be a whole number from 1" >&2; exit 2; }
 n() { echo $(( $1 / scale )); }
-parts=("${@:-core nats takeover}")
-parts=(${parts[*]})
+parts=("$@")
+(($#)) || parts=(core nats takeover)
+for part in "${parts[@]}"; do
+  [[ $part =~ ^(core|nats|takeover)$ ]] || { echo "figures.sh: unknown part $part (core, nats, takeover)" >&2; exit 2; }
+done
+[[ -x $dw ]] || { echo "figures.sh: no $dw: run tools/device/prepare.sh first and carry device-bin" >&2; exit 2; }
 
 {
   echo "commit $(cat device-bin/COMMIT 2>/dev/null), $(nproc) cores, $(date -u +%FT%TZ)"
@@ -29,11 +34,16 @@ parts=(${parts[*]})
   command -v python3 > /dev/null || echo "no python3: the nats parts cannot run"
 } | tee "$out/machine.txt"
 
-# One perf run: its JSON's rates, lateness and busiest threads on one line.
+# One perf run: its JSON's rates, lateness and busiest threads on one
+# line, or a line saying it failed.
 perf_line() {
   "$dw" perf "$@" --json 2>> "$out/core.err" | tail -1 | python3 -c "
 import json, sys
-d = json.loads(sys.stdin.read())
+try:
+    d = json.loads(sys.stdin.read())
+except ValueError:
+    print(json.dumps({'args': sys.argv[1], 'failed': 'no report; see core.err'}))
+    sys.exit()
 t = d.get('thread_cpu_secs', {})
 busy = {k: round(v, 2) for k, v in t.get('threads', {}).items() if v >= 0.1}
 print(json.dumps({'args': sys.argv[1], 'puts_per_sec': round(d['enqueue_per_sec']), 'lateness_ms': d['lateness_ms'],
@@ -54,16 +64,13 @@ for part in "${parts[@]}"; do
       ;;
     nats)
       for nodes in 1 2 4; do
-        echo "# tier nodes: $nodes"
-        tools/nats-load.sh --tier-only --nodes "$nodes" "$(n 300000)" 2000..10000
+        tools/nats-load.sh --tier-only --nodes "$nodes" "$(n 300000)" 2000..10000 | sed "s/^{/{\"tier_nodes\":$nodes,/"
       done 2>> "$out/nats.err" | tee "$out/nats.jsonl"
       # Nats-Schedule alone on the same kind of cluster (no tier node fires).
-      echo "# Nats-Schedule" | tee -a "$out/nats.jsonl"
       tools/nats-load.sh --schedule-only "$(n 300000)" 2000..10000 2>> "$out/nats.err" | tee -a "$out/nats.jsonl"
       ;;
     takeover)
       tools/nats-takeover.sh "$(n 1000000)" 2>> "$out/takeover.err" | tee "$out/takeover.jsonl"
       ;;
-    *) echo "figures.sh: unknown part $part (core, nats, takeover)" >&2; exit 2 ;;
   esac
 done

@@ -13,5 +13,5 @@ for b in delaywheel delaywheel-nats delaywheel-nats-load; do
   strip -o "device-bin/$b" "target/release/$b"
 done
 cp "$server" device-bin/nats-server
-git rev-parse --short HEAD > device-bin/COMMIT
+git describe --always --dirty > device-bin/COMMIT
 du -sh device-bin

@@ -14,9 +14,9 @@ py=$(python3 -c 'import sys; print(sys.executable)')
 free_port() { "$py" -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'; }
 
 start_cluster() {
-  local client_ports=("$(free_port)" "$(free_port)" "$(free_port)")
-  local route_ports=("$(free_port)" "$(free_port)" "$(free_port)")
-  local monitor routes
+  local client_ports route_ports monitor routes i
+  client_ports=("$(free_port)" "$(free_port)" "$(free_port)")
+  route_ports=("$(free_port)" "$(free_port)" "$(free_port)")
   monitor=$(free_port)
   routes=$(printf '"nats-route://127.0.0.1:%s", ' "${route_ports[@]}")
   for i in 0 1 2; do
@@ -40,7 +40,7 @@ while time.time() < deadline:
         jsz = json.load(urllib.request.urlopen(f"http://127.0.0.1:{sys.argv[1]}/jsz", timeout=2))
         if jsz.get("meta_cluster", {}).get("leader"):
             sys.exit(0)
-    except OSError:
+    except Exception:  # not up yet, or a reply cut short: ask again
         pass
     time.sleep(0.2)
 sys.exit(1)
