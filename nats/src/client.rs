@@ -17,8 +17,13 @@ use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer, Layout, TimerHandle};
 use crate::{Result, TierError};
 
-/// How long a cancel waits for the partition's owner.
+/// How long a cancel waits for the partition's owner, each time it asks.
 const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
+/// How many times a cancel asks before it gives up: a request sent as the
+/// partition moves can be lost in the cluster, unanswered (the old owner's
+/// server has dropped its interest before the requester's server learns of
+/// it), and asking again reaches the new owner, or no one.
+const OWNER_TRIES: u32 = 3;
 
 /// What [`TierClient::reschedule`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -132,23 +137,35 @@ impl TierClient {
     /// one can fire it, and the client deletes it from the stream itself,
     /// first recording its producer's `Nats-Msg-Id` as settled, as an owner
     /// does (if a node made the bucket of settled ids).
+    ///
+    /// An owner that does not answer in 5 s is asked again, twice: a cancel
+    /// whose answer was lost, not its request, then answers `NotFound`
+    /// (cancelled before).
     pub async fn cancel(&self, handle: TimerHandle) -> Result<CancelAnswer> {
         if handle.partition >= self.layout.partitions {
             return Ok(CancelAnswer::NotFound);
         }
         let subject = wire::cancel_subject(&self.layout.stream, handle.partition);
-        let request = async_nats::Request::new()
-            .payload(handle.sequence.to_string().into())
-            .timeout(Some(OWNER_TIMEOUT));
-        match self.client.send_request(subject.clone(), request).await {
-            Ok(reply) => CancelAnswer::parse(&reply.payload),
-            Err(err) if err.kind() == RequestErrorKind::NoResponders => {
-                let settled_ids = SettledIds::find(&self.js, &self.dedup_bucket).await?;
-                let timer = (handle.partition, handle.sequence);
-                let stream = self.stream_of(handle.partition);
-                cancel_in_stream(stream, &self.layout.prefix, timer, settled_ids.as_ref()).await
-            }
-            Err(err) => Err(TierError::nats(format!("ask the owner on {subject}"), err)),
+        let mut tries = 0;
+        loop {
+            tries += 1;
+            let request = async_nats::Request::new()
+                .payload(handle.sequence.to_string().into())
+                .timeout(Some(OWNER_TIMEOUT));
+            return match self.client.send_request(subject.clone(), request).await {
+                Ok(reply) => CancelAnswer::parse(&reply.payload),
+                Err(err) if err.kind() == RequestErrorKind::NoResponders => {
+                    let settled_ids = SettledIds::find(&self.js, &self.dedup_bucket).await?;
+                    let timer = (handle.partition, handle.sequence);
+                    let stream = self.stream_of(handle.partition);
+                    cancel_in_stream(stream, &self.layout.prefix, timer, settled_ids.as_ref()).await
+                }
+                Err(err) if err.kind() == RequestErrorKind::TimedOut && tries < OWNER_TRIES => {
+                    tracing::warn!(%handle, tries, "no answer from the partition's owner; asking again");
+                    continue;
+                }
+                Err(err) => Err(TierError::nats(format!("ask the owner on {subject}"), err)),
+            };
         }
     }
 

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
-use crate::partition::{DelayStream, OwnedPartition, Shared, remove_stale_stores};
+use crate::partition::{DelayStream, LeaseAtStop, OwnedPartition, Shared, remove_stale_stores};
 use crate::settled_ids::SettledIds;
 use crate::wire::Layout;
 use crate::{Result, TierConfig, TierError};
@@ -214,7 +214,7 @@ impl Node {
     async fn balance(&mut self) {
         for partition in self.leases.renew().await {
             if let Some(owned) = self.owned.remove(&partition) {
-                owned.stop().await;
+                owned.stop(LeaseAtStop::Lost).await;
             }
         }
         match self.leases.heartbeat().await {
@@ -259,7 +259,7 @@ impl Node {
 
     async fn give_back(&mut self, partition: u32) {
         if let Some(owned) = self.owned.remove(&partition) {
-            owned.stop().await;
+            owned.stop(LeaseAtStop::Held).await;
         }
         if let Err(err) = self.leases.release(partition).await {
             tracing::warn!(partition, %err, "cannot release a lease; it expires instead");

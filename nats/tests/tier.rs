@@ -252,6 +252,59 @@ async fn cancel_and_reschedule_work_from_any_client_with_or_without_an_owner() {
     assert_eq!(arrivals.count.len(), 205);
 }
 
+/// A node that gives partitions back to a joining node first stops firing,
+/// then unsubscribes from their cancels and answers those already sent to
+/// it: every cancel asked meanwhile is answered (by it, by the new owner, or
+/// by the client in the stream while neither listens), none times out, and
+/// each answered Cancelled is out of the stream. (Before, the give-back cut
+/// off the cancels in flight: their clients waited 5 s for an error.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn cancels_asked_while_partitions_move_to_a_joining_node_are_all_answered() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    wait_until_all_owned_by(&client, "a", Duration::from_secs(15)).await;
+    const TIMERS: usize = 8_000;
+    let handles = schedule_many(&tier, "m", TIMERS, |_| now_ms() + 600_000).await;
+    wait_for_pending(&client, TIMERS as u64).await;
+    let _b = TierNode::start(&cluster, "b", LEASE_MS);
+    // Cancels go on until half the partitions have moved to b, and 1 s more.
+    let enough = Arc::new(AtomicBool::new(false));
+    let watcher = tokio::spawn({
+        let (client, enough) = (client.clone(), enough.clone());
+        async move {
+            let start = Instant::now();
+            while owners(&client).await.values().filter(|owner| *owner == "b").count() < 4 {
+                assert!(start.elapsed() < Duration::from_secs(20), "b took no partitions in 20 s");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_secs(1)).await;
+            enough.store(true, Ordering::Relaxed);
+        }
+    });
+    let answers: Vec<_> = futures::stream::iter(handles)
+        .take_while(|_| std::future::ready(!enough.load(Ordering::Relaxed)))
+        .map(|handle| {
+            let tier = &tier;
+            async move { (handle, tier.cancel(handle).await) }
+        })
+        .buffer_unordered(16)
+        .collect()
+        .await;
+    assert!(
+        enough.load(Ordering::Relaxed),
+        "all {TIMERS} timers were cancelled before the partitions moved: the test needs more"
+    );
+    watcher.await.unwrap();
+    for (handle, answer) in &answers {
+        assert!(matches!(answer, Ok(CancelAnswer::Cancelled)), "cancel of {handle}: {answer:?}");
+    }
+    println!("{} cancels answered while 4 partitions moved to b", answers.len());
+    wait_for_pending(&client, (TIMERS - answers.len()) as u64).await;
+}
+
 /// Waits until all eight partitions have an owner.
 async fn wait_until_owned(client: &async_nats::Client) {
     let start = Instant::now();

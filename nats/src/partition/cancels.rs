@@ -7,6 +7,9 @@ use async_nats::jetstream::message::StreamMessage;
 use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
 use delaywheel::CancelOutcome;
 use futures::StreamExt;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use crate::settled_ids::SettledIds;
 use crate::wire::{self, CancelAnswer};
@@ -16,26 +19,98 @@ use super::{MAX_MSG_ID_LEN, Part, PendingTimer, acknowledge, producer_msg_id, re
 
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
+/// How long a partition being given up goes on answering the cancels sent
+/// to it before it stopped listening (one may wait for the ingest, above).
+const CANCELS_DRAIN: Duration = Duration::from_secs(5);
+
+/// The task that answers a partition's cancels. It stops last, once nothing
+/// fires: a cancel asked while the partition moves is answered by this node,
+/// by the next owner, or (between the two) by the client in the stream,
+/// never left unanswered to time out.
+pub(super) struct Cancels {
+    stop: oneshot::Sender<LeaseAtStop>,
+    task: JoinHandle<()>,
+}
+
+/// Whether this node still holds the partition's lease as it stops it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum LeaseAtStop {
+    /// Given back: this node is still the one judge of its cancels.
+    Held,
+    /// Lost: another node may own it already and fire; the cancels on
+    /// their way are answered with an error that says to ask again.
+    Lost,
+}
+
+impl Cancels {
+    pub(super) fn start(part: Part, requests: async_nats::Subscriber, span: tracing::Span) -> Self {
+        let (stop, stopped) = oneshot::channel();
+        let task = tokio::spawn(part.answer_cancels(requests, stopped).instrument(span));
+        Cancels { stop, task }
+    }
+
+    /// Stops listening and answers the cancels already on their way. Called
+    /// once the partition's other tasks have stopped, so the local store,
+    /// which nothing fires from any more, judges them alone.
+    pub(super) async fn finish(self, lease: LeaseAtStop) {
+        let Cancels { stop, mut task } = self;
+        let _ = stop.send(lease);
+        if tokio::time::timeout(CANCELS_DRAIN, &mut task).await.is_err() {
+            tracing::warn!("cancels still being answered after {CANCELS_DRAIN:?}; the rest time out");
+            task.abort();
+            let _ = task.await;
+        }
+    }
+}
 
 impl Part {
-    /// Answers cancels of this partition's timers while it is ours.
-    pub(super) async fn answer_cancels(self, mut requests: async_nats::Subscriber) {
-        while let Some(request) = requests.next().await {
-            let Some(reply) = request.reply else { continue };
-            if let Err(refused) = self.shared.policy.check_reply(&reply) {
-                tracing::warn!(%refused, "a cancel not answered");
-                continue;
-            }
-            let answer = match std::str::from_utf8(&request.payload).ok().and_then(|s| s.parse().ok()) {
-                Some(sequence) => match self.cancel(sequence).await {
-                    Ok(answer) => answer.as_str().to_string(),
-                    Err(err) => format!("error: {err}"),
+    /// Answers cancels of this partition's timers while it is ours; told to
+    /// stop, unsubscribes and answers what the server sent before that.
+    async fn answer_cancels(
+        self,
+        mut requests: async_nats::Subscriber,
+        mut stop: oneshot::Receiver<LeaseAtStop>,
+    ) {
+        let lease = loop {
+            tokio::select! {
+                biased;
+                lease = &mut stop => break lease.unwrap_or(LeaseAtStop::Lost),
+                request = requests.next() => match request {
+                    Some(request) => self.answer_cancel(request, LeaseAtStop::Held).await,
+                    None => return,
                 },
-                None => "error: the payload is not a sequence number".to_string(),
-            };
-            if let Err(err) = self.shared.client.publish(reply, answer.into()).await {
-                tracing::warn!(%err, "cannot answer a cancel");
             }
+        };
+        // Draining unsubscribes, then ends the subscription once the server
+        // has confirmed it: what it sent before is still read.
+        if let Err(err) = requests.drain().await {
+            tracing::warn!(%err, "cannot unsubscribe from cancels; those on their way time out");
+            return;
+        }
+        while let Some(request) = requests.next().await {
+            self.answer_cancel(request, lease).await;
+        }
+    }
+
+    async fn answer_cancel(&self, request: async_nats::Message, lease: LeaseAtStop) {
+        let Some(reply) = request.reply else { return };
+        if let Err(refused) = self.shared.policy.check_reply(&reply) {
+            tracing::warn!(%refused, "a cancel not answered");
+            return;
+        }
+        let sequence = std::str::from_utf8(&request.payload).ok().and_then(|s| s.parse().ok());
+        let answer = match sequence {
+            Some(_) if lease == LeaseAtStop::Lost => {
+                format!("error: partition {} has moved to another node; cancel again", self.partition)
+            }
+            Some(sequence) => match self.cancel(sequence).await {
+                Ok(answer) => answer.as_str().to_string(),
+                Err(err) => format!("error: {err}"),
+            },
+            None => "error: the payload is not a sequence number".to_string(),
+        };
+        if let Err(err) = self.shared.client.publish(reply, answer.into()).await {
+            tracing::warn!(%err, "cannot answer a cancel");
         }
     }
 

@@ -2,7 +2,8 @@
 //! the stream, and four tasks that stop with the lease, one module each:
 //! `ingest` (read the stream into the store), `fire` (publish the due timers,
 //! a recurring schedule's next timer too), `sweep` (remove what a lost
-//! acknowledgement left) and `cancels` (answer cancels). This module holds
+//! acknowledgement left) and `cancels` (answer cancels; it stops last, so a
+//! cancel asked while the partition moves is answered). This module holds
 //! what they share: starting and stopping a partition, its local store's
 //! settings, the index of its pending timers, and the steps that publish to
 //! the stream or take a timer out of it.
@@ -53,7 +54,8 @@ use crate::target::TargetPolicy;
 use crate::wire::{self, Layout};
 use crate::{Result, TierConfig, TierError};
 
-pub(crate) use cancels::cancel_in_stream;
+use cancels::Cancels;
+pub(crate) use cancels::{LeaseAtStop, cancel_in_stream};
 pub(crate) use fire::dead_letter;
 
 /// The segment size of a partition's local store: its timers' copies go
@@ -236,6 +238,8 @@ pub(crate) struct OwnedPartition {
     store: Arc<Store>,
     dir: PathBuf,
     tasks: Vec<JoinHandle<()>>,
+    /// Stopped after `tasks` (see [`Cancels`]).
+    cancels: Cancels,
 }
 
 impl OwnedPartition {
@@ -263,8 +267,8 @@ impl OwnedPartition {
         // The owner of partition 0 spreads the streams' leaders (see `leaders`).
         let leaders = (partition == 0 && shared.layout.streams > 1).then(|| shared.clone());
         let part = Part { shared, partition, store: store.clone(), pending };
+        let cancels = Cancels::start(part.clone(), cancels, span.clone());
         let mut tasks = vec![
-            tokio::spawn(part.clone().answer_cancels(cancels).instrument(span.clone())),
             tokio::spawn(part.clone().fire().instrument(span.clone())),
             tokio::spawn(part.clone().sweep().instrument(span.clone())),
             tokio::spawn(part.ingest().instrument(span.clone())),
@@ -276,17 +280,19 @@ impl OwnedPartition {
             tasks.push(tokio::spawn(crate::leaders::spread(shared).instrument(span)));
         }
         tracing::info!(partition, "partition taken");
-        Ok(OwnedPartition { partition, store, dir, tasks })
+        Ok(OwnedPartition { partition, store, dir, tasks, cancels })
     }
 
-    /// Stops the tasks and removes the local store: the stream keeps the truth.
-    pub(crate) async fn stop(self) {
+    /// Stops the tasks, answering cancels last, and removes the local store:
+    /// the stream keeps the truth.
+    pub(crate) async fn stop(self, lease: LeaseAtStop) {
         for task in &self.tasks {
             task.abort();
         }
         for task in self.tasks {
             let _ = task.await;
         }
+        self.cancels.finish(lease).await;
         let (dir, partition) = (self.dir, self.partition);
         let store = sole_owner(self.store).await;
         if store.is_none() {
