@@ -4,7 +4,9 @@
 # connection's pull is removed by an acknowledgement that another
 # connection builds from the stream sequence alone
 # ($JS.ACK.<stream>.<consumer>.1.<seq>.1.0.0), and the durable consumer,
-# kept, hands a new puller only what it never handed out.
+# kept, hands a new puller only what it never handed out; and a pull
+# request left waiting by a puller killed with SIGKILL is dropped with its
+# connection, not handed the next message.
 # Twice: on one server, and on a 3-server cluster with the stream and its
 # consumer replicated (R3), connection A on n0 and B on n2, where both
 # leaders are then made to step down and the result is read again from the
@@ -60,6 +62,36 @@ async def step_down(nc, of, api):
     print(f"the {of}'s leader did not move from {old}")
     return False
 
+PULLER = """
+import asyncio, sys, nats
+async def pull(url):
+    nc = await nats.connect(url)
+    sub = await nc.jetstream().pull_subscribe_bind("C", "S")
+    print("waiting", flush=True)
+    await sub.fetch(1, timeout=60)
+asyncio.run(pull(sys.argv[1]))
+"""
+
+async def killed_puller(url, js):
+    # An owner killed while its pull request waits: is the next message
+    # handed to that request (to no one), or to the next owner's pull?
+    puller = await asyncio.create_subprocess_exec(sys.executable, "-c", PULLER, url,
+                                                  stdout=asyncio.subprocess.PIPE)
+    await puller.stdout.readline()
+    await asyncio.sleep(0.5)
+    waiting = (await js.consumer_info("S", "C")).num_waiting
+    puller.kill()
+    await puller.wait()
+    await js.publish("w.x", b"m6")
+    info = await js.consumer_info("S", "C")
+    try:
+        got = [m.metadata.sequence.stream for m in await (await js.pull_subscribe_bind("C", "S")).fetch(1, timeout=3)]
+    except nats.errors.TimeoutError:
+        got = []
+    print(f"a puller killed (SIGKILL) while its request waited ({waiting} waiting): the message published"
+          f" next has delivered sequence {info.delivered.stream_seq}, and the next pull gets {got}")
+    return got == [7]
+
 async def main(url_a, url_b, replicas):
     replicas = int(replicas)
     a = await nats.connect(url_a)
@@ -92,6 +124,7 @@ async def main(url_a, url_b, replicas):
     fresh = [m.metadata.sequence.stream for m in again]
     print("a new pull on the kept consumer gets", fresh)
     ok &= fresh == [6]
+    ok &= await killed_puller(url_a, jsb)
     await b.close()
     sys.exit(0 if ok else 1)
 
