@@ -46,7 +46,7 @@ tier_schedules() {
   "$server" -js -sd "$work/js" -a 127.0.0.1 -p "$port" > "$work/server.log" 2>&1 &
   pid=$!
   sleep 1
-  RUST_LOG=warn,delaywheel=error "$bin/delaywheel-nats" --nats "nats://127.0.0.1:$port" --node-id a \
+  RUST_LOG=warn,delaywheel=error,delaywheel_nats=warn "$bin/delaywheel-nats" --nats "nats://127.0.0.1:$port" --node-id a \
     --dir "$work/tier" --replicas 1 > "$work/tier.log" 2>&1 &
   node=$!
   sleep 3

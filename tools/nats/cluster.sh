@@ -53,7 +53,9 @@ start_node() {
   local name=$1
   shift
   for _ in $(seq 50); do
-    RUST_LOG=warn,delaywheel=error "$bin/delaywheel-nats" --nats "$urls" --node-id "$name" --dir "$work/tier-$name" \
+    # The tier's own warnings stay: a filter's target matches by prefix, so
+    # `delaywheel=error` alone silences `delaywheel_nats` too.
+    RUST_LOG=warn,delaywheel=error,delaywheel_nats=warn "$bin/delaywheel-nats" --nats "$urls" --node-id "$name" --dir "$work/tier-$name" \
       "$@" >> "$work/tier-$name.log" 2>&1 &
     node_pid=$!
     sleep 1
