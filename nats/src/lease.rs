@@ -87,6 +87,13 @@ impl Leases {
         self.held.keys().copied()
     }
 
+    /// Until when this node may still act as the owner of `partition`
+    /// without renewing: half a lease after the last renewal, leaving the
+    /// other half for clocks and the bucket to disagree. `None` if not held.
+    pub(crate) fn surely_held_until(&self, partition: u32) -> Option<Instant> {
+        self.held.get(&partition).map(|lease| lease.renewed_at + self.lease / 2)
+    }
+
     /// Tells the other nodes this one is alive, and counts the live ones.
     pub(crate) async fn heartbeat(&self) -> Result<usize> {
         let key = format!("{NODE_PREFIX}{}", self.node_id);

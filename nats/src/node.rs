@@ -259,7 +259,9 @@ impl Node {
 
     async fn give_back(&mut self, partition: u32) {
         if let Some(owned) = self.owned.remove(&partition) {
-            owned.stop(LeaseAtStop::Held).await;
+            let lease =
+                self.leases.surely_held_until(partition).map_or(LeaseAtStop::Lost, LeaseAtStop::HeldUntil);
+            owned.stop(lease).await;
         }
         if let Err(err) = self.leases.release(partition).await {
             tracing::warn!(partition, %err, "cannot release a lease; it expires instead");

@@ -248,12 +248,13 @@ impl FromStr for TimerHandle {
 /// the sequence in decimal; the answer is one of these words).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CancelAnswer {
-    /// The timer will never fire.
+    /// The timer will never fire: cancelled now, or by this owner within
+    /// the last minute.
     Cancelled,
     /// Too late: it has fired, or is being published now.
     AlreadyFired,
-    /// The stream holds no such timer (fired and removed, cancelled before,
-    /// or never there).
+    /// The stream holds no such timer (fired and removed, cancelled before:
+    /// more than a minute before, or by another owner, or never there).
     NotFound,
 }
 

@@ -205,7 +205,9 @@ async fn cancel_and_reschedule_work_from_any_client_with_or_without_an_owner() {
     for handle in &handles[..100] {
         assert_eq!(tier.cancel(*handle).await.unwrap(), CancelAnswer::Cancelled, "{handle}");
     }
-    assert_eq!(tier.cancel(handles[0]).await.unwrap(), CancelAnswer::NotFound, "a second cancel");
+    // The owner remembers what it cancelled: a client asking again (its
+    // first answer late or lost) hears the same.
+    assert_eq!(tier.cancel(handles[0]).await.unwrap(), CancelAnswer::Cancelled, "a second cancel");
     let sooner = now_ms() + 1_000;
     assert!(sooner + 3_000 < due, "the cancels took {} ms too long for this test", sooner + 3_000 - due);
     for handle in &handles[100..200] {
@@ -253,11 +255,12 @@ async fn cancel_and_reschedule_work_from_any_client_with_or_without_an_owner() {
 }
 
 /// A node that gives partitions back to a joining node first stops firing,
-/// then unsubscribes from their cancels and answers those already sent to
-/// it: every cancel asked meanwhile is answered (by it, by the new owner, or
-/// by the client in the stream while neither listens), none times out, and
-/// each answered Cancelled is out of the stream. (Before, the give-back cut
-/// off the cancels in flight: their clients waited 5 s for an error.)
+/// then unsubscribes from their cancels and answers those that reached it;
+/// a request lost in the move is asked again: every cancel asked meanwhile
+/// is answered `Cancelled` (by the old owner, the new one, or the client in
+/// the stream while neither listens), and each is out of the stream.
+/// (Before, the give-back cut off the cancels in flight: one being
+/// answered could cancel its timer and leave its client with an error.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancels_asked_while_partitions_move_to_a_joining_node_are_all_answered() {
     use std::sync::Arc;
@@ -266,7 +269,7 @@ async fn cancels_asked_while_partitions_move_to_a_joining_node_are_all_answered(
     let Some((cluster, client, tier)) = cluster().await else { return };
     let _a = TierNode::start(&cluster, "a", LEASE_MS);
     wait_until_all_owned_by(&client, "a", Duration::from_secs(15)).await;
-    const TIMERS: usize = 8_000;
+    const TIMERS: usize = 20_000;
     let handles = schedule_many(&tier, "m", TIMERS, |_| now_ms() + 600_000).await;
     wait_for_pending(&client, TIMERS as u64).await;
     let _b = TierNode::start(&cluster, "b", LEASE_MS);
@@ -293,10 +296,13 @@ async fn cancels_asked_while_partitions_move_to_a_joining_node_are_all_answered(
         .buffer_unordered(16)
         .collect()
         .await;
-    assert!(
-        enough.load(Ordering::Relaxed),
-        "all {TIMERS} timers were cancelled before the partitions moved: the test needs more"
-    );
+    if !enough.load(Ordering::Relaxed) {
+        if watcher.is_finished() {
+            return watcher.await.unwrap(); // it failed: b took no partitions
+        }
+        watcher.abort();
+        panic!("all {TIMERS} timers were cancelled before the partitions moved: the test needs more");
+    }
     watcher.await.unwrap();
     for (handle, answer) in &answers {
         assert!(matches!(answer, Ok(CancelAnswer::Cancelled)), "cancel of {handle}: {answer:?}");

@@ -1,6 +1,7 @@
 //! Cancels: the owner decides, so a timer being fired is never also
 //! reported cancelled; without an owner, a client removes the timer itself.
 
+use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::message::StreamMessage;
@@ -19,26 +20,30 @@ use super::{MAX_MSG_ID_LEN, Part, PendingTimer, acknowledge, producer_msg_id, re
 
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
-/// How long a partition being given up goes on answering the cancels sent
-/// to it before it stopped listening (one may wait for the ingest, above).
-const CANCELS_DRAIN: Duration = Duration::from_secs(5);
+/// How long an owner remembers the timers it cancelled, so a client asking
+/// again (its first answer late or lost) hears `Cancelled` again: longer
+/// than a client's three tries of 5 s.
+const REMEMBER_CANCELS: Duration = Duration::from_secs(60);
 
 /// The task that answers a partition's cancels. It stops last, once nothing
-/// fires: a cancel asked while the partition moves is answered by this node,
-/// by the next owner, or (between the two) by the client in the stream,
-/// never left unanswered to time out.
+/// fires, and while the lease is surely still this node's it answers the
+/// cancels that reached it before it unsubscribed. A request can still be
+/// lost as the partition moves (async-nats drops what arrives for a
+/// subscription just closed, and the cluster what it routed to a server
+/// that has just dropped the interest): the client asks again.
 pub(super) struct Cancels {
-    stop: oneshot::Sender<LeaseAtStop>,
+    stop: oneshot::Sender<()>,
     task: JoinHandle<()>,
 }
 
 /// Whether this node still holds the partition's lease as it stops it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum LeaseAtStop {
-    /// Given back: this node is still the one judge of its cancels.
-    Held,
-    /// Lost: another node may own it already and fire; the cancels on
-    /// their way are answered with an error that says to ask again.
+    /// Given back: this node is the one judge of its cancels until then
+    /// (well inside the lease, which is not renewed while it stops).
+    HeldUntil(Instant),
+    /// Lost: another node may own it and fire already. The cancels on their
+    /// way are not answered (an answer of ours could beat the new owner's).
     Lost,
 }
 
@@ -49,50 +54,85 @@ impl Cancels {
         Cancels { stop, task }
     }
 
-    /// Stops listening and answers the cancels already on their way. Called
-    /// once the partition's other tasks have stopped, so the local store,
-    /// which nothing fires from any more, judges them alone.
+    /// Stops answering. Called once the partition's other tasks have
+    /// stopped, so the local store, which nothing fires from any more,
+    /// judges alone; with the lease held, answers what reached this node
+    /// before it unsubscribed, until the lease's `HeldUntil`.
     pub(super) async fn finish(self, lease: LeaseAtStop) {
         let Cancels { stop, mut task } = self;
-        let _ = stop.send(lease);
-        if tokio::time::timeout(CANCELS_DRAIN, &mut task).await.is_err() {
-            tracing::warn!("cancels still being answered after {CANCELS_DRAIN:?}; the rest time out");
-            task.abort();
-            let _ = task.await;
+        if let LeaseAtStop::HeldUntil(until) = lease {
+            let _ = stop.send(());
+            if tokio::time::timeout_at(until.into(), &mut task).await.is_ok() {
+                return;
+            }
+            tracing::warn!("cancels still being answered as the lease runs short; the rest are asked again");
+        }
+        task.abort();
+        let _ = task.await;
+    }
+}
+
+/// The sequences a partition's owner cancelled in the last [`REMEMBER_CANCELS`].
+#[derive(Default)]
+pub(super) struct RecentCancels {
+    order: VecDeque<(Instant, u64)>,
+    sequences: HashSet<u64>,
+}
+
+impl RecentCancels {
+    fn insert(&mut self, sequence: u64) {
+        let now = Instant::now();
+        while let Some(&(at, old)) = self.order.front() {
+            if now.duration_since(at) < REMEMBER_CANCELS {
+                break;
+            }
+            self.order.pop_front();
+            self.sequences.remove(&old);
+        }
+        if self.sequences.insert(sequence) {
+            self.order.push_back((now, sequence));
         }
     }
+
+    fn contains(&self, sequence: u64) -> bool {
+        self.sequences.contains(&sequence)
+    }
+}
+
+/// Whether a cancel may wait for the ingest to read its timer: not once
+/// the partition is stopping, when nothing reads it any more.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ingest {
+    Running,
+    Stopped,
 }
 
 impl Part {
     /// Answers cancels of this partition's timers while it is ours; told to
-    /// stop, unsubscribes and answers what the server sent before that.
-    async fn answer_cancels(
-        self,
-        mut requests: async_nats::Subscriber,
-        mut stop: oneshot::Receiver<LeaseAtStop>,
-    ) {
-        let lease = loop {
+    /// stop, unsubscribes and answers what reached this node before that.
+    async fn answer_cancels(self, mut requests: async_nats::Subscriber, mut stop: oneshot::Receiver<()>) {
+        loop {
             tokio::select! {
                 biased;
-                lease = &mut stop => break lease.unwrap_or(LeaseAtStop::Lost),
+                _ = &mut stop => break,
                 request = requests.next() => match request {
-                    Some(request) => self.answer_cancel(request, LeaseAtStop::Held).await,
+                    Some(request) => self.answer_cancel(request, Ingest::Running).await,
                     None => return,
                 },
             }
-        };
-        // Draining unsubscribes, then ends the subscription once the server
-        // has confirmed it: what it sent before is still read.
+        }
+        // Unsubscribes; async-nats ends the subscription at its next turn,
+        // handing over what it has read by then.
         if let Err(err) = requests.drain().await {
-            tracing::warn!(%err, "cannot unsubscribe from cancels; those on their way time out");
+            tracing::warn!(%err, "cannot unsubscribe from cancels; those on their way are asked again");
             return;
         }
         while let Some(request) = requests.next().await {
-            self.answer_cancel(request, lease).await;
+            self.answer_cancel(request, Ingest::Stopped).await;
         }
     }
 
-    async fn answer_cancel(&self, request: async_nats::Message, lease: LeaseAtStop) {
+    async fn answer_cancel(&self, request: async_nats::Message, ingest: Ingest) {
         let Some(reply) = request.reply else { return };
         if let Err(refused) = self.shared.policy.check_reply(&reply) {
             tracing::warn!(%refused, "a cancel not answered");
@@ -100,10 +140,7 @@ impl Part {
         }
         let sequence = std::str::from_utf8(&request.payload).ok().and_then(|s| s.parse().ok());
         let answer = match sequence {
-            Some(_) if lease == LeaseAtStop::Lost => {
-                format!("error: partition {} has moved to another node; cancel again", self.partition)
-            }
-            Some(sequence) => match self.cancel(sequence).await {
+            Some(sequence) => match self.cancel(sequence, ingest).await {
                 Ok(answer) => answer.as_str().to_string(),
                 Err(err) => format!("error: {err}"),
             },
@@ -121,7 +158,9 @@ impl Part {
     /// The handle of a recurring schedule's first timer names the schedule:
     /// its cancel cancels the schedule's latest timer, and if that one is
     /// firing, waits for the next (published before it fires) and cancels it.
-    async fn cancel(&self, sequence: u64) -> Result<CancelAnswer> {
+    ///
+    /// A timer this owner cancelled lately answers `Cancelled` again.
+    async fn cancel(&self, sequence: u64, ingest: Ingest) -> Result<CancelAnswer> {
         let deadline = Instant::now() + CANCEL_WAITS_FOR_INGEST;
         let mut checked_in_stream = false;
         // The schedule's timer that was firing as it was cancelled.
@@ -129,6 +168,9 @@ impl Part {
         loop {
             let (current, read_past) = {
                 let index = self.pending.lock().expect("index lock");
+                if index.cancelled.contains(sequence) {
+                    return Ok(CancelAnswer::Cancelled);
+                }
                 (index.current(sequence, firing), index.read_up_to >= sequence)
             };
             match current {
@@ -136,6 +178,10 @@ impl Part {
                     let recurs = timer.origin.is_some();
                     match self.cancel_indexed(at, timer).await? {
                         CancelAnswer::AlreadyFired if recurs => firing = Some(at),
+                        CancelAnswer::Cancelled => {
+                            self.pending.lock().expect("index lock").cancelled.insert(sequence);
+                            return Ok(CancelAnswer::Cancelled);
+                        }
                         answer => return Ok(answer),
                     }
                 }
@@ -153,6 +199,12 @@ impl Part {
                     return Ok(CancelAnswer::NotFound);
                 }
                 checked_in_stream = true;
+            }
+            if ingest == Ingest::Stopped {
+                let partition = self.partition;
+                return Err(TierError::Owner(format!(
+                    "timer {sequence} is not read yet and partition {partition} is moving to another node; cancel again"
+                )));
             }
             if Instant::now() > deadline {
                 let why = match firing {

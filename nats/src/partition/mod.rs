@@ -54,7 +54,7 @@ use crate::target::TargetPolicy;
 use crate::wire::{self, Layout};
 use crate::{Result, TierConfig, TierError};
 
-use cancels::Cancels;
+use cancels::{Cancels, RecentCancels};
 pub(crate) use cancels::{LeaseAtStop, cancel_in_stream};
 pub(crate) use fire::dead_letter;
 
@@ -173,6 +173,8 @@ struct Index {
     /// The `Nats-Msg-Id`s of the timers this partition settled lately (see
     /// `settled_ids.rs`): kept across a read of the partition again.
     recently_settled: RecentlySettled,
+    /// The timers cancelled lately, by the sequence the cancel named.
+    cancelled: RecentCancels,
 }
 
 impl Index {
@@ -186,6 +188,7 @@ impl Index {
             by_msg_id: HashMap::new(),
             by_origin: HashMap::new(),
             recently_settled: RecentlySettled::new(dedup_window),
+            cancelled: RecentCancels::default(),
         }
     }
 
