@@ -49,6 +49,7 @@ mod lease;
 mod nats_schedule;
 mod node;
 mod partition;
+mod recent;
 mod settled_ids;
 mod strays;
 pub mod target;

@@ -17,13 +17,13 @@
 //! So each partition also remembers the ids it settled lately
 //! ([`RecentlySettled`]), and the bucket answers for the older ones.
 
-use std::collections::{HashMap, VecDeque};
 use std::fmt::Write as _;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_nats::jetstream::context::GetStreamErrorKind;
 use async_nats::jetstream::{self, ErrorCode, kv};
 
+use crate::recent::Recent;
 use crate::{Result, TierConfig, TierError};
 
 /// How long a partition remembers in memory the ids it settled, at most
@@ -108,17 +108,12 @@ fn key(partition: u32, msg_id: &str) -> String {
 
 /// The ids a partition settled in the last [`REMEMBERED_FOR`] (or the
 /// dedup window, if shorter), by id.
-pub(crate) struct RecentlySettled {
-    remember_for: Duration,
-    by_id: HashMap<Box<str>, (u64, Instant)>,
-    order: VecDeque<(Instant, Box<str>)>,
-}
+pub(crate) struct RecentlySettled(Recent<Box<str>, u64>);
 
 impl RecentlySettled {
     /// Remembers ids for [`REMEMBERED_FOR`], or `window` if shorter.
     pub(crate) fn new(window: Duration) -> Self {
-        let remember_for = window.min(REMEMBERED_FOR);
-        RecentlySettled { remember_for, by_id: HashMap::new(), order: VecDeque::new() }
+        RecentlySettled(Recent::new(window.min(REMEMBERED_FOR)))
     }
 
     /// Timer `sequence`, with `msg_id`, settled now.
@@ -126,28 +121,13 @@ impl RecentlySettled {
     /// after its next one (its firing was retried) must not make the next
     /// one's copies look like the schedule's (see `Part::put`).
     pub(crate) fn insert(&mut self, msg_id: Box<str>, sequence: u64) {
-        self.forget_old();
-        let now = Instant::now();
         let sequence = self.get(&msg_id).map_or(sequence, |known| known.max(sequence));
-        self.by_id.insert(msg_id.clone(), (sequence, now));
-        self.order.push_back((now, msg_id));
+        self.0.insert(msg_id, sequence);
     }
 
     /// The sequence of the timer with `msg_id` settled lately, if any.
     pub(crate) fn get(&self, msg_id: &str) -> Option<u64> {
-        let &(sequence, at) = self.by_id.get(msg_id)?;
-        (at.elapsed() < self.remember_for).then_some(sequence)
-    }
-
-    fn forget_old(&mut self) {
-        while let Some((at, _)) = self.order.front()
-            && at.elapsed() >= self.remember_for
-        {
-            let (at, id) = self.order.pop_front().expect("just seen");
-            if self.by_id.get(&id).is_some_and(|&(_, latest)| latest == at) {
-                self.by_id.remove(&id);
-            }
-        }
+        self.0.get(msg_id).copied()
     }
 }
 
@@ -178,6 +158,6 @@ mod tests {
         std::thread::sleep(Duration::from_millis(30));
         assert_eq!(short.get("x"), None, "past the window, though nothing was inserted since");
         short.insert("y".into(), 8);
-        assert!(short.by_id.len() == 1 && short.order.len() == 1, "the old id is forgotten");
+        assert_eq!(short.0.held(), (1, 1), "the old id is forgotten");
     }
 }

@@ -1,7 +1,6 @@
 //! Cancels: the owner decides, so a timer being fired is never also
 //! reported cancelled; without an owner, a client removes the timer itself.
 
-use std::collections::{HashSet, VecDeque};
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::message::StreamMessage;
@@ -12,6 +11,7 @@ use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::recent::Recent;
 use crate::settled_ids::SettledIds;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierError};
@@ -73,30 +73,8 @@ impl Cancels {
 }
 
 /// The sequences a partition's owner cancelled in the last [`REMEMBER_CANCELS`].
-#[derive(Default)]
-pub(super) struct RecentCancels {
-    order: VecDeque<(Instant, u64)>,
-    sequences: HashSet<u64>,
-}
-
-impl RecentCancels {
-    fn insert(&mut self, sequence: u64) {
-        let now = Instant::now();
-        while let Some(&(at, old)) = self.order.front() {
-            if now.duration_since(at) < REMEMBER_CANCELS {
-                break;
-            }
-            self.order.pop_front();
-            self.sequences.remove(&old);
-        }
-        if self.sequences.insert(sequence) {
-            self.order.push_back((now, sequence));
-        }
-    }
-
-    fn contains(&self, sequence: u64) -> bool {
-        self.sequences.contains(&sequence)
-    }
+pub(super) fn recent_cancels() -> Recent<u64, ()> {
+    Recent::new(REMEMBER_CANCELS)
 }
 
 /// Whether a cancel may wait for the ingest to read its timer: not once
@@ -168,7 +146,7 @@ impl Part {
         loop {
             let (current, read_past) = {
                 let index = self.pending.lock().expect("index lock");
-                if index.cancelled.contains(sequence) {
+                if index.cancelled.get(&sequence).is_some() {
                     return Ok(CancelAnswer::Cancelled);
                 }
                 (index.current(sequence, firing), index.read_up_to >= sequence)
@@ -179,7 +157,7 @@ impl Part {
                     match self.cancel_indexed(at, timer).await? {
                         CancelAnswer::AlreadyFired if recurs => firing = Some(at),
                         CancelAnswer::Cancelled => {
-                            self.pending.lock().expect("index lock").cancelled.insert(sequence);
+                            self.pending.lock().expect("index lock").cancelled.insert(sequence, ());
                             return Ok(CancelAnswer::Cancelled);
                         }
                         answer => return Ok(answer),

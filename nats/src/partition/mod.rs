@@ -49,12 +49,13 @@ use delaywheel::{Handle, Store};
 use tokio::task::JoinHandle;
 use tracing::Instrument;
 
+use crate::recent::Recent;
 use crate::settled_ids::{RecentlySettled, SettledIds};
 use crate::target::TargetPolicy;
 use crate::wire::{self, Layout};
 use crate::{Result, TierConfig, TierError};
 
-use cancels::{Cancels, RecentCancels};
+use cancels::{Cancels, recent_cancels};
 pub(crate) use cancels::{LeaseAtStop, cancel_in_stream};
 pub(crate) use fire::dead_letter;
 
@@ -174,7 +175,7 @@ struct Index {
     /// `settled_ids.rs`): kept across a read of the partition again.
     recently_settled: RecentlySettled,
     /// The timers cancelled lately, by the sequence the cancel named.
-    cancelled: RecentCancels,
+    cancelled: Recent<u64, ()>,
 }
 
 impl Index {
@@ -188,7 +189,7 @@ impl Index {
             by_msg_id: HashMap::new(),
             by_origin: HashMap::new(),
             recently_settled: RecentlySettled::new(dedup_window),
-            cancelled: RecentCancels::default(),
+            cancelled: recent_cancels(),
         }
     }
 
