@@ -50,6 +50,15 @@ sys.exit(1)
 PY
 }
 now_ms() { date +%s%3N; }
+# The sum of a node's series of one metric, now (0 if it has none yet).
+metric_value() {
+  "$py" - "$@" <<'PY'
+import sys, urllib.request
+port, name = sys.argv[1], sys.argv[2]
+text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+print(int(sum(float(l.split()[-1]) for l in text.splitlines() if l.split("{")[0].split(" ")[0] == name)))
+PY
+}
 
 for pending in "${@:-100000}"; do
   work=$(mktemp -d)
@@ -62,20 +71,25 @@ for pending in "${@:-100000}"; do
   load=$("$bin/delaywheel-nats-load" --nats "$urls" --mode tier --partitions 1 --messages "$pending" \
     --delay-ms 3600000..3600001 --no-wait)
   wait_metric "$a_port" delaytier_indexed_total "$pending" 600 > /dev/null
+  # A checkpoint written after every timer was indexed (the next one).
+  written=$(metric_value "$a_port" delaytier_checkpoints_written_total)
+  wait_metric "$a_port" delaytier_checkpoints_written_total $((written + 1)) 120 > /dev/null
   start_node b "${node_args[@]}" --metrics "127.0.0.1:$b_port"
   sleep 1
   killed=$(now_ms)
   { kill -9 "$a_pid" && wait "$a_pid"; } 2>/dev/null || true
   owned=$(wait_metric "$b_port" delaytier_partitions_owned 1 60)
   indexed=$(wait_metric "$b_port" delaytier_indexed_total "$pending" 600)
+  from_checkpoint=$(metric_value "$b_port" delaytier_checkpoint_takeovers_total)
   "$py" -c "
 import json, sys
 load = json.loads(sys.argv[1])
-pending, killed, owned, indexed, lease = map(int, sys.argv[2:])
+pending, killed, owned, indexed, lease, from_checkpoint = map(int, sys.argv[2:])
 print(json.dumps({'pending': pending, 'lease_ms': lease, 'publish_per_sec': round(load['enqueue_per_sec']),
   'owned_after_ms': owned - killed, 'indexed_after_ms': indexed - killed,
-  'reindex_ms': indexed - owned, 'reindex_per_sec': round(pending / max(indexed - owned, 1) * 1000)}))
-" "$load" "$pending" "$killed" "$owned" "$indexed" "$lease_ms"
+  'reindex_ms': indexed - owned, 'reindex_per_sec': round(pending / max(indexed - owned, 1) * 1000),
+  'from_checkpoint': from_checkpoint == 1}))
+" "$load" "$pending" "$killed" "$owned" "$indexed" "$lease_ms" "$from_checkpoint"
   # TAKEOVER_LOGS=DIR keeps each run's logs there.
   if [[ -n ${TAKEOVER_LOGS:-} ]]; then
     mkdir -p "$TAKEOVER_LOGS/$pending-$killed" && cp "$work"/*.log "$TAKEOVER_LOGS/$pending-$killed/"

@@ -65,6 +65,13 @@ pub struct TierConfig {
     pub dedup_window: Duration,
     /// The KV bucket holding the ids of settled timers for the dedup window.
     pub dedup_bucket: String,
+    /// How often an owner writes its partition's checkpoint, which the next
+    /// owner takes the partition over from instead of reading every pending
+    /// timer (see `partition/checkpoint.rs`); zero: never, and a takeover
+    /// reads the partition whole.
+    pub checkpoint_every: Duration,
+    /// The object store holding the checkpoints.
+    pub checkpoint_bucket: String,
     /// The schedule intake (see `intake.rs`): a message with NATS's
     /// `Nats-Schedule` headers published to `<schedules>.>` becomes a
     /// timer; `None`: no intake. No stream may capture these subjects.
@@ -90,6 +97,8 @@ impl TierConfig {
             give_up_after: Duration::from_secs(60),
             dedup_window: Duration::from_secs(24 * 3600),
             dedup_bucket: DEFAULT_DEDUP_BUCKET.into(),
+            checkpoint_every: Duration::from_secs(10),
+            checkpoint_bucket: "delaytier_checkpoints".into(),
             schedules: Some(DEFAULT_SCHEDULES.into()),
         }
     }
@@ -130,6 +139,7 @@ impl TierConfig {
         token("subject prefix", &self.prefix)?;
         token("lease bucket", &self.lease_bucket)?;
         token("dedup bucket", &self.dedup_bucket)?;
+        token("checkpoint bucket", &self.checkpoint_bucket)?;
         if self.dedup_bucket == self.lease_bucket {
             return Err(TierError::Config("the dedup bucket and the lease bucket must differ".into()));
         }

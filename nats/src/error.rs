@@ -44,6 +44,15 @@ pub enum TierError {
     /// A partition's owner answered a request with an error.
     #[error("the partition's owner answered: {0}")]
     Owner(String),
+    /// A partition's checkpoint does not read (see `partition/checkpoint.rs`):
+    /// its next owner reads the whole partition instead.
+    #[error("checkpoint {object}: {problem}")]
+    BadCheckpoint {
+        /// The object's name.
+        object: String,
+        /// What is wrong, with the offset where it shows.
+        problem: String,
+    },
     /// The configuration is not usable.
     #[error("configuration: {0}")]
     Config(String),

@@ -10,9 +10,29 @@ use crate::{Result, TierError};
 /// The longest reason a dead letter carries.
 const MAX_REASON_LEN: usize = 1024;
 
-/// Every (name, value) of a header map, a name repeated per value.
+/// The headers a direct get adds to the message it reads (where it was):
+/// the server's, not the timer's.
+const ADDED_BY_A_GET: [&str; 7] = [
+    "Nats-Stream",
+    "Nats-Subject",
+    "Nats-Sequence",
+    "Nats-Time-Stamp",
+    "Nats-Num-Pending",
+    "Nats-Last-Sequence",
+    "Nats-UpTo-Sequence",
+];
+
+/// Every (name, value) of a header map, a name repeated per value, without
+/// those a direct get adds: a timer read back from the stream has the
+/// headers it was published with.
 pub(crate) fn header_pairs(headers: &HeaderMap) -> impl Iterator<Item = (&str, &str)> {
-    headers.iter().flat_map(|(name, values)| values.iter().map(move |v| (name.as_ref(), v.as_str())))
+    headers
+        .iter()
+        .filter(|(name, _)| {
+            let name: &str = name.as_ref();
+            !ADDED_BY_A_GET.iter().any(|added| name.eq_ignore_ascii_case(added))
+        })
+        .flat_map(|(name, values)| values.iter().map(move |v| (name.as_ref(), v.as_str())))
 }
 
 pub(crate) fn owned_pairs(headers: &HeaderMap) -> Vec<(String, String)> {
@@ -199,6 +219,22 @@ pub(crate) fn header_text(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A timer read back by a direct get (firing one kept by reference, a
+    /// reschedule's copy, a taken-over partition's timers) keeps its own
+    /// headers, not where the server found it.
+    #[test]
+    fn a_direct_gets_own_headers_are_not_the_timers() {
+        let mut headers = HeaderMap::new();
+        for (name, value) in [("Nats-Stream", "DELAY"), ("Nats-Sequence", "7"), ("nats-time-stamp", "x")] {
+            headers.insert(name, value);
+        }
+        headers.insert("Nats-Msg-Id", "order-42");
+        headers.insert(wire::TARGET, "orders.cancel");
+        let mut pairs: Vec<(&str, &str)> = header_pairs(&headers).collect();
+        pairs.sort();
+        assert_eq!(pairs, [(wire::TARGET, "orders.cancel"), ("Nats-Msg-Id", "order-42")]);
+    }
 
     #[test]
     fn a_fired_message_keeps_the_users_headers_and_names_itself_for_deduplication() {

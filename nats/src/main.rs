@@ -63,6 +63,14 @@ struct Args {
     /// The KV bucket of the Nats-Msg-Ids of settled timers.
     #[arg(long, default_value = "delaytier_msg_ids")]
     dedup_bucket: String,
+    /// How often an owner writes its partitions' checkpoints, from which the
+    /// next owner takes a partition over without reading every timer (ms);
+    /// 0: never (a takeover reads the partition whole).
+    #[arg(long, default_value_t = 10_000)]
+    checkpoint_every_ms: u64,
+    /// The object store of the partitions' checkpoints.
+    #[arg(long, default_value = "delaytier_checkpoints")]
+    checkpoint_bucket: String,
     /// Take messages with NATS's Nats-Schedule headers published to
     /// SCHEDULES.> (no stream may capture them); empty: do not.
     #[arg(long, default_value = delaywheel_nats::DEFAULT_SCHEDULES)]
@@ -94,6 +102,8 @@ async fn main() -> ExitCode {
     config.give_up_after = Duration::from_millis(args.give_up_after_ms);
     config.dedup_window = Duration::from_millis(args.dedup_window_ms);
     config.dedup_bucket = args.dedup_bucket;
+    config.checkpoint_every = Duration::from_millis(args.checkpoint_every_ms);
+    config.checkpoint_bucket = args.checkpoint_bucket;
     config.schedules = Some(args.schedules).filter(|s| !s.is_empty());
     if let Err(err) = config.validate() {
         eprintln!("delaywheel-nats: {err}");

@@ -9,7 +9,7 @@ use std::time::Duration;
 use async_nats::jetstream::{self, stream};
 
 use crate::lease::{Leases, fair_share, preference};
-use crate::partition::{DelayStream, LeaseAtStop, OwnedPartition, Shared, remove_stale_stores};
+use crate::partition::{Checkpoints, DelayStream, LeaseAtStop, OwnedPartition, Shared, remove_stale_stores};
 use crate::settled_ids::SettledIds;
 use crate::wire::Layout;
 use crate::{Result, TierConfig, TierError};
@@ -74,9 +74,10 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         }
         let leases = set_up("the lease bucket", || Leases::open(&js, &config)).await?;
         let settled_ids = set_up("the settled-ids bucket", || SettledIds::open(&js, &config)).await?;
-        Ok::<_, TierError>((streams, leases, settled_ids))
+        let checkpoints = set_up("the checkpoint store", || Checkpoints::open(&js, &config)).await?;
+        Ok::<_, TierError>((streams, leases, settled_ids, checkpoints))
     };
-    let (streams, leases, settled_ids) = tokio::select! {
+    let (streams, leases, settled_ids, checkpoints) = tokio::select! {
         // Nothing is owned yet: nothing to give back.
         () = &mut shutdown => return Ok(()),
         made = set_up_all => made?,
@@ -93,6 +94,7 @@ pub async fn run(config: TierConfig, shutdown: impl Future<Output = ()>) -> Resu
         captured: Default::default(),
         takes: Default::default(),
         settled_ids,
+        checkpoints,
     });
     let intake = match &shared.config.schedules {
         Some(intake) => {

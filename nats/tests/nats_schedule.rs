@@ -116,9 +116,15 @@ async fn nats_schedule_headers_fire_as_nats_fires_them_and_recur_across_a_node_k
     client.flush().await.unwrap();
     // Settled ids are forgotten after a second, so what keeps the second
     // replica's schedule out is the running schedule's own id.
-    let forget_soon = ["--dedup-window-ms", "1000"];
-    let mut a = TierNode::start_with(&cluster, "a", LEASE_MS, &forget_soon);
-    let mut b = TierNode::start_with(&cluster, "b", LEASE_MS, &forget_soon);
+    // Checkpoints twice a second: the survivor takes the killed node's
+    // partitions over from them, the schedules' timers by reference.
+    let (metrics_a, metrics_b) = (cluster::free_addr(), cluster::free_addr());
+    let flags = |metrics: &str| {
+        ["--dedup-window-ms", "1000", "--checkpoint-every-ms", "500", "--metrics", metrics].map(String::from)
+    };
+    let (flags_a, flags_b) = (flags(&metrics_a), flags(&metrics_b));
+    let mut a = TierNode::start_with(&cluster, "a", LEASE_MS, &flags_a.each_ref().map(String::as_str));
+    let mut b = TierNode::start_with(&cluster, "b", LEASE_MS, &flags_b.each_ref().map(String::as_str));
     while owners(&client).await.len() < 8 {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
@@ -175,12 +181,22 @@ async fn nats_schedule_headers_fire_as_nats_fires_them_and_recur_across_a_node_k
 
     // The owner of the @every dies between two of its occurrences' firings.
     tokio::time::sleep(Duration::from_millis(500)).await;
-    match owners(&client).await[&every.partition].as_str() {
-        "a" => a.kill(),
-        _ => b.kill(),
-    }
+    let survivor = match owners(&client).await[&every.partition].as_str() {
+        "a" => {
+            a.kill();
+            &metrics_b
+        }
+        _ => {
+            b.kill();
+            &metrics_a
+        }
+    };
     tokio::time::sleep(Duration::from_millis((t0 + 12_000).saturating_sub(now_ms()))).await;
 
+    let page = cluster::http_get(survivor, "/metrics");
+    let takeovers = page.lines().find(|l| l.starts_with("delaytier_checkpoint_takeovers_total"));
+    let takeovers: f64 = takeovers.and_then(|l| l.rsplit(' ').next()?.parse().ok()).unwrap_or(0.0);
+    assert!(takeovers >= 1.0, "the survivor took the killed node's partitions over from checkpoints");
     let all = stored(&js).await;
     let on = |subject: &str| all.iter().filter(|s| s.subject == subject).collect::<Vec<_>>();
     for occurrence in &all {

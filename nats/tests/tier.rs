@@ -666,3 +666,107 @@ async fn the_delay_streams_leaders_piled_on_one_server_are_spread_over_the_serve
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// The sum of a metric's series on a node's `/metrics` page (0 if absent).
+fn metric(addr: &str, name: &str) -> f64 {
+    let page = cluster::http_get(addr, "/metrics");
+    let series = page.lines().filter(|l| l.split(['{', ' ']).next() == Some(name));
+    series.map(|l| l.rsplit(' ').next().unwrap().parse::<f64>().unwrap()).sum()
+}
+
+/// A node taking a partition over from its last owner's checkpoint (issue
+/// 43) indexes the timers the checkpoint names and reads only what the
+/// stream handed out after it. Node a writes checkpoints every 1.5 s while
+/// timers fire all along; right after one is written, a cancels 20 timers
+/// and 200 more are published, and a is killed before its next checkpoint.
+/// Node b takes the partitions over from the checkpoints: each timer fires
+/// once and never early, those fired or cancelled after the checkpoint do
+/// not fire again (they are looked up in the stream first), a cancel of one
+/// cancelled then answers `NotFound` (a second acknowledgement would have
+/// answered `Cancelled`), and the timers published after the checkpoint fire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_taken_over_from_its_checkpoint_fires_each_timer_once() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let (metrics_a, metrics_b) = (cluster::free_addr(), cluster::free_addr());
+    let every = ["--checkpoint-every-ms", "1500"];
+    let mut a =
+        TierNode::start_with(&cluster, "a", LEASE_MS, &[&every[..], &["--metrics", &metrics_a]].concat());
+    wait_until_owned(&client).await;
+    let (arrivals, _reader) = collect(&client).await;
+    // 3,000 timers due one every 4 ms from 1 s on: firing around the kill.
+    let start = now_ms() + 1_000;
+    let firing = schedule_many(&tier, "t", 3_000, |i| start + i as u64 * 4).await;
+    let written = metric(&metrics_a, "delaytier_checkpoints_written_total");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&metrics_a, "delaytier_checkpoints_written_total") < written + 8.0 {
+        assert!(Instant::now() < deadline, "node a wrote no checkpoints");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Just after a checkpoint: cancel, publish, kill, before the next one.
+    let cancelled: Vec<TimerHandle> = firing[2_980..3_000].to_vec();
+    for handle in &cancelled {
+        assert_eq!(tier.cancel(*handle).await.unwrap(), CancelAnswer::Cancelled, "{handle}");
+    }
+    let after = now_ms() + 4_000;
+    schedule_many(&tier, "after", 200, |i| after + i as u64).await;
+    tokio::time::sleep(Duration::from_millis(200)).await; // handed out to a
+    a.kill();
+    let fired_by_a = arrivals.lock().unwrap().count.len();
+    let _b =
+        TierNode::start_with(&cluster, "b", LEASE_MS, &[&every[..], &["--metrics", &metrics_b]].concat());
+    wait_until_all_owned_by(&client, "b", Duration::from_secs(15)).await;
+    // Before it is due: b looks it up in the stream, where a removed it.
+    assert!(now_ms() < start + 2_980 * 4, "the takeover took too long for this test");
+    assert_eq!(tier.cancel(cancelled[0]).await.unwrap(), CancelAnswer::NotFound, "cancelled by a");
+    wait_for(&arrivals, 3_000 - 20 + 200, Duration::from_secs(40)).await;
+    tokio::time::sleep(Duration::from_millis(1_000)).await; // room for a duplicate to show
+    {
+        let arrivals = arrivals.lock().unwrap();
+        assert_each_once(&arrivals, "t", 0..2_980);
+        assert_each_once(&arrivals, "after", 0..200);
+        assert!(arrivals.early.is_empty(), "early: {:?}", &arrivals.early[..arrivals.early.len().min(5)]);
+        assert_eq!(arrivals.count.len(), 3_000 - 20 + 200, "no cancelled timer fired");
+    }
+    let takeovers = metric(&metrics_b, "delaytier_checkpoint_takeovers_total");
+    let skipped = metric(&metrics_b, "delaytier_skipped_total");
+    println!(
+        "a fired {fired_by_a} before its kill; b took {takeovers} partitions over from checkpoints and passed over {skipped} timers gone since"
+    );
+    assert_eq!(takeovers, 8.0, "every partition taken over from its checkpoint");
+    // The cancelled ones but the one cancelled again, and some fired by a
+    // after its last checkpoint.
+    assert!(skipped >= cancelled.len() as f64, "b passed over only {skipped} timers gone since");
+    wait_for_pending(&client, 0).await;
+}
+
+/// A partition a node gives back to a joining node is taken over from its
+/// checkpoint too: the giver's pull request goes with its subscription.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn partitions_handed_to_a_joining_node_are_taken_over_from_their_checkpoints() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let (metrics_a, metrics_b) = (cluster::free_addr(), cluster::free_addr());
+    let every = ["--checkpoint-every-ms", "500"];
+    let _a =
+        TierNode::start_with(&cluster, "a", LEASE_MS, &[&every[..], &["--metrics", &metrics_a]].concat());
+    wait_until_owned(&client).await;
+    let (arrivals, _reader) = collect(&client).await;
+    let start = now_ms() + 4_000;
+    schedule_many(&tier, "t", 2_000, |i| start + i as u64 * 2).await;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&metrics_a, "delaytier_checkpoints_written_total") < 8.0 {
+        assert!(Instant::now() < deadline, "node a wrote no checkpoints");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let _b =
+        TierNode::start_with(&cluster, "b", LEASE_MS, &[&every[..], &["--metrics", &metrics_b]].concat());
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while owners(&client).await.values().filter(|o| *o == "b").count() < 4 {
+        assert!(Instant::now() < deadline, "b took no partitions");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    wait_for(&arrivals, 2_000, Duration::from_secs(30)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_once_never_early(&arrivals.lock().unwrap(), "t", 2_000);
+    let takeovers = metric(&metrics_b, "delaytier_checkpoint_takeovers_total");
+    assert_eq!(takeovers, 4.0, "b took its four partitions over from their checkpoints");
+}

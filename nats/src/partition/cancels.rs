@@ -16,7 +16,7 @@ use crate::settled_ids::SettledIds;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierError};
 
-use super::{MAX_MSG_ID_LEN, Part, PendingTimer, acknowledge, producer_msg_id, remove_source};
+use super::{MAX_MSG_ID_LEN, Part, PendingTimer, Source, acknowledge, producer_msg_id, remove_source};
 
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
@@ -196,7 +196,13 @@ impl Part {
     }
 
     async fn cancel_indexed(&self, sequence: u64, timer: PendingTimer) -> Result<CancelAnswer> {
-        let PendingTimer { handle, ack, msg_id, .. } = timer;
+        let PendingTimer { handle, ack, msg_id, source, .. } = timer;
+        // A timer from a checkpoint may have been fired or cancelled by the
+        // owner before: acknowledging it again would answer `Cancelled`.
+        if source == Source::Checkpoint && self.get(sequence).await?.is_none() {
+            self.pending.lock().expect("index lock").remove(sequence);
+            return Ok(CancelAnswer::NotFound);
+        }
         // Recorded first: a cancel that then fails may still have taken
         // effect, but a cancelled timer's id is never left unrecorded.
         if let Some(id) = msg_id {

@@ -4,8 +4,10 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
+use async_nats::HeaderMap;
 use async_nats::jetstream::Message as JsMessage;
-use async_nats::jetstream::consumer::{AckPolicy, pull};
+use async_nats::jetstream::consumer::{AckPolicy, PullConsumer, pull};
+use async_nats::jetstream::message::StreamMessage;
 use bytes::Bytes;
 use delaywheel::{Handle, MAX_DELIVER_AT_MS, MAX_PROPERTIES_LEN, Message, Store};
 use futures::StreamExt;
@@ -18,7 +20,7 @@ use crate::{Result, TierError};
 
 use super::{
     BY_REFERENCE, FIRE_TOPIC, MAX_MSG_ID_LEN, PARTITION_SEGMENT_BYTES, Part, PendingTimer, SUBJECT_PROPERTY,
-    Settled, acknowledge, producer_msg_id,
+    Settled, Source, acknowledge, consumer_name, producer_msg_id,
 };
 
 /// The most bytes of timers one local batch put holds (about): a batch must
@@ -43,6 +45,50 @@ const SETTLED_LOOKUPS: usize = 64;
 /// out again: longer than any timer waits, so never.
 const HOLD_UNTIL_FIRED: Duration = Duration::from_secs(100 * 365 * 86_400);
 
+/// A timer as read from the stream: handed out by the partition's
+/// consumer, or got by its sequence (a taken-over partition's, see
+/// `checkpoint.rs`).
+pub(super) struct Read<'a> {
+    sequence: u64,
+    published: time::OffsetDateTime,
+    subject: &'a str,
+    headers: Option<&'a HeaderMap>,
+    payload: &'a Bytes,
+    /// The subject that acknowledges it on the partition's consumer.
+    ack: Option<async_nats::Subject>,
+}
+
+impl<'a> Read<'a> {
+    /// A timer the partition's consumer handed out.
+    fn handed_out(message: &'a JsMessage) -> std::result::Result<Self, Reject> {
+        let info = message.info().map_err(|e| {
+            let error = TierError::nats("read a message's sequence", e);
+            Reject { sequence: 0, kind: "malformed", error }
+        })?;
+        Ok(Read {
+            sequence: info.stream_sequence,
+            published: info.published,
+            subject: message.subject.as_str(),
+            headers: message.headers.as_ref(),
+            payload: &message.payload,
+            ack: message.reply.clone(),
+        })
+    }
+
+    /// A timer got from the stream that the consumer `consumer` handed out
+    /// (to an earlier owner): acknowledged on it by its sequence.
+    pub(super) fn got(message: &'a StreamMessage, stream: &str, consumer: &str) -> Self {
+        Read {
+            sequence: message.sequence,
+            published: message.time,
+            subject: message.subject.as_str(),
+            headers: Some(&message.headers),
+            payload: &message.payload,
+            ack: Some(wire::ack_subject(stream, consumer, message.sequence)),
+        }
+    }
+}
+
 /// A timer read from the stream, checked.
 struct Indexed {
     sequence: u64,
@@ -58,10 +104,11 @@ struct Indexed {
     replaces: Option<u64>,
     /// See [`PendingTimer::origin`].
     origin: Option<u64>,
+    source: Source,
 }
 
 /// A timer read from the stream that will not be indexed.
-struct Reject {
+pub(super) struct Reject {
     sequence: u64,
     /// The dead letter's reason label: `malformed` or `refused` (its target).
     kind: &'static str,
@@ -69,14 +116,17 @@ struct Reject {
 }
 
 impl Part {
-    /// Reads the partition from its first pending timer on, and puts each as
-    /// a timer into the local store.
+    /// Reads the partition, and puts each timer as a timer into the local
+    /// store: from the previous owner's checkpoint and the stream after it
+    /// if there is a sound one, else from its first pending timer on.
     pub(super) async fn ingest(self) {
+        let mut resume = true;
         loop {
-            match self.ingest_once().await {
+            match self.ingest_once(resume).await {
                 Ok(()) => tracing::warn!("the stream's consumer ended; reading again"),
                 Err(err) => tracing::warn!(%err, "reading the partition failed; reading again"),
             }
+            resume = false;
             tokio::time::sleep(Duration::from_millis(200)).await;
             // A new read starts from the beginning: drop what was indexed.
             // (Only reached on errors; the ordered consumer recovers from gaps
@@ -85,24 +135,15 @@ impl Part {
         }
     }
 
-    async fn ingest_once(&self) -> Result<()> {
-        let config = &self.shared.config;
-        let name = format!("delaytier-p{}", self.partition);
-        // A fresh consumer hands out every timer not yet acknowledged,
-        // including those an earlier owner held.
-        let stream = &self.delay_stream().stream;
-        let _ = stream.delete_consumer(&name).await;
-        let consumer = stream
-            .create_consumer(pull::Config {
-                durable_name: Some(name),
-                filter_subject: wire::partition_filter(&config.prefix, self.partition),
-                ack_policy: AckPolicy::Explicit,
-                ack_wait: HOLD_UNTIL_FIRED,
-                max_ack_pending: -1,
-                ..Default::default()
-            })
-            .await
-            .map_err(|e| TierError::nats("create the partition's consumer", e))?;
+    async fn ingest_once(&self, resume: bool) -> Result<()> {
+        let resumed = match resume {
+            true => self.resume().await,
+            false => None,
+        };
+        let consumer = match resumed {
+            Some(consumer) => consumer,
+            None => self.fresh_consumer().await?,
+        };
         // The server's limits on one pull request (0 or -1: none) are the
         // consumer's: a request over them is refused, every time.
         let limits = &consumer.cached_info().config;
@@ -120,59 +161,112 @@ impl Part {
             .await
             .map_err(|e| TierError::nats("read the partition", e))?;
         let mut chunks = messages.ready_chunks(INGEST_BATCH);
-        let max_body = self.store.max_body_bytes();
         while let Some(chunk) = chunks.next().await {
-            let mut timers = Vec::with_capacity(chunk.len());
-            let mut rejected = Vec::new();
-            let mut read_up_to = 0;
-            for message in chunk {
-                let message = message.map_err(|e| TierError::nats("read the partition", e))?;
-                match index(&message, self.partition, max_body, &self.shared.policy) {
-                    Ok(timer) => {
-                        read_up_to = read_up_to.max(timer.sequence);
-                        timers.push(timer);
-                    }
-                    Err(reject) => {
-                        read_up_to = read_up_to.max(reject.sequence);
-                        rejected.push((message, reject));
-                    }
+            let chunk: Vec<JsMessage> = chunk
+                .into_iter()
+                .collect::<std::result::Result<_, _>>()
+                .map_err(|e| TierError::nats("read the partition", e))?;
+            let reads = chunk.iter().map(Read::handed_out).collect();
+            self.take_in(reads, Source::Read).await?;
+        }
+        Ok(())
+    }
+
+    /// The partition's consumer, made afresh: it hands out every timer not
+    /// yet acknowledged, including those an earlier owner held.
+    async fn fresh_consumer(&self) -> Result<PullConsumer> {
+        let config = &self.shared.config;
+        let name = consumer_name(self.partition);
+        let stream = &self.delay_stream().stream;
+        let _ = stream.delete_consumer(&name).await;
+        let consumer: PullConsumer = stream
+            .create_consumer(pull::Config {
+                durable_name: Some(name),
+                filter_subject: wire::partition_filter(&config.prefix, self.partition),
+                ack_policy: AckPolicy::Explicit,
+                ack_wait: HOLD_UNTIL_FIRED,
+                max_ack_pending: -1,
+                ..Default::default()
+            })
+            .await
+            .map_err(|e| TierError::nats("create the partition's consumer", e))?;
+        // Nothing is indexed yet, so a checkpoint from here on is sound.
+        let created = consumer.cached_info().created.unix_timestamp_nanos();
+        self.pending.lock().expect("index lock").consumer_created_ns = Some(created);
+        Ok(consumer)
+    }
+
+    /// Checks timers read from the stream, puts those to index into the
+    /// local store (by reference, from a checkpoint), moves the others to
+    /// the dead letter, and then counts them all read.
+    pub(super) async fn take_in(
+        &self,
+        reads: Vec<std::result::Result<Read<'_>, Reject>>,
+        source: Source,
+    ) -> Result<()> {
+        let max_body = self.store.max_body_bytes();
+        let mut timers = Vec::with_capacity(reads.len());
+        let mut rejected = Vec::new();
+        let mut read_up_to = 0;
+        for read in reads {
+            let read = match read {
+                Ok(read) => read,
+                // Its sequence unknown: nothing to move or count.
+                Err(reject) => {
+                    tracing::warn!(error = %reject.error, "a message of the partition not read");
+                    continue;
+                }
+            };
+            match index(&read, self.partition, max_body, &self.shared.policy, source) {
+                Ok(timer) => {
+                    read_up_to = read_up_to.max(timer.sequence);
+                    timers.push(timer);
+                }
+                Err(reject) => {
+                    read_up_to = read_up_to.max(reject.sequence);
+                    rejected.push((read, reject));
                 }
             }
-            self.put(timers, read_up_to).await?;
-            for (message, reject) in rejected {
-                self.reject(&message, reject).await;
-            }
         }
+        self.put(timers).await?;
+        for (read, reject) in rejected {
+            self.reject(&read, reject).await;
+        }
+        // Only now: a checkpoint counts every timer up to here indexed, left
+        // or gone.
+        let mut index = self.pending.lock().expect("index lock");
+        index.read_up_to = index.read_up_to.max(read_up_to);
+        index.changes += 1;
         Ok(())
     }
 
     /// A timer that will never be indexed: moves it to the dead letter and
     /// removes it from the stream; if that fails now, it stays in the stream
     /// (counted, as the sweep expects) until the partition is read again.
-    async fn reject(&self, message: &JsMessage, reject: Reject) {
+    async fn reject(&self, read: &Read<'_>, reject: Reject) {
         let Reject { sequence, kind, error } = reject;
         if kind == "malformed" {
             metrics::counter!("delaytier_malformed_total").increment(1);
         }
         tracing::warn!(sequence, %error, "timer not indexed: moving it to the dead letter");
-        let buried = match (&message.reply, sequence) {
-            (Some(ack), 1..) => {
-                let source = message.headers.as_ref().map(owned_pairs).unwrap_or_default();
-                let payload = message.payload.clone();
+        let buried = match &read.ack {
+            Some(ack) => {
+                let source = read.headers.map(owned_pairs).unwrap_or_default();
+                let payload = read.payload.clone();
                 let settled = Settled { sequence, msg_id: None };
                 self.bury(settled, &source, payload, ack.clone(), kind, &error.to_string()).await
             }
-            _ => Err(error),
+            None => Err(error),
         };
         if let Err(err) = buried {
-            self.pending.lock().expect("index lock").malformed += 1;
+            self.pending.lock().expect("index lock").left.insert(sequence);
             tracing::warn!(sequence, %err, "timer left in the stream, not indexed");
         }
     }
 
     /// Puts timers into the local store, holding the index so a timer that
     /// fires at once is known before it is looked up; drops the duplicates.
-    async fn put(&self, timers: Vec<Indexed>, read_up_to: u64) -> Result<()> {
+    async fn put(&self, timers: Vec<Indexed>) -> Result<()> {
         let settled = self.settled_ids_of(&timers).await;
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let count = timers.len() as u64;
@@ -203,10 +297,11 @@ impl Part {
             }
             let (messages, timers): (Vec<Message>, Vec<_>) = kept
                 .into_iter()
-                .map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id, t.origin)))
+                .map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id, t.origin, t.source)))
                 .unzip();
             let receipts = put_in_batches(&store, messages)?;
-            for ((sequence, deliver_at_ms, ack, msg_id, origin), receipt) in timers.into_iter().zip(receipts)
+            for ((sequence, deliver_at_ms, ack, msg_id, origin, source), receipt) in
+                timers.into_iter().zip(receipts)
             {
                 let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
                     sequence,
@@ -219,9 +314,9 @@ impl Part {
                 if let Some(origin) = origin {
                     index.by_origin.insert(origin, sequence);
                 }
-                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id, origin });
+                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id, origin, source });
             }
-            index.read_up_to = index.read_up_to.max(read_up_to);
+            index.changes += 1;
             Ok::<_, TierError>(duplicates)
         })
         .await
@@ -286,17 +381,19 @@ impl Part {
             metrics::counter!("delaytier_duplicates_total").increment(1);
             tracing::debug!(sequence, "a timer with the Nats-Msg-Id of an earlier one: dropped");
             if let Err(err) = acknowledge(&self.shared.client, sequence, ack).await {
+                self.pending.lock().expect("index lock").left.insert(sequence);
                 tracing::warn!(sequence, %err, "a duplicate timer stays in the stream for now");
             }
         }
     }
 
-    async fn forget_all(&self) {
+    pub(super) async fn forget_all(&self) {
         let (store, pending) = (self.store.clone(), self.pending.clone());
         let _ = tokio::task::spawn_blocking(move || {
             let mut index = pending.lock().expect("index lock");
             index.read_up_to = 0;
-            index.malformed = 0;
+            index.left.clear();
+            index.consumer_created_ns = None;
             index.by_msg_id.clear();
             index.by_origin.clear();
             let handles: Vec<Handle> = index.timers.drain().map(|(_, t)| t.handle).collect();
@@ -326,7 +423,10 @@ fn is_duplicate(held: Option<u64>, timer: &Indexed) -> bool {
 /// Puts `messages` in the local store, in batches of about
 /// [`PUT_BATCH_BYTES`] at most (one message more, if alone); their receipts,
 /// in order.
-fn put_in_batches(store: &Store, messages: Vec<Message>) -> delaywheel::Result<Vec<delaywheel::Receipt>> {
+pub(super) fn put_in_batches(
+    store: &Store,
+    messages: Vec<Message>,
+) -> delaywheel::Result<Vec<delaywheel::Receipt>> {
     // A record's fixed part and its key are well under a kilobyte.
     let size = |m: &Message| m.body().len() + m.properties_len() + 1024;
     let mut receipts = Vec::with_capacity(messages.len());
@@ -347,24 +447,19 @@ fn put_in_batches(store: &Store, messages: Vec<Message>) -> delaywheel::Result<V
 
 /// Checks a timer read from the stream and makes its local record.
 fn index(
-    message: &JsMessage,
+    read: &Read<'_>,
     partition: u32,
     max_body: usize,
     policy: &TargetPolicy,
+    source: Source,
 ) -> std::result::Result<Indexed, Reject> {
-    let (sequence, stored) = match message.info() {
-        Ok(info) => (info.stream_sequence, info.published),
-        Err(e) => {
-            let error = TierError::nats("read a message's sequence", e);
-            return Err(Reject { sequence: 0, kind: "malformed", error });
-        }
-    };
+    let (sequence, stored) = (read.sequence, read.published);
     let bad = |problem: &str| Reject {
         sequence,
         kind: "malformed",
         error: TierError::BadTimer { sequence, problem: problem.to_string() },
     };
-    let headers = message.headers.as_ref().ok_or_else(|| bad("no headers"))?;
+    let headers = read.headers.ok_or_else(|| bad("no headers"))?;
     let pairs: Vec<(&str, &str)> = header_pairs(headers).collect();
     let target =
         target_of(sequence, &pairs).map_err(|error| Reject { sequence, kind: "malformed", error })?;
@@ -407,11 +502,15 @@ fn index(
             },
         },
     };
-    let ack = message.reply.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
-    let subject = schedule.is_some().then(|| (SUBJECT_PROPERTY, message.subject.as_str()));
+    let ack = read.ack.clone().ok_or_else(|| bad("delivered without an acknowledgement subject"))?;
+    let subject = schedule.is_some().then_some((SUBJECT_PROPERTY, read.subject));
     let header_bytes: usize = pairs.iter().chain(&subject).map(|(n, v)| n.len() + v.len() + 8).sum();
-    let local = if header_bytes <= MAX_PROPERTIES_LEN && message.payload.len() <= max_body {
-        let copy = Message::new(FIRE_TOPIC, message.payload.clone());
+    // What a checkpoint's owner got may leave the stream before it fires:
+    // it is read again then (see `Source`).
+    let copied =
+        source == Source::Read && header_bytes <= MAX_PROPERTIES_LEN && read.payload.len() <= max_body;
+    let local = if copied {
+        let copy = Message::new(FIRE_TOPIC, read.payload.clone());
         pairs.iter().chain(&subject).fold(copy, |m, (n, v)| m.property(*n, *v))
     } else {
         Message::new(FIRE_TOPIC, Bytes::new()).tags(BY_REFERENCE)
@@ -424,7 +523,7 @@ fn index(
     if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
         return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));
     }
-    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces, origin })
+    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces, origin, source })
 }
 
 #[cfg(test)]
@@ -435,7 +534,8 @@ mod tests {
     fn read(sequence: u64, replaces: Option<u64>, origin: Option<u64>) -> Indexed {
         let local = Message::new(FIRE_TOPIC, Bytes::new());
         let ack = async_nats::Subject::from("ack");
-        Indexed { sequence, deliver_at_ms: 1, ack, local, msg_id: Some("id".into()), replaces, origin }
+        let msg_id = Some("id".into());
+        Indexed { sequence, deliver_at_ms: 1, ack, local, msg_id, replaces, origin, source: Source::Read }
     }
 
     /// A timer holding an id drops a later one with it, but not its own

@@ -1,9 +1,12 @@
 //! One partition while this node holds its lease: a local store rebuilt from
-//! the stream, and four tasks that stop with the lease, one module each:
+//! the stream (or from a checkpoint and the stream after it), and the tasks
+//! that stop with the lease, one module each:
 //! `ingest` (read the stream into the store), `fire` (publish the due timers,
 //! a recurring schedule's next timer too), `sweep` (remove what a lost
-//! acknowledgement left) and `cancels` (answer cancels; it stops last, so a
-//! cancel asked while the partition moves is answered). This module holds
+//! acknowledgement left), `checkpoint` (write the index for the next owner,
+//! and take the partition over from one) and `cancels` (answer cancels; it
+//! stops last, so a cancel asked while the partition moves is answered).
+//! This module holds
 //! what they share: starting and stopping a partition, its local store's
 //! settings, the index of its pending timers, and the steps that publish to
 //! the stream or take a timer out of it.
@@ -13,11 +16,13 @@
 //! indexed under an earlier lease, since another node may have fired them
 //! meanwhile.
 //!
-//! The delay stream is a work queue: each partition has one durable consumer,
-//! which its owner deletes and makes again on taking the partition, so every
-//! timer not yet acknowledged is delivered to the new owner. Its
-//! acknowledgement wait is a century: a timer is held unacknowledged until it
-//! fires, however far ahead it is.
+//! The delay stream is a work queue: each partition has one durable
+//! consumer, whose acknowledgement wait is a century: a timer is held
+//! unacknowledged until it fires, however far ahead it is. A node taking a
+//! partition keeps that consumer and starts from the last owner's
+//! checkpoint (`checkpoint`, a fifth task writes it), or, where there is
+//! no sound one, deletes and makes the consumer again, so every timer not
+//! yet acknowledged is delivered to it.
 //!
 //! Firing a timer: publish the copy the local store kept (headers and
 //! payload; a timer whose headers are too large is kept by reference and
@@ -31,11 +36,12 @@
 //! JetStream API ran at about 200 a second here, see the README.)
 
 mod cancels;
+mod checkpoint;
 mod fire;
 mod ingest;
 mod sweep;
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -57,6 +63,7 @@ use crate::{Result, TierConfig, TierError};
 
 use cancels::{Cancels, recent_cancels};
 pub(crate) use cancels::{LeaseAtStop, cancel_in_stream};
+pub(crate) use checkpoint::Checkpoints;
 pub(crate) use fire::dead_letter;
 
 /// The segment size of a partition's local store: its timers' copies go
@@ -94,6 +101,8 @@ pub(crate) struct Shared {
     pub takes: AtomicU64,
     /// The `Nats-Msg-Id`s of timers that settled within the dedup window.
     pub settled_ids: SettledIds,
+    /// Where partitions' checkpoints are kept; `None` if they are off.
+    pub checkpoints: Option<Checkpoints>,
 }
 
 impl Shared {
@@ -153,6 +162,19 @@ struct PendingTimer {
     /// For a recurring schedule's timer, the sequence of the schedule's
     /// first timer, whose handle names the schedule.
     origin: Option<u64>,
+    /// How it was indexed: a timer taken from a checkpoint may have left the
+    /// stream since (fired or cancelled by the owner before), so it is
+    /// looked up there before it is fired or cancelled.
+    source: Source,
+}
+
+/// How a pending timer came to be indexed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Source {
+    /// Read from the stream by this owner.
+    Read,
+    /// From the previous owner's checkpoint, or read after it by a get.
+    Checkpoint,
 }
 
 /// What the partition's tasks share about the timers read so far.
@@ -162,8 +184,17 @@ struct Index {
     /// The highest sequence the partition's consumer has handed out (the
     /// stream hands a partition's timers out in sequence order).
     read_up_to: u64,
-    /// Timers read and left unacknowledged in the stream (malformed).
-    malformed: usize,
+    /// Timers read and left unacknowledged in the stream, unindexed
+    /// (malformed ones not yet moved to the dead letter, duplicates not yet
+    /// removed), by sequence: a checkpoint names them for the next owner.
+    left: BTreeSet<u64>,
+    /// The creation time (ns since the epoch) of the consumer whose
+    /// deliveries `read_up_to` counts, once the index holds all it handed
+    /// out up to there: a checkpoint is written only then.
+    consumer_created_ns: Option<i128>,
+    /// Counts changes to what a checkpoint holds, so an idle partition
+    /// writes none.
+    changes: u64,
     /// Timers fired lately, with when: the sweep checks they left the stream.
     fired: VecDeque<(Instant, u64)>,
     /// The sequence of the indexed timer holding each `Nats-Msg-Id`.
@@ -184,7 +215,9 @@ impl Index {
         Index {
             timers: HashMap::new(),
             read_up_to: 0,
-            malformed: 0,
+            left: BTreeSet::new(),
+            consumer_created_ns: None,
+            changes: 0,
             fired: VecDeque::new(),
             by_msg_id: HashMap::new(),
             by_origin: HashMap::new(),
@@ -196,6 +229,7 @@ impl Index {
     /// Forgets the indexed timer `sequence` (fired, cancelled or gone).
     fn remove(&mut self, sequence: u64) {
         let Some(timer) = self.timers.remove(&sequence) else { return };
+        self.changes += 1;
         if let Some(id) = timer.msg_id
             && self.by_msg_id.get(&id) == Some(&sequence)
         {
@@ -275,6 +309,7 @@ impl OwnedPartition {
         let mut tasks = vec![
             tokio::spawn(part.clone().fire().instrument(span.clone())),
             tokio::spawn(part.clone().sweep().instrument(span.clone())),
+            tokio::spawn(part.clone().checkpoint().instrument(span.clone())),
             tokio::spawn(part.ingest().instrument(span.clone())),
         ];
         if let Some(shared) = strays {
@@ -400,6 +435,11 @@ impl Part {
     fn delay_stream(&self) -> &DelayStream {
         self.shared.stream_of(self.partition)
     }
+}
+
+/// The name of `partition`'s durable consumer.
+fn consumer_name(partition: u32) -> String {
+    format!("delaytier-p{partition}")
 }
 
 /// Publishes to a stream and waits for its acknowledgement.

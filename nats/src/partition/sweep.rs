@@ -29,14 +29,14 @@ impl Part {
     /// count with what this node holds; if the consumer has more, it looks up
     /// the timers fired lately and deletes those still in the stream.
     pub(super) async fn sweep(self) {
-        let name = format!("delaytier-p{}", self.partition);
+        let name = super::consumer_name(self.partition);
         loop {
             tokio::time::sleep(SWEEP_EVERY).await;
             let (settled, held) = {
                 let mut index = self.pending.lock().expect("index lock");
                 let cut = index.fired.partition_point(|(at, _)| at.elapsed() >= ACK_SETTLES);
                 let settled: Vec<(Instant, u64)> = index.fired.drain(..cut).collect();
-                (settled, index.timers.len() + index.malformed)
+                (settled, index.timers.len() + index.left.len())
             };
             if settled.is_empty() {
                 continue;
