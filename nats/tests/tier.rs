@@ -667,6 +667,27 @@ async fn the_delay_streams_leaders_piled_on_one_server_are_spread_over_the_serve
     }
 }
 
+/// Waits until node `addr` has written a checkpoint of each of the 8
+/// partitions since it wrote `since` in all.
+async fn wait_for_checkpoints(addr: &str, since: f64) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let page = cluster::http_get(addr, "/metrics");
+        let series = page.lines().filter(|l| l.starts_with("delaytier_checkpoints_written_total{")).count();
+        if series == 8 && metric(addr, "delaytier_checkpoints_written_total") >= since + 8.0 {
+            return;
+        }
+        assert!(Instant::now() < deadline, "node {addr} wrote checkpoints of {series} partitions");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Why node `addr` read partitions whole, for a failure's message.
+fn unused_checkpoints(addr: &str) -> String {
+    let page = cluster::http_get(addr, "/metrics");
+    page.lines().filter(|l| l.starts_with("delaytier_checkpoint_unused_total")).collect::<Vec<_>>().join("; ")
+}
+
 /// The sum of a metric's series on a node's `/metrics` page (0 if absent).
 fn metric(addr: &str, name: &str) -> f64 {
     let page = cluster::http_get(addr, "/metrics");
@@ -696,12 +717,7 @@ async fn a_partition_taken_over_from_its_checkpoint_fires_each_timer_once() {
     // 3,000 timers due one every 4 ms from 1 s on: firing around the kill.
     let start = now_ms() + 1_000;
     let firing = schedule_many(&tier, "t", 3_000, |i| start + i as u64 * 4).await;
-    let written = metric(&metrics_a, "delaytier_checkpoints_written_total");
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&metrics_a, "delaytier_checkpoints_written_total") < written + 8.0 {
-        assert!(Instant::now() < deadline, "node a wrote no checkpoints");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_checkpoints(&metrics_a, metric(&metrics_a, "delaytier_checkpoints_written_total")).await;
     // Just after a checkpoint: cancel, publish, kill, before the next one.
     let cancelled: Vec<TimerHandle> = firing[2_980..3_000].to_vec();
     for handle in &cancelled {
@@ -732,7 +748,12 @@ async fn a_partition_taken_over_from_its_checkpoint_fires_each_timer_once() {
     println!(
         "a fired {fired_by_a} before its kill; b took {takeovers} partitions over from checkpoints and passed over {skipped} timers gone since"
     );
-    assert_eq!(takeovers, 8.0, "every partition taken over from its checkpoint");
+    assert_eq!(
+        takeovers,
+        8.0,
+        "every partition taken over from its checkpoint: {}",
+        unused_checkpoints(&metrics_b)
+    );
     // The cancelled ones but the one cancelled again, and some fired by a
     // after its last checkpoint.
     assert!(skipped >= cancelled.len() as f64, "b passed over only {skipped} timers gone since");
@@ -752,11 +773,7 @@ async fn partitions_handed_to_a_joining_node_are_taken_over_from_their_checkpoin
     let (arrivals, _reader) = collect(&client).await;
     let start = now_ms() + 4_000;
     schedule_many(&tier, "t", 2_000, |i| start + i as u64 * 2).await;
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while metric(&metrics_a, "delaytier_checkpoints_written_total") < 8.0 {
-        assert!(Instant::now() < deadline, "node a wrote no checkpoints");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    wait_for_checkpoints(&metrics_a, 0.0).await;
     let _b =
         TierNode::start_with(&cluster, "b", LEASE_MS, &[&every[..], &["--metrics", &metrics_b]].concat());
     let deadline = Instant::now() + Duration::from_secs(20);
@@ -768,5 +785,6 @@ async fn partitions_handed_to_a_joining_node_are_taken_over_from_their_checkpoin
     tokio::time::sleep(Duration::from_millis(500)).await;
     check_once_never_early(&arrivals.lock().unwrap(), "t", 2_000);
     let takeovers = metric(&metrics_b, "delaytier_checkpoint_takeovers_total");
-    assert_eq!(takeovers, 4.0, "b took its four partitions over from their checkpoints");
+    let unused = unused_checkpoints(&metrics_b);
+    assert_eq!(takeovers, 4.0, "b took its four partitions over from their checkpoints: {unused}");
 }

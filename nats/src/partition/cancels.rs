@@ -16,7 +16,7 @@ use crate::settled_ids::SettledIds;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierError};
 
-use super::{MAX_MSG_ID_LEN, Part, PendingTimer, Source, acknowledge, producer_msg_id, remove_source};
+use super::{MAX_MSG_ID_LEN, Part, PendingTimer, Presence, acknowledge, producer_msg_id, remove_source};
 
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
@@ -196,12 +196,18 @@ impl Part {
     }
 
     async fn cancel_indexed(&self, sequence: u64, timer: PendingTimer) -> Result<CancelAnswer> {
-        let PendingTimer { handle, ack, msg_id, source, .. } = timer;
+        let PendingTimer { handle, ack, msg_id, presence, origin } = timer;
         // A timer from a checkpoint may have been fired or cancelled by the
-        // owner before: acknowledging it again would answer `Cancelled`.
-        if source == Source::Checkpoint && self.get(sequence).await?.is_none() {
+        // previous owner: acknowledging it again would answer `Cancelled`.
+        // (Asked of the stream's leader: a replica may not have applied
+        // that owner's acknowledgement yet.) A recurring schedule's timer
+        // answers as one that fired: its next timer is looked for.
+        if presence == Presence::Unconfirmed && self.in_stream(sequence).await?.is_none() {
             self.pending.lock().expect("index lock").remove(sequence);
-            return Ok(CancelAnswer::NotFound);
+            return Ok(match origin {
+                Some(_) => CancelAnswer::AlreadyFired,
+                None => CancelAnswer::NotFound,
+            });
         }
         // Recorded first: a cancel that then fails may still have taken
         // effect, but a cancelled timer's id is never left unrecorded.

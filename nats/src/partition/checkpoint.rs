@@ -49,10 +49,12 @@ use crate::wire;
 use crate::{Result, TierConfig, TierError};
 
 use super::ingest::Read;
-use super::{BY_REFERENCE, FIRE_TOPIC, Part, PendingTimer, Source, consumer_name};
+use super::{BY_REFERENCE, FIRE_TOPIC, Part, PendingTimer, Presence, consumer_name};
 
 /// The largest checkpoint a node reads: about 20 million timers.
 const MAX_CHECKPOINT_BYTES: u64 = 1 << 30;
+/// Checkpointed timers put into the local store under one hold of the index.
+const CHECKPOINT_PUT_BATCH: usize = 16_384;
 /// Timers one direct get of the stream after a checkpoint asks for.
 const TAIL_BATCH: usize = 1024;
 /// How long a call about checkpoints may take.
@@ -66,6 +68,10 @@ const MAGIC: &[u8; 4] = b"DWCP";
 const VERSION: u32 = 1;
 /// The fixed part of a timer's entry: sequence, due, origin, id length.
 const TIMER_FIXED: usize = 8 + 8 + 8 + 2;
+
+/// Why a partition is read whole rather than taken over from a checkpoint
+/// (the `reason` label of `delaytier_checkpoint_unused_total`).
+struct Unused(&'static str);
 
 /// One pending timer in a checkpoint.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -182,11 +188,21 @@ impl Checkpoint {
             fired: Vec::with_capacity(fired as usize),
         };
         for _ in 0..timers {
+            let at = r.at;
             let sequence = r.u64().map_err(&bad)?;
             let deliver_at_ms = r.u64().map_err(&bad)?;
             let origin = Some(r.u64().map_err(&bad)?).filter(|&o| o != 0);
             let msg_id =
                 Some(r.text("a Nats-Msg-Id").map_err(&bad)?).filter(|id| !id.is_empty()).map(Box::from);
+            // What taking over relies on: one entry per timer, in order,
+            // none past what was read, a schedule's first timer before it.
+            let after = checkpoint.timers.last().map_or(0, |t| t.sequence);
+            if sequence <= after || sequence > read_up_to || origin.is_some_and(|o| o > sequence) {
+                let why = format!(
+                    "timer {sequence} (origin {origin:?}) at offset {at}: out of order or past read up to {read_up_to}"
+                );
+                return Err(bad(why));
+            }
             checkpoint.timers.push(CheckpointTimer { sequence, deliver_at_ms, origin, msg_id });
         }
         for _ in 0..left {
@@ -197,6 +213,9 @@ impl Checkpoint {
         }
         if r.left() != 0 {
             return Err(bad(format!("{} bytes after its last entry, at offset {}", r.left(), r.at)));
+        }
+        if let Some(past) = checkpoint.left.iter().find(|&&sequence| sequence > read_up_to) {
+            return Err(bad(format!("left sequence {past} past read up to {read_up_to}")));
         }
         Ok(checkpoint)
     }
@@ -290,7 +309,9 @@ impl Part {
             match checkpoints.write(self.partition, bytes).await {
                 Ok(()) => {
                     written = Some(changes);
-                    metrics::counter!("delaytier_checkpoints_written_total").increment(1);
+                    let partition = self.partition.to_string();
+                    metrics::counter!("delaytier_checkpoints_written_total", "partition" => partition)
+                        .increment(1);
                     tracing::debug!(timers, size, took = ?started.elapsed(), "checkpoint written");
                 }
                 Err(err) => tracing::warn!(%err, "cannot write the partition's checkpoint; trying again"),
@@ -307,9 +328,12 @@ impl Part {
         if written == Some(index.changes) {
             return None;
         }
+        // A timer above `read_up_to` (put, its batch not yet counted read)
+        // is read again by the next owner, from the tail.
         let mut timers: Vec<CheckpointTimer> = index
             .timers
             .iter()
+            .filter(|&(&sequence, _)| sequence <= index.read_up_to)
             .map(|(&sequence, timer)| CheckpointTimer {
                 sequence,
                 deliver_at_ms: timer.handle.deliver_at_ms,
@@ -340,14 +364,24 @@ impl Part {
     /// is then read whole.
     pub(super) async fn resume(&self) -> Option<PullConsumer> {
         let started = std::time::Instant::now();
+        let partition = self.partition.to_string();
         match self.try_resume().await {
-            Ok(Some((consumer, timers))) => {
-                metrics::counter!("delaytier_checkpoint_takeovers_total").increment(1);
+            Ok(Ok((consumer, timers))) => {
+                metrics::counter!("delaytier_checkpoint_takeovers_total", "partition" => partition)
+                    .increment(1);
                 tracing::info!(timers, took = ?started.elapsed(), "partition taken over from its checkpoint");
                 Some(consumer)
             }
-            Ok(None) => None,
+            Ok(Err(unused)) => {
+                metrics::counter!("delaytier_checkpoint_unused_total", "reason" => unused.0).increment(1);
+                tracing::info!(
+                    why = unused.0,
+                    "no checkpoint to take the partition over from: reading it whole"
+                );
+                None
+            }
             Err(err) => {
+                metrics::counter!("delaytier_checkpoint_unused_total", "reason" => "error").increment(1);
                 tracing::warn!(%err, "cannot take the partition over from its checkpoint; reading it whole");
                 self.forget_all().await;
                 None
@@ -355,9 +389,13 @@ impl Part {
         }
     }
 
-    async fn try_resume(&self) -> Result<Option<(PullConsumer, usize)>> {
-        let Some(checkpoints) = &self.shared.checkpoints else { return Ok(None) };
-        let Some(checkpoint) = checkpoints.read(self.partition).await? else { return Ok(None) };
+    /// The kept consumer and how many timers the checkpoint named, or why
+    /// there is no sound checkpoint to take the partition over from.
+    async fn try_resume(&self) -> Result<std::result::Result<(PullConsumer, usize), Unused>> {
+        let Some(checkpoints) = &self.shared.checkpoints else { return Ok(Err(Unused("off"))) };
+        let Some(mut checkpoint) = checkpoints.read(self.partition).await? else {
+            return Ok(Err(Unused("none")));
+        };
         let stream = &self.delay_stream().stream;
         let name = consumer_name(self.partition);
         let layout = &self.shared.layout;
@@ -365,28 +403,26 @@ impl Part {
             || checkpoint.partitions != layout.partitions
             || checkpoint.stream != self.delay_stream().name
         {
-            tracing::warn!("the checkpoint is of another layout: reading the partition whole");
-            return Ok(None);
+            return Ok(Err(Unused("another_layout")));
         }
         let Ok(mut consumer) =
             stream.get_consumer::<async_nats::jetstream::consumer::pull::Config>(&name).await
         else {
-            return Ok(None);
+            return Ok(Err(Unused("no_consumer")));
         };
         let mut info =
             consumer.info().await.map_err(|e| TierError::nats("read the partition's consumer", e))?.clone();
         if info.created.unix_timestamp_nanos() != checkpoint.consumer_created_ns {
-            tracing::info!("the checkpoint is of an earlier consumer: reading the partition whole");
-            return Ok(None);
+            return Ok(Err(Unused("another_consumer")));
         }
         let deadline = tokio::time::Instant::now() + OTHERS_PULLS_GO;
         while info.num_waiting > 0 {
             if tokio::time::Instant::now() >= deadline {
                 tracing::warn!(
                     waiting = info.num_waiting,
-                    "another's pull request waits on the partition's consumer: reading it whole"
+                    "another's pull request waits on the partition's consumer"
                 );
-                return Ok(None);
+                return Ok(Err(Unused("pull_waiting")));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
             info = consumer
@@ -397,7 +433,8 @@ impl Part {
         }
         let handed_out = info.delivered.stream_sequence;
         let timers = checkpoint.timers.len();
-        self.index_checkpointed(&checkpoint, &name).await?;
+        let stream_name = checkpoint.stream.clone();
+        self.index_checkpointed(&stream_name, std::mem::take(&mut checkpoint.timers), &name).await?;
         for &sequence in &checkpoint.left {
             self.take_in_got(self.get(sequence).await?.into_iter().collect(), &name).await?;
         }
@@ -407,40 +444,47 @@ impl Part {
         index.fired.extend(checkpoint.fired.iter().map(|&sequence| (std::time::Instant::now(), sequence)));
         index.consumer_created_ns = Some(checkpoint.consumer_created_ns);
         index.changes += 1;
-        Ok(Some((consumer, timers)))
+        Ok(Ok((consumer, timers)))
     }
 
     /// Indexes the checkpoint's timers, each kept by reference: they were
-    /// checked and deduplicated as they were first read.
-    async fn index_checkpointed(&self, checkpoint: &Checkpoint, consumer: &str) -> Result<()> {
+    /// checked and deduplicated as they were first read. Each batch is put
+    /// into the local store holding the index, as `put` does: a timer due
+    /// at once (one that fell due while the partition had no owner) is
+    /// fired only once the index knows it.
+    async fn index_checkpointed(
+        &self,
+        stream: &str,
+        timers: Vec<CheckpointTimer>,
+        consumer: &str,
+    ) -> Result<()> {
         let (store, pending) = (self.store.clone(), self.pending.clone());
-        let stream = checkpoint.stream.clone();
-        let timers = checkpoint.timers.clone();
-        let consumer = consumer.to_string();
+        let (stream, consumer) = (stream.to_string(), consumer.to_string());
         let count = timers.len() as u64;
         tokio::task::spawn_blocking(move || {
-            let messages: Vec<Message> =
-                (timers.iter()).map(|t| by_reference(t.sequence, t.deliver_at_ms)).collect();
-            let receipts = super::ingest::put_in_batches(&store, messages)?;
-            let mut index = pending.lock().expect("index lock");
-            for (timer, receipt) in timers.into_iter().zip(receipts) {
-                let CheckpointTimer { sequence, msg_id, origin, .. } = timer;
-                let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
-                    sequence,
-                    problem: "the local store took it as an untimed message".into(),
-                })?;
-                // In sequence order: the latest timer of an id or a schedule holds it.
-                if let Some(id) = &msg_id {
-                    index.by_msg_id.insert(id.clone(), sequence);
+            let mut timers = timers.into_iter().peekable();
+            while timers.peek().is_some() {
+                let batch: Vec<CheckpointTimer> = timers.by_ref().take(CHECKPOINT_PUT_BATCH).collect();
+                let messages = batch.iter().map(|t| by_reference(t.sequence, t.deliver_at_ms)).collect();
+                let mut index = pending.lock().expect("index lock");
+                let receipts = super::ingest::put_in_batches(&store, messages)?;
+                for (timer, receipt) in batch.into_iter().zip(receipts) {
+                    let CheckpointTimer { sequence, msg_id, origin, .. } = timer;
+                    let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
+                        sequence,
+                        problem: "the local store took it as an untimed message".into(),
+                    })?;
+                    // In sequence order: the latest timer of an id or a schedule holds it.
+                    if let Some(id) = &msg_id {
+                        index.by_msg_id.insert(id.clone(), sequence);
+                    }
+                    if let Some(origin) = origin {
+                        index.by_origin.insert(origin, sequence);
+                    }
+                    let ack = wire::ack_subject(&stream, &consumer, sequence);
+                    let presence = Presence::Unconfirmed;
+                    index.insert(sequence, PendingTimer { handle, ack, msg_id, origin, presence });
                 }
-                if let Some(origin) = origin {
-                    index.by_origin.insert(origin, sequence);
-                }
-                let ack = wire::ack_subject(&stream, &consumer, sequence);
-                index.timers.insert(
-                    sequence,
-                    PendingTimer { handle, ack, msg_id, origin, source: Source::Checkpoint },
-                );
             }
             Ok::<_, TierError>(())
         })
@@ -450,7 +494,9 @@ impl Part {
         Ok(())
     }
 
-    /// The timer at `sequence`, if it is still in the stream.
+    /// The timer at `sequence`, if it is still in the stream, as a replica
+    /// answering a direct get has it (one that fired and left a moment ago
+    /// may still be there: see [`in_stream`](Self::in_stream)).
     pub(super) async fn get(&self, sequence: u64) -> Result<Option<StreamMessage>> {
         match self.delay_stream().stream.direct_get(sequence).await {
             Ok(message) => Ok(Some(message)),
@@ -459,11 +505,27 @@ impl Part {
         }
     }
 
-    /// Checks and indexes timers got from the stream (by reference).
+    /// The timer at `sequence`, if it is still in the stream, as its
+    /// leader has it: whether a timer the previous owner may have just
+    /// fired or cancelled (an acknowledgement a replica may not have
+    /// applied yet) is still pending.
+    pub(super) async fn in_stream(&self, sequence: u64) -> Result<Option<StreamMessage>> {
+        match self.delay_stream().stream.get_raw_message(sequence).await {
+            Ok(message) => Ok(Some(message)),
+            Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+            Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
+        }
+    }
+
+    /// Checks and indexes timers got from the stream (by reference); one
+    /// on another partition's subject is not this partition's to take.
     async fn take_in_got(&self, got: Vec<StreamMessage>, consumer: &str) -> Result<()> {
         let stream = &self.delay_stream().name;
-        let reads = got.iter().map(|m| Ok(Read::got(m, stream, consumer))).collect();
-        self.take_in(reads, Source::Checkpoint).await
+        let prefix = &self.shared.layout.prefix;
+        let ours =
+            |m: &&StreamMessage| wire::partition_of_subject(prefix, &m.subject) == Some(self.partition);
+        let reads = got.iter().filter(ours).map(|m| Read::got(m, stream, consumer)).collect();
+        self.take_in(reads, Presence::Unconfirmed).await
     }
 
     /// Reads the partition's timers after `after` up to `up_to` (those its
@@ -483,6 +545,10 @@ impl Part {
         let stream = &self.delay_stream().stream;
         while next <= up_to {
             match stream.get_first_raw_message_by_subject(&filter, next).await {
+                Ok(message) if message.sequence < next => {
+                    let why = format!("the leader answered sequence {} for {next} on", message.sequence);
+                    return Err(TierError::nats("read the partition after its checkpoint", why));
+                }
                 Ok(message) if message.sequence <= up_to => {
                     next = message.sequence + 1;
                     self.take_in_got(vec![message], consumer).await?;
@@ -507,7 +573,7 @@ impl Part {
         let subject = format!("$JS.API.DIRECT.GET.{}", self.delay_stream().name);
         let payload = Bytes::from(request.to_string());
         client.publish_with_reply(subject, inbox, payload).await.map_err(|e| failed(e.into()))?;
-        let mut got = Vec::new();
+        let mut got: Vec<StreamMessage> = Vec::new();
         loop {
             let reply = match tokio::time::timeout(CALL_LIMIT, replies.next()).await {
                 Ok(Some(reply)) => reply,
@@ -515,7 +581,17 @@ impl Part {
                 Err(elapsed) => return Err(failed(elapsed.into())),
             };
             match reply.status.map(|s| s.as_u16()) {
-                None => got.push(StreamMessage::try_from(reply).map_err(|e| failed(e.into()))?),
+                None => {
+                    let message = StreamMessage::try_from(reply).map_err(|e| failed(e.into()))?;
+                    // In order, from `from` on, and no more than asked for:
+                    // else the server is not answering this request.
+                    let after = got.last().map_or(from.saturating_sub(1), |m| m.sequence);
+                    if message.sequence <= after || got.len() >= TAIL_BATCH {
+                        let why = format!("direct get answered sequence {} after {after}", message.sequence);
+                        return Err(failed(why.into()));
+                    }
+                    got.push(message);
+                }
                 // The end of the batch, or nothing (more) to read.
                 Some(204 | 404) => return Ok(got),
                 Some(status) => {
@@ -677,5 +753,16 @@ mod tests {
         let mut longer = body.to_vec();
         longer.push(0);
         assert!(problem(&sealed(longer)).contains("after its last entry"));
+        // Sound bytes that say what cannot be: each refused, naming it.
+        let mut reversed = sample();
+        reversed.timers.reverse();
+        assert!(problem(&reversed.encode()).contains("timer 7"), "{}", problem(&reversed.encode()));
+        let past = Checkpoint { read_up_to: 39, ..sample() };
+        assert!(problem(&past.encode()).contains("timer 40"));
+        let mut later_origin = sample();
+        later_origin.timers[1].origin = Some(41);
+        assert!(problem(&later_origin.encode()).contains("origin Some(41)"));
+        let left_past = Checkpoint { left: vec![43], ..sample() };
+        assert!(problem(&left_past.encode()).contains("left sequence 43"));
     }
 }

@@ -9,7 +9,6 @@ use std::time::{Duration, Instant};
 use async_nats::HeaderMap;
 use async_nats::jetstream;
 use async_nats::jetstream::context::{GetStreamByNameErrorKind, PublishError, PublishErrorKind};
-use async_nats::jetstream::stream::DirectGetErrorKind;
 use bytes::Bytes;
 use delaywheel::ConsumedMessage;
 use futures::StreamExt;
@@ -25,8 +24,8 @@ use crate::wire::{self, TimerHandle};
 use crate::{Result, TierError};
 
 use super::{
-    BY_REFERENCE, FIRE_TOPIC, Part, PendingTimer, SUBJECT_PROPERTY, Settled, Shared, acknowledge, now_ms,
-    publish_acked,
+    BY_REFERENCE, FIRE_TOPIC, Part, PendingTimer, Presence, SUBJECT_PROPERTY, Settled, Shared, acknowledge,
+    now_ms, publish_acked,
 };
 
 /// Fired timers published at once (a timer waiting to be tried again holds
@@ -202,7 +201,7 @@ impl Part {
     /// The timer as it is to be published, or None if it left the stream.
     async fn load(&self, sequence: u64, timer: &ConsumedMessage) -> Result<Option<Due>> {
         let pending = self.pending.lock().expect("index lock").timers.get(&sequence).cloned();
-        let Some(PendingTimer { ack, msg_id, origin, .. }) = pending else {
+        let Some(PendingTimer { ack, msg_id, origin, presence, .. }) = pending else {
             return Ok(None);
         };
         if timer.tags() != Some(BY_REFERENCE) {
@@ -216,18 +215,24 @@ impl Part {
             }
             return Ok(Some(Due { ack, msg_id, source, payload: timer.body().clone(), subject, origin }));
         }
-        match self.delay_stream().stream.direct_get(sequence).await {
-            Ok(message) => {
+        // One the previous owner may have just fired is asked of the leader.
+        let got = match presence {
+            Presence::Held => self.get(sequence).await?,
+            Presence::Unconfirmed => self.in_stream(sequence).await?,
+        };
+        match got {
+            Some(message) => {
                 let source = owned_pairs(&message.headers);
                 let subject = Some(message.subject.to_string());
                 Ok(Some(Due { ack, msg_id, source, payload: message.payload, subject, origin }))
             }
-            Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
+            None => {
                 self.pending.lock().expect("index lock").remove(sequence);
                 metrics::counter!("delaytier_skipped_total").increment(1);
-                Ok(None) // deleted from the stream by hand
+                // Deleted from the stream by hand, or fired or cancelled by
+                // the previous owner after its checkpoint.
+                Ok(None)
             }
-            Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
         }
     }
 

@@ -19,8 +19,8 @@ use crate::wire::{self, TimerHandle};
 use crate::{Result, TierError};
 
 use super::{
-    BY_REFERENCE, FIRE_TOPIC, MAX_MSG_ID_LEN, PARTITION_SEGMENT_BYTES, Part, PendingTimer, SUBJECT_PROPERTY,
-    Settled, Source, acknowledge, consumer_name, producer_msg_id,
+    BY_REFERENCE, FIRE_TOPIC, MAX_MSG_ID_LEN, PARTITION_SEGMENT_BYTES, Part, PendingTimer, Presence,
+    SUBJECT_PROPERTY, Settled, acknowledge, consumer_name, producer_msg_id,
 };
 
 /// The most bytes of timers one local batch put holds (about): a batch must
@@ -59,12 +59,11 @@ pub(super) struct Read<'a> {
 }
 
 impl<'a> Read<'a> {
-    /// A timer the partition's consumer handed out.
-    fn handed_out(message: &'a JsMessage) -> std::result::Result<Self, Reject> {
-        let info = message.info().map_err(|e| {
-            let error = TierError::nats("read a message's sequence", e);
-            Reject { sequence: 0, kind: "malformed", error }
-        })?;
+    /// A timer the partition's consumer handed out. A message whose
+    /// sequence does not read fails the read: a read counted past it would
+    /// have passed over a timer.
+    fn handed_out(message: &'a JsMessage) -> Result<Self> {
+        let info = message.info().map_err(|e| TierError::nats("read a message's sequence", e))?;
         Ok(Read {
             sequence: info.stream_sequence,
             published: info.published,
@@ -104,11 +103,11 @@ struct Indexed {
     replaces: Option<u64>,
     /// See [`PendingTimer::origin`].
     origin: Option<u64>,
-    source: Source,
+    presence: Presence,
 }
 
 /// A timer read from the stream that will not be indexed.
-pub(super) struct Reject {
+struct Reject {
     sequence: u64,
     /// The dead letter's reason label: `malformed` or `refused` (its target).
     kind: &'static str,
@@ -128,9 +127,9 @@ impl Part {
             }
             resume = false;
             tokio::time::sleep(Duration::from_millis(200)).await;
-            // A new read starts from the beginning: drop what was indexed.
-            // (Only reached on errors; the ordered consumer recovers from gaps
-            // itself.) Timers indexed twice would fire twice, so start over.
+            // A new read starts from the beginning, with the consumer made
+            // anew: drop what was indexed (timers indexed twice would fire
+            // twice).
             self.forget_all().await;
         }
     }
@@ -166,8 +165,8 @@ impl Part {
                 .into_iter()
                 .collect::<std::result::Result<_, _>>()
                 .map_err(|e| TierError::nats("read the partition", e))?;
-            let reads = chunk.iter().map(Read::handed_out).collect();
-            self.take_in(reads, Source::Read).await?;
+            let reads = chunk.iter().map(Read::handed_out).collect::<Result<Vec<Read>>>()?;
+            self.take_in(reads, Presence::Held).await?;
         }
         Ok(())
     }
@@ -199,25 +198,13 @@ impl Part {
     /// Checks timers read from the stream, puts those to index into the
     /// local store (by reference, from a checkpoint), moves the others to
     /// the dead letter, and then counts them all read.
-    pub(super) async fn take_in(
-        &self,
-        reads: Vec<std::result::Result<Read<'_>, Reject>>,
-        source: Source,
-    ) -> Result<()> {
+    pub(super) async fn take_in(&self, reads: Vec<Read<'_>>, presence: Presence) -> Result<()> {
         let max_body = self.store.max_body_bytes();
         let mut timers = Vec::with_capacity(reads.len());
         let mut rejected = Vec::new();
         let mut read_up_to = 0;
         for read in reads {
-            let read = match read {
-                Ok(read) => read,
-                // Its sequence unknown: nothing to move or count.
-                Err(reject) => {
-                    tracing::warn!(error = %reject.error, "a message of the partition not read");
-                    continue;
-                }
-            };
-            match index(&read, self.partition, max_body, &self.shared.policy, source) {
+            match index(&read, self.partition, max_body, &self.shared.policy, presence) {
                 Ok(timer) => {
                     read_up_to = read_up_to.max(timer.sequence);
                     timers.push(timer);
@@ -281,6 +268,11 @@ impl Part {
             let mut claimed: HashMap<Box<str>, u64> = HashMap::new();
             let mut kept = Vec::with_capacity(timers.len());
             for timer in timers {
+                // Indexed already (from a checkpoint, or handed out again
+                // after the consumer's leader changed): one local timer each.
+                if index.timers.contains_key(&timer.sequence) {
+                    continue;
+                }
                 if let Some(id) = timer.msg_id.as_deref() {
                     let held = index
                         .holder_of(id, timer.sequence)
@@ -297,10 +289,10 @@ impl Part {
             }
             let (messages, timers): (Vec<Message>, Vec<_>) = kept
                 .into_iter()
-                .map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id, t.origin, t.source)))
+                .map(|t| (t.local, (t.sequence, t.deliver_at_ms, t.ack, t.msg_id, t.origin, t.presence)))
                 .unzip();
             let receipts = put_in_batches(&store, messages)?;
-            for ((sequence, deliver_at_ms, ack, msg_id, origin, source), receipt) in
+            for ((sequence, deliver_at_ms, ack, msg_id, origin, presence), receipt) in
                 timers.into_iter().zip(receipts)
             {
                 let handle = receipt.handle().ok_or_else(|| TierError::BadTimer {
@@ -314,7 +306,7 @@ impl Part {
                 if let Some(origin) = origin {
                     index.by_origin.insert(origin, sequence);
                 }
-                index.timers.insert(sequence, PendingTimer { handle, ack, msg_id, origin, source });
+                index.insert(sequence, PendingTimer { handle, ack, msg_id, origin, presence });
             }
             index.changes += 1;
             Ok::<_, TierError>(duplicates)
@@ -396,6 +388,7 @@ impl Part {
             index.consumer_created_ns = None;
             index.by_msg_id.clear();
             index.by_origin.clear();
+            index.unconfirmed = 0;
             let handles: Vec<Handle> = index.timers.drain().map(|(_, t)| t.handle).collect();
             store.cancel_batch(&handles)
         })
@@ -451,7 +444,7 @@ fn index(
     partition: u32,
     max_body: usize,
     policy: &TargetPolicy,
-    source: Source,
+    presence: Presence,
 ) -> std::result::Result<Indexed, Reject> {
     let (sequence, stored) = (read.sequence, read.published);
     let bad = |problem: &str| Reject {
@@ -508,7 +501,7 @@ fn index(
     // What a checkpoint's owner got may leave the stream before it fires:
     // it is read again then (see `Source`).
     let copied =
-        source == Source::Read && header_bytes <= MAX_PROPERTIES_LEN && read.payload.len() <= max_body;
+        presence == Presence::Held && header_bytes <= MAX_PROPERTIES_LEN && read.payload.len() <= max_body;
     let local = if copied {
         let copy = Message::new(FIRE_TOPIC, read.payload.clone());
         pairs.iter().chain(&subject).fold(copy, |m, (n, v)| m.property(*n, *v))
@@ -523,7 +516,7 @@ fn index(
     if msg_id.as_ref().is_some_and(|id| id.len() > MAX_MSG_ID_LEN) {
         return Err(bad(&format!("{} longer than {MAX_MSG_ID_LEN} bytes", wire::MSG_ID)));
     }
-    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces, origin, source })
+    Ok(Indexed { sequence, deliver_at_ms, ack, local, msg_id, replaces, origin, presence })
 }
 
 #[cfg(test)]
@@ -535,7 +528,7 @@ mod tests {
         let local = Message::new(FIRE_TOPIC, Bytes::new());
         let ack = async_nats::Subject::from("ack");
         let msg_id = Some("id".into());
-        Indexed { sequence, deliver_at_ms: 1, ack, local, msg_id, replaces, origin, source: Source::Read }
+        Indexed { sequence, deliver_at_ms: 1, ack, local, msg_id, replaces, origin, presence: Presence::Held }
     }
 
     /// A timer holding an id drops a later one with it, but not its own

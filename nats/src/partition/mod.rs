@@ -162,27 +162,32 @@ struct PendingTimer {
     /// For a recurring schedule's timer, the sequence of the schedule's
     /// first timer, whose handle names the schedule.
     origin: Option<u64>,
-    /// How it was indexed: a timer taken from a checkpoint may have left the
-    /// stream since (fired or cancelled by the owner before), so it is
-    /// looked up there before it is fired or cancelled.
-    source: Source,
+    /// Whether it is surely still in the stream (see [`Presence`]).
+    presence: Presence,
 }
 
-/// How a pending timer came to be indexed.
+/// Whether an indexed timer is surely still in the stream.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Source {
-    /// Read from the stream by this owner.
-    Read,
-    /// From the previous owner's checkpoint, or read after it by a get.
-    Checkpoint,
+enum Presence {
+    /// Handed out by the partition's consumer to this owner, which alone
+    /// acknowledges it: there until this owner fires or cancels it.
+    Held,
+    /// Named by the previous owner's checkpoint, or read after it by a get:
+    /// that owner may have fired or cancelled it since, so it is looked up
+    /// in the stream before it is fired or a cancel of it is answered.
+    Unconfirmed,
 }
 
 /// What the partition's tasks share about the timers read so far.
 struct Index {
     /// The timers indexed and not yet removed from the stream, by sequence.
     timers: HashMap<u64, PendingTimer>,
-    /// The highest sequence the partition's consumer has handed out (the
-    /// stream hands a partition's timers out in sequence order).
+    /// How far the partition is read: every timer its consumer handed out
+    /// at or below this sequence is indexed, left (below) or gone from the
+    /// stream (the consumer hands a partition's timers out in sequence
+    /// order). Raised once a batch read is all indexed or left; timers
+    /// above it may be indexed already, while a batch or a takeover is
+    /// under way.
     read_up_to: u64,
     /// Timers read and left unacknowledged in the stream, unindexed
     /// (malformed ones not yet moved to the dead letter, duplicates not yet
@@ -195,6 +200,9 @@ struct Index {
     /// Counts changes to what a checkpoint holds, so an idle partition
     /// writes none.
     changes: u64,
+    /// How many of `timers` are [`Presence::Unconfirmed`]: the sweep does
+    /// not count on them being in the stream.
+    unconfirmed: usize,
     /// Timers fired lately, with when: the sweep checks they left the stream.
     fired: VecDeque<(Instant, u64)>,
     /// The sequence of the indexed timer holding each `Nats-Msg-Id`.
@@ -218,6 +226,7 @@ impl Index {
             left: BTreeSet::new(),
             consumer_created_ns: None,
             changes: 0,
+            unconfirmed: 0,
             fired: VecDeque::new(),
             by_msg_id: HashMap::new(),
             by_origin: HashMap::new(),
@@ -226,9 +235,19 @@ impl Index {
         }
     }
 
+    /// Indexes `timer`, at `sequence`.
+    fn insert(&mut self, sequence: u64, timer: PendingTimer) {
+        self.unconfirmed += usize::from(timer.presence == Presence::Unconfirmed);
+        if let Some(replaced) = self.timers.insert(sequence, timer) {
+            self.unconfirmed -= usize::from(replaced.presence == Presence::Unconfirmed);
+        }
+        self.changes += 1;
+    }
+
     /// Forgets the indexed timer `sequence` (fired, cancelled or gone).
     fn remove(&mut self, sequence: u64) {
         let Some(timer) = self.timers.remove(&sequence) else { return };
+        self.unconfirmed -= usize::from(timer.presence == Presence::Unconfirmed);
         self.changes += 1;
         if let Some(id) = timer.msg_id
             && self.by_msg_id.get(&id) == Some(&sequence)

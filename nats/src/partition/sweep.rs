@@ -36,7 +36,7 @@ impl Part {
                 let mut index = self.pending.lock().expect("index lock");
                 let cut = index.fired.partition_point(|(at, _)| at.elapsed() >= ACK_SETTLES);
                 let settled: Vec<(Instant, u64)> = index.fired.drain(..cut).collect();
-                (settled, index.timers.len() + index.left.len())
+                (settled, index.timers.len() - index.unconfirmed + index.left.len())
             };
             if settled.is_empty() {
                 continue;
