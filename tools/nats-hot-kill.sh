@@ -19,15 +19,7 @@ if [[ ${1:-} == --lease-ms ]]; then lease_ms=${2:?--lease-ms needs ms}; shift 2;
 messages=${1:-100000}
 delay_s=${2:-20}
 checkpoint_ms=${3:-1000}
-server=${NATS_SERVER:-$(tools/nats/install.sh)}
-bin=${DELAYWHEEL_BIN:-target/release}
-[[ -n ${DELAYWHEEL_BIN:-} ]] || cargo build --release --quiet -p delaywheel-nats
-
-work=$(mktemp -d)
-pids=()
-cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-source tools/nats/cluster.sh
+source tools/nats/setup.sh
 start_cluster
 
 b_port=$(free_port)

@@ -39,16 +39,7 @@ fi
 messages=${1:-100000}
 delay=${2:-2000..10000}
 bad=${3:-0}
-server=${NATS_SERVER:-$(tools/nats/install.sh)}
-bin=${DELAYWHEEL_BIN:-target/release}
-[[ -n ${DELAYWHEEL_BIN:-} ]] || cargo build --release --quiet -p delaywheel-nats
-
-work=$(mktemp -d)
-pids=()
-cleanup() { kill -9 "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
-
-source tools/nats/cluster.sh
+source tools/nats/setup.sh
 start_cluster
 
 run_tier() {
