@@ -328,8 +328,8 @@ impl Part {
         if written == Some(index.changes) {
             return None;
         }
-        // A timer above `read_up_to` (put, its batch not yet counted read)
-        // is read again by the next owner, from the tail.
+        // A timer above `read_up_to` (put or left, its batch not yet counted
+        // read) is read again by the next owner, from the tail.
         let mut timers: Vec<CheckpointTimer> = index
             .timers
             .iter()
@@ -348,7 +348,7 @@ impl Part {
             consumer_created_ns,
             read_up_to: index.read_up_to,
             timers: Vec::new(),
-            left: index.left.iter().copied().collect(),
+            left: index.left.range(..=index.read_up_to).copied().collect(),
             fired: index.fired.iter().map(|&(_, sequence)| sequence).collect(),
         };
         let changes = index.changes;
