@@ -70,8 +70,10 @@ pub(crate) struct Dispatcher {
     /// could still erase.
     durable_only: bool,
     /// The log's end at open: a delivery before it names a message this
-    /// process has not checked (its checksum is checked when read); the
-    /// ticking thread checks every message it delivers itself.
+    /// process has not checked (its checksum is checked when read); every
+    /// message the ticking thread delivers was checked in this process, by
+    /// the ticker as its second loaded or by the wheel's front as it was
+    /// indexed (see `timer/routes.rs`).
     replay_end: u64,
     /// Damaged records skipped (see [`quarantine`](Self::quarantine)).
     quarantined: Arc<AtomicU64>,
@@ -242,7 +244,7 @@ impl Dispatcher {
                 };
                 self.keys.add(offset, &view)?;
                 if view.timer_deliver_at_ms().is_some() {
-                    let queue = self.scheduler.index(offset, bytes.len(), &view)?;
+                    let queue = self.scheduler.index(offset, bytes, &view)?;
                     match replaced_by(&view) {
                         // An update: the schedule it replaces (of the same topic) is settled.
                         Some(replaced) => {
@@ -340,7 +342,7 @@ impl Dispatcher {
     /// queue's entries stay in commit-log order (recovery relies on it);
     /// consumers follow the delivery record to the message.
     fn index_delivery(&self, offset: u64, delivery: DeliveryView) -> Result<Arc<ConsumeQueue>> {
-        // A delivery of this session's ticker names a record it checked.
+        // A delivery of this session's ticker names a record checked in this session.
         let checksum = offset < self.replay_end;
         let mut originals = self.originals.borrow_mut();
         let mut named = delivery.message_offset;

@@ -33,6 +33,7 @@ use crate::store::{Store, Wakes};
 use crate::threads::{Stop, StopFlag, Threads};
 use crate::timer::WheelFront;
 use crate::timer::levels::DelayLevels;
+use crate::timer::log::FaultAhead;
 use crate::timer::pins_snapshot::{PinsSnapshotter, SnapshotGate};
 use crate::timer::tick::{Ticker, WheelCheckpoint, WheelCommand, WheelShared};
 use crate::timer::wheel::restart::Restarted;
@@ -250,12 +251,18 @@ impl Parts {
         let committer = Committer { log: Arc::clone(&self.log), dispatch_wake: self.wakes.dispatch.clone() };
         let stop = StopFlag::new(Some(self.wakes.commit.clone()));
         threads.spawn("commit", Stop::Flag(stop.clone()), move || committer.run(inboxes.commit, stop))?;
-        let prefaulter = Prefaulter { log: Arc::clone(&self.log), queues: Arc::clone(&self.queues) };
+        let timer_logs = [(); 2].map(|()| Arc::new(FaultAhead::new(self.wakes.prefault.clone())));
+        let prefaulter = Prefaulter {
+            log: Arc::clone(&self.log),
+            queues: Arc::clone(&self.queues),
+            timer_logs: timer_logs.clone(),
+        };
         let stop = StopFlag::new(Some(self.wakes.prefault.clone()));
         threads
             .spawn("prefault", Stop::Flag(stop.clone()), move || prefaulter.run(inboxes.prefault, stop))?;
         let pins = timers.wheel.pins();
-        let ticker = self.ticker(timers, counts, inboxes.timer_log_reclaim);
+        let mut ticker = self.ticker(timers, counts, inboxes.timer_log_reclaim);
+        ticker.fault_ahead_with(timer_logs);
         let stop = StopFlag::new(None);
         let wheel = inboxes.wheel;
         threads.spawn("tick", Stop::Flag(stop.clone()), move || ticker.run(wheel, stop))?;
@@ -345,6 +352,8 @@ impl Parts {
             routes: Default::default(),
             recurring: Default::default(),
             armed_ahead: Default::default(),
+            checked_at_load: 0,
+            fault_ahead: None,
             pins_gate: Arc::clone(&self.pins_gate),
         }
     }

@@ -11,17 +11,20 @@ use crate::commitlog::CommitLog;
 use crate::consume_queue::QueueRegistry;
 use crate::error::Result;
 use crate::threads::StopFlag;
+use crate::timer::log::FaultAhead;
 
 /// How often the thread repeats that it cannot make queue files ahead.
 const WARNING_INTERVAL: Duration = Duration::from_secs(60);
 /// How long it sleeps with nothing to do, unless woken.
 const IDLE: Duration = Duration::from_millis(100);
 
-/// Faults in commit-log pages ahead of the writer and makes each consume
-/// queue's next file ahead of the dispatcher.
+/// Faults in commit-log pages ahead of the writer, timer-log pages ahead of
+/// the ticking thread, and makes each consume queue's next file ahead of the
+/// dispatcher.
 pub(crate) struct Prefaulter {
     pub log: Arc<CommitLog>,
     pub queues: Arc<QueueRegistry>,
+    pub timer_logs: [Arc<FaultAhead>; 2],
 }
 
 impl Prefaulter {
@@ -36,6 +39,7 @@ impl Prefaulter {
                 tracing::warn!(error = %e, "could not make a consume-queue file ahead of need");
                 warned = Some(Instant::now());
             }
+            self.timer_logs.iter().for_each(|log| log.fault_in());
             if !self.log.prefault_ahead() {
                 let _ = wake.recv_timeout(IDLE);
             }

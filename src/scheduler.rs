@@ -19,10 +19,11 @@ use crate::timer::wheel::window::PendingEntry;
 
 /// Where timed messages wait until they are due.
 pub(crate) trait SchedulerFront: Send + Sync {
-    /// Indexes the timed message record at `offset`, `len` bytes long. Called
-    /// by the dispatcher in commit-log order; returns the consume queue it
-    /// appended to, if any.
-    fn index(&self, offset: u64, len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>>;
+    /// Indexes the timed message `record` at `offset` (its frame checked,
+    /// not its checksum: see `CommitLog::visit_trusted`), read as `view`.
+    /// Called by the dispatcher in commit-log order; returns the consume
+    /// queue it appended to, if any.
+    fn index(&self, offset: u64, record: &[u8], view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>>;
 
     /// Indexes the timer of the reschedule record at `offset` (in commit-log
     /// order, like [`index`](Self::index)).

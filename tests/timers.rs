@@ -201,3 +201,41 @@ fn timers_fired_together_keep_what_they_were_put_with() {
     assert_eq!(by_body("moved").deliver_at_ms(), Some(due), "due at its new time");
     assert_eq!(by_body("moved").log_offset(), moved.offset());
 }
+
+/// A timer put in this run of the store and due within about a minute is
+/// not read again as its second loads: the dispatcher read its record as it
+/// indexed it and sent its route along. A far one, a rescheduled one and,
+/// after a restart, every one are checked against their records.
+#[test]
+fn timers_put_in_this_run_and_due_soon_are_not_read_again_as_their_second_loads() {
+    let dir = tempfile::tempdir().unwrap();
+    let clock = ManualClock::new(T0);
+    let store = store_at(dir.path(), &clock);
+    for i in 0..100 {
+        store.put(Message::new("T", format!("m{i}")).deliver_at_ms(T0 + 5_000 + i * 7)).unwrap();
+    }
+    let moved = store.put(Message::new("T", "moved").deliver_at_ms(T0 + 3_000)).unwrap();
+    store.reschedule(moved.handle().unwrap(), T0 + 6_000).unwrap();
+    store.put(Message::new("T", "far").deliver_at_ms(T0 + 600_000)).unwrap();
+    let mut consumer = store.consumer("T", 0).unwrap();
+    clock.set_ms(T0 + 6_000);
+    let fired = bodies(&drain(&mut consumer, 101));
+    assert_eq!(fired.len(), 101);
+    assert_eq!(fired.last().map(String::as_str), Some("moved"));
+    assert_eq!(store.fresh_stats().unwrap().timers_checked_at_load, 1, "only the rescheduled one");
+    clock.set_ms(T0 + 600_000);
+    assert_eq!(bodies(&drain(&mut consumer, 1)), ["far"]);
+    assert_eq!(store.fresh_stats().unwrap().timers_checked_at_load, 2, "and the far one");
+    for i in 0..50 {
+        store.put(Message::new("T", format!("r{i}")).deliver_at_ms(T0 + 610_000 + i)).unwrap();
+    }
+    consumer.commit();
+    drop(consumer);
+    store.close().unwrap();
+
+    let store = store_at(dir.path(), &clock);
+    let mut consumer = store.consumer("T", 0).unwrap();
+    clock.set_ms(T0 + 611_000);
+    assert_eq!(bodies(&drain(&mut consumer, 50)), (0..50).map(|i| format!("r{i}")).collect::<Vec<_>>());
+    assert_eq!(store.fresh_stats().unwrap().timers_checked_at_load, 50, "after a restart, every one");
+}

@@ -103,10 +103,10 @@ pub(crate) struct BucketFront {
 }
 
 impl SchedulerFront for BucketFront {
-    fn index(&self, offset: u64, len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
+    fn index(&self, offset: u64, record: &[u8], view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
         let bucket = bucket_for(&self.levels, view.store_time_ms, view.timing)?;
         let queue = self.queues.get_or_create(SCHEDULE_TOPIC, u32::from(bucket.level) - 1);
-        let record_len = len as u32;
+        let record_len = record.len() as u32;
         let tag_hash = tag_hash(view.tags);
         queue.append(&Entry {
             log_offset: offset,

@@ -241,6 +241,7 @@ impl Store {
             damaged_log_bytes,
             refreshes: timers.refreshes,
             wheel_rebuilds: timers.rebuilds,
+            timers_checked_at_load: timers.checked_at_load,
             disk,
             retention,
         }

@@ -10,7 +10,7 @@ use crossbeam_channel::Sender;
 
 use crate::consume_queue::ConsumeQueue;
 use crate::error::{Error, Result};
-use crate::format::record::{MessageView, RescheduleView};
+use crate::format::record::{MessageView, RescheduleView, check_crc};
 use crate::message::{CancelOutcome, PauseOutcome, ReplaceAnswer, Replacement, RescheduleOutcome};
 use crate::receipt::UpdateOutcome;
 use crate::schedule::ScheduleUpdate;
@@ -19,7 +19,7 @@ use crate::stats::TimerStats;
 use crate::sync::Locked;
 use crate::timer::tick::{Control, WheelCommand, WheelShared};
 use crate::timer::wheel::window::{PendingEntry, TimerFate};
-use crate::timer::{NewTimer, Timer};
+use crate::timer::{NewTimers, Timer};
 
 /// Timers sent to the ticking thread in one command (at most).
 pub(crate) const INSERT_BATCH: usize = 256;
@@ -36,24 +36,25 @@ pub(crate) struct WheelFront {
     /// sent yet: they go [`INSERT_BATCH`] at a time, and the rest before
     /// the dispatcher publishes its progress ([`hand_over`](SchedulerFront::hand_over)).
     /// One command per timer cost both threads a channel operation each.
-    unsent: Mutex<Vec<NewTimer>>,
+    unsent: Mutex<NewTimers>,
 }
 
 impl WheelFront {
     pub fn new(commands: Sender<WheelCommand>, shared: Arc<WheelShared>, timeout: Duration) -> Self {
-        let unsent = Mutex::new(Vec::with_capacity(INSERT_BATCH));
+        let unsent = Mutex::new(NewTimers::with_capacity(INSERT_BATCH));
         Self { commands, shared, sent: AtomicU64::new(0), timeout, unsent }
     }
 
-    /// Queues a timer the dispatcher indexed; sends the batch once full.
-    fn queue(&self, timer: Timer, recurring: bool) -> Result<()> {
+    /// Queues a timer the dispatcher indexed (with its message's topic,
+    /// queue id and tags, if it is a timed message's); sends the batch once full.
+    fn queue(&self, timer: Timer, recurring: bool, route: Option<(&str, u32, &str)>) -> Result<()> {
         let mut unsent = self.unsent.locked();
-        unsent.push(NewTimer { timer, recurring });
+        unsent.push(timer, recurring, route);
         if unsent.len() < INSERT_BATCH {
             return Ok(());
         }
         // Sent under the lock: batches go in the order their timers came.
-        let full = std::mem::replace(&mut *unsent, Vec::with_capacity(INSERT_BATCH));
+        let full = std::mem::replace(&mut *unsent, NewTimers::with_capacity(INSERT_BATCH));
         self.send(WheelCommand::Insert(full))
     }
 
@@ -84,16 +85,22 @@ fn unanswered(waited: Duration) -> Error {
 }
 
 impl SchedulerFront for WheelFront {
-    fn index(&self, offset: u64, _len: usize, view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
+    fn index(&self, offset: u64, record: &[u8], view: &MessageView<'_>) -> Result<Option<Arc<ConsumeQueue>>> {
         let timer = Timer { deliver_at_ms: view.timing.deliver_at_ms, message_offset: offset };
-        self.queue(timer, view.schedule)?;
+        // The route vouches for the record as its second loads (see
+        // `routes.rs`), so its checksum is checked now, while it is in the
+        // cache: the ticker then delivers no message it did not see checked.
+        // A schedule's route is its occurrences', learnt as its records are read.
+        let vouched = !view.schedule && check_crc(record, offset).is_ok();
+        let route = vouched.then_some((view.topic, view.queue_id, view.tags));
+        self.queue(timer, view.schedule, route)?;
         Ok(None)
     }
 
     fn index_rescheduled(&self, offset: u64, view: &RescheduleView) -> Result<()> {
         let timer = Timer { deliver_at_ms: view.deliver_at_ms, message_offset: offset };
         // Its message is pinned by the record's ledger entry (see `durable/pins.rs`).
-        self.queue(timer, view.occurrence.is_some())
+        self.queue(timer, view.occurrence.is_some(), None)
     }
 
     fn hand_over(&self) -> Result<()> {
@@ -101,7 +108,7 @@ impl SchedulerFront for WheelFront {
         if unsent.is_empty() {
             return Ok(());
         }
-        let rest = std::mem::replace(&mut *unsent, Vec::with_capacity(INSERT_BATCH));
+        let rest = std::mem::replace(&mut *unsent, NewTimers::with_capacity(INSERT_BATCH));
         self.send(WheelCommand::Insert(rest))
     }
 
@@ -191,8 +198,8 @@ mod tests {
     /// The timers of an insert command: offset, and whether recurring.
     fn inserted(command: WheelCommand) -> Vec<(u64, bool)> {
         match command {
-            WheelCommand::Insert(timers) => {
-                timers.iter().map(|t| (t.timer.message_offset, t.recurring)).collect()
+            WheelCommand::Insert(batch) => {
+                batch.timers.iter().map(|t| (t.timer.message_offset, t.recurring)).collect()
             }
             other => panic!("expected timers, got {other:?}"),
         }
@@ -208,7 +215,7 @@ mod tests {
         let front = WheelFront::new(commands, Arc::new(shared), Duration::from_secs(1));
         let timer = |offset| Timer { deliver_at_ms: 1_000, message_offset: offset };
         for offset in 1..=INSERT_BATCH as u64 + 2 {
-            front.queue(timer(offset), offset == 2).expect("sent");
+            front.queue(timer(offset), offset == 2, None).expect("sent");
         }
         let first = inserted(ticker.try_recv().expect("a full batch is sent at once"));
         assert_eq!(first, (1..=INSERT_BATCH as u64).map(|o| (o, o == 2)).collect::<Vec<_>>());
@@ -220,6 +227,59 @@ mod tests {
         front.hand_over().expect("nothing to send");
         assert!(ticker.try_recv().is_err(), "an empty batch is not sent");
         assert_eq!(front.sent.load(Ordering::Acquire), 3);
+    }
+
+    /// A timed message's route goes with its timer once its checksum is
+    /// checked; a damaged record's, a schedule's and a reschedule's do not,
+    /// nor a queue's past the batch's table: the ticker reads those records.
+    #[test]
+    fn routes_go_with_the_timers_of_checked_timed_messages() {
+        use crate::format::record::{MessageFields, Timing, encode_message};
+        use crate::message::Message;
+        let (commands, ticker) = crossbeam_channel::unbounded();
+        let shared =
+            WheelShared::new(WheelCheckpoint::default(), Arc::new(SegmentCounts::rebuilt(1 << 20, 0..0)));
+        let front = WheelFront::new(commands, Arc::new(shared), Duration::from_secs(1));
+        let timing = Timing { deliver_at_ms: 5_000, delay_level: 0 };
+        let record = |message: &Message, offset: u64, queue: u32, schedule: bool| {
+            let fields = MessageFields { schedule, ..message.fields(queue, 1_000, timing) };
+            let mut buf = vec![0u8; fields.record_len()];
+            encode_message(&mut buf, offset, &fields);
+            buf
+        };
+        let mut offset = 32;
+        let mut index = |message: &Message, queue: u32, damage: bool, schedule: bool| {
+            let mut bytes = record(message, offset, queue, schedule);
+            let view_bytes = bytes.clone();
+            if damage {
+                let last = bytes.len() - 1;
+                bytes[last] ^= 1;
+            }
+            let view = MessageView::parse(&view_bytes).expect("a message record");
+            front.index(offset, &bytes, &view).expect("queued");
+            offset += bytes.len() as u64;
+        };
+        let plain = Message::new("T", "m").tags("a");
+        index(&plain, 0, false, false);
+        index(&plain, 0, true, false);
+        index(&plain, 0, false, true);
+        for queue in 1..=crate::timer::routes::AHEAD_QUEUES as u32 {
+            index(&plain, queue, false, false);
+        }
+        front.hand_over().expect("sent");
+        let WheelCommand::Insert(batch) = ticker.try_recv().expect("a batch") else { panic!("not a batch") };
+        let routed: Vec<Option<u16>> = batch.timers.iter().map(|t| t.route.map(|r| r.queue)).collect();
+        assert_eq!(routed[..3], [Some(0), None, None], "a damaged record's and a schedule's go without");
+        assert_eq!(
+            batch.timers[0].route.map(|r| r.tag_hash),
+            Some(crate::format::queue_entry::tag_hash("a"))
+        );
+        assert_eq!(
+            routed[3..].iter().filter(|r| r.is_some()).count(),
+            crate::timer::routes::AHEAD_QUEUES - 1
+        );
+        assert_eq!(routed.last(), Some(&None), "a queue past the table goes without");
+        assert_eq!(batch.queues.len(), crate::timer::routes::AHEAD_QUEUES);
     }
 
     /// A question dropped unanswered (the thread rebuilding its wheel) or

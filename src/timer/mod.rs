@@ -58,4 +58,72 @@ pub(crate) struct NewTimer {
     /// A recurring schedule's (of its record, or of an occurrence's): when
     /// it fires, the next occurrence is armed.
     pub recurring: bool,
+    /// Where a timed message goes, as the dispatcher read it from the
+    /// message record, its checksum checked (see `routes.rs`); `None` for a
+    /// reschedule record's timer or a schedule's, whose records the ticker
+    /// reads itself, or one of a queue past the batch's [`BATCH_QUEUES`].
+    pub route: Option<NewRoute>,
+}
+
+/// A new timer's route: its queue, by index into [`NewTimers::queues`], and its tag hash.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct NewRoute {
+    pub queue: u16,
+    pub tag_hash: u32,
+}
+
+/// Timers the dispatcher sends the ticking thread in one command, in log
+/// order, with the queues their routes name.
+#[derive(Debug, Default)]
+pub(crate) struct NewTimers {
+    pub timers: Vec<NewTimer>,
+    /// Topic and queue id, by [`NewRoute::queue`].
+    pub queues: Vec<(Box<str>, u32)>,
+}
+
+/// The most queues one [`NewTimers`] names (as many as a second's routes
+/// learnt ahead may): a timer past them goes without a route (the ticker
+/// reads its record).
+const BATCH_QUEUES: usize = crate::timer::routes::AHEAD_QUEUES;
+
+impl NewTimers {
+    pub fn with_capacity(timers: usize) -> Self {
+        Self { timers: Vec::with_capacity(timers), queues: Vec::new() }
+    }
+
+    /// Adds a timer; `route` is its message's topic, queue id and tags.
+    pub fn push(&mut self, timer: Timer, recurring: bool, route: Option<(&str, u32, &str)>) {
+        let route = route.and_then(|(topic, queue_id, tags)| {
+            let queue = self.queue_index(topic, queue_id)?;
+            Some(NewRoute { queue, tag_hash: crate::format::queue_entry::tag_hash(tags) })
+        });
+        self.timers.push(NewTimer { timer, recurring, route });
+    }
+
+    /// The index of a queue in [`Self::queues`], added if there is room.
+    fn queue_index(&mut self, topic: &str, queue_id: u32) -> Option<u16> {
+        let names = |(t, q): &(Box<str>, u32)| *q == queue_id && **t == *topic;
+        // A batch is mostly the queue of the timer before, the newest one.
+        if let Some(last) = self.timers.last().and_then(|t| t.route)
+            && names(&self.queues[usize::from(last.queue)])
+        {
+            return Some(last.queue);
+        }
+        if let Some(index) = self.queues.iter().position(names) {
+            return Some(index as u16);
+        }
+        if self.queues.len() == BATCH_QUEUES {
+            return None;
+        }
+        self.queues.push((topic.into(), queue_id));
+        Some((self.queues.len() - 1) as u16)
+    }
+
+    pub fn len(&self) -> usize {
+        self.timers.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.timers.is_empty()
+    }
 }

@@ -1,6 +1,6 @@
 //! Where each loaded timer goes when it fires: its message's topic, queue and
-//! tag hash. The ticker learns them when it checks a timer's record as the
-//! timer's second is loaded (it reads the message then anyway), so that when
+//! tag hash. The ticker learns them as the timer's second is loaded, from
+//! the record it checks then or from a route learnt ahead (below), so that when
 //! a run of timers fires it writes one deliveries record per queue (kind 7),
 //! which the dispatcher indexes without reading a message, wherever that
 //! record is no longer than the run's delivery records would be.
@@ -8,6 +8,21 @@
 //! Routes are kept per loaded second and dropped with it, so memory follows
 //! the timers loaded. A timer the ticker did not check (one indexed into a
 //! second already loaded) has no route: it gets a delivery record of its own.
+//!
+//! **Routes learnt ahead.** The dispatcher reads every message record as it
+//! indexes it, so it sends a timed message's route with its timer, once the
+//! record's checksum is checked (while the record is in the cache); the
+//! ticker keeps it *ahead* when the timer's second is not read in yet and
+//! is due within [`AHEAD_SECONDS`], up to [`AHEAD_MAX`] of them. As the
+//! second loads, such a route vouches for its timer: the record at that
+//! offset is a timed message due then, checked in this run of the store, so
+//! the check learns the route without reading the record again. Reading those cold
+//! records was a quarter of the ticker's work per fired timer. A slot's
+//! chain lists its timers newest first and the dispatcher sent them in log
+//! order, so matching the two is a finger walking down one array; a timer
+//! the walk does not match (rescheduled, cascaded, past the caps) is read as
+//! before. Routes learnt ahead are memory only: the timers a restart or a
+//! rebuild of the wheel finds already indexed are read as their seconds load.
 //!
 //! A second's routes are kept by millisecond, each millisecond's in firing
 //! order (by offset, the order the wheel hands its timers out in), so taking
@@ -161,14 +176,116 @@ impl SecondRoutes {
     }
 }
 
+/// Notes where `timer`, loaded in `second`, goes, in `seconds`.
+fn learn_in(
+    seconds: &mut VecDeque<SecondRoutes>,
+    second: u64,
+    timer: Timer,
+    (topic, queue_id, tag_hash): (&str, u32, u32),
+) {
+    // Seconds are loaded in order: the newest is nearly always the one.
+    let at = match seconds.back() {
+        Some(s) if s.second == second => seconds.len() - 1,
+        _ => {
+            let at = seconds.partition_point(|s| s.second < second);
+            if seconds.get(at).is_none_or(|s| s.second != second) {
+                seconds.insert(at, SecondRoutes { second, ..SecondRoutes::default() });
+            }
+            at
+        }
+    };
+    seconds[at].learn(timer, topic, queue_id, tag_hash);
+}
+
 /// A route taken for a firing timer: the index of its second in
 /// [`Routes::seconds`], the index of its queue there, its tag hash.
 type Taken = (usize, u32, u32);
 
-/// The routes of the loaded seconds, oldest first.
+/// How far past the newest loaded second a timer may be due for its route
+/// to be kept ahead: about a minute of timers (a burst of retries), not
+/// hours of them held in memory.
+pub(crate) const AHEAD_SECONDS: u64 = 64;
+/// The most routes kept ahead (24 bytes each: 24 to 48 MiB with the arrays'
+/// slack); past it, timers are read as their second loads.
+const AHEAD_MAX: usize = 1 << 20;
+/// The most queues one second's routes learnt ahead name; a timer of
+/// another queue is read as its second loads.
+pub(crate) const AHEAD_QUEUES: usize = 64;
+
+/// The routes the dispatcher read for the timers of a second not yet read
+/// in, in log order.
+struct AheadSecond {
+    second: u64,
+    /// Topic and queue id, by the index a route names.
+    queues: Vec<(Box<str>, u32)>,
+    /// Each timer, its queue's index and its tag hash, by offset.
+    routes: Vec<(Timer, u32, u32)>,
+    /// Routes from here on were matched or passed by the chain's walk, which goes newest first.
+    unmatched: usize,
+    /// The queue of the route learnt last: a burst is mostly one queue.
+    last: usize,
+}
+
+impl AheadSecond {
+    fn learn(&mut self, timer: Timer, (topic, queue_id, tag_hash): (&str, u32, u32)) -> bool {
+        if self.routes.last().is_some_and(|(last, _, _)| last.message_offset >= timer.message_offset) {
+            debug_assert!(false, "routes learnt ahead out of log order");
+            return false;
+        }
+        let names = |(t, q): &(Box<str>, u32)| *q == queue_id && **t == *topic;
+        let queue = match self.queues.get(self.last) {
+            Some(last) if names(last) => self.last,
+            _ => match self.queues.iter().position(names) {
+                Some(queue) => queue,
+                None if self.queues.len() < AHEAD_QUEUES => {
+                    self.queues.push((topic.into(), queue_id));
+                    self.queues.len() - 1
+                }
+                None => return false,
+            },
+        };
+        self.last = queue;
+        self.routes.push((timer, queue as u32, tag_hash));
+        self.unmatched = self.routes.len();
+        true
+    }
+
+    /// The route learnt ahead for `timer` (its queue's index and its tag
+    /// hash), met in a walk down the slot's chain: routes of newer timers
+    /// the walk did not meet are passed.
+    fn matched(&mut self, timer: &Timer) -> Option<(u32, u32)> {
+        let unmatched = &self.routes[..self.unmatched];
+        // Nearly always the newest unmatched one: the chain holds little else.
+        let newer = match unmatched.last() {
+            Some((last, _, _)) if last.message_offset <= timer.message_offset => unmatched.len(),
+            _ => unmatched.partition_point(|(t, _, _)| t.message_offset <= timer.message_offset),
+        };
+        self.unmatched = newer;
+        let (ahead, queue, tag_hash) = *self.routes[..newer].last()?;
+        if ahead != *timer {
+            return None;
+        }
+        self.unmatched -= 1;
+        Some((queue, tag_hash))
+    }
+}
+
+/// A route learnt ahead that matched a timer read from its slot's chain:
+/// where its second is in [`Routes::ahead`], its queue there, its tag hash.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Vouched {
+    at: usize,
+    queue: u32,
+    tag_hash: u32,
+}
+
+/// The routes of the loaded seconds, oldest first, and those learnt ahead.
 #[derive(Default)]
 pub(crate) struct Routes {
     seconds: VecDeque<SecondRoutes>,
+    ahead: VecDeque<AheadSecond>,
+    /// Routes in `ahead`.
+    ahead_len: usize,
 }
 
 /// One record a chunk of fired timers is written as.
@@ -193,24 +310,69 @@ impl Planned<'_> {
 impl Routes {
     /// Notes where `timer`, loaded in `second`, goes.
     pub fn learn(&mut self, second: u64, timer: Timer, topic: &str, queue_id: u32, tag_hash: u32) {
-        // Seconds are loaded in order: the newest is nearly always the one.
-        let at = match self.seconds.back() {
-            Some(s) if s.second == second => self.seconds.len() - 1,
+        learn_in(&mut self.seconds, second, timer, (topic, queue_id, tag_hash));
+    }
+
+    /// Keeps the route of `timer`, due in `second` (not read in yet, and
+    /// within [`AHEAD_SECONDS`]), as the dispatcher read it from the
+    /// timer's message record; timers come in log order. `false`, with
+    /// nothing kept, past [`AHEAD_MAX`] or [`AHEAD_QUEUES`].
+    pub fn learn_ahead(&mut self, second: u64, timer: Timer, route: (&str, u32, u32)) -> bool {
+        if self.ahead_len >= AHEAD_MAX || timer.deliver_at_ms / 1000 != second {
+            return false;
+        }
+        let at = match self.ahead.back() {
+            Some(s) if s.second == second => self.ahead.len() - 1,
             _ => {
-                let at = self.seconds.partition_point(|s| s.second < second);
-                if self.seconds.get(at).is_none_or(|s| s.second != second) {
-                    self.seconds.insert(at, SecondRoutes { second, ..SecondRoutes::default() });
+                let at = self.ahead.partition_point(|s| s.second < second);
+                if self.ahead.get(at).is_none_or(|s| s.second != second) {
+                    let fresh =
+                        AheadSecond { second, queues: Vec::new(), routes: Vec::new(), unmatched: 0, last: 0 };
+                    self.ahead.insert(at, fresh);
                 }
                 at
             }
         };
-        self.seconds[at].learn(timer, topic, queue_id, tag_hash);
+        let kept = self.ahead[at].learn(timer, route);
+        self.ahead_len += usize::from(kept);
+        kept
+    }
+
+    /// The route learnt ahead for `timer`, read from the chain of
+    /// `second`'s slot (newest first, the order this is asked in), which
+    /// vouches for the timer's record; `None` if there is none (the record
+    /// must be read). Its route is learnt by [`Self::learn_vouched`].
+    pub fn vouching(&mut self, second: u64, timer: &Timer) -> Option<Vouched> {
+        let at = self.ahead.partition_point(|s| s.second < second);
+        let ahead = self.ahead.get_mut(at).filter(|s| s.second == second)?;
+        let (queue, tag_hash) = ahead.matched(timer)?;
+        Some(Vouched { at, queue, tag_hash })
+    }
+
+    /// Learns the route of a timer of `second` that `vouched` vouched for,
+    /// as [`Self::learn`] does a route read from the record. Asked in the
+    /// chain's order, between the same calls as `vouching`'s.
+    pub fn learn_vouched(&mut self, second: u64, timer: Timer, vouched: Vouched) {
+        let (topic, queue_id) = &self.ahead[vouched.at].queues[vouched.queue as usize];
+        learn_in(&mut self.seconds, second, timer, (topic, *queue_id, vouched.tag_hash));
+    }
+
+    /// Drops the routes learnt ahead of seconds up to `second`: read in whole, none vouches any more.
+    pub fn forget_ahead_through(&mut self, second: u64) {
+        while self.ahead.front().is_some_and(|s| s.second <= second) {
+            let dropped = self.ahead.pop_front().expect("a second is there");
+            self.ahead_len -= dropped.routes.len();
+        }
     }
 
     /// Drops the routes of the seconds before `second` (every loaded one is at or after it).
     pub fn forget_before(&mut self, second: u64) {
         while self.seconds.front().is_some_and(|s| s.second < second) {
             self.seconds.pop_front();
+        }
+        while self.ahead.front().is_some_and(|s| s.second < second) {
+            let dropped = self.ahead.pop_front().expect("a second is there");
+            self.ahead_len -= dropped.routes.len();
         }
     }
 
@@ -290,6 +452,13 @@ mod tests {
 
     fn t(deliver_at_ms: u64, message_offset: u64) -> Timer {
         Timer { deliver_at_ms, message_offset }
+    }
+
+    /// Whether a route learnt ahead vouches for `timer` (learning it if so), as the load check asks.
+    fn vouch(routes: &mut Routes, second: u64, timer: &Timer) -> bool {
+        let Some(vouched) = routes.vouching(second, timer) else { return false };
+        routes.learn_vouched(second, *timer, vouched);
+        true
     }
 
     #[test]
@@ -405,6 +574,62 @@ mod tests {
             );
         }
         assert_eq!(routes.len(), 0);
+    }
+
+    #[test]
+    fn routes_learnt_ahead_vouch_for_their_own_timers_met_down_the_chain() {
+        let mut routes = Routes::default();
+        // From the dispatcher, in log order.
+        assert!(routes.learn_ahead(20, t(20_005, 100), ("A", 0, 1)));
+        assert!(routes.learn_ahead(20, t(20_001, 200), ("A", 0, 2)));
+        assert!(routes.learn_ahead(20, t(20_009, 300), ("B", 0, 3)));
+        assert!(routes.learn_ahead(20, t(20_002, 400), ("A", 0, 4)));
+        assert!(routes.learn_ahead(21, t(21_000, 500), ("A", 0, 0)));
+        assert!(!routes.learn_ahead(20, t(21_000, 600), ("A", 0, 0)), "due in another second: not kept");
+        assert_eq!(routes.ahead_len, 5);
+        // The chain of second 20, newest first: a reschedule's timer (700),
+        // then 400, then 300 with another deliver time (not vouched), 100
+        // (200 was cancelled, its entry met after: passed).
+        assert!(!vouch(&mut routes, 20, &t(20_003, 700)), "not learnt ahead: read");
+        routes.learn(20, t(20_003, 700), "A", 0, 7);
+        assert!(vouch(&mut routes, 20, &t(20_002, 400)));
+        assert!(!vouch(&mut routes, 20, &t(20_008, 300)), "another deliver time");
+        assert!(vouch(&mut routes, 20, &t(20_005, 100)));
+        assert!(!vouch(&mut routes, 20, &t(20_001, 200)), "passed");
+        assert!(!vouch(&mut routes, 21, &t(21_000, 501)), "another record");
+        let chunk = [t(20_002, 400), t(20_003, 700), t(20_005, 100)];
+        assert_eq!(
+            routes.plan(&chunk, true),
+            [Planned::Run { topic: "A", queue_id: 0, timers: vec![(400, 4), (700, 7), (100, 1)] }]
+        );
+        routes.forget_before(21);
+        assert_eq!(routes.ahead_len, 1);
+        assert!(vouch(&mut routes, 21, &t(21_000, 500)));
+        routes.forget_ahead_through(21);
+        assert_eq!((routes.ahead.len(), routes.ahead_len), (0, 0), "read in whole: dropped");
+        assert_eq!(routes.plan(&[t(21_000, 500)], true), [Planned::One(500)], "its route stays learnt");
+    }
+
+    #[test]
+    fn routes_learnt_ahead_are_capped() {
+        let mut routes = Routes::default();
+        for i in 0..AHEAD_MAX as u64 {
+            let second = 30 + i / 100_000;
+            assert!(routes.learn_ahead(second, t(second * 1000, 1 + i), ("A", 0, 0)));
+        }
+        assert!(!routes.learn_ahead(50, t(50_000, u64::MAX), ("A", 0, 0)), "past the cap: read at load");
+        assert!(!vouch(&mut routes, 50, &t(50_000, u64::MAX)));
+        routes.forget_before(31);
+        assert!(
+            routes.learn_ahead(50, t(50_000, u64::MAX), ("A", 0, 0)),
+            "room again once a second is dropped"
+        );
+        let mut few = Routes::default();
+        for q in 0..AHEAD_QUEUES as u32 {
+            assert!(few.learn_ahead(10, t(10_000, 1 + u64::from(q)), ("A", q, 0)));
+        }
+        assert!(!few.learn_ahead(10, t(10_000, 1_000), ("A", 1_000, 0)), "past the queues a second names");
+        assert!(few.learn_ahead(10, t(10_000, 1_001), ("A", 0, 0)), "a queue it names");
     }
 
     #[test]

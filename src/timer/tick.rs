@@ -27,13 +27,14 @@ use crate::stats::{HORIZONS_MS, TimerStats};
 use crate::sync::Locked;
 use crate::threads::StopFlag;
 use crate::timer::armed_ahead::ArmedAhead;
+use crate::timer::log::FaultAhead;
 use crate::timer::pins_snapshot::SnapshotGate;
 use crate::timer::recurring::Recurring;
-use crate::timer::routes::{Planned, Routes};
+use crate::timer::routes::{AHEAD_SECONDS, Planned, Routes, Vouched};
 use crate::timer::wheel::restart::{RestartPlan, restart_wheel};
 use crate::timer::wheel::window::{PendingEntry, TimerFate};
 use crate::timer::wheel::{FilesToSync, Wheel};
-use crate::timer::{NewTimer, Timer};
+use crate::timer::{NewTimer, NewTimers, Timer};
 
 mod control;
 mod occurrences;
@@ -64,7 +65,7 @@ pub(crate) enum WheelCommand {
     /// Index these timers (of timed messages and reschedule records), in
     /// commit-log order: up to [`INSERT_BATCH`](crate::timer::front::INSERT_BATCH)
     /// in one command, so a timer costs the channel a fraction of a send.
-    Insert(Vec<NewTimer>),
+    Insert(NewTimers),
     /// Every timed record below this commit-log offset has been sent.
     Progress(u64),
     /// Cancel or reschedule the timer a handle names and answer what became of it.
@@ -228,9 +229,19 @@ pub(crate) struct Ticker {
     pub restored_schedules: Vec<Timer>,
     /// Timers it armed by its own records that the dispatcher has not sent back yet.
     pub armed_ahead: ArmedAhead,
+    /// Timers whose records the check at loading read (see [`LoadCheck::retain_checked`]).
+    pub checked_at_load: u64,
+    /// Who faults in the timer logs' pages ahead of the appends (`dw-prefault`).
+    pub fault_ahead: Option<[Arc<FaultAhead>; 2]>,
 }
 
 impl Ticker {
+    /// Has `ahead` fault in the timer logs' pages ahead of the appends.
+    pub fn fault_ahead_with(&mut self, ahead: [Arc<FaultAhead>; 2]) {
+        self.wheel.fault_ahead_with(&ahead);
+        self.fault_ahead = Some(ahead);
+    }
+
     /// The thread's body: runs until `stop` is set and the command channel is
     /// drained (or disconnected), then syncs the wheel one last time.
     /// Damaged wheel files (a corruption met loading, cascading or
@@ -318,6 +329,9 @@ impl Ticker {
         })?;
         let pins = self.wheel.pins();
         self.wheel = restarted.wheel;
+        if let Some(ahead) = &self.fault_ahead {
+            self.wheel.fault_ahead_with(ahead);
+        }
         self.routes = Routes::default();
         self.recurring.clear();
         self.restored_schedules = restarted.restored_schedules;
@@ -436,7 +450,8 @@ impl Ticker {
     /// Indexes the timers the dispatcher sent, in log order. Every one
     /// counts as received first: if the wheel fails part way, its rebuild
     /// indexes the rest from the log.
-    fn insert_all(&mut self, timers: Vec<NewTimer>) -> Result<()> {
+    fn insert_all(&mut self, batch: NewTimers) -> Result<()> {
+        let NewTimers { timers, queues } = batch;
         debug_assert!(timers.is_sorted_by_key(|t| t.timer.message_offset), "sent in log order");
         let Some(last) = timers.last() else { return Ok(()) };
         self.received = self.received.max(last.timer.message_offset + 1);
@@ -444,13 +459,33 @@ impl Ticker {
         // One clock reading for the batch: it only says which timers are
         // overdue (and so fire at once), sent as they were indexed.
         let now_ms = self.clock.now_ms();
-        for NewTimer { timer, recurring } in timers {
-            match recurring {
-                true => self.insert_recurring(timer, now_ms)?,
-                false => drop(self.insert(timer, now_ms)?),
+        for NewTimer { timer, recurring, route } in timers {
+            if recurring {
+                self.insert_recurring(timer, now_ms)?;
+                continue;
+            }
+            let inserted = self.insert(timer, now_ms)?;
+            if let Some(route) = route.filter(|_| inserted) {
+                let (topic, queue_id) = &queues[usize::from(route.queue)];
+                self.learn_ahead(timer, (topic, *queue_id, route.tag_hash));
             }
         }
         Ok(())
+    }
+
+    /// Keeps the route the dispatcher read for a timer just indexed into a
+    /// second not yet read in, and due soon: the route vouches for the
+    /// timer as that second loads, so its record is not read again then.
+    fn learn_ahead(&mut self, timer: Timer, route: (&str, u32, u32)) {
+        // Without delivery nothing takes the routes: none is kept.
+        if !self.deliver {
+            return;
+        }
+        let second = timer.deliver_at_ms / 1000;
+        let soon = second <= self.wheel.newest_loaded_second() + AHEAD_SECONDS;
+        if soon && self.wheel.not_yet_read(second) {
+            self.routes.learn_ahead(second, timer, route);
+        }
     }
 
     /// Indexes a timer, and counts it in its segment.
@@ -604,18 +639,25 @@ impl Ticker {
     /// written): one deliveries record per queue for the timers whose route
     /// is known (see `routes.rs`), a delivery record for each other one.
     /// Each second's timers are checked against their records as it is
-    /// loaded (see [`retain_checked`]), before they are due, so a hot
+    /// loaded (see [`LoadCheck::retain_checked`]), before they are due, so a hot
     /// second's delivery does not wait on a million random reads.
     fn deliver_due(&mut self, now_ms: u64) -> Result<()> {
         let due = {
             let _span = tracing::trace_span!("tick", now_ms).entered();
             let mark = self.log.write_end();
-            let (reader, quarantined, counts) = (&mut self.reader, &self.quarantined, &mut self.counts);
-            let learnt = (&mut self.routes, &mut self.recurring);
-            let mut check = |second: u64, timers: &mut Vec<Timer>| {
-                retain_checked(second, timers, reader, quarantined, counts, (&mut *learnt.0, &mut *learnt.1))
+            let mut load = LoadCheck {
+                reader: &mut self.reader,
+                quarantined: &self.quarantined,
+                counts: &mut self.counts,
+                routes: &mut self.routes,
+                recurring: &mut self.recurring,
+                checked_at_load: &mut self.checked_at_load,
             };
-            self.wheel.tick_checked(now_ms, mark, &mut check)?
+            let mut check = |second: u64, timers: &mut Vec<Timer>| load.retain_checked(second, timers);
+            let due = self.wheel.tick_checked(now_ms, mark, &mut check)?;
+            // Seconds read in whole: their routes learnt ahead have vouched.
+            self.routes.forget_ahead_through(self.wheel.newest_loaded_second());
+            due
         };
         let due = self.fire_occurrences(due, now_ms)?;
         if !due.is_empty() {
@@ -721,6 +763,7 @@ impl Ticker {
         stats.disk_bytes = self.wheel.disk_bytes();
         stats.timer_log_entries = self.wheel.timer_log_entries();
         stats.refreshes += 1;
+        stats.checked_at_load = self.checked_at_load;
         Ok(())
     }
 }
@@ -770,28 +813,55 @@ pub(super) fn check_timer_record(
     }
 }
 
-/// Keeps the timers whose record is the timed message they name, due when
-/// they say, its checksum checked: a timer is never delivered for a damaged
-/// message or for another record at its offset. Each one left out is logged
-/// with its file and offset and counted (`Stats::quarantined`); it is not
-/// delivered, now or after a restart (where it is checked again).
-fn retain_checked(
-    second: u64,
-    timers: &mut Vec<Timer>,
-    reader: &mut LogReader,
-    quarantined: &AtomicU64,
-    counts: &mut SegmentCounts,
-    (routes, recurring): (&mut Routes, &mut Recurring),
-) {
-    // The messages lie anywhere in the log: load them all before reading any.
-    let touched = timers.iter().fold(0u8, |acc, t| acc ^ reader.touch(t.message_offset));
-    std::hint::black_box(touched);
-    timers.retain(|timer| {
+/// What checking a second's timers as it loads uses and learns.
+struct LoadCheck<'a> {
+    reader: &'a mut LogReader,
+    quarantined: &'a AtomicU64,
+    counts: &'a mut SegmentCounts,
+    routes: &'a mut Routes,
+    recurring: &'a mut Recurring,
+    /// Counts the timers whose records it read.
+    checked_at_load: &'a mut u64,
+}
+
+impl LoadCheck<'_> {
+    /// Keeps the timers whose record is the timed message they name, due
+    /// when they say, its checksum checked: a timer is never delivered for a
+    /// damaged message or for another record at its offset. Each one left
+    /// out is logged with its file and offset and counted
+    /// (`Stats::quarantined`); it is not delivered, now or after a restart
+    /// (where it is checked again). A timer that a route learnt ahead
+    /// vouches for (see `routes.rs`) is kept without reading its record:
+    /// the dispatcher read it and checked its checksum as it indexed it, in
+    /// this run of the store. Routes are learnt in the chain's order.
+    fn retain_checked(&mut self, second: u64, timers: &mut Vec<Timer>) {
+        let vouched: Vec<Option<Vouched>> = timers.iter().map(|t| self.routes.vouching(second, t)).collect();
+        let unread = vouched.iter().filter(|v| v.is_none()).count();
+        *self.checked_at_load += unread as u64;
+        // The messages lie anywhere in the log: load them all before reading any.
+        let unread = timers.iter().zip(&vouched).filter(|(_, v)| v.is_none());
+        let touched = unread.fold(0u8, |acc, (t, _)| acc ^ self.reader.touch(t.message_offset));
+        std::hint::black_box(touched);
+        let mut vouched = vouched.into_iter();
+        timers.retain(|timer| match vouched.next().flatten() {
+            Some(vouched) => {
+                self.routes.learn_vouched(second, *timer, vouched);
+                true
+            }
+            None => self.check(second, *timer),
+        });
+        self.reader.release();
+    }
+
+    /// Whether `timer`'s record checks out (learning its route or its
+    /// schedule); logs and counts it if not.
+    fn check(&mut self, second: u64, timer: Timer) -> bool {
+        let (routes, recurring) = (&mut *self.routes, &mut *self.recurring);
         let learn = |view: &MessageView<'_>, _: u64, _: u64| match view.schedule {
-            false => routes.learn(second, *timer, view.topic, view.queue_id, tag_hash(view.tags)),
-            true => recurring.learn(second, *timer),
+            false => routes.learn(second, timer, view.topic, view.queue_id, tag_hash(view.tags)),
+            true => recurring.learn(second, timer),
         };
-        let why = match check_timer_record(reader, *timer, learn) {
+        let why = match check_timer_record(self.reader, timer, learn) {
             Ok(true) => return true,
             Ok(false) => format!("is not a timed message (or its reschedule) due at {}", timer.deliver_at_ms),
             Err(e) => e.to_string(),
@@ -802,9 +872,8 @@ fn retain_checked(
             why,
             "a timer's record does not check out: it will not be delivered"
         );
-        quarantined.fetch_add(1, Ordering::Relaxed);
-        counts.settled(timer.message_offset);
+        self.quarantined.fetch_add(1, Ordering::Relaxed);
+        self.counts.settled(timer.message_offset);
         false
-    });
-    reader.release();
+    }
 }

@@ -12,12 +12,17 @@ use crate::timer::ledger::CancelLedger;
 use crate::timer::state::prefetch::Prefetch;
 use crate::timer::state::restart::Restart;
 
+/// A set of offsets, hashed fast: every timer fired looks itself up in
+/// `cancelled`, where SipHash cost more than the look (offsets are the
+/// store's own, not chosen by a caller).
+type OffsetSet = HashSet<u64, foldhash::fast::FixedState>;
+
 /// The wheel's memory of cancels.
 pub(crate) struct Cancels {
     /// Cancelled timers still ahead: loaded ones (dropped when they come
     /// up), or dropped by a cascade before their second is loaded. Each is
     /// forgotten once its second is behind; the cancel ledger answers then.
-    cancelled: HashSet<u64>,
+    cancelled: OffsetSet,
     /// The timers a cascade dropped with their cancel entries, by second:
     /// forgotten from `cancelled` once that second is loaded.
     cancelled_ahead: BTreeMap<u64, Vec<u64>>,
@@ -27,7 +32,7 @@ pub(crate) struct Cancels {
     /// once the timer's second is handed out and forgotten (also after a restart).
     ledger: CancelLedger,
     /// Timers cancelled by an entry in a slot not yet loaded (a second cancel is a no-op).
-    slot_cancels: HashSet<u64>,
+    slot_cancels: OffsetSet,
     /// Loaded timers cancelled and not yet come up (still counted by `loaded`).
     cancelled_loaded: u64,
 }
@@ -55,11 +60,11 @@ pub(crate) enum CancelState {
 impl Cancels {
     pub fn new(ledger: CancelLedger) -> Self {
         Self {
-            cancelled: HashSet::new(),
+            cancelled: OffsetSet::default(),
             cancelled_ahead: BTreeMap::new(),
             entries: [0; LEVEL_COUNT],
             ledger,
-            slot_cancels: HashSet::new(),
+            slot_cancels: OffsetSet::default(),
             cancelled_loaded: 0,
         }
     }
@@ -139,7 +144,7 @@ impl Cancels {
 
     /// The cancelled timers remembered in memory, for test messages.
     #[cfg(test)]
-    pub fn held(&self) -> (&HashSet<u64>, &BTreeMap<u64, Vec<u64>>, &HashSet<u64>) {
+    pub fn held(&self) -> (&OffsetSet, &BTreeMap<u64, Vec<u64>>, &OffsetSet) {
         (&self.cancelled, &self.cancelled_ahead, &self.slot_cancels)
     }
 
@@ -157,7 +162,8 @@ impl Cancels {
     /// A loaded timer came up: `true` if it was cancelled (and is dropped).
     /// `repeat`: it is a second copy, whose cancel was counted with the first.
     pub fn take_cancelled(&mut self, offset: u64, repeat: bool) -> bool {
-        if !self.cancelled.remove(&offset) {
+        // Nearly always none: no hashing then.
+        if self.cancelled.is_empty() || !self.cancelled.remove(&offset) {
             return false;
         }
         if !repeat {

@@ -37,7 +37,7 @@ use crate::timer::geometry::{
     window_of,
 };
 use crate::timer::ledger::CancelLedger;
-use crate::timer::log::TimerLog;
+use crate::timer::log::{FaultAhead, TimerLog};
 use crate::timer::state::cancels::Cancels;
 use crate::timer::state::loaded::Loaded;
 use crate::timer::state::prefetch::Prefetch;
@@ -610,6 +610,21 @@ impl Wheel {
     /// without the check its second's loading gives the timers read then.
     pub fn is_loaded(&self, timer: &Timer) -> bool {
         timer.deliver_at_ms / 1000 <= self.loaded_through
+    }
+
+    /// Has `ahead` fault in the timer logs' pages ahead of their appends
+    /// (the near log's and the far log's, in that order).
+    pub fn fault_ahead_with(&mut self, ahead: &[Arc<FaultAhead>; 2]) {
+        for (log, ahead) in self.logs.iter_mut().zip(ahead) {
+            log.fault_ahead_with(Arc::clone(ahead));
+        }
+    }
+
+    /// Whether the slot of `second` is still to be read into memory: not
+    /// loaded, nor being read. A timer indexed into such a second is among
+    /// those checked as it loads.
+    pub fn not_yet_read(&self, second: u64) -> bool {
+        second > self.loaded_through && self.prefetch.as_ref().is_none_or(|p| p.second() != second)
     }
 
     /// The loaded second a timer indexed late is held in (see `insert_late`):
