@@ -48,11 +48,19 @@ impl FaultAhead {
         let _ = self.wake.try_send(());
     }
 
-    /// Faults in what was asked for (the prefault thread).
+    /// Faults in what was asked for (the prefault thread), a chunk at a
+    /// time as the commit log's prefault does: one `madvise` over megabytes
+    /// holds the process's mmap lock for as long, and a thread mapping a
+    /// file meanwhile (a new consume-queue file) waits behind it.
     pub fn fault_in(&self) {
         let asked = self.file.locked().take();
         if let Some((file, at)) = asked {
-            file.prefault_to(at + FAULT_AHEAD);
+            let target = (at + FAULT_AHEAD).min(file.len());
+            let mut done = file.prefaulted();
+            while done < target {
+                done = (done + crate::mmap::PREFAULT_CHUNK).min(target);
+                file.prefault_to(done);
+            }
         }
     }
 }
