@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self};
 use async_nats::{HeaderMap, RequestErrorKind};
 use bytes::Bytes;
@@ -11,7 +11,7 @@ use bytes::Bytes;
 use crate::config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET};
 use crate::headers::header_pairs;
 use crate::nats_schedule::NatsSchedule;
-use crate::partition::{cancel_in_stream, publish_acked, remove_source};
+use crate::partition::{cancel_in_stream, publish_acked, remove_source, stream_message};
 use crate::settled_ids::SettledIds;
 use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer, Layout, TimerHandle};
@@ -182,12 +182,10 @@ impl TierClient {
     /// removed and the answer says so.
     pub async fn reschedule(&self, handle: TimerHandle, deliver_at_ms: u64) -> Result<RescheduleAnswer> {
         let stream = self.stream_of(handle.partition);
-        let source = match stream.direct_get(handle.sequence).await {
-            Ok(source) => source,
-            Err(err) if err.kind() == DirectGetErrorKind::NotFound => {
-                return Ok(RescheduleAnswer::NotFound);
-            }
-            Err(err) => return Err(TierError::nats(format!("read timer {handle}"), err)),
+        // Asked of the leader too if a replica has not got it: a timer
+        // published a moment ago is there to be moved.
+        let Some(source) = stream_message(stream, handle.sequence).await? else {
+            return Ok(RescheduleAnswer::NotFound);
         };
         if wire::partition_of_subject(&self.layout.prefix, &source.subject) != Some(handle.partition) {
             return Ok(RescheduleAnswer::NotFound);

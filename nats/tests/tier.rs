@@ -189,6 +189,31 @@ async fn one_nats_server_of_three_killed_loses_nothing() {
     wait_for_pending(&client, 0).await;
 }
 
+/// A direct get is answered by any replica, and one may not have applied
+/// yet a timer whose publish the leader acknowledged a moment ago: a
+/// client that reads it there to move it, or deletes it with no owner
+/// running, must still find it (it once answered `NotFound`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timer_just_published_is_found_at_once_by_a_client_of_any_server() {
+    let Some((cluster, _client, _)) = cluster().await else { return };
+    let mut tiers = Vec::new();
+    for server in 0..3 {
+        let nats = async_nats::connect(cluster.url(server)).await.unwrap();
+        tiers.push(TierClient::new(nats, "DELAY", "delay", 8).await.unwrap());
+    }
+    // Published through one server, moved and cancelled through the others.
+    for i in 0..300 {
+        let [publisher, mover, canceller] = [i % 3, (i + 1) % 3, (i + 2) % 3].map(|s| &tiers[s]);
+        let due = now_ms() + 60_000;
+        let name = format!("j{i}");
+        let handle = publisher.schedule(&name, "out.fired", due, Bytes::from("x")).await.unwrap();
+        let moved = mover.reschedule(handle, due + 1_000).await.unwrap();
+        let RescheduleAnswer::Rescheduled(new) = moved else { panic!("{name} {handle}: {moved:?}") };
+        let answer = canceller.cancel(new).await.unwrap();
+        assert_eq!(answer, CancelAnswer::Cancelled, "{name} {new}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_and_reschedule_work_from_any_client_with_or_without_an_owner() {
     let Some((cluster, client, _)) = cluster().await else { return };

@@ -4,7 +4,7 @@
 use std::time::{Duration, Instant};
 
 use async_nats::jetstream::message::StreamMessage;
-use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_nats::jetstream::stream::Stream;
 use delaywheel::CancelOutcome;
 use futures::StreamExt;
 use tokio::sync::oneshot;
@@ -16,7 +16,9 @@ use crate::settled_ids::SettledIds;
 use crate::wire::{self, CancelAnswer};
 use crate::{Result, TierError};
 
-use super::{MAX_MSG_ID_LEN, Part, PendingTimer, Presence, acknowledge, producer_msg_id, remove_source};
+use super::{
+    MAX_MSG_ID_LEN, Part, PendingTimer, Presence, acknowledge, producer_msg_id, remove_source, stream_message,
+};
 
 /// How long a cancel of a timer not read yet waits for this node to read it.
 const CANCEL_WAITS_FOR_INGEST: Duration = Duration::from_secs(2);
@@ -258,18 +260,14 @@ pub(crate) async fn cancel_in_stream(
     }
 }
 
-/// The timer of `partition` the stream holds at this sequence, if it holds one.
+/// The timer of `partition` the stream holds at this sequence, if it holds
+/// one (a timer published a moment ago included: see [`stream_message`]).
 async fn pending_in_stream(
     stream: &Stream,
     prefix: &str,
     partition: u32,
     sequence: u64,
 ) -> Result<Option<StreamMessage>> {
-    match stream.direct_get(sequence).await {
-        Ok(source) => {
-            Ok((wire::partition_of_subject(prefix, &source.subject) == Some(partition)).then_some(source))
-        }
-        Err(err) if err.kind() == DirectGetErrorKind::NotFound => Ok(None),
-        Err(err) => Err(TierError::nats(format!("read timer {sequence}"), err)),
-    }
+    let source = stream_message(stream, sequence).await?;
+    Ok(source.filter(|source| wire::partition_of_subject(prefix, &source.subject) == Some(partition)))
 }

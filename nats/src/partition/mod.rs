@@ -49,7 +49,8 @@ use std::time::{Duration, Instant};
 
 use async_nats::HeaderMap;
 use async_nats::jetstream;
-use async_nats::jetstream::stream::{DirectGetErrorKind, Stream};
+use async_nats::jetstream::message::StreamMessage;
+use async_nats::jetstream::stream::{DirectGetErrorKind, RawMessageErrorKind, Stream};
 use bytes::Bytes;
 use delaywheel::{Handle, Store};
 use tokio::task::JoinHandle;
@@ -493,13 +494,30 @@ async fn acknowledge(client: &async_nats::Client, sequence: u64, ack: async_nats
     Ok(())
 }
 
+/// The message the stream holds at `sequence`, if it holds one. A direct
+/// get is answered by any replica, and one may not have applied yet a
+/// message the leader acknowledged a moment ago (a timer just published):
+/// "not found" there is asked again of the leader, which has it.
+pub(crate) async fn stream_message(stream: &Stream, sequence: u64) -> Result<Option<StreamMessage>> {
+    match stream.direct_get(sequence).await {
+        Ok(message) => return Ok(Some(message)),
+        Err(err) if err.kind() == DirectGetErrorKind::NotFound => {}
+        Err(err) => return Err(TierError::nats(format!("read timer {sequence}"), err)),
+    }
+    match stream.get_raw_message(sequence).await {
+        Ok(message) => Ok(Some(message)),
+        Err(err) if err.kind() == RawMessageErrorKind::NoMessageFound => Ok(None),
+        Err(err) => Err(TierError::nats(format!("read timer {sequence} at the stream's leader"), err)),
+    }
+}
+
 /// Deletes a timer's message from the stream (slow: a JetStream API call);
 /// false if it was gone already.
 pub(crate) async fn remove_source(stream: &Stream, sequence: u64) -> Result<bool> {
     match stream.delete_message(sequence).await {
         Ok(deleted) => Ok(deleted),
-        Err(err) => match stream.direct_get(sequence).await {
-            Err(gone) if gone.kind() == DirectGetErrorKind::NotFound => Ok(false),
+        Err(err) => match stream_message(stream, sequence).await {
+            Ok(None) => Ok(false),
             _ => Err(TierError::nats(format!("delete timer {sequence}"), err)),
         },
     }
