@@ -564,13 +564,13 @@ async fn timers_spread_over_three_delay_streams_fire_once_cancel_and_move_when_a
         }
         cluster::wait_for_leader(&js, name).await;
     }
-    let mut leaders = Vec::new();
     for (index, name) in (0..).zip(&names) {
         let info = js.get_stream(name).await.unwrap().info().await.unwrap().clone();
         assert_eq!(info.config.subjects, layout.stream_subjects(index), "{name}");
-        leaders.push(info.cluster.and_then(|c| c.leader).unwrap_or_default());
     }
-    println!("delay streams' leaders: {leaders:?}");
+    // A publish while a leader steps down can time out, stored or not (the
+    // client says so): the timers go in once the nodes have moved them.
+    wait_until_spread(&js, &names).await;
     assert!(js.get_stream("DELAY").await.is_err(), "no stream of the one-stream layout");
     let tier = TierClient::with_layout(client.clone(), layout.clone()).await.unwrap();
     let (arrivals, _reader) = collect(&client).await;
@@ -677,15 +677,21 @@ async fn the_delay_streams_leaders_piled_on_one_server_are_spread_over_the_serve
     }
 
     let _a = TierNode::start_with(&cluster, "a", LEASE_MS, &["--streams", "3"]);
+    wait_until_spread(&js, &names).await;
+}
+
+/// Waits until the three streams `names` are led by three servers (the
+/// owner of partition 0 spreads them).
+async fn wait_until_spread(js: &async_nats::jetstream::Context, names: &[String]) {
     let start = Instant::now();
     loop {
-        let leaders = leaders_of(&js, &names).await;
+        let leaders = leaders_of(js, names).await;
         let mut servers: Vec<_> = leaders.iter().flatten().collect();
         servers.sort();
         servers.dedup();
         if servers.len() == 3 {
             println!("leaders spread after {} ms: {leaders:?}", start.elapsed().as_millis());
-            break;
+            return;
         }
         assert!(start.elapsed() < Duration::from_secs(20), "leaders still piled: {leaders:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
