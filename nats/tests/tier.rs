@@ -795,19 +795,47 @@ async fn a_partition_taken_over_from_its_checkpoint_fires_each_timer_once() {
 /// checkpoint too: the giver's pull request goes with its subscription.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_handed_to_a_joining_node_are_taken_over_from_their_checkpoints() {
+    handed_to_a_joining_node(500, true).await;
+}
+
+/// A node giving a partition back writes its checkpoint as it goes, so the
+/// next owner reads only what came after it, however long ago the last
+/// periodic one was: here the giver writes one an hour, so none before
+/// the hand-over (without the final one, the joining node reads each
+/// partition whole: `delaytier_checkpoint_unused_total{reason="none"}`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_partition_given_back_is_checkpointed_as_it_goes() {
+    handed_to_a_joining_node(3_600_000, false).await;
+}
+
+/// Node a owns the 8 partitions and reads 2,000 timers (and, if asked,
+/// writes its periodic checkpoints); node b joins and takes 4 of them over
+/// from their checkpoints; each timer fires once, never early.
+async fn handed_to_a_joining_node(checkpoint_every_ms: u64, wait_for_periodic: bool) {
     let Some((cluster, client, tier)) = cluster().await else { return };
     let (metrics_a, metrics_b) = (cluster::free_addr(), cluster::free_addr());
-    let every = ["--checkpoint-every-ms", "500"];
+    let every = checkpoint_every_ms.to_string();
+    let every = ["--checkpoint-every-ms", &every];
     let _a =
         TierNode::start_with(&cluster, "a", LEASE_MS, &[&every[..], &["--metrics", &metrics_a]].concat());
     wait_until_owned(&client).await;
     let (arrivals, _reader) = collect(&client).await;
     let start = now_ms() + 4_000;
     schedule_many(&tier, "t", 2_000, |i| start + i as u64 * 2).await;
-    wait_for_checkpoints(&metrics_a, 0.0).await;
+    if wait_for_periodic {
+        wait_for_checkpoints(&metrics_a, 0.0).await;
+    }
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while metric(&metrics_a, "delaytier_indexed_total") < 2_000.0 {
+        assert!(
+            Instant::now() < deadline,
+            "a indexed {} timers",
+            metric(&metrics_a, "delaytier_indexed_total")
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let _b =
         TierNode::start_with(&cluster, "b", LEASE_MS, &[&every[..], &["--metrics", &metrics_b]].concat());
-    let deadline = Instant::now() + Duration::from_secs(20);
     while owners(&client).await.values().filter(|o| *o == "b").count() < 4 {
         assert!(Instant::now() < deadline, "b took no partitions");
         tokio::time::sleep(Duration::from_millis(50)).await;

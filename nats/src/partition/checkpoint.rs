@@ -1,5 +1,5 @@
 //! Checkpoints: an owner writes its partition's index to a JetStream object
-//! store every few seconds, so that the next owner reads it and the stream
+//! store every few seconds, and as it gives the partition back, so that the next owner reads it and the stream
 //! after it, instead of every pending timer (issue 43: a takeover that does
 //! not grow with the partition's timers).
 //!
@@ -32,7 +32,7 @@
 //! | 8 each | left sequences, then fired sequences |
 //! | 4 | CRC32C of everything before |
 
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::jetstream::consumer::PullConsumer;
 use async_nats::jetstream::message::StreamMessage;
@@ -297,35 +297,55 @@ impl Part {
     /// changes.
     pub(super) async fn checkpoint(self) {
         let Some(checkpoints) = &self.shared.checkpoints else { return };
-        let mut written = None;
         loop {
             tokio::time::sleep(checkpoints.every).await;
-            let Some((checkpoint, changes)) = self.snapshot(written) else { continue };
-            let started = std::time::Instant::now();
-            let timers = checkpoint.timers.len();
-            let bytes = tokio::task::spawn_blocking(move || checkpoint.encode());
-            let bytes = bytes.await.expect("encoding does not panic");
-            let size = bytes.len();
-            match checkpoints.write(self.partition, bytes).await {
-                Ok(()) => {
-                    written = Some(changes);
-                    let partition = self.partition.to_string();
-                    metrics::counter!("delaytier_checkpoints_written_total", "partition" => partition)
-                        .increment(1);
-                    tracing::debug!(timers, size, took = ?started.elapsed(), "checkpoint written");
-                }
-                Err(err) => tracing::warn!(%err, "cannot write the partition's checkpoint; trying again"),
+            if let Err(err) = self.write_checkpoint(checkpoints).await {
+                tracing::warn!(%err, "cannot write the partition's checkpoint; trying again");
             }
         }
     }
 
+    /// Writes the partition's checkpoint as the partition is given back,
+    /// unless the last one still holds, so that the next owner reads only
+    /// what came after it (the periodic one can be `checkpoint_every` old):
+    /// at most until `until`, when this node's lease may be gone. A
+    /// checkpoint that comes too late is only older than it could be: the
+    /// next owner looks up a checkpointed timer in the stream before it
+    /// fires it.
+    pub(super) async fn final_checkpoint(&self, until: Instant) {
+        let Some(checkpoints) = &self.shared.checkpoints else { return };
+        match tokio::time::timeout_at(until.into(), self.write_checkpoint(checkpoints)).await {
+            Ok(Ok(true)) => tracing::debug!("checkpoint written as the partition is given back"),
+            Ok(Ok(false)) => {}
+            Ok(Err(err)) => tracing::warn!(%err, "cannot write the checkpoint of a partition given back"),
+            Err(_) => tracing::warn!("the checkpoint of a partition given back took past its lease"),
+        }
+    }
+
+    /// Writes the checkpoint if the index changed since the last one this
+    /// owner wrote (and holds what its consumer handed out); whether it did.
+    async fn write_checkpoint(&self, checkpoints: &Checkpoints) -> Result<bool> {
+        let Some((checkpoint, changes)) = self.snapshot() else { return Ok(false) };
+        let started = std::time::Instant::now();
+        let timers = checkpoint.timers.len();
+        let bytes = tokio::task::spawn_blocking(move || checkpoint.encode());
+        let bytes = bytes.await.expect("encoding does not panic");
+        let size = bytes.len();
+        checkpoints.write(self.partition, bytes).await?;
+        self.pending.lock().expect("index lock").checkpointed = Some(changes);
+        let partition = self.partition.to_string();
+        metrics::counter!("delaytier_checkpoints_written_total", "partition" => partition).increment(1);
+        tracing::debug!(timers, size, took = ?started.elapsed(), "checkpoint written");
+        Ok(true)
+    }
+
     /// The index as a checkpoint, and its change count; `None` if it has
-    /// not changed since `written`, or does not yet hold what its consumer
-    /// handed out up to `read_up_to`.
-    fn snapshot(&self, written: Option<u64>) -> Option<(Checkpoint, u64)> {
+    /// not changed since the last checkpoint written, or does not yet hold
+    /// what its consumer handed out up to `read_up_to`.
+    fn snapshot(&self) -> Option<(Checkpoint, u64)> {
         let index = self.pending.lock().expect("index lock");
         let consumer_created_ns = index.consumer_created_ns?;
-        if written == Some(index.changes) {
+        if index.checkpointed == Some(index.changes) {
             return None;
         }
         // A timer above `read_up_to` (put or left, its batch not yet counted

@@ -201,6 +201,8 @@ struct Index {
     /// Counts changes to what a checkpoint holds, so an idle partition
     /// writes none.
     changes: u64,
+    /// The count of changes the last checkpoint this owner wrote holds.
+    checkpointed: Option<u64>,
     /// How many of `timers` are [`Presence::Unconfirmed`]: the sweep does
     /// not count on them being in the stream.
     unconfirmed: usize,
@@ -227,6 +229,7 @@ impl Index {
             left: BTreeSet::new(),
             consumer_created_ns: None,
             changes: 0,
+            checkpointed: None,
             unconfirmed: 0,
             fired: VecDeque::new(),
             by_msg_id: HashMap::new(),
@@ -298,6 +301,8 @@ pub(crate) struct OwnedPartition {
     tasks: Vec<JoinHandle<()>>,
     /// Stopped after `tasks` (see [`Cancels`]).
     cancels: Cancels,
+    /// Writes the checkpoint as the partition is given back.
+    part: Part,
 }
 
 impl OwnedPartition {
@@ -326,6 +331,7 @@ impl OwnedPartition {
         let leaders = (partition == 0 && shared.layout.streams > 1).then(|| shared.clone());
         let part = Part { shared, partition, store: store.clone(), pending };
         let cancels = Cancels::start(part.clone(), cancels, span.clone());
+        let final_checkpoint = part.clone();
         let mut tasks = vec![
             tokio::spawn(part.clone().fire().instrument(span.clone())),
             tokio::spawn(part.clone().sweep().instrument(span.clone())),
@@ -339,11 +345,12 @@ impl OwnedPartition {
             tasks.push(tokio::spawn(crate::leaders::spread(shared).instrument(span)));
         }
         tracing::info!(partition, "partition taken");
-        Ok(OwnedPartition { partition, store, dir, tasks, cancels })
+        Ok(OwnedPartition { partition, store, dir, tasks, cancels, part: final_checkpoint })
     }
 
     /// Stops the tasks, answering cancels last, and removes the local store:
-    /// the stream keeps the truth.
+    /// the stream keeps the truth. A partition given back (its lease still
+    /// held) has its checkpoint written meanwhile, for the next owner.
     pub(crate) async fn stop(self, lease: LeaseAtStop) {
         for task in &self.tasks {
             task.abort();
@@ -351,7 +358,13 @@ impl OwnedPartition {
         for task in self.tasks {
             let _ = task.await;
         }
-        self.cancels.finish(lease).await;
+        match lease {
+            LeaseAtStop::HeldUntil(until) => {
+                tokio::join!(self.part.final_checkpoint(until), self.cancels.finish(lease));
+            }
+            LeaseAtStop::Lost => self.cancels.finish(lease).await,
+        }
+        drop(self.part);
         let (dir, partition) = (self.dir, self.partition);
         let store = sole_owner(self.store).await;
         if store.is_none() {
