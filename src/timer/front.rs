@@ -205,14 +205,19 @@ mod tests {
         }
     }
 
+    /// A front to a ticking thread that is not there, and what it is sent.
+    fn test_front() -> (WheelFront, crossbeam_channel::Receiver<WheelCommand>) {
+        let (commands, ticker) = crossbeam_channel::unbounded();
+        let shared =
+            WheelShared::new(WheelCheckpoint::default(), Arc::new(SegmentCounts::rebuilt(1 << 20, 0..0)));
+        (WheelFront::new(commands, Arc::new(shared), Duration::from_secs(1)), ticker)
+    }
+
     /// Timers go to the ticking thread a batch at a time, in the order
     /// indexed, and what is held goes before the progress that covers it.
     #[test]
     fn timers_are_sent_in_batches_and_all_before_the_progress() {
-        let (commands, ticker) = crossbeam_channel::unbounded();
-        let shared =
-            WheelShared::new(WheelCheckpoint::default(), Arc::new(SegmentCounts::rebuilt(1 << 20, 0..0)));
-        let front = WheelFront::new(commands, Arc::new(shared), Duration::from_secs(1));
+        let (front, ticker) = test_front();
         let timer = |offset| Timer { deliver_at_ms: 1_000, message_offset: offset };
         for offset in 1..=INSERT_BATCH as u64 + 2 {
             front.queue(timer(offset), offset == 2, None).expect("sent");
@@ -236,10 +241,7 @@ mod tests {
     fn routes_go_with_the_timers_of_checked_timed_messages() {
         use crate::format::record::{MessageFields, Timing, encode_message};
         use crate::message::Message;
-        let (commands, ticker) = crossbeam_channel::unbounded();
-        let shared =
-            WheelShared::new(WheelCheckpoint::default(), Arc::new(SegmentCounts::rebuilt(1 << 20, 0..0)));
-        let front = WheelFront::new(commands, Arc::new(shared), Duration::from_secs(1));
+        let (front, ticker) = test_front();
         let timing = Timing { deliver_at_ms: 5_000, delay_level: 0 };
         let record = |message: &Message, offset: u64, queue: u32, schedule: bool| {
             let fields = MessageFields { schedule, ..message.fields(queue, 1_000, timing) };
