@@ -14,7 +14,7 @@ l, s = d['lateness_ms'], d['scheduler_lateness_ms']
 print('$(basename "$bin")', round(d['enqueue_per_sec'] / 1e6, 2), 'M/s  p99', l['p99'], 'max', l['max'],
       ' wheel p99', s['p99'], 'max', s['max'], ' lost', d['lost'], 'dup', d['duplicated'], 'early', d['early'],
       ' burst last seen', d.get('burst_last_seen_ms'), 'wheel last', d.get('burst_last_delivered_ms'),
-      ' cpu s', d.get('thread_cpu_secs', {}).get('process'),
+      ' cpu s', d.get('thread_cpu_secs', {}).get('process'), ' producer us/put', round(d.get('producer_cpu_us_per_put', 0), 2),
       {k.removeprefix('dw-'): round(v, 2) for k, v in d.get('thread_cpu_secs', {}).get('threads', {}).items() if v >= 0.05})"
   done
 done

@@ -38,6 +38,11 @@ fn a_same_millisecond_burst_over_three_consumers_is_delivered_once_and_never_ear
     let ticker = cpu["threads"]["dw-tick"].as_f64().unwrap();
     assert!(ticker > 0.0, "the ticker delivered 20,000 timers: {cpu}");
     assert!(cpu["process"].as_f64().unwrap() >= ticker, "{cpu}");
+    // The producers and consumers, which have exited by the report, report as they end.
+    let producers = cpu["threads"]["perf-producers"].as_f64().expect("the producers' CPU");
+    assert!(producers > 0.0 && cpu["threads"]["perf-consumers"].as_f64().unwrap() > 0.0, "{cpu}");
+    let per_put = report["producer_cpu_us_per_put"].as_f64().unwrap();
+    assert!((per_put - producers * 1e6 / 20_000.0).abs() < 1e-6, "{per_put} µs a put: {cpu}");
 }
 
 #[test]

@@ -17,7 +17,7 @@ mod schedules;
 mod thread_cpu;
 
 use ledger::Ledger;
-use producers::{PutPath, put_all};
+use producers::{Produced, PutPath, put_all};
 
 use crate::{
     Failure, disk_bytes, heap_peak_bytes, lateness_histogram, lateness_json, rss_peak_bytes, store_dir,
@@ -238,7 +238,8 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         .collect::<Result<Vec<_>, _>>()?;
 
     let started = Instant::now();
-    let (latest_due, put_latency) = put_all(&store, &ledger, workload, &args)?;
+    let Produced { latest_due, latency_us: put_latency, cpu_secs: producers_cpu } =
+        put_all(&store, &ledger, workload, &args)?;
     let enqueue_secs = started.elapsed().as_secs_f64();
     ledger.puts_done_ms.store(SystemClock.now_ms(), Ordering::Release);
     let duplicates = if args.dedup_keys { Some(put_duplicates(&store, args.messages)?) } else { None };
@@ -249,7 +250,10 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         wait_for_deliveries(&ledger, acked, latest_due, args.json);
     }
     stop.store(true, Ordering::Release);
-    let Consumed { lateness, after_puts, first_last } = join_consumers(consumers)?;
+    let Consumed { lateness, after_puts, first_last, cpu_secs: consumers_cpu } = join_consumers(consumers)?;
+    let mut exited = thread_cpu::Exited::default();
+    exited.add("perf-producers", producers_cpu);
+    exited.add("perf-consumers", consumers_cpu);
     let run_end_ms = SystemClock.now_ms();
 
     let delivered = ledger.delivered.load(Ordering::Acquire);
@@ -317,7 +321,10 @@ pub fn run(args: PerfArgs) -> Result<(), Failure> {
         "timer_index_bytes": timer_index_bytes(&dir, &stats),
         // CPU seconds per store thread (alive until the close below) and of
         // the whole process: a stage near one core's worth of the run bounds it.
-        "thread_cpu_secs": thread_cpu::report(),
+        "thread_cpu_secs": thread_cpu::report(&exited),
+        // What one put cost its producer (issue 42: more producers must
+        // not cost more a put than one).
+        "producer_cpu_us_per_put": exited.of("perf-producers") * 1e6 / args.messages as f64,
         "dir": if keep { dir.display().to_string() } else { String::new() },
     });
     Arc::into_inner(store).ok_or("the store is still shared")?.close()?;
@@ -371,19 +378,25 @@ fn workload(args: &PerfArgs) -> Result<Workload, Failure> {
 }
 
 /// What consumers saw: lateness, of all and of the timers due after the
-/// last put returned, and the first and last delivery instants.
+/// last put returned, the first and last delivery instants, and the CPU
+/// seconds the consumers used.
 struct Consumed {
     lateness: Histogram<u64>,
     after_puts: Histogram<u64>,
     first_last: Option<(Instant, Instant)>,
+    cpu_secs: f64,
 }
 
 /// Joins the consumer threads: their lateness merged, the first first and the last last delivery.
 fn join_consumers(
     consumers: Vec<std::thread::JoinHandle<Result<Consumed, String>>>,
 ) -> Result<Consumed, Failure> {
-    let mut all =
-        Consumed { lateness: lateness_histogram(), after_puts: lateness_histogram(), first_last: None };
+    let mut all = Consumed {
+        lateness: lateness_histogram(),
+        after_puts: lateness_histogram(),
+        first_last: None,
+        cpu_secs: 0.0,
+    };
     for consumer in consumers {
         let seen = consumer.join().map_err(|_| "a consumer thread panicked")??;
         all.lateness.add(seen.lateness).map_err(|e| format!("merging lateness: {e}"))?;
@@ -392,6 +405,7 @@ fn join_consumers(
             (Some((f, l)), Some((f2, l2))) => Some((f.min(f2), l.max(l2))),
             (one, other) => one.or(other),
         };
+        all.cpu_secs += seen.cpu_secs;
     }
     Ok(all)
 }
@@ -433,7 +447,7 @@ fn consume(
         }
         consumer.commit();
     }
-    Ok(Consumed { lateness, after_puts, first_last })
+    Ok(Consumed { lateness, after_puts, first_last, cpu_secs: thread_cpu::this_thread_secs() })
 }
 
 /// Waits until every acknowledged message is delivered, or the latest deliver

@@ -11,7 +11,7 @@ use bytes::{BufMut, BytesMut};
 use delaywheel::{CancelOutcome, Clock, Message, PutTicket, Receipt, Store, SystemClock};
 use hdrhistogram::Histogram;
 
-use super::{FlushArg, Ledger, PerfArgs, Workload};
+use super::{FlushArg, Ledger, PerfArgs, Workload, thread_cpu};
 use crate::Failure;
 
 /// How long a producer waits for a ticket before it calls the run failed.
@@ -158,14 +158,21 @@ impl Producer {
     }
 }
 
-/// Puts every message from `producers` threads; returns the latest deliver
-/// time and the put latencies (microseconds) of all producers.
+/// What the producers did: the latest deliver time, the put latencies
+/// (microseconds) of all producers, and the CPU seconds they used.
+pub struct Produced {
+    pub latest_due: u64,
+    pub latency_us: Histogram<u64>,
+    pub cpu_secs: f64,
+}
+
+/// Puts every message from `producers` threads (`perf-producer-N`).
 pub fn put_all(
     store: &Arc<Store>,
     ledger: &Arc<Ledger>,
     workload: Workload,
     args: &PerfArgs,
-) -> Result<(u64, Histogram<u64>), Failure> {
+) -> Result<Produced, Failure> {
     let per_producer = args.messages.div_ceil(args.producers as u64);
     let path = PutPath::of(args);
     let threads: Vec<_> = (0..args.producers as u64)
@@ -186,18 +193,25 @@ pub fn put_all(
                 timed: args.flush == FlushArg::Sync || !matches!(path, PutPath::One),
                 latency_us: latency_histogram(),
             };
-            std::thread::spawn(move || {
-                producer.run(ids, path).map(|()| (producer.latest_due, producer.latency_us))
+            std::thread::Builder::new().name(format!("perf-producer-{p}")).spawn(move || {
+                producer.run(ids, path)?;
+                let cpu_secs = thread_cpu::this_thread_secs();
+                Ok::<_, String>(Produced {
+                    latest_due: producer.latest_due,
+                    latency_us: producer.latency_us,
+                    cpu_secs,
+                })
             })
         })
-        .collect();
-    let (mut latest, mut latency) = (0, latency_histogram());
+        .collect::<Result<Vec<_>, _>>()?;
+    let mut all = Produced { latest_due: 0, latency_us: latency_histogram(), cpu_secs: 0.0 };
     for thread in threads {
-        let (due, histogram) = thread.join().map_err(|_| "a producer thread panicked")??;
-        latest = latest.max(due);
-        latency.add(histogram).map_err(|e| format!("merging put latencies: {e}"))?;
+        let one = thread.join().map_err(|_| "a producer thread panicked")??;
+        all.latest_due = all.latest_due.max(one.latest_due);
+        all.latency_us.add(one.latency_us).map_err(|e| format!("merging put latencies: {e}"))?;
+        all.cpu_secs += one.cpu_secs;
     }
-    Ok((latest, latency))
+    Ok(all)
 }
 
 /// A producer's schedule under `--rate`: put `n` is not made before `n / per_second`.

@@ -149,7 +149,7 @@ pub fn run(args: &PerfArgs, count: u64) -> Result<(), Failure> {
         },
         "pending": stats.pending,
         "consumers": args.consumers,
-        "thread_cpu_secs": thread_cpu::report(),
+        "thread_cpu_secs": thread_cpu::report(&thread_cpu::Exited::default()),
         "dir": if keep { dir.display().to_string() } else { String::new() },
     });
     Arc::into_inner(store).ok_or("the store is still shared")?.close()?;

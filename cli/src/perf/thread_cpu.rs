@@ -5,27 +5,56 @@
 
 use std::collections::BTreeMap;
 
-/// CPU seconds per live thread name (threads of one name summed), and the
-/// whole process's (which also counts threads that have exited: the
-/// producers and consumers, by the time the report is made). A thread's
-/// time is the scheduler's `se.sum_exec_runtime` (ns) where the kernel has
-/// `/proc/.../sched`, else its `stat` ticks (10 ms: a short run reads 0).
-pub fn report() -> serde_json::Value {
-    let ticks = rustix::param::clock_ticks_per_second() as f64;
-    let mut threads: BTreeMap<String, f64> = BTreeMap::new();
+/// CPU seconds of threads that exited before the report, by name (summed):
+/// what the producers and the consumers report as they end.
+#[derive(Default)]
+pub struct Exited(BTreeMap<String, f64>);
+
+impl Exited {
+    pub fn add(&mut self, name: &str, secs: f64) {
+        *self.0.entry(name.to_owned()).or_default() += secs;
+    }
+
+    /// The seconds reported under `name`.
+    pub fn of(&self, name: &str) -> f64 {
+        self.0.get(name).copied().unwrap_or(0.0)
+    }
+}
+
+/// CPU seconds per live thread name (threads of one name summed), with
+/// those of `exited`, and the whole process's (which also counts threads
+/// that have exited). A thread's time is the scheduler's
+/// `se.sum_exec_runtime` (ns) where the kernel has `/proc/.../sched`, else
+/// its `stat` ticks (10 ms: a short run reads 0).
+pub fn report(exited: &Exited) -> serde_json::Value {
+    let mut threads: BTreeMap<String, f64> = exited.0.clone();
     if let Ok(tasks) = std::fs::read_dir("/proc/self/task") {
         for task in tasks.flatten() {
-            let stat = std::fs::read_to_string(task.path().join("stat")).unwrap_or_default();
-            if let Some((name, used)) = parse_stat(&stat) {
-                let sched = std::fs::read_to_string(task.path().join("sched")).unwrap_or_default();
-                let secs = exec_runtime_secs(&sched).unwrap_or(used as f64 / ticks);
-                *threads.entry(name.to_owned()).or_default() += secs;
+            if let Some((name, secs)) = task_secs(&task.path()) {
+                *threads.entry(name).or_default() += secs;
             }
         }
     }
     let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
-    let process = parse_stat(&stat).map_or(0.0, |(_, used)| used as f64 / ticks);
+    let process = parse_stat(&stat).map_or(0.0, |(_, used)| used as f64 / ticks());
     serde_json::json!({ "process": process, "threads": threads })
+}
+
+/// The CPU seconds the calling thread has used so far.
+pub fn this_thread_secs() -> f64 {
+    task_secs(std::path::Path::new("/proc/thread-self")).map_or(0.0, |(_, secs)| secs)
+}
+
+/// The name and CPU seconds of the task whose `/proc` directory is `task`.
+fn task_secs(task: &std::path::Path) -> Option<(String, f64)> {
+    let stat = std::fs::read_to_string(task.join("stat")).ok()?;
+    let (name, used) = parse_stat(&stat)?;
+    let sched = std::fs::read_to_string(task.join("sched")).unwrap_or_default();
+    Some((name.to_owned(), exec_runtime_secs(&sched).unwrap_or(used as f64 / ticks())))
+}
+
+fn ticks() -> f64 {
+    rustix::param::clock_ticks_per_second() as f64
 }
 
 /// `se.sum_exec_runtime` of a `sched` file (milliseconds, six decimals), in seconds.
@@ -76,7 +105,7 @@ mod tests {
                         x = x.wrapping_mul(31).wrapping_add(i);
                     }
                     std::hint::black_box(x);
-                    let report = report();
+                    let report = report(&Exited::default());
                     if report["process"].as_f64().is_some_and(|cpu| cpu > 0.0)
                         || started.elapsed().as_secs() > 10
                     {
