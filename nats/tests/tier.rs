@@ -2,11 +2,13 @@
 
 mod cluster;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use cluster::{Cluster, TierNode, collect, now_ms, owners, pending_in_stream, wait_for};
-use delaywheel_nats::{CancelAnswer, RescheduleAnswer, TierClient, TimerHandle};
+use delaywheel_nats::{CancelAnswer, RescheduleAnswer, TierClient, TimerHandle, wire};
 use futures::StreamExt;
 
 const LEASE_MS: u64 = 1500;
@@ -846,4 +848,117 @@ async fn handed_to_a_joining_node(checkpoint_every_ms: u64, wait_for_periodic: b
     let takeovers = metric(&metrics_b, "delaytier_checkpoint_takeovers_total");
     let unused = unused_checkpoints(&metrics_b);
     assert_eq!(takeovers, 4.0, "b took its four partitions over from their checkpoints: {unused}");
+}
+
+/// An owner that stalls past its lease (a paused process) and wakes to pull
+/// once more from its partition's consumer after the next owner took it is
+/// handed timers the next owner never sees from that consumer. Here that
+/// old owner is a client pulling a few timers at a time from each
+/// partition's consumer, never acknowledging them. While 400 timers are
+/// published, the owner sees the consumer's delivery count skip and reads
+/// the timers it was not handed from the stream. Then bursts of 2 timers
+/// go to partition 0 (the server hands the first to the owner's waiting
+/// pull request and the next to the stale one) until the stale pull takes
+/// the last one published,
+/// after which nothing more comes, so only the owner's check of its idle
+/// consumer finds it. Every timer fires once, never early (before, those
+/// the stale pulls took never fired).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_handed_to_a_stale_owners_pull_still_fire_once() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    wait_until_owned(&client).await;
+    let (arrivals, _reader) = collect(&client).await;
+    let mut stream = async_nats::jetstream::new(client.clone()).get_stream("DELAY").await.unwrap();
+    let stale = StalePulls::start(&stream, 0..8);
+    let start = now_ms() + 4_000;
+    schedule_many(&tier, "t", 400, |i| start + i as u64 * 5).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let taken = stale.stop().await;
+    assert!(taken > 0, "the stale pulls were handed no timers: the test shows nothing");
+    wait_for(&arrivals, 400, Duration::from_secs(30)).await;
+    // Names whose timers go to partition 0.
+    let mut names = (0..).map(|i| format!("last-{i}")).filter(|n| wire::partition_of(n.as_bytes(), 8) == 0);
+    let stale = StalePulls::start(&stream, 0..1);
+    let mut published = Vec::new();
+    loop {
+        assert!(published.len() < 120, "the stale pull never took the last of {} timers", published.len());
+        let burst: Vec<String> = names.by_ref().take(2).collect();
+        let at = now_ms() + 1_000;
+        let publishes = burst.iter().map(|n| tier.schedule(n, "out.fired", at, Bytes::from(n.clone())));
+        futures::future::try_join_all(publishes).await.unwrap();
+        published.extend(burst);
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        let last = stream.info().await.unwrap().state.last_sequence;
+        if stale.latest() == last {
+            break;
+        }
+    }
+    stale.stop().await;
+    wait_for(&arrivals, 400 + published.len(), Duration::from_secs(20)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let arrivals = arrivals.lock().unwrap();
+    assert_each_once(&arrivals, "t", 0..400);
+    for name in &published {
+        assert_eq!(arrivals.count.get(name).copied(), Some(1), "{name}");
+    }
+    assert!(arrivals.early.is_empty(), "early: {:?}", &arrivals.early[..arrivals.early.len().min(5)]);
+    println!("the stale pulls took {taken} of 400 timers, then the last of {}", published.len());
+}
+
+/// A stalled old owner's pulls: from the consumers of `partitions`, a few
+/// timers at a time, held and never acknowledged.
+struct StalePulls {
+    stop: Arc<AtomicBool>,
+    taken: Arc<AtomicUsize>,
+    /// The highest stream sequence taken.
+    latest: Arc<AtomicU64>,
+    pulls: Vec<tokio::task::JoinHandle<()>>,
+}
+
+impl StalePulls {
+    fn start(stream: &async_nats::jetstream::stream::Stream, partitions: std::ops::Range<u32>) -> Self {
+        let stop = Arc::new(AtomicBool::new(false));
+        let (taken, latest) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicU64::new(0)));
+        let pulls = partitions
+            .map(|partition| {
+                let (stream, stop) = (stream.clone(), stop.clone());
+                let (taken, latest) = (taken.clone(), latest.clone());
+                tokio::spawn(async move {
+                    let name = format!("delaytier-p{partition}");
+                    // Made by the owner once it reads the partition.
+                    let deadline = Instant::now() + Duration::from_secs(10);
+                    let consumer: async_nats::jetstream::consumer::PullConsumer = loop {
+                        match stream.get_consumer(&name).await {
+                            Ok(consumer) => break consumer,
+                            Err(err) => assert!(Instant::now() < deadline, "{name}: {err}"),
+                        }
+                        tokio::time::sleep(Duration::from_millis(100)).await;
+                    };
+                    while !stop.load(Ordering::Acquire) {
+                        let fetch = consumer.fetch().max_messages(3).expires(Duration::from_millis(300));
+                        let mut batch = fetch.messages().await.unwrap();
+                        while let Some(Ok(held)) = batch.next().await {
+                            taken.fetch_add(1, Ordering::AcqRel);
+                            latest.fetch_max(held.info().unwrap().stream_sequence, Ordering::AcqRel);
+                        }
+                    }
+                })
+            })
+            .collect();
+        StalePulls { stop, taken, latest, pulls }
+    }
+
+    fn latest(&self) -> u64 {
+        self.latest.load(Ordering::Acquire)
+    }
+
+    /// Stops pulling; how many timers the pulls took.
+    async fn stop(self) -> usize {
+        self.stop.store(true, Ordering::Release);
+        for pull in self.pulls {
+            pull.await.unwrap();
+        }
+        self.taken.load(Ordering::Acquire)
+    }
 }

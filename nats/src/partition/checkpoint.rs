@@ -48,7 +48,7 @@ use crate::error::bounded;
 use crate::wire;
 use crate::{Result, TierConfig, TierError};
 
-use super::ingest::Read;
+use super::ingest::{Read, Seen};
 use super::{BY_REFERENCE, FIRE_TOPIC, Part, PendingTimer, Presence, consumer_name};
 
 /// The largest checkpoint a node reads: about 20 million timers.
@@ -379,18 +379,19 @@ impl Part {
 
     /// Takes the partition over from its checkpoint: indexes the timers it
     /// names and those its consumer handed out after it, and returns that
-    /// consumer, kept, to pull what it never handed out. `None`, with
+    /// consumer, kept, to pull what it never handed out, with its last
+    /// delivery as read here. `None`, with
     /// nothing indexed, where that cannot be done soundly: the partition
     /// is then read whole.
-    pub(super) async fn resume(&self) -> Option<PullConsumer> {
+    pub(super) async fn resume(&self) -> Option<(PullConsumer, Seen)> {
         let started = std::time::Instant::now();
         let partition = self.partition.to_string();
         match self.try_resume().await {
-            Ok(Ok((consumer, timers))) => {
+            Ok(Ok((consumer, timers, seen))) => {
                 metrics::counter!("delaytier_checkpoint_takeovers_total", "partition" => partition)
                     .increment(1);
                 tracing::info!(timers, took = ?started.elapsed(), "partition taken over from its checkpoint");
-                Some(consumer)
+                Some((consumer, seen))
             }
             Ok(Err(unused)) => {
                 metrics::counter!("delaytier_checkpoint_unused_total", "reason" => unused.0).increment(1);
@@ -409,9 +410,10 @@ impl Part {
         }
     }
 
-    /// The kept consumer and how many timers the checkpoint named, or why
-    /// there is no sound checkpoint to take the partition over from.
-    async fn try_resume(&self) -> Result<std::result::Result<(PullConsumer, usize), Unused>> {
+    /// The kept consumer, how many timers the checkpoint named and the
+    /// consumer's last delivery, or why there is no sound checkpoint to take
+    /// the partition over from.
+    async fn try_resume(&self) -> Result<std::result::Result<(PullConsumer, usize, Seen), Unused>> {
         let Some(checkpoints) = &self.shared.checkpoints else { return Ok(Err(Unused("off"))) };
         let Some(mut checkpoint) = checkpoints.read(self.partition).await? else {
             return Ok(Err(Unused("none")));
@@ -464,7 +466,8 @@ impl Part {
         index.fired.extend(checkpoint.fired.iter().map(|&sequence| (std::time::Instant::now(), sequence)));
         index.consumer_created_ns = Some(checkpoint.consumer_created_ns);
         index.changes += 1;
-        Ok(Ok((consumer, timers)))
+        let seen = Seen { consumer: info.delivered.consumer_sequence, stream: handed_out };
+        Ok(Ok((consumer, timers, seen)))
     }
 
     /// Indexes the checkpoint's timers, each kept by reference: they were
@@ -549,10 +552,11 @@ impl Part {
     }
 
     /// Reads the partition's timers after `after` up to `up_to` (those its
-    /// consumer handed out since the checkpoint), in batches of direct gets,
-    /// and then asks the stream's leader for the next one, since a replica
-    /// answering a direct get may not have the newest yet.
-    async fn read_tail(&self, after: u64, up_to: u64, consumer: &str) -> Result<()> {
+    /// consumer handed out since the checkpoint, or to another's pull
+    /// request: see [`Seen`]), in batches of direct gets, and then asks the
+    /// stream's leader for the next one, since a replica answering a direct
+    /// get may not have the newest yet.
+    pub(super) async fn read_tail(&self, after: u64, up_to: u64, consumer: &str) -> Result<()> {
         let mut next = after + 1;
         while next <= up_to {
             let got: Vec<StreamMessage> = self.get_batch(next).await?;

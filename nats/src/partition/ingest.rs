@@ -44,6 +44,49 @@ const SETTLED_LOOKUPS: usize = 64;
 /// How long the stream waits for a timer's acknowledgement before handing it
 /// out again: longer than any timer waits, so never.
 const HOLD_UNTIL_FIRED: Duration = Duration::from_secs(100 * 365 * 86_400);
+/// How often an owner handed nothing for that long asks the partition's
+/// consumer whether it handed timers to another's pull request (see [`Seen`]).
+const ELSEWHERE_CHECK: Duration = Duration::from_secs(5);
+
+/// The last delivery of the partition's consumer this owner was handed:
+/// its consumer sequence (one per delivery, whichever pull request it
+/// went to) and the highest stream sequence handed out so far.
+///
+/// A delivery whose consumer sequence skips went to another's pull
+/// request: an earlier owner that stalled past its lease and then pulled
+/// once more, from the consumer this owner kept (or made anew under the
+/// same name). Those timers would be held by a node that never fires
+/// them; this owner reads them from the stream instead, as it reads the
+/// tail after a checkpoint (a timer that one fired and acknowledged after
+/// all has left the stream and is passed over). A skip after the last
+/// delivery is seen by asking the consumer once nothing came for
+/// [`ELSEWHERE_CHECK`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(super) struct Seen {
+    pub consumer: u64,
+    pub stream: u64,
+}
+
+impl Seen {
+    /// Takes in a delivery to this owner; the stream sequences after which
+    /// and up to which the consumer handed timers to another before it, if any.
+    fn handed(&mut self, consumer: u64, stream: u64) -> Option<(u64, u64)> {
+        let skipped = consumer > self.consumer + 1 && stream > self.stream + 1;
+        let elsewhere = skipped.then_some((self.stream, stream - 1));
+        self.consumer = self.consumer.max(consumer);
+        self.stream = self.stream.max(stream);
+        elsewhere
+    }
+
+    /// Takes in the consumer's last delivery, as its info says; the stream
+    /// sequences it handed to another since this owner's last, if any.
+    fn delivered(&mut self, consumer: u64, stream: u64) -> Option<(u64, u64)> {
+        let elsewhere = (consumer > self.consumer && stream > self.stream).then_some((self.stream, stream));
+        self.consumer = self.consumer.max(consumer);
+        self.stream = self.stream.max(stream);
+        elsewhere
+    }
+}
 
 /// A timer as read from the stream: handed out by the partition's
 /// consumer, or got by its sequence (a taken-over partition's, see
@@ -59,19 +102,20 @@ pub(super) struct Read<'a> {
 }
 
 impl<'a> Read<'a> {
-    /// A timer the partition's consumer handed out. A message whose
-    /// sequence does not read fails the read: a read counted past it would
-    /// have passed over a timer.
-    fn handed_out(message: &'a JsMessage) -> Result<Self> {
+    /// A timer the partition's consumer handed out, with its consumer
+    /// sequence. A message whose sequence does not read fails the read: a
+    /// read counted past it would have passed over a timer.
+    fn handed_out(message: &'a JsMessage) -> Result<(Self, u64)> {
         let info = message.info().map_err(|e| TierError::nats("read a message's sequence", e))?;
-        Ok(Read {
+        let read = Read {
             sequence: info.stream_sequence,
             published: info.published,
             subject: message.subject.as_str(),
             headers: message.headers.as_ref(),
             payload: &message.payload,
             ack: message.reply.clone(),
-        })
+        };
+        Ok((read, info.consumer_sequence))
     }
 
     /// A timer got from the stream that the consumer `consumer` handed out
@@ -139,9 +183,9 @@ impl Part {
             true => self.resume().await,
             false => None,
         };
-        let consumer = match resumed {
-            Some(consumer) => consumer,
-            None => self.fresh_consumer().await?,
+        let (consumer, mut seen) = match resumed {
+            Some(resumed) => resumed,
+            None => (self.fresh_consumer().await?, Seen::default()),
         };
         // The server's limits on one pull request (0 or -1: none) are the
         // consumer's: a request over them is refused, every time.
@@ -160,15 +204,62 @@ impl Part {
             .await
             .map_err(|e| TierError::nats("read the partition", e))?;
         let mut chunks = messages.ready_chunks(INGEST_BATCH);
-        while let Some(chunk) = chunks.next().await {
-            let chunk: Vec<JsMessage> = chunk
-                .into_iter()
-                .collect::<std::result::Result<_, _>>()
-                .map_err(|e| TierError::nats("read the partition", e))?;
-            let reads = chunk.iter().map(Read::handed_out).collect::<Result<Vec<Read>>>()?;
-            self.take_in(reads, Presence::Held).await?;
+        let first_check = tokio::time::Instant::now() + ELSEWHERE_CHECK;
+        let mut check = tokio::time::interval_at(first_check, ELSEWHERE_CHECK);
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        let mut seen_at_check = seen;
+        loop {
+            tokio::select! {
+                // Deliveries first: a check is made only with none waiting.
+                biased;
+                chunk = chunks.next() => {
+                    let Some(chunk) = chunk else { return Ok(()) };
+                    let chunk: Vec<JsMessage> = chunk
+                        .into_iter()
+                        .collect::<std::result::Result<_, _>>()
+                        .map_err(|e| TierError::nats("read the partition", e))?;
+                    let mut elsewhere = Vec::new();
+                    let mut reads = Vec::with_capacity(chunk.len());
+                    for message in &chunk {
+                        let (read, consumer_sequence) = Read::handed_out(message)?;
+                        elsewhere.extend(seen.handed(consumer_sequence, read.sequence));
+                        reads.push(read);
+                    }
+                    for (after, up_to) in elsewhere {
+                        self.read_handed_elsewhere(after, up_to).await?;
+                    }
+                    self.take_in(reads, Presence::Held).await?;
+                }
+                _ = check.tick() => {
+                    // Only when nothing came since the last check: else the
+                    // consumer's count may be of deliveries on their way here.
+                    if seen == seen_at_check {
+                        let info = consumer
+                            .get_info()
+                            .await
+                            .map_err(|e| TierError::nats("read the partition's consumer", e))?;
+                        let last = info.delivered;
+                        let elsewhere = seen.delivered(last.consumer_sequence, last.stream_sequence);
+                        if let Some((after, up_to)) = elsewhere {
+                            self.read_handed_elsewhere(after, up_to).await?;
+                        }
+                    }
+                    seen_at_check = seen;
+                }
+            }
         }
-        Ok(())
+    }
+
+    /// Reads the timers after `after` up to `up_to` that the partition's
+    /// consumer handed to another's pull request (see [`Seen`]).
+    async fn read_handed_elsewhere(&self, after: u64, up_to: u64) -> Result<()> {
+        tracing::warn!(
+            after,
+            up_to,
+            "the partition's consumer handed timers to another's pull request: reading them from the stream"
+        );
+        metrics::counter!("delaytier_handed_elsewhere_total").increment(1);
+        self.read_tail(after, up_to, &consumer_name(self.partition)).await
     }
 
     /// The partition's consumer, made afresh: it hands out every timer not
@@ -523,6 +614,26 @@ fn index(
 mod tests {
     use super::*;
     use crate::partition::{now_ms, partition_store_config};
+
+    /// A skip in the consumer's deliveries names the stream sequences
+    /// between this owner's last and the next (others' partitions' timers
+    /// lie between a partition's own: a stream sequence skip alone is none);
+    /// a redelivery of an older timer moves neither back; the consumer's
+    /// info names everything handed out after this owner's last.
+    #[test]
+    fn deliveries_to_another_pull_request_are_seen_by_the_skip_in_their_count() {
+        let mut seen = Seen::default();
+        assert_eq!(seen.handed(1, 3), None);
+        assert_eq!(seen.handed(2, 9), None, "other partitions' timers lie between");
+        assert_eq!(seen.handed(5, 20), Some((9, 19)), "deliveries 3 and 4 went elsewhere");
+        assert_eq!(seen, Seen { consumer: 5, stream: 20 });
+        assert_eq!(seen.handed(6, 4), None, "a redelivery");
+        assert_eq!(seen, Seen { consumer: 6, stream: 20 });
+        assert_eq!(seen.handed(8, 21), None, "a skip with nothing between: redeliveries");
+        assert_eq!(seen.delivered(8, 21), None, "nothing since");
+        assert_eq!(seen.delivered(11, 40), Some((21, 40)));
+        assert_eq!(seen.handed(12, 41), None);
+    }
 
     fn read(sequence: u64, replaces: Option<u64>, origin: Option<u64>) -> Indexed {
         let local = Message::new(FIRE_TOPIC, Bytes::new());
