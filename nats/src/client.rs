@@ -3,6 +3,7 @@
 
 use std::time::Duration;
 
+use async_nats::jetstream::context::PublishErrorKind;
 use async_nats::jetstream::stream::Stream;
 use async_nats::jetstream::{self};
 use async_nats::{HeaderMap, RequestErrorKind};
@@ -11,7 +12,7 @@ use bytes::Bytes;
 use crate::config::{DEFAULT_DEAD_LETTER, DEFAULT_DEDUP_BUCKET};
 use crate::headers::header_pairs;
 use crate::nats_schedule::NatsSchedule;
-use crate::partition::{cancel_in_stream, publish_acked, remove_source, stream_message};
+use crate::partition::{cancel_in_stream, remove_source, stream_message};
 use crate::settled_ids::SettledIds;
 use crate::target::TargetPolicy;
 use crate::wire::{self, CancelAnswer, Layout, TimerHandle};
@@ -24,6 +25,18 @@ const OWNER_TIMEOUT: Duration = Duration::from_secs(5);
 /// server has dropped its interest before the requester's server learns of
 /// it), and asking again reaches the new owner, or no one.
 const OWNER_TRIES: u32 = 3;
+/// How many times a timer with a `Nats-Msg-Id` is published, at most,
+/// while the delay stream does not answer (see [`TierClient::publish`]).
+const PUBLISH_TRIES: u32 = 4;
+/// The wait before publishing it again: a stream leader's election takes
+/// about a second or two.
+const PUBLISH_RETRY: Duration = Duration::from_millis(500);
+
+/// Whether a publish failed for want of an answer from the stream, not
+/// because the stream refused it.
+fn unanswered_publish(kind: PublishErrorKind) -> bool {
+    matches!(kind, PublishErrorKind::TimedOut | PublishErrorKind::StreamNotFound)
+}
 
 /// What [`TierClient::reschedule`] did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -128,8 +141,32 @@ impl TierClient {
         Ok(TimerHandle { partition, sequence })
     }
 
+    /// Publishes a timer to the delay stream; its sequence. One with a
+    /// `Nats-Msg-Id` is published again where the stream did not answer
+    /// (its leader stepping down: the publish timed out, or had no
+    /// responders), up to [`PUBLISH_TRIES`] times: the stream keeps one
+    /// message per id within its duplicate window, and answers a second
+    /// publish with the first's sequence. Without an id, a publish that
+    /// timed out may or may not have been kept, so the error is the caller's.
     async fn publish(&self, subject: String, headers: HeaderMap, payload: Bytes) -> Result<u64> {
-        Ok(publish_acked(&self.js, subject, headers, payload).await?.sequence)
+        let retry = headers.get(wire::MSG_ID).is_some();
+        let mut tries = 1;
+        loop {
+            let sent = self.js.publish_with_headers(subject.clone(), headers.clone(), payload.clone()).await;
+            let acked = match sent {
+                Ok(pending) => pending.await,
+                Err(err) => Err(err),
+            };
+            match acked {
+                Ok(ack) => return Ok(ack.sequence),
+                Err(err) if retry && tries < PUBLISH_TRIES && unanswered_publish(err.kind()) => {
+                    tracing::debug!(%err, tries, "the delay stream did not answer a publish; publishing again");
+                    tries += 1;
+                    tokio::time::sleep(PUBLISH_RETRY).await;
+                }
+                Err(err) => return Err(TierError::nats(format!("publish to {subject}"), err)),
+            }
+        }
     }
 
     /// Cancels a timer. Its partition's owner decides (so a timer being

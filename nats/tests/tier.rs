@@ -962,3 +962,47 @@ impl StalePulls {
         self.taken.load(Ordering::Acquire)
     }
 }
+
+/// A timer that carries a `Nats-Msg-Id` is published again where the
+/// delay stream did not answer (its leader stepping down: timed out, or no
+/// responders), and the stream keeps it once: 300 timers published over 3
+/// s while the leader steps down three times are all acknowledged, with
+/// 300 handles, and each fires once (before, some publishes failed).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timers_with_a_msg_id_are_published_again_across_a_leader_stepdown_and_kept_once() {
+    let Some((cluster, client, tier)) = cluster().await else { return };
+    let _a = TierNode::start(&cluster, "a", LEASE_MS);
+    wait_until_owned(&client).await;
+    let (arrivals, _reader) = collect(&client).await;
+    let stepdowns = tokio::spawn({
+        let client = client.clone();
+        async move {
+            for _ in 0..3 {
+                tokio::time::sleep(Duration::from_millis(700)).await;
+                let asked = client.request("$JS.API.STREAM.LEADER.STEPDOWN.DELAY", Bytes::new()).await;
+                println!("stepdown: {:?}", asked.map(|m| String::from_utf8_lossy(&m.payload).into_owned()));
+            }
+        }
+    });
+    let start = now_ms() + 25_000;
+    let tier = &tier;
+    let publishes = (0..300u64).map(|i| async move {
+        tokio::time::sleep(Duration::from_millis(i * 10)).await;
+        let name = format!("s-{i}");
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("Nats-Msg-Id", name.as_str());
+        let at = start + i;
+        tier.schedule_with_headers(&name, "out.fired", at, headers, Bytes::from(name.clone()))
+            .await
+            .map_err(|e| format!("{name}: {e}"))
+    });
+    let handles: Vec<_> = futures::future::join_all(publishes).await;
+    stepdowns.await.unwrap();
+    let failed: Vec<&String> = handles.iter().filter_map(|h| h.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{} publishes failed: {:?}", failed.len(), &failed[..failed.len().min(3)]);
+    let distinct: std::collections::HashSet<_> = handles.iter().map(|h| h.as_ref().unwrap()).collect();
+    assert_eq!(distinct.len(), 300, "one handle a timer");
+    wait_for(&arrivals, 300, Duration::from_secs(60)).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    check_once_never_early(&arrivals.lock().unwrap(), "s", 300);
+}
