@@ -859,9 +859,8 @@ async fn handed_to_a_joining_node(checkpoint_every_ms: u64, wait_for_periodic: b
 /// the timers it was not handed from the stream. Then bursts of 2 timers
 /// go to partition 0 (the server hands the first to the owner's waiting
 /// pull request and the next to the stale one) until the stale pull takes
-/// the last one published,
-/// after which nothing more comes, so only the owner's check of its idle
-/// consumer finds it. Every timer fires once, never early (before, those
+/// the last one published, after which nothing more comes, so only the
+/// owner's check of its idle consumer finds it. Every timer fires once, never early (before, those
 /// the stale pulls took never fired).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timers_handed_to_a_stale_owners_pull_still_fire_once() {
